@@ -1,0 +1,186 @@
+"""Read SDAR checkpoint weights (safetensors, single file or shards + index) tensor by tensor, without torch.
+
+The reader parses the safetensors header itself and memory-maps the data, so exporters and quantizers can stream
+one tensor at a time (peak memory ~ the largest tensor, not the model).
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from spot.config import ModelConfig, load_config
+from spot.errors import SpotError
+
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64, "I64": np.int64,
+           "I32": np.int32, "I8": np.int8, "U8": np.uint8}
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 stored as uint16 -> float32 (exact: bf16 is the top half of an fp32)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    file: Path
+    dtype: str      # safetensors dtype string (F32, F16, BF16, ...)
+    shape: tuple[int, ...]
+    offset: int     # absolute byte offset of the data in the file
+    nbytes: int
+
+
+def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
+    """Parse one .safetensors file's header; raise SpotError naming the file when it is truncated or corrupt."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError("file shorter than the 8-byte header length")
+            (hlen,) = struct.unpack("<Q", head)
+            if hlen > size - 8 or hlen > 100_000_000:
+                raise ValueError(f"header length {hlen} exceeds the file size {size}")
+            header = json.loads(f.read(hlen))
+    except FileNotFoundError:
+        raise SpotError(f"weights file {path} is missing", "download the complete checkpoint") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SpotError(f"{path} is not a valid safetensors file ({e})",
+                        "the download is probably incomplete or corrupt: fetch the file again") from None
+    base = 8 + hlen
+    out: dict[str, TensorInfo] = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = meta["data_offsets"]
+            dtype, shape = meta["dtype"], tuple(int(s) for s in meta["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise SpotError(f"{path}: malformed header entry for tensor {name!r}",
+                            "fetch the file again") from None
+        if dtype not in _DTYPES:
+            raise SpotError(f"{path}: tensor {name} has dtype {dtype}, expected one of BF16, F16, F32")
+        if base + end > size:
+            raise SpotError(f"{path} is truncated: tensor {name} ends at byte {base + end}, file has {size}",
+                            "the download is incomplete: fetch the file again")
+        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPES[dtype]).itemsize
+        if end - start != expected:
+            raise SpotError(f"{path}: tensor {name} has {end - start} bytes, expected {expected} for "
+                            f"{dtype}{list(shape)}", "the file is corrupt: fetch it again")
+        out[name] = TensorInfo(name, path, dtype, shape, base + start, end - start)
+    return out
+
+
+class Checkpoint:
+    """An SDAR checkpoint folder: config plus lazily read weights. `tensor(name)` returns float32 numpy."""
+
+    def __init__(self, model_dir: str | Path, config: ModelConfig | None = None):
+        self.dir = Path(model_dir)
+        self.config = config or load_config(self.dir)
+        self.tensors = self._index()
+        self._validate()
+
+    def _index(self) -> dict[str, TensorInfo]:
+        index = self.dir / INDEX_NAME
+        single = self.dir / SINGLE_NAME
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise SpotError(f"{index} is not a valid safetensors index ({e})",
+                                "restore the file from the checkpoint") from None
+            shards = sorted(set(weight_map.values()))
+            missing = [s for s in shards if not (self.dir / s).is_file()]
+            if missing:
+                raise SpotError(f"{len(missing)} shard(s) named in {INDEX_NAME} are missing from {self.dir}: "
+                                f"{', '.join(missing[:4])}", "download every shard of the checkpoint")
+            tensors: dict[str, TensorInfo] = {}
+            for shard in shards:
+                tensors.update(read_safetensors_header(self.dir / shard))
+            absent = [n for n, s in weight_map.items() if n not in tensors or tensors[n].file.name != s]
+            if absent:
+                raise SpotError(f"{len(absent)} tensor(s) listed in {INDEX_NAME} are not in their shard, "
+                                f"e.g. {absent[0]}", "the shards do not match the index: download them again")
+            return tensors
+        if single.is_file():
+            return read_safetensors_header(single)
+        raise SpotError(f"{self.dir} has neither {SINGLE_NAME} nor {INDEX_NAME}",
+                        "download the weights (*.safetensors) next to config.json")
+
+    def _validate(self) -> None:
+        expected = self.config.expected_tensor_shapes()
+        missing = [n for n in expected if n not in self.tensors]
+        if missing:
+            raise SpotError(f"checkpoint {self.dir} lacks {len(missing)} tensor(s) the config requires, "
+                            f"e.g. {missing[0]}", "the checkpoint does not match its config.json")
+        for name, shape in expected.items():
+            got = self.tensors[name].shape
+            if got != shape:
+                raise SpotError(f"tensor {name} has shape {list(got)}, expected {list(shape)} from config.json",
+                                "the checkpoint does not match its config.json")
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Read one tensor as float32 (a fresh array; the file is memory-mapped only while reading)."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise SpotError(f"tensor {name} is not in checkpoint {self.dir}")
+        raw = np.memmap(info.file, dtype=_DTYPES[info.dtype], mode="r", offset=info.offset,
+                        shape=info.shape if info.shape else (1,))
+        if info.dtype == "BF16":
+            arr = bf16_bits_to_float32(np.asarray(raw))
+        else:
+            arr = np.array(raw, dtype=np.float32)
+        del raw
+        if not info.shape:
+            arr = arr.reshape(())
+        if not np.isfinite(arr).all():
+            raise SpotError(f"tensor {name} in {info.file.name} holds non-finite values",
+                            "the checkpoint is corrupt: fetch it again")
+        return arr
+
+    def iter_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        for name in self.config.expected_tensor_shapes():
+            yield name, self.tensor(name)
+
+    @property
+    def storage_dtype(self) -> str:
+        return self.tensors["model.embed_tokens.weight"].dtype
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], dtype: str = "F32") -> None:
+    """Write a safetensors file atomically (temp file + rename). dtype: F32, F16 or BF16 (rounded to nearest even)."""
+    path = Path(path)
+    header: dict = {}
+    blobs = []
+    offset = 0
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if dtype == "F32":
+            data = arr.tobytes()
+        elif dtype == "F16":
+            data = arr.astype(np.float16).tobytes()
+        elif dtype == "BF16":
+            bits = arr.view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            data = rounded.tobytes()
+        else:
+            raise ValueError(f"dtype {dtype}")
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    hbytes = json.dumps(header).encode()
+    hbytes += b" " * (-len(hbytes) % 8)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(hbytes)))
+        f.write(hbytes)
+        for b in blobs:
+            f.write(b)
+    tmp.replace(path)

@@ -1,0 +1,1 @@
+"""Backends that implement `spot.runtime.engine.Engine`: torch reference, ONNX Runtime, TensorRT."""

@@ -1,0 +1,64 @@
+"""The torch reference model behind the engine interface (CPU, or CUDA when available)."""
+from __future__ import annotations
+
+import numpy as np
+
+from spot.errors import SpotError
+from spot.runtime.engine import Engine
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - exercised only without the export extra
+    torch = None
+
+
+class TorchEngine(Engine):
+    name = "torch"
+
+    def __init__(self, model, block_size: int | None = None, device: str = "cpu"):
+        if torch is None:
+            raise SpotError("the torch backend needs torch", "pip install 'spot-edge[export]' (torch==2.13.0)")
+        super().__init__(model.cfg, block_size)
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self._k = self._v = None
+
+    @staticmethod
+    def from_dir(model_dir, block_size: int | None = None, device: str = "cpu", dtype: str = "fp32") -> "TorchEngine":
+        if torch is None:
+            raise SpotError("the torch backend needs torch", "pip install 'spot-edge[export]' (torch==2.13.0)")
+        from spot.checkpoint import Checkpoint
+        from spot.reference.model import SDARModel
+        dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        if dtype not in dtypes:
+            raise SpotError(f"torch dtype {dtype!r} is not supported, expected one of {', '.join(dtypes)}")
+        return TorchEngine(SDARModel.from_checkpoint(Checkpoint(model_dir), dtypes[dtype]), block_size, device)
+
+    def _reset(self):
+        self._k = self._v = None
+
+    def _forward(self, ids: np.ndarray, start: int, bias):
+        from spot.reference.model import block_causal_bias  # noqa: F401  (torch present here)
+        t_ids = torch.from_numpy(ids).to(self.device)
+        positions = torch.arange(start, start + ids.shape[1], device=self.device)
+        with torch.inference_mode():
+            return self.model(t_ids, positions, bias.to(self.device), self._k, self._v)
+
+    def _prefill(self, ids):
+        from spot.reference.model import block_causal_bias
+        bias = block_causal_bias(ids.shape[0], self.block_size).to(self.model.norm.dtype)
+        _, k, v = self._forward(ids[None], 0, bias)
+        self._k, self._v = k[:, 0], v[:, 0]
+
+    def _bias(self):
+        return torch.zeros(self.block_size, self.cached_len + self.block_size, dtype=self.model.norm.dtype)
+
+    def _block_logits(self, states):
+        logits, _, _ = self._forward(states, self.cached_len, self._bias())
+        return logits.float().cpu().numpy()
+
+    def _store(self, state):
+        _, k, v = self._forward(state[None], self.cached_len, self._bias())
+        k, v = k[:, 0], v[:, 0]
+        self._k = k if self._k is None else torch.cat([self._k, k], dim=2)
+        self._v = v if self._v is None else torch.cat([self._v, v], dim=2)

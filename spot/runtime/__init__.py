@@ -1,0 +1,1 @@
+"""The numpy host loop: noise, commit rules, decoders (standard, threshold, SPOT, SPOT-Sets). No torch here."""

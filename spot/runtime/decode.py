@@ -1,0 +1,136 @@
+"""The block loop shared by every decoder, and standard decoding (SPEC §1, §3).
+
+`generate()` returns tokens and stats; printing happens in the CLI. A decoder is a `BlockDecoder`: given the engine
+(cache holding the prefix) and the initial block state, it returns the finished block. Standard decoding applies F
+once per target pass; SPOT (spot.runtime.spot) plugs in the same way.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from spot.errors import SpotError
+from spot.runtime.engine import Engine
+from spot.runtime.step import CommitRule, Sampling, step_fn
+
+
+@dataclass
+class DecodeStats:
+    """Target passes by kind (prefill, block = first pass of a block or a standard step, verify, store),
+    commit steps, and decoder-specific counters."""
+
+    passes: Counter = field(default_factory=Counter)
+    steps: int = 0
+    blocks: int = 0
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def target_passes(self) -> int:
+        return sum(self.passes.values())
+
+    def to_dict(self) -> dict:
+        return {"target_passes": self.target_passes, "passes": dict(self.passes), "steps": self.steps,
+                "blocks": self.blocks, "seconds": self.seconds, **self.extra}
+
+
+@dataclass(frozen=True)
+class DecodeContext:
+    """What a block decoder needs besides the engine and the state."""
+
+    rule: CommitRule
+    sampling: Sampling
+    mask_id: int
+    stats: DecodeStats
+
+
+BlockDecoder = Callable[[Engine, np.ndarray, int, DecodeContext], np.ndarray]
+
+
+def standard_block(engine: Engine, state: np.ndarray, block: int, ctx: DecodeContext) -> np.ndarray:
+    """Standard decoding of one block: one target pass per commit step."""
+    step = 0
+    while (state == ctx.mask_id).any():
+        logits = engine.block_logits(state[None])[0]
+        ctx.stats.passes["block"] += 1
+        state = step_fn(state, logits, ctx.mask_id, ctx.rule, ctx.sampling, block, step)
+        step += 1
+    ctx.stats.steps += step
+    return state
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]          # generated ids after the prompt, cut before the first stop id
+    stopped: bool                 # a stop id ended generation
+    stats: DecodeStats
+    prompt_len: int = 0
+
+
+def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -> np.ndarray:
+    prompt = np.asarray(prompt_ids)
+    if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
+        raise SpotError(f"prompt ids must be a 1-D list of integers, got shape {prompt.shape} dtype {prompt.dtype}")
+    prompt = prompt.astype(np.int64)
+    cfg = engine.config
+    if prompt.size and (prompt.min() < 0 or prompt.max() >= cfg.vocab_size):
+        bad = prompt[(prompt < 0) | (prompt >= cfg.vocab_size)][0]
+        raise SpotError(f"prompt token id {bad} is outside the vocabulary [0, {cfg.vocab_size})",
+                        "the ids do not belong to this model's tokenizer")
+    if (prompt == cfg.mask_token_id).any():
+        raise SpotError(f"the prompt contains the mask token id {cfg.mask_token_id}",
+                        "remove <|MASK|> from the prompt: it marks undecided positions")
+    if max_new_tokens < 1:
+        raise SpotError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    b = engine.block_size
+    total = -(-(prompt.size + max_new_tokens) // b) * b
+    if total > engine.max_context:
+        raise SpotError(f"prompt ({prompt.size} tokens) + max_new_tokens ({max_new_tokens}) needs {total} positions, "
+                        f"more than the model's limit of {engine.max_context}",
+                        "shorten the prompt or ask for fewer new tokens")
+    return prompt
+
+
+def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRule = CommitRule(),
+             sampling: Sampling = Sampling(), stop_ids=None, block_decoder: BlockDecoder = standard_block,
+             stats: DecodeStats | None = None) -> Generation:
+    """Decode block by block up to the block boundary covering prompt + max_new_tokens (SPEC §1).
+
+    Prefill stores the complete prompt blocks; the P mod B leftover prompt tokens open the first decoded block.
+    After each finished block: a store pass, then stop if the block's generated part holds a stop id.
+    """
+    t0 = time.perf_counter()
+    prompt = check_request(engine, prompt_ids, max_new_tokens)
+    cfg, b = engine.config, engine.block_size
+    stop = set(cfg.stop_ids if stop_ids is None else stop_ids)
+    stats = stats or DecodeStats()
+    ctx = DecodeContext(rule, sampling, cfg.mask_token_id, stats)
+    p = prompt.size
+    n_blocks = -(-(p + max_new_tokens) // b)
+    first = p // b
+    engine.prefill(prompt[: first * b])
+    if first:
+        stats.passes["prefill"] += 1
+    generated: list[int] = []
+    stopped = False
+    for block in range(first, n_blocks):
+        state = np.full(b, cfg.mask_token_id, dtype=np.int64)
+        lead = prompt[block * b:]
+        state[: lead.size] = lead
+        state = block_decoder(engine, state, block, ctx)
+        engine.store(state)
+        stats.passes["store"] += 1
+        stats.blocks += 1
+        new = state[lead.size:].tolist()
+        generated.extend(new)
+        if stop.intersection(new):
+            stopped = True
+            break
+    if stopped:
+        generated = generated[: next(i for i, t in enumerate(generated) if t in stop)]
+    stats.seconds = time.perf_counter() - t0
+    return Generation(generated, stopped, stats, p)

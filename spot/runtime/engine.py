@@ -1,0 +1,96 @@
+"""The engine interface the decoders run on: prefill, block forward over N candidate states, store.
+
+Inputs are checked once here (Polygraphy style: the base class validates, subclasses compute). An engine holds the
+KV cache of one sequence: `prefill` starts it, `store` appends one finished block, `block_logits` reads it.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from spot.config import ModelConfig
+from spot.errors import SpotError
+
+
+class Engine(ABC):
+    """Subclasses implement `_prefill`, `_block_logits`, `_store`, `_reset`; callers use the public methods."""
+
+    name = "engine"
+
+    def __init__(self, config: ModelConfig, block_size: int | None = None):
+        self.config = config
+        self.block_size = int(block_size or config.block_size)
+        self.cached_len = 0
+
+    # -- public, checked -------------------------------------------------------------------------------------
+    def prefill(self, ids: np.ndarray) -> None:
+        """Reset the cache and store the K/V of `ids` [P] (P a multiple of the block size, block-causal mask)."""
+        ids = self._check_ids(ids, "prefill ids")
+        if ids.ndim != 1 or ids.shape[0] % self.block_size:
+            raise ValueError(f"prefill ids: got shape {ids.shape}, expected [P] with P a multiple of "
+                             f"{self.block_size}")
+        self._reset()
+        self.cached_len = 0
+        if ids.shape[0]:
+            self._prefill(ids)
+            self.cached_len = ids.shape[0]
+
+    def block_logits(self, states: np.ndarray) -> np.ndarray:
+        """Logits [N, B, V] float32 of N candidate states [N, B] of the block after the cache; stores nothing."""
+        states = self._check_ids(states, "block states")
+        if states.ndim != 2 or states.shape[1] != self.block_size or states.shape[0] < 1:
+            raise ValueError(f"block states: got shape {states.shape}, expected [N>=1, {self.block_size}]")
+        self._check_room(self.block_size)
+        logits = self._block_logits(states)
+        expected = (states.shape[0], self.block_size, self.config.vocab_size)
+        if logits.shape != expected:
+            raise RuntimeError(f"{self.name} returned logits of shape {logits.shape}, expected {expected}")
+        if not np.isfinite(logits).all():
+            raise SpotError(f"the {self.name} engine produced non-finite logits (NaN or inf) for the block at "
+                            f"position {self.cached_len}",
+                            "the weights or the export are broken, or fp16 overflowed: try --dtype fp32")
+        return logits
+
+    def store(self, state: np.ndarray) -> None:
+        """Append the K/V of a finished block state [B] to the cache."""
+        state = self._check_ids(state, "store state")
+        if state.shape != (self.block_size,):
+            raise ValueError(f"store state: got shape {state.shape}, expected [{self.block_size}]")
+        self._check_room(self.block_size)
+        self._store(state)
+        self.cached_len += self.block_size
+
+    # -- checks ------------------------------------------------------------------------------------------------
+    def _check_ids(self, ids, what: str) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise ValueError(f"{what}: got dtype {ids.dtype}, expected integer token ids")
+        ids = ids.astype(np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.config.vocab_size)][0]
+            raise SpotError(f"{what}: token id {bad} is outside the vocabulary [0, {self.config.vocab_size})",
+                            "the ids do not belong to this model's tokenizer")
+        return ids
+
+    def _check_room(self, n: int) -> None:
+        if self.cached_len + n > self.max_context:
+            raise SpotError(f"context of {self.cached_len + n} tokens exceeds the engine's limit of "
+                            f"{self.max_context}", "use a shorter prompt or fewer new tokens")
+
+    @property
+    def max_context(self) -> int:
+        return self.config.max_position_embeddings
+
+    # -- implementation ----------------------------------------------------------------------------------------
+    @abstractmethod
+    def _reset(self) -> None: ...
+
+    @abstractmethod
+    def _prefill(self, ids: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def _block_logits(self, states: np.ndarray) -> np.ndarray: ...
+
+    @abstractmethod
+    def _store(self, state: np.ndarray) -> None: ...

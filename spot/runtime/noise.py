@@ -1,0 +1,74 @@
+"""Counter-based Gumbel noise: `gumbel(seed, block, step, position, token)`, a pure function (docs/noise.md).
+
+Definition (bit-exact, shared by numpy, torch, C++ and the ONNX epilogue):
+    mix32(x):  x ^= x >> 16; x *= 0x21F0AAAD; x ^= x >> 15; x *= 0x735A2D97; x ^= x >> 15   (uint32, wrapping)
+    lane(K):   h = mix32(seed ^ K); h = mix32(h ^ block); h = mix32(h ^ step); h = mix32(h ^ position)
+               return mix32(h ^ token)
+    a = lane(0x9E3779B9), b = lane(0x7F4A7C15)
+    k = (a >> 5) * 2**26 + (b >> 6)              # 53 random bits, 0 <= k < 2**53
+    u = max(k, 0.5) * 2**-53                     # in (0, 1); every value exact in float64
+    g = -log(-log(u))                            # float64
+All five arguments are integers in [0, 2**32). No state: the value depends only on the arguments.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MIX_MUL_1 = np.uint32(0x21F0AAAD)
+MIX_MUL_2 = np.uint32(0x735A2D97)
+LANE_A = 0x9E3779B9
+LANE_B = 0x7F4A7C15
+TWO_POW_M53 = 2.0 ** -53
+U32_MAX = 0xFFFFFFFF
+
+
+def mix32(x: np.ndarray) -> np.ndarray:
+    """Chris Wellons' lowbias32 integer hash (a bijection on uint32); multiplication wraps mod 2**32."""
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> np.uint32(16))
+        x = x * MIX_MUL_1
+        x = x ^ (x >> np.uint32(15))
+        x = x * MIX_MUL_2
+        return x ^ (x >> np.uint32(15))
+
+
+def _u32(value, name: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"noise counter {name} must be integer, got {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() > U32_MAX):
+        raise ValueError(f"noise counter {name} must be in [0, 2**32), got range [{arr.min()}, {arr.max()}]")
+    return arr.astype(np.uint32)
+
+
+def lane_prefix(lane: int, seed, block, step, position) -> np.ndarray:
+    """The per-(seed, block, step, position) part of one lane; broadcasting over the arguments."""
+    h = mix32(_u32(seed, "seed") ^ np.uint32(lane))
+    h = mix32(h ^ _u32(block, "block"))
+    h = mix32(h ^ _u32(step, "step"))
+    return mix32(h ^ _u32(position, "position"))
+
+
+def uniform_from_words(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two uint32 words -> float64 uniform in (0, 1) with 53 random bits."""
+    k = (a >> np.uint32(5)).astype(np.uint64) << np.uint64(26) | (b >> np.uint32(6)).astype(np.uint64)
+    return np.maximum(k.astype(np.float64), 0.5) * TWO_POW_M53
+
+
+def uniform(seed, block, step, position, token) -> np.ndarray:
+    """u(seed, block, step, position, token) in (0, 1), broadcasting over all five integer arguments."""
+    tok = _u32(token, "token")
+    a = mix32(lane_prefix(LANE_A, seed, block, step, position) ^ tok)
+    b = mix32(lane_prefix(LANE_B, seed, block, step, position) ^ tok)
+    return uniform_from_words(a, b)
+
+
+def gumbel(seed, block, step, position, token) -> np.ndarray:
+    """Standard Gumbel(0, 1) noise as float64, broadcasting over all five integer arguments."""
+    return -np.log(-np.log(uniform(seed, block, step, position, token)))
+
+
+def gumbel_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Noise for every token at the given block positions: shape [len(positions), vocab_size], float64."""
+    pos = np.asarray(positions, dtype=np.int64).reshape(-1, 1)
+    return gumbel(seed, block, step, pos, np.arange(vocab_size, dtype=np.uint32)[None, :])

@@ -1,0 +1,117 @@
+"""The step function F of SPEC §3: sample every masked position, score it, commit by the static or threshold rule.
+
+All arithmetic is float64 on float32 logits, in the order the spec fixes, so that equal logits give equal decisions
+in every decoder (standard, SPOT, SPOT-Sets) and every implementation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from spot.errors import SpotError
+from spot.runtime.noise import gumbel_rows
+
+STATIC = "static"
+THRESHOLD = "threshold"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How F samples: temperature (0 = argmax), optional top-k / top-p filtering, noise seed."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not np.isfinite(self.temperature) or self.temperature < 0:
+            raise SpotError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise SpotError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SpotError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.seed <= 0xFFFFFFFF:
+            raise SpotError(f"seed must be in [0, 2**32), got {self.seed}")
+
+
+@dataclass(frozen=True)
+class CommitRule:
+    """static: commit the single most confident masked position; threshold: all with confidence > tau."""
+
+    kind: str = STATIC
+    tau: float = 0.9
+
+    def __post_init__(self):
+        if self.kind not in (STATIC, THRESHOLD):
+            raise SpotError(f"commit rule must be 'static' or 'threshold', got {self.kind!r}")
+        if self.kind == THRESHOLD and not 0.0 <= self.tau < 1.0:
+            raise SpotError(f"tau must be in [0, 1), got {self.tau}")
+
+
+def filter_scaled_logits(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """Top-k then top-p filtering of scaled logits z [K, V] (float64); filtered entries become -inf.
+
+    top-k keeps every token >= the k-th largest value (ties kept). top-p keeps the smallest prefix of the order
+    (value descending, token id ascending) whose probability mass reaches p, always keeping the first token.
+    """
+    if top_k > 0 and top_k < z.shape[-1]:
+        kth = -np.partition(-z, top_k - 1, axis=-1)[:, top_k - 1:top_k]
+        z = np.where(z < kth, -np.inf, z)
+    if top_p < 1.0:
+        order = np.lexsort((np.broadcast_to(np.arange(z.shape[-1]), z.shape), -z), axis=-1)
+        zs = np.take_along_axis(z, order, axis=-1)
+        p = np.exp(zs - zs[:, :1])
+        cum = np.cumsum(p / p.sum(axis=-1, keepdims=True), axis=-1)
+        drop_sorted = np.zeros_like(cum, dtype=bool)
+        drop_sorted[:, 1:] = cum[:, :-1] > top_p
+        drop = np.empty_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        z = np.where(drop, -np.inf, z)
+    return z
+
+
+def sample_positions(logits: np.ndarray, positions: np.ndarray, sampling: Sampling, block: int,
+                     step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sample tokens and confidences at `positions` of one block state.
+
+    logits: [B, V] float32, the target's logits of the state.  positions: [K] int, masked positions to sample.
+    Returns tokens [K] int64 and confidences [K] float64 = softmax(L/T)[x] (unfiltered; softmax(L) at T = 0).
+    """
+    rows = logits[positions].astype(np.float64)
+    t = sampling.temperature
+    z = rows / t if t > 0 else rows
+    if t > 0:
+        perturbed = filter_scaled_logits(z, sampling.top_k, sampling.top_p) + gumbel_rows(
+            sampling.seed, block, step, positions, logits.shape[-1])
+        tokens = np.argmax(perturbed, axis=-1)       # ties -> smallest id (first occurrence)
+    else:
+        tokens = np.argmax(z, axis=-1)
+    zmax = z.max(axis=-1, keepdims=True)
+    e = np.exp(z - zmax)
+    conf = np.take_along_axis(e, tokens[:, None], axis=-1)[:, 0] / e.sum(axis=-1)
+    return tokens.astype(np.int64), conf
+
+
+def select_commits(conf: np.ndarray, rule: CommitRule) -> np.ndarray:
+    """Indices into `conf` [K] (masked positions in ascending order) that the rule commits."""
+    best = np.argmax(conf)                      # ties -> smallest position
+    if rule.kind == THRESHOLD:
+        chosen = np.flatnonzero(conf > rule.tau)
+        if chosen.size:
+            return chosen
+    return np.array([best])
+
+
+def step_fn(state: np.ndarray, logits: np.ndarray, mask_id: int, rule: CommitRule, sampling: Sampling,
+            block: int, step: int) -> np.ndarray:
+    """F_step(state): the next block state. state [B] int64 with mask_id at undecided positions; logits [B, V]."""
+    masked = np.flatnonzero(state == mask_id)
+    if masked.size == 0:
+        return state
+    tokens, conf = sample_positions(logits, masked, sampling, block, step)
+    pick = select_commits(conf, rule)
+    out = state.copy()
+    out[masked[pick]] = tokens[pick]
+    return out
