@@ -127,6 +127,8 @@ class SDARModel(nn.Module):
         Returns logits [N,S,V] (or final hidden [N,S,H] when return_hidden), new_k, new_v [L,N,Hkv,S,D]."""
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
         x = self.embed_tokens(ids)
+        # RoPE tables in the model dtype (as Hugging Face Qwen3 does): fp32 tables would promote fp16 q/k to fp32.
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         ks, vs = [], []
         for i, layer in enumerate(self.layers):
             pk = None if past_k is None else past_k[i]

@@ -46,6 +46,8 @@ class DecodeContext:
     sampling: Sampling
     mask_id: int
     stats: DecodeStats
+    # observer(block, step, state [B], logits [B,V], next_state [B]) sees every standard step (traces, oracle)
+    observer: Callable | None = None
 
 
 BlockDecoder = Callable[[Engine, np.ndarray, int, DecodeContext], np.ndarray]
@@ -57,7 +59,10 @@ def standard_block(engine: Engine, state: np.ndarray, block: int, ctx: DecodeCon
     while (state == ctx.mask_id).any():
         logits = engine.block_logits(state[None])[0]
         ctx.stats.passes["block"] += 1
-        state = step_fn(state, logits, ctx.mask_id, ctx.rule, ctx.sampling, block, step)
+        nxt = step_fn(state, logits, ctx.mask_id, ctx.rule, ctx.sampling, block, step)
+        if ctx.observer is not None:
+            ctx.observer(block, step, state, logits, nxt)
+        state = nxt
         step += 1
     ctx.stats.steps += step
     return state
@@ -97,7 +102,7 @@ def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -
 
 def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRule = CommitRule(),
              sampling: Sampling = Sampling(), stop_ids=None, block_decoder: BlockDecoder = standard_block,
-             stats: DecodeStats | None = None) -> Generation:
+             stats: DecodeStats | None = None, observer: Callable | None = None) -> Generation:
     """Decode block by block up to the block boundary covering prompt + max_new_tokens (SPEC §1).
 
     Prefill stores the complete prompt blocks; the P mod B leftover prompt tokens open the first decoded block.
@@ -108,7 +113,7 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
     cfg, b = engine.config, engine.block_size
     stop = set(cfg.stop_ids if stop_ids is None else stop_ids)
     stats = stats or DecodeStats()
-    ctx = DecodeContext(rule, sampling, cfg.mask_token_id, stats)
+    ctx = DecodeContext(rule, sampling, cfg.mask_token_id, stats, observer)
     p = prompt.size
     n_blocks = -(-(p + max_new_tokens) // b)
     first = p // b

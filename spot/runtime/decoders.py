@@ -1,0 +1,77 @@
+"""The decoders by name, as `spot generate --decoder` and `spot bench` expose them.
+
+standard / threshold: SPEC §3 with the static / threshold rule (one target pass per step).
+chain / tree: SPOT with the training-free stale-confidence order (branch 1 = FreeDave-style chain, branch k = tree).
+oracle: SPOT whose proposer reads the true standard trajectory (a diagnostic ceiling, costs a standard run first).
+spot / spot-sets: SPOT with the learned order model (static rule / threshold rule with whole-set verification).
+chain, tree and oracle follow the commit rule given (static unless mode is threshold).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from spot.errors import SpotError
+from spot.runtime.decode import Generation, generate, standard_block
+from spot.runtime.engine import Engine
+from spot.runtime.proposers import ConfidenceOrderProposer, OracleProposer
+from spot.runtime.spot import SpotBlockDecoder, TreeBudget
+from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
+
+DECODERS = ("standard", "threshold", "chain", "tree", "oracle", "spot", "spot-sets")
+TREE_BRANCH = 4
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    max_new_tokens: int = 64
+    mode: str = STATIC
+    tau: float = 0.9
+    sampling: Sampling = Sampling()
+    budget: TreeBudget = TreeBudget()
+    stop_ids: tuple[int, ...] | None = None
+
+
+def rule_for(decoder: str, req: DecodeRequest) -> CommitRule:
+    if decoder == "threshold" or decoder == "spot-sets":
+        return CommitRule(THRESHOLD, req.tau)
+    if decoder in ("standard", "spot"):
+        return CommitRule(STATIC, req.tau)
+    return CommitRule(req.mode, req.tau)
+
+
+def record_trajectories(trajectories: dict[int, list[np.ndarray]]):
+    """An observer for generate() that stores each block's standard trajectory [s_0, s_1, ..., s_k]."""
+    def observe(block, step, state, logits, nxt):
+        traj = trajectories.setdefault(block, [state.copy()])
+        traj.append(nxt.copy())
+    return observe
+
+
+def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, drafter=None) -> Generation:
+    """Decode `prompt_ids` with the decoder `name`; returns tokens and stats (no printing)."""
+    if name not in DECODERS:
+        raise SpotError(f"unknown decoder {name!r}, expected one of {', '.join(DECODERS)}")
+    rule = rule_for(name, req)
+    common = dict(max_new_tokens=req.max_new_tokens, rule=rule, sampling=req.sampling, stop_ids=req.stop_ids)
+    if name in ("standard", "threshold"):
+        return generate(engine, prompt_ids, block_decoder=standard_block, **common)
+    req.budget.check(engine.block_size)
+    if name == "chain":
+        proposer = ConfidenceOrderProposer(branch=1)
+        budget = TreeBudget(req.budget.depth + 1, req.budget.depth)   # a chain: one node per depth
+    elif name == "tree":
+        proposer, budget = ConfidenceOrderProposer(branch=TREE_BRANCH), req.budget
+    elif name == "oracle":
+        trajectories: dict[int, list[np.ndarray]] = {}
+        generate(engine, prompt_ids, block_decoder=standard_block, observer=record_trajectories(trajectories),
+                 **common)
+        proposer, budget = OracleProposer(trajectories), req.budget
+    else:
+        if drafter is None:
+            raise SpotError(f"decoder {name!r} needs a drafter (order model)",
+                            "pass --drafter PATH or use an exported folder that ships drafter.onnx")
+        drafter.check_compatible(engine)
+        proposer, budget = drafter.proposer(), req.budget
+    return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, budget), **common)

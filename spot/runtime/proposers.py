@@ -1,0 +1,115 @@
+"""Proposers for SPOT trees: given tree nodes, candidate child states with log-probabilities (SPEC §4-6).
+
+A child commits what the proposer predicts F will commit at its parent: under the static rule one position, under
+the threshold rule (SPOT-Sets) a whole set; its tokens are the coupled samples of the stale logits for the parent's
+step. Proposers differ only in how they score positions:
+- ConfidenceOrderProposer: stale confidence of the coupled sample (training-free; branch 1 = `chain`, FreeDave-style).
+- DrafterProposer: the order model (spot.runtime.drafter) — `spot` / `spot-sets`.
+- OracleProposer: reads the true standard trajectory (diagnostic ceiling of the tree shape).
+No proposer sees fresh logits; exactness never depends on what they propose.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from spot.runtime.stale import StaleView
+from spot.runtime.step import STATIC, CommitRule
+from spot.runtime.tree import Node
+
+LOG_FLOOR = -30.0
+
+
+class RoundInputs:
+    """What every proposer may read in one round: the stale view, the rule, the mask id."""
+
+    def __init__(self, stale: StaleView, rule: CommitRule, mask_id: int, block: int):
+        self.stale, self.rule, self.mask_id, self.block = stale, rule, mask_id, block
+
+
+def child_with(state: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    child = state.copy()
+    child[positions] = tokens[positions]
+    return child
+
+
+def position_candidates(node: Node, logq: np.ndarray, tokens: np.ndarray, mask_id: int,
+                        branch: int) -> list[tuple[float, np.ndarray]]:
+    """Static rule: one child per top-`branch` masked position. logq [B] log P(next commit = i), tokens [B]."""
+    masked = np.flatnonzero(node.state == mask_id)
+    order = masked[np.argsort(-logq[masked], kind="stable")][:branch]
+    return [(float(max(logq[p], LOG_FLOOR)), child_with(node.state, np.array([p]), tokens)) for p in order]
+
+
+def set_candidates(node: Node, member_p: np.ndarray, best: int, tokens: np.ndarray, mask_id: int,
+                   branch: int) -> list[tuple[float, np.ndarray]]:
+    """Threshold rule: the predicted set {i : P(i in S) > 0.5} (or the single best position when empty), then
+    variants flipping the least certain positions. member_p [B] in (0, 1); log-probability assumes independence."""
+    masked = np.flatnonzero(node.state == mask_id)
+    p = np.clip(member_p[masked], 1e-6, 1 - 1e-6)
+    base = p > 0.5
+    if not base.any():
+        base = masked == best
+    sets = [base]
+    for j in np.argsort(np.abs(p - 0.5), kind="stable"):
+        if len(sets) >= branch:
+            break
+        flipped = base.copy()
+        flipped[j] = not flipped[j]
+        if flipped.any():
+            sets.append(flipped)
+    out = []
+    for s in sets:
+        logp = float(np.where(s, np.log(p), np.log1p(-p)).sum())
+        out.append((max(logp, LOG_FLOOR * len(masked)), child_with(node.state, masked[s], tokens)))
+    return out
+
+
+class ConfidenceOrderProposer:
+    """Order positions by the stale confidence of their coupled sample (no learned model)."""
+
+    def __init__(self, branch: int = 1, sharpness: float = 8.0):
+        self.branch, self.sharpness = branch, sharpness
+        self.round: RoundInputs | None = None
+
+    def begin_round(self, round_inputs: RoundInputs, state: np.ndarray, step: int) -> None:
+        self.round = round_inputs
+
+    def propose(self, tree: list[Node], nodes: list[int]) -> list[list[tuple[float, np.ndarray]]]:
+        r = self.round
+        out = []
+        for i in nodes:
+            node = tree[i]
+            tokens, conf = r.stale.coupled(node.step)
+            masked = node.state == r.mask_id
+            if r.rule.kind == STATIC:
+                score = np.where(masked, self.sharpness * np.log(np.maximum(conf, 1e-30)), -np.inf)
+                logq = score - np.logaddexp.reduce(score[masked])
+                out.append(position_candidates(node, logq, tokens, r.mask_id, self.branch))
+            else:
+                member = 1.0 / (1.0 + np.exp(-self.sharpness * 4 * (conf - r.rule.tau)))
+                best = int(np.argmax(np.where(masked, conf, -np.inf)))
+                out.append(set_candidates(node, member, best, tokens, r.mask_id, self.branch))
+        return out
+
+
+class OracleProposer:
+    """Diagnostic: proposes the true next state, read from a standard decoding trajectory of the same request.
+
+    trajectories: block index -> list of states [s_0, s_1, ..., s_k] of standard decoding (s_t before step t)."""
+
+    def __init__(self, trajectories: dict[int, list[np.ndarray]]):
+        self.trajectories = trajectories
+        self.round: RoundInputs | None = None
+
+    def begin_round(self, round_inputs: RoundInputs, state: np.ndarray, step: int) -> None:
+        self.round = round_inputs
+
+    def propose(self, tree: list[Node], nodes: list[int]) -> list[list[tuple[float, np.ndarray]]]:
+        traj = self.trajectories.get(self.round.block, [])
+        out = []
+        for i in nodes:
+            node = tree[i]
+            t = node.step
+            on_path = t + 1 < len(traj) and np.array_equal(traj[t], node.state)
+            out.append([(0.0, traj[t + 1].copy())] if on_path else [])
+        return out

@@ -1,0 +1,61 @@
+"""Coupled samples from the stale logits L(s_m): what the drafter may read in a SPOT round (SPEC §4).
+
+At position i and future step tau the proposal token is argmax_v(L~_iv / T + gumbel(seed, b, tau, i, v)), the same
+noise the target will use at that step, so proposal and target agree whenever the perturbed argmax did not move.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from spot.runtime.step import Sampling, sample_positions
+
+TOPK_FEATURES = 32
+
+
+class StaleView:
+    """Lazily computed, cached coupled samples of one round's stale logits.
+
+    logits: [B, V] float32 = L(s_m);  masked: [B] bool = masks of s_m (every later node's masks are a subset).
+    """
+
+    def __init__(self, logits: np.ndarray, masked: np.ndarray, sampling: Sampling, block: int):
+        self.logits = logits
+        self.positions = np.flatnonzero(masked)
+        self.sampling = sampling
+        self.block = block
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._topk: np.ndarray | None = None
+
+    def coupled(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """tokens [B] int64 (-1 where not masked in s_m) and confidences [B] float64 (-inf there) for `step`."""
+        if step not in self._cache:
+            b = self.logits.shape[0]
+            tokens = np.full(b, -1, dtype=np.int64)
+            conf = np.full(b, -np.inf)
+            if self.positions.size:
+                t, c = sample_positions(self.logits, self.positions, self.sampling, self.block, step)
+                tokens[self.positions], conf[self.positions] = t, c
+            self._cache[step] = (tokens, conf)
+        return self._cache[step]
+
+    def topk_logprobs(self) -> np.ndarray:
+        """[B, 32] float32: the largest log-probabilities of softmax(L/T) (softmax(L) at T = 0), descending."""
+        if self._topk is None:
+            self._topk = topk_logprobs(self.logits, self.sampling.temperature)
+        return self._topk
+
+
+def topk_logprobs(logits: np.ndarray, temperature: float, k: int = TOPK_FEATURES) -> np.ndarray:
+    """logits [..., V] -> [..., k] float32 top-k log-probabilities of softmax(logits / T), descending."""
+    z = logits.astype(np.float64)
+    if temperature > 0:
+        z = z / temperature
+    z = z - z.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    k = min(k, logp.shape[-1])
+    top = -np.partition(-logp, k - 1, axis=-1)[..., :k]
+    out = -np.sort(-top, axis=-1)
+    if out.shape[-1] < TOPK_FEATURES:  # tiny vocabularies: pad with -inf-like floor
+        pad = np.full(out.shape[:-1] + (TOPK_FEATURES - out.shape[-1],), -1e4)
+        out = np.concatenate([out, pad], axis=-1)
+    return out.astype(np.float32)
