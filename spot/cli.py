@@ -10,6 +10,7 @@ import sys
 import click
 
 from spot import __version__
+from spot.engines.factory import BACKENDS
 from spot.errors import SpotError
 
 
@@ -35,6 +36,255 @@ class SpotGroup(click.Group):
 def main(ctx, debug):
     """spot: SPOT speculative decoding for SDAR diffusion LMs on ONNX Runtime / TensorRT."""
     ctx.meta["spot.debug"] = debug
+
+
+@main.command()
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="SDAR checkpoint folder (config.json + safetensors). Default: the embedded model.")
+@click.option("--prompt", default=None, help="Prompt text (needs the checkpoint's tokenizer).")
+@click.option("--prompt-ids", default=None, help="Prompt as comma-separated token ids, e.g. 151644,872,198.")
+@click.option("--chat/--no-chat", default=None,
+              help="Wrap --prompt in the chat template. Default: when the tokenizer has one.")
+@click.option("--block-size", type=int, default=None, help="Block size B. Default: the config's block_size.")
+@click.option("--mode", type=click.Choice(["static", "threshold"]), default="static", show_default=True,
+              help="Commit rule: one token per pass, or every token with confidence > tau.")
+@click.option("--tau", type=float, default=0.9, show_default=True, help="Threshold of --mode threshold.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (argmax).")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 disables top-k filtering.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 disables top-p filtering.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed (temperature > 0).")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="Device of the backend (torch: cpu, cuda).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + stats.")
+def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
+             max_new_tokens, backend, device, as_json):
+    """Generate with standard block-diffusion decoding (SPEC §3)."""
+    import json
+
+    from spot.assets import embedded_model_dir
+    from spot.config import load_config
+    from spot.engines.factory import open_engine
+    from spot.runtime.decode import generate as run_generate
+    from spot.runtime.step import CommitRule, Sampling
+    from spot.tokenizer import load_tokenizer, prompt_ids_for
+
+    folder = model_dir if model_dir is not None else embedded_model_dir()
+    load_config(folder)  # folder / config errors first, before the tokenizer and the weights
+    rule, sampling = CommitRule(mode, tau), Sampling(temperature, top_k, top_p, seed)
+    tokenizer = load_tokenizer(folder)
+    ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
+    engine = open_engine(backend, folder, block_size, device)
+    gen = run_generate(engine, ids, max_new_tokens=max_new_tokens, rule=rule, sampling=sampling)
+    text = tokenizer.decode(gen.token_ids) if tokenizer is not None else None
+    stats = gen.stats
+    if as_json:
+        out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "prompt_len": gen.prompt_len,
+               "block_size": engine.block_size, "mode": mode, "backend": backend, **stats.to_dict()}
+        if text is not None:
+            out["text"] = text
+        click.echo(json.dumps(out))
+        return
+    click.echo(text if text is not None else " ".join(map(str, gen.token_ids)))
+    passes = ", ".join(f"{k} {v}" for k, v in sorted(stats.passes.items()))
+    rate = len(gen.token_ids) / stats.seconds if stats.seconds > 0 else 0.0
+    click.echo(f"[{len(gen.token_ids)} tokens, {stats.target_passes} target passes ({passes}), {stats.steps} steps, "
+               f"{stats.seconds:.2f} s, {rate:.1f} tok/s{', stopped' if gen.stopped else ''}]", err=True)
+
+
+@main.command("export")
+@click.argument("source")
+@click.option("--checkpoint", type=click.Path(file_okay=False), default=None,
+              help="Checkpoint folder of a preset (default: the Hugging Face cache, $HF_HOME/hub).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Output folder (default: ./NAME-DTYPE-onnx). Written atomically.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
+              help="Weight dtype. Default: fp16 (fp32 for `embedded`). bf16 is refused (no ORT CPU kernels).")
+@click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset: 17 or 18.")
+@click.option("--max-nodes", type=int, default=64, show_default=True,
+              help="Most candidate states per verify pass (recorded; the engine enforces it).")
+@click.option("--max-context", type=int, default=None,
+              help="Longest context in tokens (recorded; default: max_position_embeddings).")
+@click.option("--block-size", type=int, default=None, help="Decoding block size (default: preset, else config).")
+@click.option("--dry-run", is_flag=True, help="Build and check the graph of the real config without weights.")
+@click.option("--no-validate", is_flag=True, help="Skip the comparison with the torch reference (not advised).")
+@click.option("--validate-layers", type=int, default=None,
+              help="Validate the first K layers only (default: all up to 300M parameters, else 2).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out folder.")
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_size, dry_run, no_validate,
+           validate_layers, overwrite, quiet):
+    """Export an SDAR checkpoint to an ONNX folder (SOURCE: a checkpoint folder or a preset: embedded,
+    sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants)."""
+    import json
+    from pathlib import Path
+
+    from spot.export.export import ExportOptions, dry_run as run_dry_run, export_checkpoint
+    from spot.export.presets import resolve_source
+
+    resolved = resolve_source(source, checkpoint, dry_run)
+    dtype = dtype or ("fp32" if resolved.preset == "embedded" else "fp16")
+    options = ExportOptions(dtype=dtype, opset=opset, max_nodes=max_nodes, max_context=max_context,
+                            block_size=block_size, validate=not no_validate, validate_layers=validate_layers,
+                            overwrite=overwrite)
+    progress = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+    if dry_run:
+        click.echo(json.dumps(run_dry_run(resolved, options, progress)))
+        return
+    export_checkpoint(resolved, Path(out) if out else Path(f"{resolved.default_name}-{dtype}-onnx"), options,
+                      progress)
+
+
+@main.command("verify")
+@click.argument("folder", type=click.Path())
+@click.option("--quick", is_flag=True, help="Sizes + sampled hashes of large files instead of full sha256.")
+def verify(folder, quick):
+    """Check every file of an exported folder against its manifest (full sha256 by default)."""
+    from spot.export.manifest import load_manifest
+
+    exported = load_manifest(folder, "quick" if quick else "full")
+    files = exported.manifest["files"]
+    total = sum(rec["bytes"] for rec in files.values())
+    click.echo(f"ok: {folder}: {len(files)} files, {total / 2**20:.1f} MiB match the manifest")
+
+
+@main.command("train-target")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Output Hugging Face folder. Default: the package's embedded model folder.")
+@click.option("--steps", type=int, default=340, show_default=True, help="Optimizer steps (4 x 256 tokens each).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--minutes", type=float, default=None, help="Wall-clock cap; stops early and still writes the folder.")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
+              help="Checkpoints and train.log (resumed when present). Default: next to --out.")
+@click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation written into training_report.json.")
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+def train_target_cmd(out, steps, seed, minutes, work_dir, no_eval, quiet):
+    """Train the embedded SDAR target on the Python standard library (block diffusion, BPE 4096, block 32)."""
+    from pathlib import Path
+
+    from spot.training.target import train_target
+    if steps < 1:
+        raise SpotError(f"--steps must be >= 1, got {steps}")
+    if out is None:
+        out = Path(__file__).parent / "assets" / "embedded"
+    report = train_target(out, steps, seed=seed, minutes=minutes, progress=not quiet, work_dir=work_dir,
+                          final_eval=not no_eval)
+    click.echo(f"wrote {out}: {report['parameters']} parameters, {report['steps_done']} steps, "
+               f"{report['train_seconds']:.0f}s")
+
+
+@main.command("build-engine")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Folder for the engine. Default: the engine cache ($SPOT_CACHE or ~/.cache/spot/tensorrt).")
+@click.option("--max-nodes", type=int, default=16, show_default=True, help="Largest node bucket (verify pass).")
+@click.option("--max-context", type=int, default=None, help="Largest KV capacity bucket. Default: the export's.")
+@click.option("--smallest-capacity", type=int, default=256, show_default=True, help="Smallest KV capacity bucket.")
+@click.option("--workspace-gib", type=float, default=4.0, show_default=True, help="TensorRT workspace limit.")
+@click.option("--fp16-flag", is_flag=True, help="TensorRT 10 only: FP16 kernels for an fp32 export (weak typing).")
+def build_engine_cmd(folder, out, max_nodes, max_context, smallest_capacity, workspace_gib, fp16_flag):
+    """Build a TensorRT engine for an exported FOLDER (optimisation profile per KV-capacity bucket, timing cache)."""
+    from spot.engines.tensorrt_engine import BuildOptions, build_engine
+    opts = BuildOptions(max_nodes=max_nodes, max_context=max_context, smallest_capacity=smallest_capacity,
+                        workspace_gib=workspace_gib, fp16_flag=fp16_flag)
+    build_engine(folder, opts, out, progress=click.echo)
+
+
+def _float_list(text: str, what: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpotError(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+
+@main.command("traces")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Target checkpoint folder. Default: the embedded model.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .npz trace file.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="JSONL prompts: {\"ids\": [...]} or {\"text\": ...} per line.")
+@click.option("--corpus-prompts", type=int, default=None,
+              help="Instead of --prompts: N prompts cut from the TRAIN split of the embedded model's corpus.")
+@click.option("--temperatures", default="0,0.5,1", show_default=True)
+@click.option("--rules", default="static,threshold", show_default=True, help="Commit rules to trace.")
+@click.option("--tau", type=float, default=0.9, show_default=True, help="Threshold of the threshold rule.")
+@click.option("--seeds", type=int, default=2, show_default=True, help="Noise seeds per prompt at T > 0.")
+@click.option("--cycle", is_flag=True,
+              help="One request per prompt, going round temperature x rule x seed (more prompts per minute).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--depth", type=int, default=16, show_default=True, help="Staleness 1..D recorded per step.")
+@click.option("--minutes", type=float, default=None, help="Stop collecting after this long.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the corpus prompt draw.")
+@click.option("--block-size", type=int, default=None, help="Block size. Default: the config's.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules, tau, seeds, cycle, max_new_tokens,
+               depth, minutes, seed, block_size, backend, device, quiet):
+    """Collect standard-decoding traces for training the drafter (SPEC §6)."""
+    from spot.assets import embedded_model_dir
+    from spot.config import load_config
+    from spot.engines.factory import open_engine
+    from spot.tokenizer import load_tokenizer
+    from spot.training.traces import TracePlan, collect_traces, corpus_prompts as draw_prompts, prompts_from_jsonl
+
+    folder = model_dir if model_dir is not None else embedded_model_dir()
+    load_config(folder)
+    if (prompts_file is None) == (corpus_prompts is None):
+        raise SpotError("give exactly one of --prompts FILE.jsonl and --corpus-prompts N")
+    tokenizer = load_tokenizer(folder)
+    if prompts_file is not None:
+        prompts = prompts_from_jsonl(prompts_file, tokenizer)
+    else:
+        if tokenizer is None:
+            raise SpotError(f"--corpus-prompts needs the model's tokenizer, and {folder} has none",
+                            "pass --prompts FILE.jsonl with token ids")
+        prompts = draw_prompts(tokenizer, corpus_prompts, seed)
+    plan = TracePlan(_float_list(temperatures, "--temperatures"), tuple(r.strip() for r in rules.split(",")), tau,
+                     seeds, max_new_tokens, depth, cycle)
+    engine = open_engine(backend, folder, block_size, device)
+    traces = collect_traces(engine, prompts, plan, minutes=minutes, progress=None if quiet else click.echo,
+                            model_dir=str(folder))
+    path = traces.save(out)
+    click.echo(f"wrote {path}: {traces.n_traces} traces, {traces.n_rows} steps ({traces.meta['seconds']} s)")
+
+
+@main.command("train-drafter")
+@click.option("--traces", "trace_files", multiple=True, required=True, type=click.Path(dir_okay=False),
+              help="Trace files from `spot traces` (repeatable).")
+@click.option("--heldout-traces", multiple=True, type=click.Path(dir_okay=False),
+              help="Held-out trace files for the accuracy report. Default: 10% of the prompts of --traces.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Folder for drafter.onnx + drafter.json. Default: the target folder the traces came from.")
+@click.option("--epochs", type=int, default=4, show_default=True)
+@click.option("--batch-size", type=int, default=256, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--minutes", type=float, default=None, help="Wall-clock cap on training.")
+@click.option("--tau", type=float, default=None, help="Threshold the membership head learns. Default: the traces'.")
+@click.option("--threads", type=int, default=1, show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, seed, minutes, tau, threads, quiet):
+    """Train the order model on traces, calibrate SPOT-Sets' threshold, export drafter.onnx + drafter.json."""
+    from spot.training.drafter import DrafterTrainSettings, train_drafter
+    from spot.training.traces import Traces, concat_traces
+
+    if epochs < 1 or batch_size < 1:
+        raise SpotError(f"--epochs and --batch-size must be >= 1, got {epochs} and {batch_size}")
+    traces = concat_traces([Traces.load(p) for p in trace_files])
+    heldout = concat_traces([Traces.load(p) for p in heldout_traces]) if heldout_traces else None
+    if out is None:
+        out = traces.meta.get("model_dir")
+        if not out:
+            raise SpotError("the traces do not name their target folder", "pass --out FOLDER")
+    settings = DrafterTrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, minutes=minutes,
+                                    tau=traces.meta["tau"] if tau is None else tau, threads=threads)
+    log = (lambda _: None) if quiet else click.echo
+    manifest = train_drafter(traces, out, settings, heldout, log=log)
+    acc = manifest["accuracy"].get("top1", {})
+    click.echo(f"wrote {out}: {manifest['architecture']['parameters']} parameters, held-out next-commit top-1 "
+               f"{acc.get('model')} (stale-confidence baseline {acc.get('baseline')}), member threshold "
+               f"{manifest['member_threshold']}")
 
 
 def export_main():  # console script `spot-export` == `spot export`

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -113,6 +113,7 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
     cfg, b = engine.config, engine.block_size
     stop = set(cfg.stop_ids if stop_ids is None else stop_ids)
     stats = stats or DecodeStats()
+    sampling = replace(sampling, exclude_token=cfg.mask_token_id)   # never commit the mask id itself
     ctx = DecodeContext(rule, sampling, cfg.mask_token_id, stats, observer)
     p = prompt.size
     n_blocks = -(-(p + max_new_tokens) // b)

@@ -31,6 +31,7 @@ class DecodeRequest:
     sampling: Sampling = Sampling()
     budget: TreeBudget = TreeBudget()
     stop_ids: tuple[int, ...] | None = None
+    independent_noise: bool = False   # ablation: proposals use noise unrelated to the target's (SPEC §7)
 
 
 def rule_for(decoder: str, req: DecodeRequest) -> CommitRule:
@@ -74,4 +75,5 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
                             "pass --drafter PATH or use an exported folder that ships drafter.onnx")
         drafter.check_compatible(engine)
         proposer, budget = drafter.proposer(), req.budget
-    return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, budget), **common)
+    return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, budget, req.independent_noise),
+                    **common)

@@ -5,11 +5,14 @@ noise the target will use at that step, so proposal and target agree whenever th
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from spot.runtime.step import Sampling, sample_positions
 
 TOPK_FEATURES = 32
+INDEPENDENT_SEED_XOR = 0x5BD1E995
 
 
 class StaleView:
@@ -18,10 +21,12 @@ class StaleView:
     logits: [B, V] float32 = L(s_m);  masked: [B] bool = masks of s_m (every later node's masks are a subset).
     """
 
-    def __init__(self, logits: np.ndarray, masked: np.ndarray, sampling: Sampling, block: int):
+    def __init__(self, logits: np.ndarray, masked: np.ndarray, sampling: Sampling, block: int,
+                 independent_noise: bool = False):
         self.logits = logits
         self.positions = np.flatnonzero(masked)
-        self.sampling = sampling
+        # independent_noise: the ablation of SPEC §7 — proposals drawn with noise unrelated to the target's
+        self.sampling = replace(sampling, seed=sampling.seed ^ INDEPENDENT_SEED_XOR) if independent_noise else sampling
         self.block = block
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._topk: np.ndarray | None = None

@@ -18,12 +18,17 @@ THRESHOLD = "threshold"
 
 @dataclass(frozen=True)
 class Sampling:
-    """How F samples: temperature (0 = argmax), optional top-k / top-p filtering, noise seed."""
+    """How F samples: temperature (0 = argmax), optional top-k / top-p filtering, noise seed.
+
+    exclude_token: a token id never sampled (generate() sets the mask id: committing <|MASK|> would leave the
+    position masked forever). It is removed from the argmax only; the confidence keeps the full softmax, so
+    decisions equal SDAR's whenever SDAR's own decoder would not sample the mask id. -1 = none."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    exclude_token: int = -1
 
     def __post_init__(self):
         if not np.isfinite(self.temperature) or self.temperature < 0:
@@ -85,9 +90,11 @@ def sample_positions(logits: np.ndarray, positions: np.ndarray, sampling: Sampli
     if t > 0:
         perturbed = filter_scaled_logits(z, sampling.top_k, sampling.top_p) + gumbel_rows(
             sampling.seed, block, step, positions, logits.shape[-1])
-        tokens = np.argmax(perturbed, axis=-1)       # ties -> smallest id (first occurrence)
     else:
-        tokens = np.argmax(z, axis=-1)
+        perturbed = z.copy()
+    if sampling.exclude_token >= 0:
+        perturbed[:, sampling.exclude_token] = -np.inf
+    tokens = np.argmax(perturbed, axis=-1)           # ties -> smallest id (first occurrence)
     zmax = z.max(axis=-1, keepdims=True)
     e = np.exp(z - zmax)
     conf = np.take_along_axis(e, tokens[:, None], axis=-1)[:, 0] / e.sum(axis=-1)

@@ -1,0 +1,381 @@
+"""GPU check: every GPU path present on this machine against the CPU reference, in one run (< 8 minutes).
+
+    python scripts/gpu_check.py [--out DIR] [--quick] [--budget-s 420]      (scripts/gpu_check.sh wraps it)
+
+Paths, each run only when present: torch CUDA (TorchEngine), ONNX Runtime CUDA EP and TensorRT EP (OrtEngine,
+StaticOrtEngine), TensorRT (TrtEngine, needs tensorrt + torch CUDA), the sampling epilogue on ORT CUDA and on torch
+CUDA. Checks: logits vs the CPU torch reference (max |diff| relative to max |logit|), token identity of standard
+decoding vs the CPU (T = 0 and T = 1), SPOT (the training-free tree decoder: the test model is random, so no
+learned drafter fits it) equal to standard decoding on the same engine, epilogue bit identity vs numpy. Reports
+latency vs node count and the SPOT vs standard speed-up, and writes gpu_check.json to --out (default: $OUT, else
+the current folder).
+Without a GPU it still runs the CPU parts (ORT CPU, the epilogue on ORT CPU) so the script itself is tested.
+Every section is guarded: a failure is recorded in the report and the next section runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from spot.config import ModelConfig  # noqa: E402
+from spot.runtime.step import Sampling  # noqa: E402
+
+QUICK = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                    block_size=8, mask_token_id=511, stop_ids=(510,))
+# big enough that a GPU pass is not pure launch overhead, small enough to export and run in seconds
+FULL = ModelConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=6,
+                   num_attention_heads=16, num_key_value_heads=4, head_dim=64, max_position_embeddings=2048,
+                   block_size=16, mask_token_id=31999, stop_ids=(31998,))
+
+
+NEW_BLOCKS = 3          # blocks generated per decode (each block is B standard passes)
+
+
+class Report:
+    def __init__(self, budget_s: float):
+        self.t0 = time.time()
+        self.budget_s = budget_s
+        self.data: dict = {"env": {}, "model": {}, "checks": [], "info": [], "latency_ms": {}, "speedup": {},
+                           "errors": [], "skipped": []}
+
+    def left(self) -> float:
+        return self.budget_s - (time.time() - self.t0)
+
+    def section(self, name: str, fn, min_left: float = 20.0):
+        if self.left() < min_left:
+            self.data["skipped"].append(f"{name}: time budget")
+            print(f"[skip] {name}: time budget", flush=True)
+            return None
+        t = time.time()
+        print(f"[run ] {name}", flush=True)
+        try:
+            out = fn()
+            print(f"[done] {name} ({time.time() - t:.1f}s)", flush=True)
+            return out
+        except Exception as e:  # one failing backend must not hide the others' results
+            self.data["errors"].append({"section": name, "error": f"{type(e).__name__}: {e}",
+                                        "traceback": traceback.format_exc()[-2000:]})
+            print(f"[fail] {name}: {type(e).__name__}: {e}", flush=True)
+            return None
+
+    def info(self, name: str, **details):
+        """A measured fact with no pass/fail (e.g. fp16 token agreement with the fp32 CPU reference)."""
+        self.data["info"].append({"name": name, **details})
+        print(f"       INFO {name} {json.dumps(details, default=str)[:300]}", flush=True)
+
+    def check(self, name: str, passed: bool, **details):
+        self.data["checks"].append({"name": name, "passed": bool(passed), **details})
+        print(f"       {'PASS' if passed else 'FAIL'} {name} {json.dumps(details, default=str)[:300]}", flush=True)
+
+
+def environment() -> dict:
+    env = {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
+           "numpy": np.__version__}
+    try:
+        import torch
+        env["torch"] = torch.__version__
+        env["torch_cuda"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(0)
+            env["cuda"] = torch.version.cuda
+    except ImportError:
+        env["torch"] = None
+    try:
+        import onnxruntime as ort
+        env["onnxruntime"] = ort.__version__
+        env["ort_providers"] = ort.get_available_providers()
+    except ImportError:
+        env["onnxruntime"] = None
+    try:
+        import tensorrt
+        env["tensorrt"] = tensorrt.__version__
+    except ImportError:
+        env["tensorrt"] = None
+    try:
+        import spot.runtime.decoders  # noqa: F401
+        env["spot_decoders"] = True
+    except ImportError:
+        env["spot_decoders"] = False
+    return env
+
+
+def make_model(cfg: ModelConfig, work: Path) -> dict:
+    import torch
+
+    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.presets import resolve_source
+    from spot.reference.model import random_model
+    torch.manual_seed(0)
+    model = random_model(cfg, seed=0, scale=0.05)
+    model.save_pretrained(work / "ckpt")
+    folders = {}
+    for dtype in ("fp32", "fp16"):
+        folders[dtype] = export_checkpoint(resolve_source(str(work / "ckpt")), work / f"onnx-{dtype}",
+                                           ExportOptions(dtype=dtype, max_nodes=16, validate=False))
+    return {"model": model, "folders": folders}
+
+
+def prompts(cfg: ModelConfig, n: int = 2, length: int = 21) -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    return [rng.integers(0, cfg.vocab_size - 2, length) for _ in range(n)]
+
+
+def states(cfg: ModelConfig, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    s = rng.integers(0, cfg.vocab_size - 2, (n, cfg.block_size))
+    s[rng.random(s.shape) < 0.5] = cfg.mask_token_id
+    return s
+
+
+def logits_diff(engine, reference, cfg: ModelConfig) -> dict:
+    rng = np.random.default_rng(1)
+    worst, scale = 0.0, 0.0
+    for blocks in (0, 2, 5):
+        ids = rng.integers(0, cfg.vocab_size - 2, blocks * cfg.block_size)
+        engine.prefill(ids)
+        reference.prefill(ids)
+        for n in (1, 4, 16):
+            st = states(cfg, n, seed=blocks * 10 + n)
+            a, b = engine.block_logits(st), reference.block_logits(st)
+            worst, scale = max(worst, float(np.abs(a - b).max())), max(scale, float(np.abs(b).max()))
+    return {"max_abs": worst, "max_ref": scale, "rel": worst / max(scale, 1.0)}
+
+
+def decode(engine, prompt, temperature: float, decoder: str = "standard"):
+    """Standard decoding (spot.runtime.decode), or a SPOT decoder by name (spot.runtime.decoders, guarded)."""
+    sampling = Sampling(temperature=temperature, seed=11)
+    t = time.perf_counter()
+    if decoder == "standard":
+        from spot.runtime.decode import generate
+        gen = generate(engine, prompt, max_new_tokens=NEW_BLOCKS * engine.block_size, sampling=sampling, stop_ids=())
+    else:
+        from spot.runtime.decoders import DecodeRequest, run_decoder
+        from spot.runtime.spot import TreeBudget
+        req = DecodeRequest(max_new_tokens=NEW_BLOCKS * engine.block_size, sampling=sampling,
+                            budget=TreeBudget(nodes=16, depth=min(8, engine.block_size)), stop_ids=())
+        gen = run_decoder(decoder, engine, prompt, req)
+    return gen, time.perf_counter() - t
+
+
+def check_engine(rep: Report, name: str, engine, reference, cfg: ModelConfig, tol: float, cpu_tokens: dict):
+    """Logits within `tol` of the CPU reference; standard decoding tokens equal to the CPU's. fp16 engines cannot
+    be expected to reproduce fp32 tokens (near-ties flip), so their token agreement is reported as info."""
+    d = logits_diff(engine, reference, cfg)
+    rep.check(f"{name}: logits vs CPU reference", d["rel"] <= tol, tolerance=tol, **d)
+    for temp in (0.0, 1.0):
+        same = [decode(engine, p, temp)[0].token_ids == cpu_tokens[(i, temp)] for i, p in enumerate(prompts(cfg))]
+        label = f"{name}: standard decoding tokens == CPU fp32 (T={temp})"
+        if "fp16" in name:
+            rep.info(label, identical=sum(same), of=len(same))
+        else:
+            rep.check(label, all(same), identical=sum(same), of=len(same))
+
+
+def latency(rep: Report, name: str, engine, cfg: ModelConfig, epilogue=None, reps: int = 10):
+    """Median ms of one block pass vs node count (after a 5-block prefill); with the epilogue when given."""
+    engine.prefill(np.arange(5 * cfg.block_size) % (cfg.vocab_size - 2))
+    out = {}
+    for n in (1, 2, 4, 8, 16):
+        st = states(cfg, n)
+        fn = (lambda: engine.block_logits(st)) if epilogue is None else (lambda: epilogue(st))
+        fn()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+        out[n] = round(statistics.median(times), 3)
+    rep.data["latency_ms"][name] = out
+    print(f"       latency {name}: {out}", flush=True)
+
+
+def speedup(rep: Report, name: str, engine, cfg: ModelConfig):
+    """Standard vs SPOT (the training-free tree decoder) on the same engine: wall time and target passes."""
+    if not rep.data["env"].get("spot_decoders"):
+        rep.data["skipped"].append(f"{name} speed-up: spot.runtime.decoders is not importable")
+        return
+    rows = {}
+    for temp in (0.0, 1.0):
+        std_s, tree_s, std_p, tree_p, same = 0.0, 0.0, 0, 0, True
+        for p in prompts(cfg):
+            g0, t0 = decode(engine, p, temp, "standard")
+            g1, t1 = decode(engine, p, temp, "tree")
+            std_s, tree_s = std_s + t0, tree_s + t1
+            std_p, tree_p = std_p + g0.stats.target_passes, tree_p + g1.stats.target_passes
+            same = same and g0.token_ids == g1.token_ids
+        rows[f"T={temp}"] = {"standard_s": round(std_s, 4), "spot_tree_s": round(tree_s, 4),
+                             "speedup": round(std_s / tree_s, 3), "standard_passes": std_p, "spot_passes": tree_p}
+        rep.check(f"{name}: SPOT (tree) output == standard (T={temp})", same)
+    rep.data["speedup"][name] = rows
+    print(f"       speed-up {name}: {rows}", flush=True)
+
+
+def epilogue_checks(rep: Report, cfg: ModelConfig, providers: list, tag: str, nodes: int = 8, future: int = 3):
+    from spot.export.epilogue import (OUTPUTS, EpilogueSpec, build_epilogue, make_epilogue_session,
+                                      reference_epilogue, run_epilogue)
+    import onnxruntime as ort
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((nodes, cfg.block_size, cfg.vocab_size)) * 3).astype(np.float32)
+    steps = np.arange(nodes)
+    model = build_epilogue(EpilogueSpec(cfg.vocab_size, cfg.block_size, future))
+    if providers[0] != "CPUExecutionProvider":   # does every node run on the GPU?
+        so = ort.SessionOptions()
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        try:
+            ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+            rep.data["model"][f"epilogue_{tag}_all_nodes_on_device"] = True
+        except Exception as e:
+            rep.data["model"][f"epilogue_{tag}_all_nodes_on_device"] = False
+            rep.data["model"][f"epilogue_{tag}_fallback_reason"] = str(e)[:500]
+    session = make_epilogue_session(model, providers=providers)
+    for temp in (0.0, 0.5, 1.0):
+        sampling = Sampling(temperature=temp, seed=3)
+        t = time.perf_counter()
+        got = run_epilogue(session, logits, steps, sampling, block=2)
+        ms = (time.perf_counter() - t) * 1e3
+        want = reference_epilogue(logits, steps, sampling, 2, future)
+        equal = {f: bool(np.array_equal(getattr(got, f), getattr(want, f))) for f in OUTPUTS}
+        rep.check(f"epilogue ({tag}) bit-identical to numpy (T={temp})", all(equal.values()), fields=equal,
+                  ms=round(ms, 2))
+
+
+def torch_epilogue_checks(rep: Report, cfg: ModelConfig):
+    import torch
+
+    from spot.export.epilogue import OUTPUTS, reference_epilogue
+    from spot.reference.noise_torch import epilogue_torch
+    rng = np.random.default_rng(6)
+    logits = (rng.standard_normal((8, cfg.block_size, cfg.vocab_size)) * 3).astype(np.float32)
+    dev = torch.from_numpy(logits).cuda()
+    for temp in (0.0, 0.5, 1.0):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = epilogue_torch(dev, np.arange(8), 3, 2, temp, 0, 3)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t) * 1e3
+        want = reference_epilogue(logits, np.arange(8), Sampling(temperature=temp, seed=3), 2, 3)
+        equal = {f: bool(np.array_equal(out[f].cpu().numpy(), getattr(want, f))) for f in OUTPUTS}
+        rep.check(f"epilogue (torch CUDA) bit-identical to numpy (T={temp})", all(equal.values()), fields=equal,
+                  ms=round(ms, 2))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true", help="tiny model (CPU smoke test of the script)")
+    ap.add_argument("--full", action="store_true", help="the larger test model even without a GPU")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting sections after this many seconds")
+    args = ap.parse_args(argv)
+    rep = Report(args.budget_s)
+    rep.data["env"] = env = environment()
+    print(json.dumps(env), flush=True)
+    has_cuda = bool(env.get("torch_cuda"))
+    quick = args.quick or not (args.full or has_cuda or "CUDAExecutionProvider" in env.get("ort_providers", []))
+    cfg = QUICK if quick else FULL
+    rep.data["model"]["config"] = cfg.to_dict()
+    rep.data["model"]["quick"] = quick
+    work = Path(tempfile.mkdtemp(prefix="spot-gpu-check-"))
+    made = rep.section("export the test model", lambda: make_model(cfg, work), min_left=60)
+    if made is None:
+        return finish(rep, args.out)
+    import torch
+    # tiny models: torch's CPU thread pool costs more than it saves; the full model uses up to 8 cores
+    torch.set_num_threads(1 if quick else min(8, os.cpu_count() or 1))
+    from spot.engines.ort_engine import OrtEngine
+    from spot.engines.torch_engine import TorchEngine
+    cpu_ref = TorchEngine(made["model"], device="cpu")
+    cpu_tokens = {}
+
+    def reference_tokens():
+        for i, p in enumerate(prompts(cfg)):
+            for temp in (0.0, 1.0):
+                cpu_tokens[(i, temp)] = decode(cpu_ref, p, temp)[0].token_ids
+    rep.section("CPU reference decoding", reference_tokens)
+
+    def ort_cpu():
+        eng = OrtEngine(made["folders"]["fp32"], device="cpu")
+        check_engine(rep, "ort-cpu fp32", eng, cpu_ref, cfg, 1e-4, cpu_tokens)
+        latency(rep, "ort-cpu fp32", eng, cfg, reps=3)
+        if quick:   # on GPU machines the CPU speed-up is not the point and costs a minute
+            speedup(rep, "ort-cpu fp32", eng, cfg)
+    rep.section("ONNX Runtime CPU", ort_cpu)
+    # the exact epilogue costs ~17 us per noise value on a CPU core: keep the CPU case small
+    rep.section("epilogue on ORT CPU", lambda: epilogue_checks(rep, cfg, ["CPUExecutionProvider"], "ort-cpu",
+                                                                nodes=8 if quick else 2, future=3 if quick else 1))
+
+    if has_cuda:
+        def torch_cuda():
+            eng = TorchEngine(made["model"], device="cuda")
+            check_engine(rep, "torch-cuda fp32", eng, cpu_ref, cfg, 1e-3, cpu_tokens)
+            latency(rep, "torch-cuda fp32", eng, cfg)
+            speedup(rep, "torch-cuda fp32", eng, cfg)
+        rep.section("torch CUDA", torch_cuda)
+        rep.section("epilogue on torch CUDA", lambda: torch_epilogue_checks(rep, cfg))
+    if "CUDAExecutionProvider" in env.get("ort_providers", []):
+        def ort_cuda():
+            from spot.engines.buckets import BucketPlan
+            from spot.engines.kv_cache import StaticOrtEngine
+            for dtype, tol in (("fp32", 1e-3), ("fp16", 2e-2)):
+                eng = OrtEngine(made["folders"][dtype], device="cuda")
+                check_engine(rep, f"ort-cuda {dtype}", eng, cpu_ref, cfg, tol, cpu_tokens)
+                latency(rep, f"ort-cuda {dtype}", eng, cfg)
+                speedup(rep, f"ort-cuda {dtype}", eng, cfg)
+            plan = BucketPlan.default(cfg.max_position_embeddings, cfg.block_size, 16, smallest=128)
+            eng = StaticOrtEngine(made["folders"]["fp16"], plan, device="cuda")
+            check_engine(rep, "ort-cuda-static fp16", eng, cpu_ref, cfg, 2e-2, cpu_tokens)
+            latency(rep, "ort-cuda-static fp16", eng, cfg)
+        rep.section("ONNX Runtime CUDA EP", ort_cuda)
+        rep.section("epilogue on ORT CUDA EP", lambda: epilogue_checks(
+            rep, cfg, ["CUDAExecutionProvider", "CPUExecutionProvider"], "ort-cuda"))
+    if "TensorrtExecutionProvider" in env.get("ort_providers", []):
+        def ort_trt():
+            eng = OrtEngine(made["folders"]["fp16"], device="trt")
+            check_engine(rep, "ort-trt fp16", eng, cpu_ref, cfg, 2e-2, cpu_tokens)
+            latency(rep, "ort-trt fp16", eng, cfg)
+        rep.section("ONNX Runtime TensorRT EP", ort_trt, min_left=120)
+    if env.get("tensorrt") and has_cuda:
+        def tensorrt():
+            from spot.engines.tensorrt_engine import BuildOptions, TrtEngine, build_engine
+            opts = BuildOptions(max_nodes=16, max_context=cfg.max_position_embeddings, smallest_capacity=128,
+                                workspace_gib=2.0)
+            t = time.time()
+            engine_file = build_engine(made["folders"]["fp16"], opts, work / "trt", progress=print)
+            rep.data["model"]["trt_build_s"] = round(time.time() - t, 1)
+            eng = TrtEngine(made["folders"]["fp16"], engine_file)
+            check_engine(rep, "tensorrt fp16", eng, cpu_ref, cfg, 2e-2, cpu_tokens)
+            latency(rep, "tensorrt fp16", eng, cfg)
+            latency(rep, "tensorrt fp16 + epilogue (D=3)", eng, cfg,
+                    epilogue=lambda st: eng.block_epilogue(st, np.zeros(len(st), np.int64), Sampling(1.0, seed=1),
+                                                           0, 3))
+            speedup(rep, "tensorrt fp16", eng, cfg)
+        rep.section("TensorRT", tensorrt, min_left=150)
+    return finish(rep, args.out)
+
+
+def finish(rep: Report, out: str) -> int:
+    rep.data["elapsed_s"] = round(time.time() - rep.t0, 1)
+    rep.data["summary"] = {"checks": len(rep.data["checks"]),
+                           "failed": [c["name"] for c in rep.data["checks"] if not c["passed"]],
+                           "errors": [e["section"] for e in rep.data["errors"]]}
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "gpu_check.json").write_text(json.dumps(rep.data, indent=1, default=str))
+    print(f"wrote {path / 'gpu_check.json'}: {json.dumps(rep.data['summary'])}", flush=True)
+    return 1 if rep.data["summary"]["failed"] or rep.data["summary"]["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

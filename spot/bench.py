@@ -1,0 +1,217 @@
+"""`spot bench`: every decoder side by side in one run, on one engine, on a prompt set (SPEC §7).
+
+For each (prompt, seed, temperature) the decoders run back to back, so machine drift hits all of them alike.
+Reports passes per token, steps per verify pass, tokens/s, ratios to standard decoding, the share of outputs
+identical to the baseline (standard for static-rule decoders, threshold for SPOT-Sets), acceptance by depth, the
+host/target split, and coupled vs independent drafting noise. Writes JSON + Markdown (+ PNG plots with matplotlib).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from spot.errors import SpotError
+from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.metrics import summarize
+from spot.runtime.spot import TreeBudget
+from spot.runtime.step import Sampling
+from spot.runtime.tuning import choose_budget, measure_latency_curve
+
+STATIC_FAMILY = ("standard", "chain", "tree", "oracle", "spot")
+THRESHOLD_FAMILY = ("threshold", "spot-sets")
+
+
+@dataclass
+class BenchConfig:
+    decoders: tuple[str, ...] = ("standard", "threshold", "chain", "tree", "oracle", "spot", "spot-sets")
+    temperatures: tuple[float, ...] = (0.0, 0.5, 1.0)
+    seeds: tuple[int, ...] = (0,)
+    budgets: tuple[TreeBudget, ...] = (TreeBudget(16, 8),)
+    max_new_tokens: int = 64
+    tau: float = 0.9
+    independent_noise_ablation: bool = True     # also run spot/chain with independent drafting noise
+    latency_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class Prompt:
+    id: str
+    ids: list[int]
+    text: str | None = None
+
+
+def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max_tokens: int | None = None
+                 ) -> list[Prompt]:
+    """JSONL with {"id", "text"} (needs a tokenizer) or {"id", "ids": [...]} per line."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpotError(f"prompt file {path} does not exist", "pass a JSONL file with one {\"text\": ...} per line")
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpotError(f"{path}:{n + 1} is not valid JSON ({e})") from None
+        if "ids" in rec:
+            ids = [int(i) for i in rec["ids"]]
+        elif "text" in rec:
+            if tokenizer is None:
+                raise SpotError(f"{path} holds text prompts but the model has no tokenizer",
+                                "give token ids in the JSONL ({\"ids\": [...]}) or use a model with tokenizer files")
+            ids = tokenizer.encode(rec["text"])
+        else:
+            raise SpotError(f"{path}:{n + 1} has neither 'text' nor 'ids'")
+        if max_tokens:
+            ids = ids[:max_tokens]
+        prompts.append(Prompt(str(rec.get("id", n)), ids, rec.get("text")))
+        if limit and len(prompts) >= limit:
+            break
+    if not prompts:
+        raise SpotError(f"{path} holds no prompts")
+    return prompts
+
+
+def baseline_of(decoder: str) -> str:
+    return "threshold" if decoder in THRESHOLD_FAMILY else "standard"
+
+
+def variants(cfg: BenchConfig) -> list[tuple[str, str, TreeBudget | None, bool]]:
+    """(label, decoder, budget, independent_noise) in run order; baselines first."""
+    out = []
+    for d in cfg.decoders:
+        if d in ("standard", "threshold"):
+            out.append((d, d, None, False))
+    for budget in cfg.budgets:
+        for d in cfg.decoders:
+            if d in ("standard", "threshold"):
+                continue
+            tag = f"{d}@{budget.nodes}x{budget.depth}"
+            out.append((tag, d, budget, False))
+            if cfg.independent_noise_ablation and d in ("chain", "spot"):
+                out.append((tag + "+indep", d, budget, True))
+    return out
+
+
+def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
+              progress: Callable[[str], None] | None = None) -> dict:
+    """Run every variant on every (prompt, seed, temperature); returns the JSON-ready result."""
+    needs_drafter = {"spot", "spot-sets"} & set(cfg.decoders)
+    if needs_drafter and drafter is None:
+        raise SpotError("the bench includes spot/spot-sets but no drafter was given",
+                        "pass --drafter, or drop them with --decoders standard,chain,tree,oracle")
+    runs: dict[tuple[str, float], list] = {}
+    identical: dict[tuple[str, float], list[bool]] = {}
+    plan = variants(cfg)
+    total = len(prompts) * len(cfg.seeds) * len(cfg.temperatures)
+    done = 0
+    t_start = time.perf_counter()
+    for prompt in prompts:
+        for seed in cfg.seeds:
+            for temp in cfg.temperatures:
+                outputs = {}
+                for label, decoder, budget, indep in plan:
+                    req = DecodeRequest(cfg.max_new_tokens, tau=cfg.tau, sampling=Sampling(temp, seed=seed),
+                                        budget=budget or TreeBudget(), independent_noise=indep)
+                    gen = run_decoder(decoder, engine, prompt.ids, req, drafter)
+                    outputs[label] = gen
+                    runs.setdefault((label, temp), []).append(gen)
+                    base = outputs.get(baseline_of(decoder))
+                    if base is not None:
+                        identical.setdefault((label, temp), []).append(gen.token_ids == base.token_ids)
+                done += 1
+                if progress:
+                    eta = (time.perf_counter() - t_start) / done * (total - done)
+                    progress(f"[{done}/{total}] prompt {prompt.id} seed {seed} T={temp}  eta {eta:.0f}s")
+    rows = []
+    for (label, temp), gens in runs.items():
+        decoder = label.split("@")[0]
+        row = {"variant": label, "decoder": decoder, "temperature": temp, **summarize(gens)}
+        base = summarize(runs[(baseline_of(decoder), temp)]) if (baseline_of(decoder), temp) in runs else None
+        if base:
+            row["passes_reduction"] = base["passes_per_token"] / row["passes_per_token"]
+            row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0
+        same = identical.get((label, temp), [])
+        row["identical_share"] = float(np.mean(same)) if same else None
+        rows.append(row)
+    return {"config": {"decoders": list(cfg.decoders), "temperatures": list(cfg.temperatures),
+                       "seeds": list(cfg.seeds), "budgets": [[b.nodes, b.depth] for b in cfg.budgets],
+                       "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts)},
+            "engine": {"name": engine.name, "block_size": engine.block_size},
+            "rows": rows}
+
+
+def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: list[TreeBudget],
+                drafter=None, decoder: str = "spot", node_counts=(1, 2, 4, 8, 16, 32, 64),
+                progress: Callable[[str], None] | None = None) -> dict:
+    """Measure latency(N) on this engine and steps/verify per candidate budget on `prompts`; pick the budget with
+    the highest expected tokens/s (choose_budget)."""
+    prefix = prompts[0].ids
+    curve = measure_latency_curve(engine, np.asarray(prefix), sorted(set(node_counts) | {1}))
+    if progress:
+        progress("latency ms by nodes: " + ", ".join(f"{n}:{ms:.1f}" for n, ms in curve.items()))
+    spv, host = {}, {}
+    for budget in candidates:
+        gens = [run_decoder(decoder, engine, p.ids, DecodeRequest(48, sampling=Sampling(temperature), budget=budget),
+                            drafter) for p in prompts]
+        s = summarize(gens)
+        spv[(budget.nodes, budget.depth)] = s.get("steps_per_verify", 1.0)
+        host[(budget.nodes, budget.depth)] = s.get("draft_ms_per_verify", 0.0) + s.get("walk_ms_per_verify", 0.0)
+        if progress:
+            progress(f"budget {budget.nodes}x{budget.depth}: {spv[(budget.nodes, budget.depth)]:.2f} steps/verify")
+    choice = choose_budget(curve, spv, host)
+    return {"latency_ms": curve, "steps_per_verify": {f"{n}x{d}": v for (n, d), v in spv.items()},
+            "host_ms": {f"{n}x{d}": v for (n, d), v in host.items()},
+            "choice": {"nodes": choice.nodes, "depth": choice.depth,
+                       "expected_speedup": choice.expected_speedup}}
+
+
+def markdown_table(result: dict) -> str:
+    cols = [("variant", "variant", "{}"), ("T", "temperature", "{:g}"), ("passes/token", "passes_per_token", "{:.3f}"),
+            ("passes reduction", "passes_reduction", "{:.2f}x"), ("steps/verify", "steps_per_verify", "{:.2f}"),
+            ("tokens/s", "tokens_per_s", "{:.1f}"), ("speed-up", "speedup", "{:.2f}x"),
+            ("identical", "identical_share", "{:.0%}"), ("host ms/verify", None, None)]
+    lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for row in sorted(result["rows"], key=lambda r: (r["temperature"], r["variant"])):
+        cells = []
+        for _, key, fmt in cols:
+            if key is None:
+                host = row.get("draft_ms_per_verify", 0) + row.get("walk_ms_per_verify", 0)
+                tgt = row.get("target_ms_per_verify")
+                cells.append(f"{host:.1f} / {tgt:.1f}" if tgt else "")
+                continue
+            v = row.get(key)
+            cells.append(fmt.format(v) if v is not None else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:
+    """bench.json, bench.md and, when matplotlib is installed and plots=True, PNG plots. Returns the paths."""
+    out = Path(out_dir)
+    written = [out / "bench.json", out / "bench.md"]
+    write_atomic(written[0], json.dumps(result, indent=2))
+    md = "# spot bench\n\n" + markdown_table(result)
+    if "tune" in result:
+        md += "\n## Budget tuning\n\n```\n" + json.dumps(result["tune"], indent=2) + "\n```\n"
+    write_atomic(written[1], md)
+    if plots:
+        from spot.plots import plot_report  # optional dependency
+        written += plot_report(result, out)
+    return written

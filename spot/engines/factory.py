@@ -1,0 +1,26 @@
+"""Build an engine for a backend name: the one place the CLI and tools turn `--backend X` into an Engine."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from spot.config import check_block_size, load_config
+from spot.errors import SpotError
+from spot.runtime.engine import Engine
+
+BACKENDS = ("torch", "ort")
+
+
+def open_engine(backend: str, model_dir: str | Path, block_size: int | None = None, device: str = "cpu") -> Engine:
+    """An engine over the checkpoint in `model_dir` decoding blocks of `block_size` (default: the config's)."""
+    if backend == "ort":  # an exported folder (spot-export), opened and checked by its manifest
+        from spot.engines.ort_engine import OrtEngine
+        if block_size is not None:
+            check_block_size(block_size)
+        return OrtEngine(model_dir, block_size, device)
+    cfg = load_config(model_dir)  # clear errors (missing folder, model_type) before any heavy import
+    block_size = cfg.block_size if block_size is None else block_size
+    check_block_size(block_size, cfg.max_position_embeddings)
+    if backend == "torch":
+        from spot.engines.torch_engine import TorchEngine
+        return TorchEngine.from_dir(model_dir, block_size, device)
+    raise SpotError(f"unknown backend {backend!r}, expected one of {', '.join(BACKENDS)}")

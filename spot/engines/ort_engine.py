@@ -1,0 +1,143 @@
+"""ONNX Runtime engine over an exported folder (spot-export): no torch needed on the device.
+
+The folder is opened by its manifest (hashes checked). One session runs the target graph for prefill, block steps
+over N candidate states and store passes; the host owns the KV cache as numpy arrays [L,Hkv,C,D] in the model
+dtype and appends each stored block's K/V (the graph returns only the new tokens' K/V).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from spot.errors import SpotError
+from spot.export.graph import NP_DTYPES
+from spot.export.manifest import load_manifest
+from spot.runtime.engine import Engine
+
+DEVICES = ("cpu", "cuda", "trt")
+_GPU_HINT = ("install onnxruntime-gpu (x86_64: `pip install onnxruntime-gpu`; Jetson/aarch64: the JetPack wheel "
+             "from NVIDIA's Jetson AI Lab index, PyPI has none) in place of onnxruntime, or use --device cpu")
+
+
+def _ort():
+    try:
+        import onnxruntime as ort
+    except ImportError:  # pragma: no cover - onnxruntime is a core dependency
+        raise SpotError("the ort backend needs onnxruntime", "pip install onnxruntime") from None
+    return ort
+
+
+def trt_cache_dir(folder: Path) -> Path:
+    """TensorRT engine cache outside the (possibly read-only) exported folder, keyed by the folder's manifest."""
+    key = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()[:16]
+    base = Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot"))
+    return base / "trt" / key
+
+
+def providers_for(device: str, folder: Path, dtype: str) -> list:
+    """Execution providers for --device, checked against what the installed onnxruntime offers."""
+    ort = _ort()
+    if device not in DEVICES:
+        raise SpotError(f"unknown device {device!r} for the ort backend, expected one of {', '.join(DEVICES)}")
+    available = ort.get_available_providers()
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in available:
+        raise SpotError(f"--device {device} needs onnxruntime's CUDAExecutionProvider; the installed onnxruntime "
+                        f"{ort.__version__} offers {', '.join(available)}", _GPU_HINT)
+    cuda = ("CUDAExecutionProvider", {})
+    if device == "cuda":
+        return [cuda, "CPUExecutionProvider"]
+    if "TensorrtExecutionProvider" not in available:
+        raise SpotError(f"--device trt needs onnxruntime's TensorrtExecutionProvider; the installed onnxruntime "
+                        f"{ort.__version__} offers {', '.join(available)}",
+                        "use an onnxruntime-gpu build with TensorRT (and TensorRT's libraries), or --device cuda")
+    cache = trt_cache_dir(folder)
+    cache.mkdir(parents=True, exist_ok=True)
+    trt = ("TensorrtExecutionProvider", {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
+                                         "trt_fp16_enable": dtype == "fp16"})
+    return [trt, cuda, "CPUExecutionProvider"]
+
+
+def make_session(graph: Path, device: str, dtype: str, threads: int | None = None):
+    """An InferenceSession on the requested provider; SpotError when the provider did not actually load."""
+    ort = _ort()
+    providers = providers_for(device, graph.parent, dtype)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3          # warnings about unused initializers etc. are not the user's business
+    if threads:
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(str(graph), so, providers=providers)
+    except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, RuntimeException)
+        raise SpotError(f"onnxruntime could not load {graph} on {device}: {str(e).splitlines()[0][:300]}",
+                        "check that the folder was exported for this onnxruntime (opset) and device") from None
+    wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
+    if session.get_providers()[0] != wanted:
+        raise SpotError(f"onnxruntime fell back from {wanted} to {session.get_providers()[0]}: the provider's "
+                        "libraries (CUDA, cuDNN, TensorRT) did not load", _GPU_HINT)
+    return session
+
+
+class OrtEngine(Engine):
+    """Engine over an exported folder. device: cpu | cuda | trt; threads: intra-op threads (None: ORT default)."""
+
+    name = "ort"
+
+    def __init__(self, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",
+                 threads: int | None = None, verify: str = "quick"):
+        self.exported = load_manifest(model_dir, verify)
+        super().__init__(self.exported.config, block_size or self.exported.block_size)
+        self.device = device
+        self.dtype = np.dtype(NP_DTYPES[self.exported.dtype])
+        self.session = make_session(self.exported.graph_path("target"), device, self.exported.dtype, threads)
+        cfg = self.config
+        self._empty = np.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, 0, cfg.head_dim), self.dtype)
+        self._k = self._v = self._empty
+
+    @staticmethod
+    def from_dir(model_dir, block_size: int | None = None, device: str = "cpu", threads: int | None = None):
+        return OrtEngine(model_dir, block_size, device, threads)
+
+    @property
+    def max_context(self) -> int:
+        return min(self.exported.max_context, self.config.max_position_embeddings)
+
+    # -- graph calls -------------------------------------------------------------------------------------------
+    def _run(self, outputs: list[str], ids: np.ndarray, bias: np.ndarray) -> list[np.ndarray]:
+        """ids [N,S] at positions cached_len..cached_len+S-1 against the cache with additive mask bias [S,C+S]."""
+        start = self._k.shape[2]
+        feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
+                 "position_ids": np.arange(start, start + ids.shape[1], dtype=np.int64),
+                 "attn_bias": bias, "past_k": self._k, "past_v": self._v}
+        return self.session.run(outputs, feeds)
+
+    def _reset(self) -> None:
+        self._k = self._v = self._empty
+
+    def _prefill(self, ids: np.ndarray) -> None:
+        p, b = ids.shape[0], self.block_size
+        blocks = np.arange(p) // b
+        bias = np.where(blocks[None, :] <= blocks[:, None], 0.0, -np.inf).astype(self.dtype)   # block-causal
+        new_k, new_v = self._run(["new_k", "new_v"], ids[None], bias)
+        self._k, self._v = np.ascontiguousarray(new_k[:, 0]), np.ascontiguousarray(new_v[:, 0])
+
+    def _step_bias(self) -> np.ndarray:
+        return np.zeros((self.block_size, self._k.shape[2] + self.block_size), self.dtype)
+
+    def _block_logits(self, states: np.ndarray) -> np.ndarray:
+        if states.shape[0] > self.exported.max_nodes:
+            raise SpotError(f"{states.shape[0]} candidate states in one pass exceed the export's max_nodes "
+                            f"{self.exported.max_nodes}", "re-export with a larger --max-nodes or draft fewer nodes")
+        (logits,) = self._run(["logits"], states, self._step_bias())
+        return logits
+
+    def _store(self, state: np.ndarray) -> None:
+        new_k, new_v = self._run(["new_k", "new_v"], state[None], self._step_bias())
+        self._k = np.concatenate([self._k, new_k[:, 0]], axis=2)
+        self._v = np.concatenate([self._v, new_v[:, 0]], axis=2)

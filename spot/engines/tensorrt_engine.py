@@ -1,0 +1,342 @@
+"""TensorRT engines for the exported target graph, and ONNX Runtime's TensorRT execution provider as the simpler path.
+
+STATUS: written to the documented TensorRT 10.x / 11.x Python API (name-based tensors, execute_async_v3,
+optimisation profiles, timing cache) and NEVER RUN on this project's CI, which has no GPU and no TensorRT.
+Only the "TensorRT is missing" paths are tested (tests/test_trt_and_buckets.py). scripts/gpu_check.sh exercises the
+rest on a machine with an NVIDIA GPU; docs/gpu-path.md lists what ran where.
+
+Build (`spot build-engine DIR`): parse DIR/target.onnx (external weights next to it), one optimisation profile per
+KV-capacity bucket (spot.engines.buckets.BucketPlan.trt_profiles), a persistent timing cache, and an engine cache
+keyed by sha256(ONNX + weights) + TensorRT version + GPU name + build options.
+Precision: the network is strongly typed wherever TensorRT supports it (required in 11.x, which removed the
+FP16/INT8 builder flags): the precision is the export's (`spot-export --dtype fp16`). On 10.x, `fp16_flag=True`
+instead builds a weakly typed network from an fp32 export with BuilderFlag.FP16 (TensorRT picks fp16 kernels).
+Run: device buffers are torch CUDA tensors; the KV cache (spot.engines.kv_cache.StaticKVCache) stays on the device,
+the target's logits stay on the device and feed the sampling epilogue (spot.reference.noise_torch.epilogue_torch),
+so a verify pass copies O(N x B x (D + 32)) values to the host, never O(N x B x V).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from spot.engines.buckets import BucketPlan, pad_nodes
+from spot.engines.kv_cache import StaticKVCache
+from spot.errors import SpotError
+from spot.runtime.engine import Engine
+
+INSTALL_HINT = ("Jetson (JetPack 6.x, TensorRT 10.3): `sudo apt install python3-libnvinfer` (part of JetPack; use the "
+                "system python3 or a venv created with --system-site-packages); workstation/server: "
+                "`pip install tensorrt` (NVIDIA's wheels, also at https://pypi.nvidia.com), with a CUDA driver; "
+                "or use `--backend ort --device cuda|trt`")
+TORCH_CUDA_HINT = ("TensorRT runs here on torch CUDA tensors: install a CUDA build of torch (Jetson: NVIDIA's "
+                   "JetPack wheel), or use the ORT TensorRT execution provider (`--backend ort --device trt`)")
+
+
+def _trt():
+    """The tensorrt module, or SpotError with what to install."""
+    try:
+        import tensorrt as trt  # noqa: F401
+    except ImportError:
+        raise SpotError("TensorRT's Python package (tensorrt) is not installed", INSTALL_HINT) from None
+    return trt
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        raise SpotError("the TensorRT engine needs torch for its device buffers", TORCH_CUDA_HINT) from None
+    if not torch.cuda.is_available():
+        raise SpotError("no CUDA device visible to torch", TORCH_CUDA_HINT)
+    return torch
+
+
+def trt_version() -> str:
+    return _trt().__version__
+
+
+def trt_major() -> int:
+    return int(trt_version().split(".")[0])
+
+
+def gpu_name() -> str:
+    return _torch_cuda().cuda.get_device_name(0)
+
+
+# -- build ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BuildOptions:
+    max_nodes: int = 16
+    max_context: int | None = None          # default: the export's max_context
+    smallest_capacity: int = 256
+    prefill_blocks: int = 4
+    workspace_gib: float = 4.0
+    fp16_flag: bool = False                 # TensorRT 10 only: weakly typed build of an fp32 export with FP16 kernels
+    opt_level: int = 3                      # builder optimisation level 0..5 (3 is TensorRT's default)
+
+
+def _sha256_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def engine_cache_key(onnx_files: list[Path], version: str, gpu: str, options: BuildOptions, plan: BucketPlan) -> str:
+    """sha256 over the ONNX graph + weights, the TensorRT version, the GPU name and the build options/buckets."""
+    meta = json.dumps({"trt": version, "gpu": gpu, "options": asdict(options), "plan": plan.to_dict()},
+                      sort_keys=True)
+    return hashlib.sha256((_sha256_files(onnx_files) + meta).encode()).hexdigest()
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot")) / "tensorrt"
+
+
+def _network_flags(trt, strongly_typed: bool) -> int:
+    flags = 0
+    if strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    return flags
+
+
+def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), out: str | Path | None = None,
+                 progress=print) -> Path:
+    """Build (or reuse from the cache) a TensorRT engine for the exported folder; returns the engine file.
+    Writes next to it `<key>.json` (versions, buckets) and keeps `timing.cache` in the cache folder."""
+    from spot.export.manifest import load_manifest
+    trt = _trt()
+    exported = load_manifest(model_dir)
+    cfg = exported.config
+    major = trt_major()
+    if options.fp16_flag and major >= 11:
+        raise SpotError("TensorRT 11 has no FP16 builder flag (networks are strongly typed)",
+                        "export the model with `spot-export --dtype fp16` and build without --fp16-flag")
+    if options.max_nodes > exported.max_nodes:
+        raise SpotError(f"--max-nodes {options.max_nodes} exceeds the export's max_nodes {exported.max_nodes}")
+    max_ctx = min(options.max_context or exported.max_context, exported.max_context, cfg.max_position_embeddings)
+    plan = BucketPlan.default(max_ctx, exported.block_size, options.max_nodes, options.smallest_capacity,
+                              options.prefill_blocks)
+    onnx_path = exported.graph_path("target")
+    data = [p for p in onnx_path.parent.glob(onnx_path.name + ".data")]
+    gpu = gpu_name()
+    key = engine_cache_key([onnx_path, *data], trt.__version__, gpu, options, plan)
+    folder = Path(out) if out else cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    engine_file = folder / f"{key[:24]}.engine"
+    meta_file = folder / f"{key[:24]}.json"
+    if engine_file.is_file() and meta_file.is_file():
+        progress(f"engine cache hit: {engine_file}")
+        return engine_file
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(_network_flags(trt, strongly_typed=not options.fp16_flag))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise SpotError(f"TensorRT {trt.__version__} could not parse {onnx_path}: {errors[:500]}",
+                        "TensorRT 10.3 parses opset <= 20; re-export with --opset 17")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(options.workspace_gib * 2**30))
+    config.builder_optimization_level = options.opt_level
+    if options.fp16_flag:
+        config.set_flag(trt.BuilderFlag.FP16)
+    timing_file = folder / "timing.cache"
+    timing = config.create_timing_cache(timing_file.read_bytes() if timing_file.is_file() else b"")
+    config.set_timing_cache(timing, ignore_mismatch=False)
+    profiles = plan.trt_profiles(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+    for prof in profiles:
+        p = builder.create_optimization_profile()
+        for name, (lo, opt, hi) in prof.shapes.items():
+            p.set_shape(name, lo, opt, hi)
+        config.add_optimization_profile(p)
+    progress(f"building TensorRT {trt.__version__} engine on {gpu}: {len(profiles)} profiles "
+             f"(capacities {list(plan.capacities)}, up to {plan.nodes[-1]} nodes); this takes minutes")
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise SpotError("TensorRT failed to build the engine (see its log above)",
+                        "lower --max-context/--max-nodes or raise --workspace-gib")
+    engine_file.write_bytes(bytes(serialized))
+    timing_file.write_bytes(bytes(config.get_timing_cache().serialize()))
+    meta_file.write_text(json.dumps({"key": key, "tensorrt": trt.__version__, "gpu": gpu, "model_dir": str(model_dir),
+                                     "options": asdict(options), "plan": plan.to_dict()}, indent=2))
+    progress(f"wrote {engine_file}")
+    return engine_file
+
+
+# -- run ---------------------------------------------------------------------------------------------------------
+class TrtRunner:
+    """One deserialized engine + execution context; runs on torch CUDA tensors (no host copies)."""
+
+    def __init__(self, engine_file: str | Path):
+        trt = _trt()
+        torch = _torch_cuda()
+        self.trt, self.torch = trt, torch
+        self.logger = trt.Logger(trt.Logger.WARNING)
+        self.runtime = trt.Runtime(self.logger)
+        self.engine = self.runtime.deserialize_cuda_engine(Path(engine_file).read_bytes())
+        if self.engine is None:
+            raise SpotError(f"TensorRT could not load {engine_file}",
+                            "engines are specific to the TensorRT version and GPU: rebuild with spot build-engine")
+        self.context = self.engine.create_execution_context()
+        self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.inputs = [n for n in self.names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.outputs = [n for n in self.names if n not in self.inputs]
+        self.stream = torch.cuda.Stream()
+        self.profile = -1
+
+    def _torch_dtype(self, name: str):
+        trt, torch = self.trt, self.torch
+        table = {trt.float32: torch.float32, trt.float16: torch.float16, trt.int64: torch.int64,
+                 trt.int32: torch.int32, trt.bool: torch.bool}
+        return table[self.engine.get_tensor_dtype(name)]
+
+    def run(self, feeds: dict, profile: int, wanted: list[str]) -> dict:
+        """feeds: input name -> contiguous CUDA tensor. Returns the wanted outputs (fresh CUDA tensors)."""
+        torch = self.torch
+        if profile != self.profile:
+            self.context.set_optimization_profile_async(profile, self.stream.cuda_stream)
+            self.profile = profile
+        for name in self.inputs:
+            t = feeds[name]
+            if not t.is_contiguous():
+                raise ValueError(f"input {name} must be contiguous")
+            self.context.set_input_shape(name, tuple(t.shape))
+            self.context.set_tensor_address(name, t.data_ptr())
+        outs = {}
+        for name in self.outputs:
+            shape = tuple(self.context.get_tensor_shape(name))
+            outs[name] = torch.empty(shape, dtype=self._torch_dtype(name), device="cuda")
+            self.context.set_tensor_address(name, outs[name].data_ptr())
+        self.stream.wait_stream(torch.cuda.current_stream())
+        if not self.context.execute_async_v3(self.stream.cuda_stream):
+            raise SpotError("TensorRT execution failed (see its log)")
+        torch.cuda.current_stream().wait_stream(self.stream)
+        return {n: outs[n] for n in wanted}
+
+
+class TrtEngine(Engine):
+    """Engine over a built TensorRT engine: static shapes (capacity x node buckets), device-resident KV cache.
+    `block_logits` returns host logits (the Engine contract, for tests and the host step function);
+    `block_epilogue` keeps the logits on the device and returns only the epilogue's small outputs."""
+
+    name = "tensorrt"
+
+    def __init__(self, model_dir: str | Path, engine_file: str | Path | None = None,
+                 options: BuildOptions = BuildOptions()):
+        from spot.export.manifest import load_manifest
+        _trt()
+        torch = _torch_cuda()
+        self.torch = torch
+        self.exported = load_manifest(model_dir)
+        super().__init__(self.exported.config, self.exported.block_size)
+        engine_file = Path(engine_file) if engine_file else build_engine(model_dir, options)
+        meta = json.loads(engine_file.with_suffix(".json").read_text())
+        self.plan = BucketPlan.from_dict(meta["plan"])
+        self.runner = TrtRunner(engine_file)
+        cfg = self.config
+        dt = {"fp32": torch.float32, "fp16": torch.float16}[self.exported.dtype]
+        self.kv_dtype = dt
+        self.cache = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, self.plan.capacities[0],
+                                   cfg.head_dim, dt, like=torch.empty(0, device="cuda"))
+
+    @property
+    def max_context(self) -> int:
+        return self.plan.max_context
+
+    def reserve(self, total_tokens: int) -> None:
+        self.cache.ensure(self.plan.capacity_for(total_tokens))
+
+    def _run(self, ids: np.ndarray, wanted: list[str]) -> dict:
+        torch = self.torch
+        n, s = ids.shape
+        self.cache.ensure(self.plan.capacity_for(self.cache.length + s))
+        feeds = {"input_ids": torch.from_numpy(np.ascontiguousarray(ids, np.int64)).cuda(),
+                 "position_ids": torch.arange(self.cache.length, self.cache.length + s, device="cuda"),
+                 "attn_bias": self.cache.bias(s, self.block_size, np.float32).to(self.kv_dtype).contiguous(),
+                 "past_k": self.cache.k, "past_v": self.cache.v}
+        return self.runner.run(feeds, self.plan.profile_index(self.cache.capacity), wanted)
+
+    def _reset(self) -> None:
+        self.cache.reset()
+
+    def _prefill(self, ids: np.ndarray) -> None:
+        for start in range(0, ids.shape[0], self.plan.prefill_chunk):
+            out = self._run(ids[start:start + self.plan.prefill_chunk][None], ["new_k", "new_v"])
+            self.cache.append(out["new_k"][:, 0], out["new_v"][:, 0])
+
+    def device_logits(self, states: np.ndarray):
+        """Logits [N,B,V] float32 as a CUDA tensor (padded rows dropped)."""
+        n = states.shape[0]
+        return self._run(pad_nodes(states, self.plan.nodes_for(n)), ["logits"])["logits"][:n]
+
+    def _block_logits(self, states: np.ndarray) -> np.ndarray:
+        return self.device_logits(states).cpu().numpy()
+
+    def block_epilogue(self, states: np.ndarray, node_steps, sampling, block: int, future_steps: int):
+        """The sampling epilogue on the device logits (spot.reference.noise_torch.epilogue_torch): returns
+        spot.export.epilogue.EpilogueResult with O(N x B x (D + 32)) values copied to the host."""
+        from spot.export.epilogue import EpilogueResult, check_sampling
+        from spot.reference.noise_torch import epilogue_torch
+        check_sampling(sampling)
+        states = self._check_ids(states, "block states")
+        if states.ndim != 2 or states.shape[1] != self.block_size:
+            raise ValueError(f"block states: got shape {states.shape}, expected [N>=1, {self.block_size}]")
+        self._check_room(self.block_size)
+        logits = self.device_logits(states)
+        out = epilogue_torch(logits, node_steps, sampling.seed, block, sampling.temperature, sampling.top_k,
+                             future_steps)
+        return EpilogueResult(*(out[f].cpu().numpy() for f in ("token", "confidence", "future_tokens",
+                                                               "future_conf", "top_logprobs", "top_ids")))
+
+    def _store(self, state: np.ndarray) -> None:
+        out = self._run(state[None], ["new_k", "new_v"])
+        self.cache.append(out["new_k"][:, 0], out["new_v"][:, 0])
+
+
+# -- ONNX Runtime's TensorRT execution provider ----------------------------------------------------------------------
+def _shape_list(shapes: dict[str, tuple[int, ...]]) -> str:
+    return ",".join(f"{name}:{'x'.join(str(d) for d in shape)}" for name, shape in shapes.items())
+
+
+def ort_trt_providers(cache: str | Path, fp16: bool = False, plan: BucketPlan | None = None, layers: int = 0,
+                      kv_heads: int = 0, head_dim: int = 0, workspace_gib: float = 4.0,
+                      cuda_graph: bool = False) -> list:
+    """Providers for onnxruntime.InferenceSession: TensorRT EP with engine and timing caches under `cache`
+    (then CUDA, then CPU as fallbacks). With a plan, explicit profile shapes cover the plan's largest bucket
+    (ORT's TensorRT EP takes one min/opt/max range per input)."""
+    cache = Path(cache)
+    opts = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
+            "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache),
+            "trt_fp16_enable": bool(fp16), "trt_max_workspace_size": int(workspace_gib * 2**30)}
+    if cuda_graph:
+        opts["trt_cuda_graph_enable"] = True
+    if plan is not None:
+        profiles = plan.trt_profiles(layers, kv_heads, head_dim)
+        lo = {k: v[0] for k, v in profiles[0].shapes.items()}
+        opt = {k: v[1] for k, v in profiles[-1].shapes.items()}
+        hi = {k: v[2] for k, v in profiles[-1].shapes.items()}
+        for name in ("past_k", "past_v"):
+            lo[name] = profiles[0].shapes[name][0]
+        opts.update({"trt_profile_min_shapes": _shape_list(lo), "trt_profile_opt_shapes": _shape_list(opt),
+                     "trt_profile_max_shapes": _shape_list(hi)})
+    return [("TensorrtExecutionProvider", opts), ("CUDAExecutionProvider", {}), "CPUExecutionProvider"]
+
+
+def check_ort_trt() -> None:
+    """SpotError unless onnxruntime offers the TensorRT execution provider."""
+    import onnxruntime as ort
+    if "TensorrtExecutionProvider" not in ort.get_available_providers():
+        raise SpotError(f"onnxruntime {ort.__version__} has no TensorrtExecutionProvider (it offers "
+                        f"{', '.join(ort.get_available_providers())})",
+                        "install onnxruntime-gpu built with TensorRT plus TensorRT's libraries; " + INSTALL_HINT)

@@ -1,0 +1,537 @@
+"""The sampling epilogue as an ONNX graph: everything vocabulary-sized that F and the drafter need, on the device.
+
+A verify pass yields logits [N,B,V] for N block states (~300 MB at 16 x 32 x 151936 in fp32). This graph, bound to
+those logits, returns only O(N x B x (D + 32)) values:
+
+  inputs   logits [N,B,V] float32      the target's logits of N block states
+           node_steps [N] int64        commit step t_n of each state (SPEC §3's step index)
+           seed, block [] int64        noise counters, in [0, 2**32)
+           temperature [] float64      T >= 0; T = 0 is argmax with confidence softmax(L)
+           top_k [] int64              0 disables; top-p is host-only (see below)
+           exclude_token [] int64      a token never sampled (the mask id), -1 = none; kept in the softmax
+  outputs  token [N,B] int64, confidence [N,B] float64        F's sample at step t_n, every position i
+           future_tokens [N,D,B] int64, future_conf [N,D,B]   coupled samples of the same logits, steps t_n+1..t_n+D
+           top_logprobs [N,B,32] float32, top_ids [N,B,32] int64  the 32 largest log softmax(L/T) (softmax(L) at
+                                       T = 0), descending: the drafter's stale features (spot.runtime.stale);
+                                       vocabularies under 32 pad with -1e4 and id -1 as stale.topk_logprobs does
+
+Exactness: token/confidence equal `spot.runtime.step.sample_positions` (top-p = 1), and the top-32 equal
+`spot.runtime.stale.topk_logprobs`, bit for bit on ONNX Runtime's CPU provider (reference: numpy on x86-64 glibc
+with FMA, docs/noise.md), because every float64 operation is the one numpy performs: the counter-based noise of spot.runtime.noise
+in uint32 integer ops (Mul, BitShift, BitwiseXor: opset 18), glibc's log/exp and numpy's pairwise sum restated as
+plain IEEE operations (spot.export.exact_math), and ArgMax/TopK with first-index ties. Confidences are given for
+every position; the host sets non-masked ones to -inf (SPEC §3) and only reads the positions it needs.
+Top-p needs a full sort and a cumulative sum over V per row: not in the graph; `check_sampling` refuses it so a
+decoder with top-p < 1 keeps the numpy step function.
+
+Backends: ORT CPU (tested), ORT CUDA EP (same ops; float64 IEEE arithmetic is identical on the GPU, but the run
+there is part of scripts/gpu_check.sh and has not been done on this project's CI). TensorRT has neither uint32
+arithmetic nor float64: on a TensorRT deployment the target engine runs in TensorRT and this epilogue runs on the
+same device buffers through ORT's CUDA EP or the torch twin (spot.reference.noise_torch.epilogue_torch); see
+docs/gpu-path.md. The cost is float64 work of O(N x (D+1) x B x V x ~1750) operations (glibc's log emulated with
+Dekker products; `EpilogueSpec(exact=False)` uses the backend's Exp/Log/ReduceSum instead, ulp-level differences); peak memory grows with N x (D+1) x B x V x 8 bytes times a few live intermediates, so large
+vocabularies are run in node chunks (`run_epilogue(..., chunk=...)`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from spot.errors import SpotError
+from spot.export import exact_math as xm
+from spot.runtime.noise import LANE_A, LANE_B, MIX_MUL_1, MIX_MUL_2, gumbel
+from spot.runtime.step import Sampling, sample_positions
+
+OPSET = 18
+TOP_K_LOGPROBS = 32              # = spot.runtime.stale.TOPK_FEATURES
+PAD_LOGPROB = -1e4               # stale.topk_logprobs' padding below 32 tokens
+INPUTS = ("logits", "node_steps", "seed", "block", "temperature", "top_k", "exclude_token")
+OUTPUTS = ("token", "confidence", "future_tokens", "future_conf", "top_logprobs", "top_ids")
+
+try:  # onnx is needed to build graphs, not to use the numpy reference functions
+    from onnx import TensorProto, checker, helper, numpy_helper
+except ImportError:  # pragma: no cover - onnx is part of the export/test extras
+    TensorProto = helper = numpy_helper = checker = None
+
+
+def _need_onnx():
+    if helper is None:
+        raise SpotError("building the sampling epilogue needs the onnx package", "pip install 'spot-edge[export]'")
+
+
+# -- the ONNX backend of spot.export.exact_math's Ops interface --------------------------------------------------
+class OnnxOps:
+    """Emits ONNX nodes; values are tensor names. Scalar constants are cached initializers."""
+
+    def __init__(self, prefix: str = "ep"):
+        _need_onnx()
+        self.prefix = prefix
+        self.nodes: list = []
+        self.initializers: list = []
+        self._count = 0
+        self._consts: dict = {}
+
+    def _name(self, hint: str) -> str:
+        self._count += 1
+        return f"{self.prefix}/{hint}_{self._count}"
+
+    def op(self, op_type: str, *inputs: str, **attrs) -> str:
+        out = self._name(op_type)
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def op_multi(self, op_type: str, inputs: list[str], n_out: int, **attrs) -> list[str]:
+        outs = [self._name(f"{op_type}_out{j}") for j in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=outs[0], **attrs))
+        return outs
+
+    def const(self, value, dtype) -> str:
+        arr = np.asarray(value, dtype=dtype)
+        key = (arr.dtype.str, arr.shape, arr.tobytes()) if arr.size <= 16 else None
+        if key is not None and key in self._consts:
+            return self._consts[key]
+        name = self._name("const")
+        self.initializers.append(numpy_helper.from_array(arr, name))
+        if key is not None:
+            self._consts[key] = name
+        return name
+
+    # Ops interface
+    def f(self, v):
+        return self.const(v, np.float64)
+
+    def i(self, v):
+        return self.const(v, np.int64)
+
+    def add(self, a, b):
+        return self.op("Add", a, b)
+
+    def sub(self, a, b):
+        return self.op("Sub", a, b)
+
+    def mul(self, a, b):
+        return self.op("Mul", a, b)
+
+    def abs(self, a):
+        return self.op("Abs", a)
+
+    def lt(self, a, b):
+        return self.op("Less", a, b)
+
+    def le(self, a, b):
+        return self.op("LessOrEqual", a, b)
+
+    def gt(self, a, b):
+        return self.op("Greater", a, b)
+
+    def ge(self, a, b):
+        return self.op("GreaterOrEqual", a, b)
+
+    def eq(self, a, b):
+        return self.op("Equal", a, b)
+
+    def ne(self, a, b):
+        return self.op("Not", self.op("Equal", a, b))
+
+    def and_(self, a, b):
+        return self.op("And", a, b)
+
+    def where(self, c, a, b):
+        return self.op("Where", c, a, b)
+
+    def to_int(self, x):
+        return self.op("Cast", x, to=TensorProto.INT64)
+
+    def to_float(self, x):
+        return self.op("Cast", x, to=TensorProto.DOUBLE)
+
+    def neg_int(self, x):
+        return self.op("Sub", self.i(0), x)
+
+    def clip_int(self, x, lo: int, hi: int):
+        return self.op("Max", self.op("Min", x, self.i(hi)), self.i(lo))
+
+    def divmod_const(self, x, d: int):
+        r = self.op("Mod", x, self.i(d))            # fmod=0: the sign of the divisor, i.e. floor semantics
+        return self.op("Div", self.op("Sub", x, r), self.i(d)), r
+
+    def gather(self, table, idx):
+        return self.op("Gather", self.const(np.asarray(table), np.float64), idx, axis=0)
+
+    def exponent(self, x):
+        """floor(log2 x) for positive normal x: a float estimate from Log, corrected exactly with powers of two."""
+        est = self.to_int(self.op("Floor", self.mul(self.op("Log", x), self.f(1.0 / math.log(2.0)))))
+        est = self.clip_int(est, xm.POW2_MIN, xm.POW2_MAX - 1)
+        p = xm.pow2(self, est)
+        down = self.op("Cast", self.lt(x, p), to=TensorProto.INT64)
+        up = self.op("Cast", self.ge(x, self.mul(p, self.f(2.0))), to=TensorProto.INT64)
+        return self.add(self.sub(est, down), up)
+
+    def pad_zero_last(self, x):
+        lead = self.op("Slice", self.op("Shape", x), self.i([0]), self.i([-1]))
+        shape = self.op("Concat", lead, self.i([1]), axis=0)
+        zeros = self.op("ConstantOfShape", shape, value=numpy_helper.from_array(np.zeros(1, np.float64)))
+        return self.op("Concat", x, zeros, axis=-1)
+
+    def take_last(self, x, idx):
+        return self.op("Gather", x, self.const(np.asarray(idx), np.int64), axis=-1)
+
+    def select(self, x, axis: int, index: int):
+        return self.op("Gather", x, self.i(index), axis=axis)
+
+    def concat_last(self, xs):
+        return self.op("Concat", *xs, axis=-1)
+
+    # uint32 helpers for the noise hash
+    def u32(self, v):
+        return self.const(v, np.uint32)
+
+    def mix32(self, x):
+        """spot.runtime.noise.mix32 (lowbias32) in uint32 ops; Mul wraps modulo 2**32."""
+        x = self.op("BitwiseXor", x, self.op("BitShift", x, self.u32(16), direction="RIGHT"))
+        x = self.op("Mul", x, self.u32(int(MIX_MUL_1)))
+        x = self.op("BitwiseXor", x, self.op("BitShift", x, self.u32(15), direction="RIGHT"))
+        x = self.op("Mul", x, self.u32(int(MIX_MUL_2)))
+        return self.op("BitwiseXor", x, self.op("BitShift", x, self.u32(15), direction="RIGHT"))
+
+
+# -- graph pieces ---------------------------------------------------------------------------------------------------
+def _log(o: OnnxOps, x: str, exact: bool) -> str:
+    return xm.glibc_log(o, x) if exact else o.op("Log", x)
+
+
+def _lane(o: OnnxOps, lane_const: int, seed: str, block: str, step: str, position: str, token: str) -> str:
+    """One hash word of spot.runtime.noise (uint32 tensors, numpy broadcasting between the counters)."""
+    h = o.mix32(o.op("BitwiseXor", seed, o.u32(lane_const)))
+    for counter in (block, step, position, token):
+        h = o.mix32(o.op("BitwiseXor", h, counter))
+    return h
+
+
+def _gumbel_from_words(o: OnnxOps, a: str, b: str, exact: bool) -> str:
+    hi = o.to_float(o.op("BitShift", a, o.u32(5), direction="RIGHT"))               # 27 bits
+    lo = o.to_float(o.op("BitShift", b, o.u32(6), direction="RIGHT"))               # 26 bits
+    k = o.add(o.mul(hi, o.f(2.0 ** 26)), lo)                                        # exact: < 2**53
+    u = o.mul(o.op("Max", k, o.f(0.5)), o.f(2.0 ** -53))
+    inner = _log(o, u, exact)
+    return o.mul(_log(o, o.mul(inner, o.f(-1.0)), exact), o.f(-1.0))              # -log(-log(u)), exact negations
+
+
+def _noise(o: OnnxOps, seed_u32: str, block_u32: str, steps_u32: str, block_size: int, vocab: int,
+           exact: bool = True) -> str:
+    """Gumbel noise [N, S, B, V] float64 for steps_u32 [N, S] (uint32), positions 0..B-1, tokens 0..V-1."""
+    steps = o.op("Unsqueeze", steps_u32, o.i([2, 3]))                               # [N,S,1,1]
+    positions = o.u32(np.arange(block_size, dtype=np.uint32).reshape(block_size, 1))   # [B,1]
+    tokens = o.u32(np.arange(vocab, dtype=np.uint32))                              # [V]
+    # the per-(step, position) prefix is computed on [N,S,B,1]; only the last mix runs over V
+    words = []
+    for lane in (LANE_A, LANE_B):
+        h = o.mix32(o.op("BitwiseXor", seed_u32, o.u32(lane)))
+        h = o.mix32(o.op("BitwiseXor", h, block_u32))
+        h = o.mix32(o.op("BitwiseXor", h, steps))
+        h = o.mix32(o.op("BitwiseXor", h, positions))                               # [N,S,B,1]
+        words.append(o.mix32(o.op("BitwiseXor", h, tokens)))                        # [N,S,B,V]
+    return _gumbel_from_words(o, words[0], words[1], exact)
+
+
+def _softmax_parts(o: OnnxOps, z: str, vocab: int, exact: bool = True) -> tuple[str, str, str]:
+    """zmax [...,1], e = exp(z - zmax) [...,V], S = sum(e) [...] (numpy's order when exact)."""
+    zmax = o.op("ReduceMax", z, o.i([-1]), keepdims=1)
+    if not exact:
+        e = o.op("Exp", o.sub(z, zmax))
+        return zmax, e, o.op("ReduceSum", e, o.i([-1]), keepdims=0)
+    e = xm.glibc_exp(o, o.sub(z, zmax))
+    return zmax, e, xm.pairwise_sum(o, e, vocab)
+
+
+def _value_info(name: str, elem_type, shape):
+    return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+@dataclass(frozen=True)
+class EpilogueSpec:
+    """Build-time constants of one epilogue graph."""
+
+    vocab_size: int
+    block_size: int
+    future_steps: int               # D
+    top_k_logprobs: int = TOP_K_LOGPROBS
+    exact: bool = True              # False: the backend's own Exp/Log/ReduceSum (faster, ulp-level differences)
+
+    def __post_init__(self):
+        if self.top_k_logprobs != TOP_K_LOGPROBS:
+            raise SpotError(f"the drafter reads {TOP_K_LOGPROBS} log-probabilities, got top_k_logprobs="
+                            f"{self.top_k_logprobs}")
+        if self.vocab_size < 1 or self.block_size < 1:
+            raise SpotError(f"epilogue needs vocab_size >= 1 and block_size >= 1, got {self.vocab_size}, "
+                            f"{self.block_size}")
+        if self.future_steps < 0:
+            raise SpotError(f"future_steps (D) must be >= 0, got {self.future_steps}")
+
+    @property
+    def k(self) -> int:
+        return min(self.top_k_logprobs, self.vocab_size)
+
+
+def build_epilogue(spec: EpilogueSpec):
+    """The epilogue ModelProto (opset 18). N is dynamic; V, B, D and K are fixed at build time."""
+    _need_onnx()
+    o = OnnxOps("ep")
+    v, b, d, k = spec.vocab_size, spec.block_size, spec.future_steps, spec.k
+    rows = o.op("Cast", "logits", to=TensorProto.DOUBLE)                            # [N,B,V]
+    t_pos = o.gt("temperature", o.f(0.0))
+    z = o.where(t_pos, o.op("Div", rows, "temperature"), rows)
+    zmax, e, total = _softmax_parts(o, z, v, spec.exact)                                        # e [N,B,V], total [N,B]
+
+    # top-k filter of z/T for sampling (numpy: filtered iff z < k-th largest value; ties kept)
+    kk = o.clip_int("top_k", 1, v)
+    kth_vals, _ = o.op_multi("TopK", [z, o.op("Reshape", kk, o.i([1]))], 2, axis=-1, largest=1, sorted=1)
+    kth = o.op("Gather", kth_vals, o.sub(kk, o.i(1)), axis=-1)                      # [N,B]
+    filtering = o.and_(o.gt("top_k", o.i(0)), o.lt("top_k", o.i(v)))
+    drop = o.and_(filtering, o.lt(z, o.op("Unsqueeze", kth, o.i([-1]))))
+    # the excluded token (the mask id; -1 = none) never wins an argmax but stays in the softmax
+    excluded = o.eq(o.i(np.arange(v, dtype=np.int64)), "exclude_token")                   # [V]
+    z_filtered = o.where(o.op("Or", drop, excluded), o.f(-math.inf), z)
+    z_greedy = o.where(excluded, o.f(-math.inf), z)
+
+    steps = o.add(o.op("Unsqueeze", "node_steps", o.i([1])), o.i(np.arange(d + 1, dtype=np.int64)))  # [N,D+1]
+    # then-branch (T > 0): argmax of the perturbed, filtered scaled logits at each of the D+1 steps
+    ob = OnnxOps("ep_sample")
+    ob._consts, ob.initializers = o._consts, o.initializers        # share constants with the main graph
+    ob._count = o._count
+    g = _noise(ob, ob.op("Cast", "seed", to=TensorProto.UINT32), ob.op("Cast", "block", to=TensorProto.UINT32),
+               ob.op("Cast", steps, to=TensorProto.UINT32), b, v, spec.exact)                  # [N,D+1,B,V]
+    perturbed = ob.add(ob.op("Unsqueeze", z_filtered, ob.i([1])), g)
+    sampled = ob.op("ArgMax", perturbed, axis=-1, keepdims=0, select_last_index=0)   # [N,D+1,B]
+    ob.nodes.append(helper.make_node("Identity", [sampled], ["tokens_sampled"]))
+    then_graph = helper.make_graph(ob.nodes, "sample", [],
+                                   [_value_info("tokens_sampled", TensorProto.INT64, ["N", d + 1, b])])
+    o._count = ob._count
+    # else-branch (T = 0): argmax of the logits, the same at every step
+    oe = OnnxOps("ep_greedy")
+    oe._consts, oe.initializers = o._consts, o.initializers
+    oe._count = o._count
+    greedy = oe.op("Unsqueeze", oe.op("ArgMax", z_greedy, axis=-1, keepdims=0, select_last_index=0), oe.i([1]))
+    shape = oe.op("Concat", oe.op("Shape", "node_steps"), oe.i([d + 1, b]), axis=0)
+    oe.nodes.append(helper.make_node("Expand", [greedy, shape], ["tokens_greedy"]))
+    else_graph = helper.make_graph(oe.nodes, "greedy", [],
+                                   [_value_info("tokens_greedy", TensorProto.INT64, ["N", d + 1, b])])
+    o._count = oe._count
+    tokens = o._name("If")
+    o.nodes.append(helper.make_node("If", [t_pos], [tokens], name=tokens, then_branch=then_graph,
+                                    else_branch=else_graph))
+
+    # confidence: e[x] / sum(e), as numpy's take_along_axis(e, x) / e.sum(-1)
+    tok_nbs = o.op("Transpose", tokens, perm=[0, 2, 1])                             # [N,B,D+1]
+    conf = o.op("Div", o.op("GatherElements", e, tok_nbs, axis=-1), o.op("Unsqueeze", total, o.i([-1])))
+    conf = o.op("Transpose", conf, perm=[0, 2, 1])                                  # [N,D+1,B]
+    o.nodes.append(helper.make_node("Gather", [tokens, o.i(0)], ["token"], axis=1))
+    o.nodes.append(helper.make_node("Gather", [conf, o.i(0)], ["confidence"], axis=1))
+    future = o.i(np.arange(1, d + 1, dtype=np.int64))
+    o.nodes.append(helper.make_node("Gather", [tokens, future], ["future_tokens"], axis=1))
+    o.nodes.append(helper.make_node("Gather", [conf, future], ["future_conf"], axis=1))
+
+    # top-32 log softmax(z): (z_top - max) - log(sum exp(z - max)), sharing the confidence's sum
+    top_vals, top_ids = o.op_multi("TopK", [z, o.i([k])], 2, axis=-1, largest=1, sorted=1)
+    log_total = o.op("Unsqueeze", _log(o, total, spec.exact), o.i([-1]))
+    logp = o.op("Cast", o.sub(o.sub(top_vals, zmax), log_total), to=TensorProto.FLOAT)
+    if k < TOP_K_LOGPROBS:                                   # tiny vocabularies: pad as stale.topk_logprobs
+        pad_shape = o.op("Concat", o.op("Slice", o.op("Shape", logp), o.i([0]), o.i([-1])),
+                         o.i([TOP_K_LOGPROBS - k]), axis=0)
+        pad_lp = o.op("ConstantOfShape", pad_shape, value=numpy_helper.from_array(np.array([PAD_LOGPROB], np.float32)))
+        pad_id = o.op("ConstantOfShape", pad_shape, value=numpy_helper.from_array(np.array([-1], np.int64)))
+        logp, top_ids = o.concat_last([logp, pad_lp]), o.concat_last([top_ids, pad_id])
+    o.nodes.append(helper.make_node("Identity", [logp], ["top_logprobs"]))
+    o.nodes.append(helper.make_node("Identity", [top_ids], ["top_ids"]))
+
+    inputs = [_value_info("logits", TensorProto.FLOAT, ["N", b, v]),
+              _value_info("node_steps", TensorProto.INT64, ["N"]),
+              _value_info("seed", TensorProto.INT64, []), _value_info("block", TensorProto.INT64, []),
+              _value_info("temperature", TensorProto.DOUBLE, []), _value_info("top_k", TensorProto.INT64, []),
+              _value_info("exclude_token", TensorProto.INT64, [])]
+    outputs = [_value_info("token", TensorProto.INT64, ["N", b]),
+               _value_info("confidence", TensorProto.DOUBLE, ["N", b]),
+               _value_info("future_tokens", TensorProto.INT64, ["N", d, b]),
+               _value_info("future_conf", TensorProto.DOUBLE, ["N", d, b]),
+               _value_info("top_logprobs", TensorProto.FLOAT, ["N", b, TOP_K_LOGPROBS]),
+               _value_info("top_ids", TensorProto.INT64, ["N", b, TOP_K_LOGPROBS])]
+    graph = helper.make_graph(o.nodes, "spot_sampling_epilogue", inputs, outputs, initializer=o.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="spot-edge", doc_string=__doc__.split("\n")[0])
+    model.ir_version = 8          # ORT >= 1.14 and TensorRT 10's parser accept IR 8 at opset 18
+    checker.check_model(model)
+    return model
+
+
+def build_noise_graph(vocab_size: int, block_size: int, steps: int, exact: bool = True):
+    """A test/diagnostic graph: gumbel [N, steps, B, V] float64 for node_steps [N] + 0..steps-1."""
+    _need_onnx()
+    o = OnnxOps("noise")
+    st = o.add(o.op("Unsqueeze", "node_steps", o.i([1])), o.i(np.arange(steps, dtype=np.int64)))
+    g = _noise(o, o.op("Cast", "seed", to=TensorProto.UINT32), o.op("Cast", "block", to=TensorProto.UINT32),
+               o.op("Cast", st, to=TensorProto.UINT32), block_size, vocab_size, exact)
+    o.nodes.append(helper.make_node("Identity", [g], ["gumbel"]))
+    inputs = [_value_info("node_steps", TensorProto.INT64, ["N"]), _value_info("seed", TensorProto.INT64, []),
+              _value_info("block", TensorProto.INT64, [])]
+    outputs = [_value_info("gumbel", TensorProto.DOUBLE, ["N", steps, block_size, vocab_size])]
+    graph = helper.make_graph(o.nodes, "spot_noise", inputs, outputs, initializer=o.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="spot-edge")
+    model.ir_version = 8
+    checker.check_model(model)
+    return model
+
+
+def build_counter_noise_graph(exact: bool = True):
+    """A test graph over arbitrary counters: seed, block, step, position, token [M] int64 in [0, 2**32) ->
+    a, b [M] (the hash words, uint32), g [M] float64 (the noise); checked against tests/data/noise_vectors.json."""
+    _need_onnx()
+    o = OnnxOps("counters")
+    names = ("seed", "block", "step", "position", "token")
+    u32 = [o.op("Cast", n, to=TensorProto.UINT32) for n in names]
+    a, b = _lane(o, LANE_A, *u32), _lane(o, LANE_B, *u32)
+    g = _gumbel_from_words(o, a, b, exact)
+    for src, dst in ((a, "a"), (b, "b"), (g, "g")):
+        o.nodes.append(helper.make_node("Identity", [src], [dst]))
+    inputs = [_value_info(n, TensorProto.INT64, ["M"]) for n in names]
+    outputs = [_value_info("a", TensorProto.UINT32, ["M"]), _value_info("b", TensorProto.UINT32, ["M"]),
+               _value_info("g", TensorProto.DOUBLE, ["M"])]
+    graph = helper.make_graph(o.nodes, "spot_counter_noise", inputs, outputs, initializer=o.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="spot-edge")
+    model.ir_version = 8
+    checker.check_model(model)
+    return model
+
+
+def declared_output_shapes(model) -> dict[str, list]:
+    """Output name -> declared shape (ints for static dims, strings for symbolic ones)."""
+    out = {}
+    for vi in model.graph.output:
+        dims = vi.type.tensor_type.shape.dim
+        out[vi.name] = [dm.dim_value if dm.HasField("dim_value") else dm.dim_param for dm in dims]
+    return out
+
+
+def save_epilogue(spec: EpilogueSpec, path: str | Path) -> Path:
+    import onnx
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(build_epilogue(spec), str(path))
+    return path
+
+
+def add_to_folder(folder: str | Path, future_steps: int = 4, exact: bool = True) -> Path:
+    """Write epilogue.onnx into an exported folder (spot-export) and register it in its manifest as the
+    "epilogue" graph (vocabulary and block size from the manifest)."""
+    import onnx
+
+    from spot.export.manifest import add_files, load_manifest, write_manifest
+    exported = load_manifest(folder)
+    spec = EpilogueSpec(exported.config.vocab_size, exported.block_size, future_steps, exact=exact)
+    name = "epilogue.onnx"
+    onnx.save(build_epilogue(spec), str(exported.folder / name))
+    manifest = dict(exported.manifest)
+    manifest["graphs"] = {**manifest["graphs"], "epilogue": {
+        "file": name, "opset": OPSET, "future_steps": future_steps, "exact": exact, "inputs": list(INPUTS),
+        "outputs": {k: v for k, v in declared_output_shapes(onnx.load(str(exported.folder / name))).items()}}}
+    add_files(exported.folder, manifest, [name])
+    write_manifest(exported.folder, manifest)
+    return exported.folder / name
+
+
+# -- running it -------------------------------------------------------------------------------------------------
+@dataclass
+class EpilogueResult:
+    token: np.ndarray            # [N,B] int64
+    confidence: np.ndarray       # [N,B] float64
+    future_tokens: np.ndarray    # [N,D,B] int64
+    future_conf: np.ndarray      # [N,D,B] float64
+    top_logprobs: np.ndarray     # [N,B,32] float32
+    top_ids: np.ndarray          # [N,B,32] int64 (-1 in the padding of vocabularies under 32)
+
+    @staticmethod
+    def concat(parts: list["EpilogueResult"]) -> "EpilogueResult":
+        return EpilogueResult(*(np.concatenate([getattr(p, f) for p in parts], axis=0) for f in OUTPUTS))
+
+
+def check_sampling(sampling: Sampling) -> None:
+    """The epilogue implements temperature, seed and top-k; top-p stays on the host (numpy step function)."""
+    if sampling.top_p < 1.0:
+        raise SpotError(f"the device sampling epilogue does not implement top-p (got top_p={sampling.top_p})",
+                        "use top_p=1 with the epilogue, or decode with the host step function")
+
+
+def epilogue_feeds(logits: np.ndarray, node_steps, sampling: Sampling, block: int) -> dict:
+    check_sampling(sampling)
+    steps = np.asarray(node_steps, dtype=np.int64).reshape(-1)
+    if steps.size and (steps.min() < 0 or steps.max() > 0xFFFFFFFF):
+        raise SpotError(f"node steps must be in [0, 2**32), got range [{steps.min()}, {steps.max()}]")
+    if not 0 <= block <= 0xFFFFFFFF:
+        raise SpotError(f"block index must be in [0, 2**32), got {block}")
+    return {"logits": np.ascontiguousarray(logits, dtype=np.float32), "node_steps": steps,
+            "seed": np.array(sampling.seed, np.int64), "block": np.array(block, np.int64),
+            "temperature": np.array(sampling.temperature, np.float64), "top_k": np.array(sampling.top_k, np.int64),
+            "exclude_token": np.array(sampling.exclude_token, np.int64)}
+
+
+def make_epilogue_session(model_or_path, providers=None, threads: int | None = None):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = int(threads)
+    src = model_or_path.SerializeToString() if hasattr(model_or_path, "SerializeToString") else str(model_or_path)
+    return ort.InferenceSession(src, so, providers=providers or ["CPUExecutionProvider"])
+
+
+def run_epilogue(session, logits: np.ndarray, node_steps, sampling: Sampling, block: int,
+                 chunk: int | None = None) -> EpilogueResult:
+    """Run the epilogue on host arrays (tests, CPU). `chunk` bounds the nodes per call (memory)."""
+    n = logits.shape[0]
+    chunk = chunk or n
+    parts = []
+    for s in range(0, n, chunk):
+        feeds = epilogue_feeds(logits[s:s + chunk], np.asarray(node_steps)[s:s + chunk], sampling, block)
+        parts.append(EpilogueResult(*session.run(list(OUTPUTS), feeds)))
+    return parts[0] if len(parts) == 1 else EpilogueResult.concat(parts)
+
+
+# -- the numpy reference (what the graph must equal) ---------------------------------------------------------------
+def top_logprobs(logits: np.ndarray, temperature: float, k: int = TOP_K_LOGPROBS) -> tuple[np.ndarray, np.ndarray]:
+    """logits [..., V] float32 -> (log-probabilities [..., 32] float32, ids [..., 32] int64): the values are
+    spot.runtime.stale.topk_logprobs (the drafter's features); ids in the same order (value descending, id
+    ascending), -1 in the padding."""
+    from spot.runtime.stale import topk_logprobs
+    z = np.asarray(logits).astype(np.float64)
+    if temperature > 0:
+        z = z / temperature
+    k = min(k, z.shape[-1])
+    ids = np.argsort(-z, axis=-1, kind="stable")[..., :k].astype(np.int64)
+    if k < TOP_K_LOGPROBS:
+        ids = np.concatenate([ids, np.full(ids.shape[:-1] + (TOP_K_LOGPROBS - k,), -1, np.int64)], axis=-1)
+    return topk_logprobs(np.asarray(logits), temperature), ids
+
+
+def reference_epilogue(logits: np.ndarray, node_steps, sampling: Sampling, block: int, future_steps: int,
+                       k: int = TOP_K_LOGPROBS) -> EpilogueResult:
+    """The epilogue computed with spot.runtime.step.sample_positions, one node and step at a time."""
+    check_sampling(sampling)
+    n, b, _ = logits.shape
+    steps = np.asarray(node_steps, dtype=np.int64)
+    positions = np.arange(b)
+    tok = np.zeros((n, future_steps + 1, b), np.int64)
+    conf = np.zeros((n, future_steps + 1, b), np.float64)
+    for j in range(n):
+        for s in range(future_steps + 1):
+            tok[j, s], conf[j, s] = sample_positions(logits[j], positions, sampling, block, int(steps[j]) + s)
+    lp, ids = top_logprobs(logits, sampling.temperature, k)
+    return EpilogueResult(tok[:, 0], conf[:, 0], tok[:, 1:], conf[:, 1:], lp, ids)
+
+
+def reference_noise(node_steps, seed: int, block: int, steps: int, block_size: int, vocab: int) -> np.ndarray:
+    """gumbel [N, steps, B, V] from spot.runtime.noise (the graph built by build_noise_graph must equal it)."""
+    st = np.asarray(node_steps, np.int64)[:, None] + np.arange(steps)
+    return gumbel(seed, block, st[:, :, None, None], np.arange(block_size)[None, None, :, None],
+                  np.arange(vocab, dtype=np.uint32)[None, None, None, :])

@@ -1,0 +1,361 @@
+"""`spot-export`: stream an SDAR checkpoint into an exported folder (target.onnx + one external data file +
+tokenizer files + manifest.json), validate it against the torch reference, and publish it atomically.
+
+Memory: weights are converted and written chunk by chunk (CHUNK_ELEMS elements at a time, read with pread, written
+with pwrite), so peak memory is a few chunks plus the graph proto, not the model. The output appears only when
+everything succeeded: it is built in a hidden sibling folder and renamed into place at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from spot import __version__
+from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32
+from spot.config import ModelConfig, check_block_size, load_config
+from spot.errors import SpotError
+from spot.export.graph import (NP_DTYPES, ONNX_DTYPES, TargetGraph, WeightSpec, build_target_graph, check_dtype,
+                               check_opset, io_contract)
+from spot.export.manifest import FORMAT, FORMAT_VERSION, add_files, write_manifest
+from spot.export.presets import Source
+
+TARGET_FILE = "target.onnx"
+DATA_FILE = "target.onnx.data"
+EXPORTER_REVISION = 1
+ALIGN = 4096                     # page-aligned offsets let ONNX Runtime memory-map the weights
+CHUNK_ELEMS = 4 * 1024 * 1024    # elements converted per chunk (16 MiB as float32)
+COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                "added_tokens.json", "chat_template.jinja", "generation_config.json")
+_SRC_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    dtype: str = "fp16"
+    opset: int = 17
+    max_nodes: int = 64
+    max_context: int | None = None     # default: the model's max_position_embeddings
+    block_size: int | None = None      # default: the preset's, else config.json's
+    validate: bool = True
+    validate_layers: int | None = None  # default: all layers up to VALIDATE_FULL_PARAMS, else 2
+    atol: float | None = None          # default: the dtype's tolerance (spot.export.validate)
+    overwrite: bool = False
+
+
+# -- configuration -------------------------------------------------------------------------------------------------
+def effective_config(cfg: ModelConfig, source: Source, options: ExportOptions, progress: Progress) -> ModelConfig:
+    """The config the export records: block size from --block-size, else the preset, else config.json."""
+    block = options.block_size or source.block_size or cfg.block_size
+    if source.block_size and not options.block_size and cfg.block_size != source.block_size:
+        progress(f"note: preset {source.preset} decodes blocks of {source.block_size}; config.json says "
+                 f"{cfg.block_size}, using {source.block_size}")
+    check_block_size(block, cfg.max_position_embeddings)
+    return cfg.with_block_size(block)
+
+
+def check_options(cfg: ModelConfig, options: ExportOptions) -> int:
+    """Validate dtype/opset/max-nodes/max-context; return the max context."""
+    check_dtype(options.dtype)
+    check_opset(options.opset)
+    if not 1 <= options.max_nodes <= 4096:
+        raise SpotError(f"--max-nodes must be in 1..4096, got {options.max_nodes}",
+                        "it bounds the candidate states of one verify pass (TensorRT optimization profiles)")
+    ctx = cfg.max_position_embeddings if options.max_context is None else options.max_context
+    if not (cfg.block_size <= ctx <= cfg.max_position_embeddings) or ctx % cfg.block_size:
+        raise SpotError(f"--max-context must be a multiple of the block size {cfg.block_size} in "
+                        f"{cfg.block_size}..{cfg.max_position_embeddings}, got {ctx}")
+    return ctx
+
+
+# -- graph + layout ------------------------------------------------------------------------------------------------
+def plan_layout(weights: list[WeightSpec], align: int = ALIGN) -> tuple[dict[str, tuple[int, int]], int]:
+    """name -> (offset, nbytes) in the data file, each offset aligned; and the file size."""
+    layout, pos = {}, 0
+    for w in weights:
+        pos = -(-pos // align) * align
+        layout[w.name] = (pos, w.nbytes)
+        pos += w.nbytes
+    return layout, pos
+
+
+def _external_tensor(spec: WeightSpec, offset: int, nbytes: int, location: str) -> TensorProto:
+    t = TensorProto()
+    t.name = spec.name
+    t.data_type = ONNX_DTYPES[spec.dtype]
+    t.dims.extend(spec.shape)
+    t.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(nbytes))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t
+
+
+def make_model(graph: TargetGraph, layout: dict[str, tuple[int, int]], location: str = DATA_FILE,
+               name: str = "sdar_target") -> onnx.ModelProto:
+    """The ModelProto with every weight as an external-data reference into `location` (no weight bytes inside)."""
+    weights = [_external_tensor(w, *layout[w.name], location) for w in graph.weights]
+    g = helper.make_graph(graph.nodes, name, graph.inputs, graph.outputs, initializer=graph.constants + weights)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", graph.opset)],
+                              producer_name="spot-export", producer_version=__version__)
+    model.ir_version = 8 if graph.opset == 17 else 9   # the IR versions of opset 17/18 (ONNX 1.12/1.13)
+    return model
+
+
+def check_graph(model_path: Path) -> None:
+    """onnx.checker (full: strict shape inference) on a saved graph; its external data file must exist next to it
+    (the checker resolves data locations relative to the model file)."""
+    try:
+        onnx.checker.check_model(str(model_path), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise RuntimeError(f"the exported graph fails onnx.checker: {e}") from e
+
+
+# -- streaming weights ---------------------------------------------------------------------------------------------
+def _read_rows(fd: int, info: TensorInfo, r0: int, r1: int) -> np.ndarray:
+    """Rows r0..r1 of a checkpoint tensor as float32 (pread: nothing memory-mapped stays resident)."""
+    row = int(np.prod(info.shape[1:], dtype=np.int64)) if len(info.shape) > 1 else 1
+    itemsize = np.dtype(_SRC_NP[info.dtype]).itemsize
+    want = (r1 - r0) * row * itemsize
+    raw = os.pread(fd, want, info.offset + r0 * row * itemsize)
+    if len(raw) != want:
+        raise SpotError(f"{info.file} is truncated inside tensor {info.name}", "fetch the file again")
+    arr = np.frombuffer(raw, dtype=_SRC_NP[info.dtype])
+    arr = bf16_bits_to_float32(arr) if info.dtype == "BF16" else arr.astype(np.float32)
+    return arr.reshape((r1 - r0, *info.shape[1:]) if info.shape else ())
+
+
+def _convert(block: np.ndarray, spec: WeightSpec, source_finite: bool) -> np.ndarray:
+    with np.errstate(over="ignore"):   # overflow is reported below, naming the tensor
+        out = block.astype(NP_DTYPES[spec.dtype])
+    if not np.isfinite(out).all():
+        if source_finite and np.isfinite(block).all():
+            raise SpotError(f"tensor {spec.source} has values beyond the {spec.dtype} range (max |x| = "
+                            f"{np.abs(block).max():.4g})", "export with --dtype fp32")
+        raise SpotError(f"tensor {spec.source} holds non-finite values", "the checkpoint is corrupt: fetch it again")
+    return out
+
+
+def write_weight(fd_out: int, offset: int, spec: WeightSpec, info: TensorInfo) -> None:
+    """Convert one checkpoint tensor to `spec` and write it at `offset`, CHUNK_ELEMS elements at a time.
+
+    Transposed specs ([O,I] on disk -> [I,O] in the graph): each chunk of source rows o0..o1 becomes a column
+    slab of the output, written as I short runs (one pwrite per output row) so no full tensor is ever in memory.
+    """
+    itemsize = np.dtype(NP_DTYPES[spec.dtype]).itemsize
+    with open(info.file, "rb") as f:
+        fd_in = f.fileno()
+        if len(info.shape) < 2:
+            os.pwrite(fd_out, _convert(_read_rows(fd_in, info, 0, info.shape[0] if info.shape else 1), spec,
+                                       True).tobytes(), offset)
+            return
+        rows, cols = info.shape[0], int(np.prod(info.shape[1:], dtype=np.int64))
+        step = max(1, CHUNK_ELEMS // cols)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            block = _convert(_read_rows(fd_in, info, r0, r1), spec, True)
+            if not spec.transpose:
+                os.pwrite(fd_out, block.tobytes(), offset + r0 * cols * itemsize)
+                continue
+            slab = np.ascontiguousarray(block.T)          # [cols, r1-r0]
+            for i in range(cols):
+                os.pwrite(fd_out, memoryview(slab[i]), offset + (i * rows + r0) * itemsize)
+
+
+def write_weights(ckpt: Checkpoint, weights: list[WeightSpec], layout: dict[str, tuple[int, int]], total: int,
+                  path: Path, progress: Progress) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        t0 = time.perf_counter()
+        for i, spec in enumerate(weights, 1):
+            info = ckpt.tensors[spec.source]
+            expected = spec.shape[::-1] if spec.transpose else spec.shape
+            if info.shape != expected:
+                raise SpotError(f"tensor {spec.source} has shape {list(info.shape)}, the graph needs "
+                                f"{list(expected)}", "the checkpoint does not match its config.json")
+            offset, nbytes = layout[spec.name]
+            write_weight(fd, offset, spec, info)
+            progress(f"  tensor {i}/{len(weights)} {spec.name} {list(spec.shape)} {spec.dtype} "
+                     f"{nbytes / 2**20:.1f} MiB ({time.perf_counter() - t0:.0f} s)")
+        os.ftruncate(fd, total)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- folder --------------------------------------------------------------------------------------------------------
+def _hf_config_json(ckpt_dir: Path, cfg: ModelConfig) -> str:
+    """The checkpoint's config.json with the exported block size / mask id, so HF-style tools read the folder."""
+    raw = json.loads((ckpt_dir / "config.json").read_text())
+    raw.update({"block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id})
+    return json.dumps(raw, indent=2) + "\n"
+
+
+def _partial_dir(out: Path) -> Path:
+    return out.parent / f".{out.name}.partial-{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_partials(out: Path) -> None:
+    """Partial folders left by exports that were killed (SIGKILL, power loss): their process is gone."""
+    for partial in out.parent.glob(f".{out.name}.partial-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename the finished folder into place; an existing output is replaced only with overwrite."""
+    if out.exists():
+        if not overwrite:
+            raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
+        trash = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(trash)
+        tmp.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, source: Source, ckpt: Checkpoint,
+                   copied: list[str], validation: dict | None) -> dict:
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "exporter": {"name": "spot-export", "version": __version__, "revision": EXPORTER_REVISION},
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source": {"checkpoint": str(Path(ckpt.dir).resolve()), "preset": source.preset,
+                   "storage_dtype": ckpt.storage_dtype},
+        "model": cfg.to_dict(),
+        "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id, "stop_ids": list(cfg.stop_ids),
+        "dtype": options.dtype, "opset": options.opset,
+        "max_nodes": options.max_nodes, "max_context": max_context,
+        "graphs": {"target": {"file": TARGET_FILE, "data": DATA_FILE, **io_contract(cfg, options.dtype),
+                              "weights_layout": "linear weights stored transposed [in, out] for MatMul; "
+                                                "norm weights float32; embed [V, H]"}},
+        "tokenizer_files": copied,
+        "validation": validation,
+        "files": {},
+    }
+
+
+def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = ExportOptions(),
+                      progress: Progress = _quiet) -> Path:
+    """Export `source` into the folder `out`; nothing appears at `out` unless every step succeeds."""
+    if source.checkpoint is None:
+        raise SpotError(f"no checkpoint folder for {source.preset}", "pass --checkpoint DIR")
+    out = Path(out)
+    if out.exists() and not options.overwrite:
+        raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
+    check_dtype(options.dtype)
+    cfg = effective_config(load_config(source.checkpoint), source, options, progress)
+    max_context = check_options(cfg, options)
+    ckpt = Checkpoint(source.checkpoint, cfg)
+    graph = build_target_graph(cfg, options.dtype, options.opset)
+    layout, total = plan_layout(graph.weights)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(out)
+    tmp = _partial_dir(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        progress(f"exporting {ckpt.dir} -> {out} ({options.dtype}, opset {options.opset}, "
+                 f"{len(graph.nodes)} nodes, {len(graph.weights)} tensors, {total / 2**30:.2f} GiB)")
+        write_weights(ckpt, graph.weights, layout, total, tmp / DATA_FILE, progress)
+        (tmp / TARGET_FILE).write_bytes(make_model(graph, layout).SerializeToString())
+        check_graph(tmp / TARGET_FILE)
+        copied = [n for n in COPIED_FILES if (ckpt.dir / n).is_file()]
+        for name in copied:
+            shutil.copyfile(ckpt.dir / name, tmp / name)
+        (tmp / "config.json").write_text(_hf_config_json(ckpt.dir, cfg))
+        validation = None
+        if options.validate:
+            from spot.export.validate import validate_export  # needs torch: only when validating
+            validation = validate_export(tmp, ckpt, graph, layout, options, progress)
+        manifest = build_manifest(cfg, options, max_context, source, ckpt, copied, validation)
+        progress("hashing files")
+        add_files(tmp, manifest, [TARGET_FILE, DATA_FILE, "config.json", *copied])
+        write_manifest(tmp, manifest)
+        _publish(tmp, out, options.overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    progress(f"done: {out}")
+    return out
+
+
+# -- dry run -------------------------------------------------------------------------------------------------------
+def _index_names(ckpt_dir: Path) -> set[str] | None:
+    index = ckpt_dir / INDEX_NAME
+    if not index.is_file():
+        return None
+    try:
+        return set(json.loads(index.read_text())["weight_map"])
+    except (json.JSONDecodeError, KeyError) as e:
+        raise SpotError(f"{index} is not a valid safetensors index ({e})") from None
+
+
+def dry_run(source: Source, options: ExportOptions = ExportOptions(), progress: Progress = _quiet) -> dict:
+    """Build and check the graph of the real config without weights: onnx.checker with strict shape inference
+    on a proto whose weights are external references (nothing is written)."""
+    t0 = time.perf_counter()
+    check_dtype(options.dtype)
+    if source.checkpoint is not None:
+        cfg, where = load_config(source.checkpoint), str(source.checkpoint)
+    else:
+        cfg, where = source.builtin_config, f"built-in config of {source.preset} (no local checkpoint)"
+    cfg = effective_config(cfg, source, options, progress)
+    max_context = check_options(cfg, options)
+    graph = build_target_graph(cfg, options.dtype, options.opset)
+    names = _index_names(source.checkpoint) if source.checkpoint is not None else None
+    if names is not None:
+        missing = sorted({w.source for w in graph.weights} - names)
+        if missing:
+            raise SpotError(f"{INDEX_NAME} in {source.checkpoint} lacks {len(missing)} tensor(s) the graph needs, "
+                            f"e.g. {missing[0]}", "the checkpoint does not match its config.json")
+    layout, total = plan_layout(graph.weights)
+    model = make_model(graph, layout)
+    with tempfile.TemporaryDirectory(prefix="spot-dry-run-") as scratch:
+        # the checker wants the data file to exist: an empty sparse stand-in of the planned size, no bytes written
+        with open(Path(scratch) / DATA_FILE, "wb") as f:
+            f.truncate(total)
+        (Path(scratch) / TARGET_FILE).write_bytes(model.SerializeToString())
+        check_graph(Path(scratch) / TARGET_FILE)
+    seconds = time.perf_counter() - t0
+    report = {"config": where, "layers": cfg.num_hidden_layers, "dtype": options.dtype, "opset": options.opset,
+              "nodes": len(graph.nodes), "weights": len(graph.weights), "weight_bytes": total,
+              "graph_bytes": model.ByteSize(), "block_size": cfg.block_size, "max_context": max_context,
+              "index_checked": names is not None, "seconds": round(seconds, 2)}
+    progress(f"dry run: {report['nodes']} nodes, {report['weights']} weight tensors ({total / 2**30:.2f} GiB "
+             f"{options.dtype}), graph proto {report['graph_bytes'] / 2**20:.2f} MiB, onnx.checker + strict shape "
+             f"inference passed in {seconds:.1f} s ({where})")
+    return report
+
+
+def truncated(cfg: ModelConfig, layers: int) -> ModelConfig:
+    """The same model with only its first `layers` layers (validation of very large exports)."""
+    return replace(cfg, num_hidden_layers=layers)

@@ -1,0 +1,139 @@
+"""Check an export against the torch reference (Optimum style): run ONNX Runtime CPU and
+spot.reference.model.SDARModel on inputs of shapes used nowhere else (a prefill of 2 blocks, then a block step over
+3 candidate states on that 2-block prefix) and compare logits and the new K/V. A mismatch fails the export.
+
+Large models: above VALIDATE_FULL_PARAMS parameters the check runs the first `validate_layers` (default 2) layers
+plus embedding, final norm and lm_head: a second graph built by the same code that points at the same bytes of the
+exported data file (same offsets), so what is checked is the file that ships, without loading 8B twice.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from spot.checkpoint import Checkpoint
+from spot.errors import SpotError
+from spot.export.graph import NP_DTYPES, TargetGraph, build_target_graph
+
+VALIDATE_FULL_PARAMS = 300_000_000
+DEFAULT_PARTIAL_LAYERS = 2
+# fp32: both sides compute in float32; differences come from summation order only.
+# fp16: rounding of fp16 intermediates (each ~2^-11 relative) differs between MLAS and torch; the bound scales with
+# the logits' magnitude: |d| <= 1e-2 * max(1, max|reference|) (measured ~1e-3 relative on random models).
+TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
+VALIDATION_FILE = ".validate.onnx"
+
+
+def tolerance(dtype: str, reference: np.ndarray, atol: float | None = None) -> float:
+    if atol is not None:
+        return atol
+    if dtype == "fp32":
+        return TOLERANCE["fp32"]
+    return TOLERANCE[dtype] * max(1.0, float(np.abs(reference).max()))
+
+
+def _bias_block_causal(length: int, block: int, dtype) -> np.ndarray:
+    q = np.arange(length)[:, None] // block
+    k = np.arange(length)[None, :] // block
+    return np.where(k <= q, 0.0, -np.inf).astype(dtype)
+
+
+def _ort_forward(session, ids, start, bias, past_k, past_v):
+    feeds = {"input_ids": ids.astype(np.int64), "position_ids": np.arange(start, start + ids.shape[1]),
+             "attn_bias": bias, "past_k": past_k, "past_v": past_v}
+    return session.run(["logits", "new_k", "new_v"], feeds)
+
+
+def _torch_forward(model, ids, start, bias, past_k, past_v):
+    import torch
+    with torch.inference_mode():
+        logits, k, v = model(torch.from_numpy(ids), torch.arange(start, start + ids.shape[1]),
+                             torch.from_numpy(bias), past_k, past_v)
+    return logits.float().numpy(), k, v
+
+
+def validation_cases(cfg, seed: int = 1234) -> tuple[np.ndarray, np.ndarray]:
+    """(prefill ids [1, 2B], block states [3, B] with some masked positions)."""
+    rng = np.random.default_rng(seed)
+    b = cfg.block_size
+    prefill = rng.integers(0, cfg.vocab_size, size=(1, 2 * b))
+    states = rng.integers(0, cfg.vocab_size, size=(3, b))
+    states[rng.random((3, b)) < 0.5] = cfg.mask_token_id
+    return prefill.astype(np.int64), states.astype(np.int64)
+
+
+def compare_with_reference(session, model, cfg, dtype: str, atol: float | None = None) -> list[dict]:
+    """Run both sides on the validation cases; return per-case max |ORT - torch| and the tolerance applied."""
+    import torch
+    npd = NP_DTYPES[dtype]
+    tdt = torch.float32 if dtype == "fp32" else torch.float16
+    b = cfg.block_size
+    prefill, states = validation_cases(cfg)
+    L, hkv, hd = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    empty = np.zeros((L, hkv, 0, hd), npd)
+    bias = _bias_block_causal(prefill.shape[1], b, npd)
+    o_logits, o_k, o_v = _ort_forward(session, prefill, 0, bias, empty, empty)
+    t_logits, t_k, t_v = _torch_forward(model, prefill, 0, bias, None, None)
+    cases = [("prefill N=1 S=2B C=0", o_logits, o_k, o_v, t_logits, t_k, t_v)]
+    c = prefill.shape[1]
+    step_bias = np.zeros((b, c + b), npd)
+    o2 = _ort_forward(session, states, c, step_bias, o_k[:, 0], o_v[:, 0])
+    t2 = _torch_forward(model, states, c, step_bias, t_k[:, 0].to(tdt), t_v[:, 0].to(tdt))
+    cases.append(("block step N=3 S=B C=2B", *o2, *t2))
+    out = []
+    for name, ol, ok, ov, tl, tk, tv in cases:
+        d_logits = float(np.abs(ol.astype(np.float64) - tl).max())
+        d_kv = max(float(np.abs(ok.astype(np.float64) - tk.float().numpy()).max()),
+                   float(np.abs(ov.astype(np.float64) - tv.float().numpy()).max()))
+        tol_logits = tolerance(dtype, tl, atol)
+        tol_kv = tolerance(dtype, tk.float().numpy(), atol)
+        out.append({"case": name, "max_abs_dlogits": d_logits, "max_abs_dkv": d_kv,
+                    "tol_logits": tol_logits, "tol_kv": tol_kv,
+                    "ok": bool(d_logits <= tol_logits and d_kv <= tol_kv)})
+    return out
+
+
+def validate_export(folder, ckpt: Checkpoint, graph: TargetGraph, layout: dict, options, progress) -> dict:
+    """Validate the exported folder (before publishing); SpotError with the numbers on a mismatch."""
+    import onnxruntime as ort
+    import torch
+
+    from spot.export.export import TARGET_FILE, make_model, truncated
+    from spot.reference.model import SDARModel
+
+    cfg = ckpt.config
+    total_layers = cfg.num_hidden_layers
+    layers = options.validate_layers
+    if layers is None:
+        layers = total_layers if cfg.parameter_count() <= VALIDATE_FULL_PARAMS else DEFAULT_PARTIAL_LAYERS
+    layers = max(1, min(int(layers), total_layers))
+    path = folder / TARGET_FILE
+    sub_cfg = cfg
+    if layers < total_layers:
+        sub_cfg = truncated(cfg, layers)
+        sub = build_target_graph(sub_cfg, options.dtype, options.opset)
+        path = folder / VALIDATION_FILE
+        path.write_bytes(make_model(sub, layout).SerializeToString())   # same data file, same offsets
+    progress(f"validating against the torch reference ({layers} of {total_layers} layers, {options.dtype})")
+    try:
+        so = ort.SessionOptions()
+        session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        tdt = torch.float32 if options.dtype == "fp32" else torch.float16
+        model = SDARModel.from_checkpoint(Checkpoint(ckpt.dir, sub_cfg), tdt)
+        cases = compare_with_reference(session, model, sub_cfg, options.dtype, options.atol)
+        del session, model
+    finally:
+        if path.name == VALIDATION_FILE:
+            path.unlink(missing_ok=True)
+    for c in cases:
+        progress(f"  {c['case']}: max |dlogits| {c['max_abs_dlogits']:.3g} (tol {c['tol_logits']:.3g}), "
+                 f"max |dK/V| {c['max_abs_dkv']:.3g} (tol {c['tol_kv']:.3g})")
+    bad = [c for c in cases if not c["ok"]]
+    if bad:
+        c = bad[0]
+        raise SpotError(f"validation failed: {c['case']}: max |ORT - torch| logits {c['max_abs_dlogits']:.4g} "
+                        f"(tolerance {c['tol_logits']:.4g}), K/V {c['max_abs_dkv']:.4g} (tolerance "
+                        f"{c['tol_kv']:.4g}); nothing was written",
+                        "this is an exporter bug for this checkpoint: please report it with these numbers")
+    return {"reference": f"spot.reference.model.SDARModel ({options.dtype}, torch {torch.__version__})",
+            "runtime": f"onnxruntime {ort.__version__} CPUExecutionProvider",
+            "layers": layers, "of_layers": total_layers, "cases": cases}

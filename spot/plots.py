@@ -1,0 +1,76 @@
+"""PNG plots of a bench result (optional extra: matplotlib)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from spot.errors import SpotError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SpotError("plots need matplotlib, which is not installed",
+                        "pip install 'spot-edge[plots]' or pass --no-plots") from None
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+    return path
+
+
+def plot_report(result: dict, out: Path) -> list[Path]:
+    plt = _pyplot()
+    rows = result["rows"]
+    temps = sorted({r["temperature"] for r in rows})
+    variants = sorted({r["variant"] for r in rows}, key=lambda v: (v.split("@")[0] not in ("standard", "threshold"), v))
+    written = []
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.35 * len(variants) + 2))
+    width = 0.8 / max(len(temps), 1)
+    for ax, key, title in ((axes[0], "passes_per_token", "target passes per token (lower is better)"),
+                           (axes[1], "tokens_per_s", "tokens/s end to end (higher is better)")):
+        for j, t in enumerate(temps):
+            vals = [next((r[key] for r in rows if r["variant"] == v and r["temperature"] == t), 0) for v in variants]
+            ax.barh([i + j * width for i in range(len(variants))], vals, height=width, label=f"T={t:g}")
+        ax.set_yticks([i + 0.4 - width / 2 for i in range(len(variants))], variants)
+        ax.invert_yaxis()
+        ax.set_title(title)
+        ax.legend()
+    written.append(_save(fig, out / "passes_and_speed.png"))
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        acc = r.get("acceptance_by_depth")
+        if acc and r["temperature"] == temps[-1] and "+indep" not in r["variant"]:
+            ax.plot(range(1, len(acc) + 1), acc, marker="o", label=r["variant"])
+    ax.set_xlabel("depth d")
+    ax.set_ylabel("P(accepted depth >= d)")
+    ax.set_title(f"acceptance by depth (T={temps[-1]:g})")
+    ax.legend(fontsize=7)
+    written.append(_save(fig, out / "acceptance_by_depth.png"))
+    plt.close(fig)
+
+    if "tune" in result:
+        curve = result["tune"]["latency_ms"]
+        xs = sorted(int(k) for k in curve)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(xs, [curve[k] if k in curve else curve[str(k)] for k in xs], marker="o", label="verify pass")
+        ax.plot(xs, [x * (curve[1] if 1 in curve else curve["1"]) for x in xs], ls="--", label="N x one pass")
+        ax.set_xlabel("nodes in the verify pass (N)")
+        ax.set_ylabel("latency (ms)")
+        ax.set_xscale("log", base=2)
+        ax.set_title("verify latency vs node count")
+        ax.legend()
+        written.append(_save(fig, out / "latency_vs_nodes.png"))
+        plt.close(fig)
+    return written

@@ -1,0 +1,44 @@
+"""Aggregate decoding stats into the figures of SPEC §7 (pure functions over Generation results)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+
+def acceptance_by_depth(accepted: list[int], depth: int) -> list[float]:
+    """P(a verify pass accepts at least d steps beyond the root), d = 1..depth, from per-pass accepted depths."""
+    if not accepted:
+        return [0.0] * depth
+    a = np.asarray(accepted)
+    return [float((a >= d).mean()) for d in range(1, depth + 1)]
+
+
+def summarize(runs: list, seconds_key: str = "seconds") -> dict:
+    """runs: Generation objects of one decoder over many cases -> passes per token, tokens/s, steps per verify."""
+    tokens = sum(max(len(r.token_ids), 1) for r in runs)
+    passes = sum(r.stats.target_passes for r in runs)
+    seconds = sum(r.stats.seconds for r in runs)
+    kinds: Counter = Counter()
+    for r in runs:
+        kinds.update(r.stats.passes)
+    accepted = [a for r in runs for a in r.stats.extra.get("accepted_per_verify", [])]
+    nodes = [n for r in runs for n in r.stats.extra.get("nodes_per_verify", [])]
+    out = {
+        "cases": len(runs),
+        "tokens": tokens,
+        "target_passes": passes,
+        "passes_by_kind": dict(kinds),
+        "passes_per_token": passes / tokens,
+        "passes_per_block": passes / max(sum(r.stats.blocks for r in runs), 1),
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "seconds": seconds,
+    }
+    if accepted:
+        out["steps_per_verify"] = 1.0 + float(np.mean(accepted))
+        out["mean_nodes_per_verify"] = float(np.mean(nodes))
+        out["acceptance_by_depth"] = acceptance_by_depth(accepted, max(accepted) if max(accepted) > 0 else 1)
+        verifies = max(len(accepted), 1)
+        for key in ("draft_ms", "walk_ms", "target_ms"):
+            out[key + "_per_verify"] = sum(r.stats.extra.get(key, 0.0) for r in runs) / verifies
+    return out

@@ -1,0 +1,209 @@
+"""The tokenizer of an SDAR checkpoint folder, and its chat template.
+
+SDAR ships Qwen3's tokenizer either as `tokenizer.json` or as the slow Qwen2 files (`vocab.json` + `merges.txt`
++ `tokenizer_config.json` / `added_tokens.json`). The slow files are rebuilt here with the `tokenizers` library the
+way transformers' Qwen2 converter does (NFC, Qwen2 split regex, byte-level BPE), so no transformers install is
+needed. A folder without tokenizer files gives `None`: the runtime then works on token ids only.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from spot.errors import SpotError
+
+# Qwen2's pre-tokenizer split; \p{N} alone splits numbers into single digits.
+QWEN2_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                       r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+class SpotTokenizer:
+    """encode / decode / chat template over a `tokenizers.Tokenizer`."""
+
+    def __init__(self, tokenizer, chat_template: str | None = None, source: Path | None = None):
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.source = source
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text` with no BOS/EOS added (SDAR's chat prompts carry their own special tokens)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids) -> str:
+        """Text of `ids`, special tokens kept (they are part of what the model wrote)."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render the checkpoint's chat template (jinja2, as transformers renders it) to the prompt text."""
+        if not self.chat_template:
+            raise SpotError(f"the tokenizer of {self.source} has no chat template",
+                            "pass --no-chat to use the prompt as raw text")
+        return render_chat_template(self.chat_template, messages, add_generation_prompt)
+
+    def chat_prompt_ids(self, user_text: str) -> list[int]:
+        """Ids of a one-turn chat prompt ending with the assistant header."""
+        return self.encode(self.apply_chat_template([{"role": "user", "content": user_text}]))
+
+
+def render_chat_template(template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    try:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:  # pragma: no cover - jinja2 is a runtime dependency
+        raise SpotError("chat templates need jinja2", "pip install jinja2, or pass --no-chat") from None
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, indent=None):  # transformers' tojson: keep non-ASCII, no HTML escaping
+        return json.dumps(value, ensure_ascii=False, indent=indent)
+
+    # trim_blocks / lstrip_blocks as transformers sets them: the templates rely on it for their whitespace.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt)
+    except jinja2.exceptions.TemplateError as e:
+        raise SpotError(f"the chat template failed to render ({e})",
+                        "pass --no-chat to use the prompt as raw text") from None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpotError(f"{path} is not valid JSON ({e})", "restore the file from the checkpoint") from None
+
+
+def added_tokens(model_dir: Path) -> dict[int, dict]:
+    """id -> {content, special, lstrip, rstrip, single_word} from added_tokens.json and tokenizer_config.json.
+
+    tokenizer_config.json's `added_tokens_decoder` wins: SDAR's added_tokens.json names id 151669 "<MASK>" while
+    the config (and the model's mask_token) say "<|MASK|>".
+    """
+    out: dict[int, dict] = {}
+    path = model_dir / "added_tokens.json"
+    if path.is_file():
+        for content, idx in _read_json(path).items():
+            out[int(idx)] = {"content": content, "special": True}
+    path = model_dir / "tokenizer_config.json"
+    if path.is_file():
+        for idx, entry in (_read_json(path).get("added_tokens_decoder") or {}).items():
+            out[int(idx)] = dict(entry)
+    return out
+
+
+def _chat_template_from(model_dir: Path) -> str | None:
+    path = model_dir / "chat_template.jinja"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    cfg_path = model_dir / "tokenizer_config.json"
+    if not cfg_path.is_file():
+        return None
+    template = _read_json(cfg_path).get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template or None
+
+
+def build_qwen2_bpe(vocab_path: Path, merges_path: Path, extra_tokens: dict[int, dict]):
+    """A byte-level BPE tokenizer equal to transformers' Qwen2TokenizerFast for these files."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    vocab = _read_json(vocab_path)
+    merges = []
+    for line in merges_path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#version") or not line.strip():
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2:
+            raise SpotError(f"{merges_path}: malformed merge line {line!r}", "restore the file from the checkpoint")
+        merges.append((parts[0], parts[1]))
+    # Added tokens go into the model vocabulary too, so that each keeps its exact id (ids may have gaps).
+    for idx, entry in extra_tokens.items():
+        vocab[entry["content"]] = idx
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None,
+                               continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                               byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    added = [AddedToken(e["content"], single_word=bool(e.get("single_word", False)),
+                        lstrip=bool(e.get("lstrip", False)), rstrip=bool(e.get("rstrip", False)),
+                        normalized=bool(e.get("normalized", False)), special=bool(e.get("special", True)))
+             for _, e in sorted(extra_tokens.items())]
+    tok.add_special_tokens(added)  # matched before BPE, so each encodes as one id
+    for idx, entry in extra_tokens.items():
+        got = tok.token_to_id(entry["content"])
+        if got != idx:
+            raise SpotError(f"added token {entry['content']!r} got id {got}, expected {idx}",
+                            "the tokenizer files of the checkpoint disagree with each other")
+    return tok
+
+
+def load_tokenizer(model_dir: str | Path) -> SpotTokenizer | None:
+    """The checkpoint's tokenizer: tokenizer.json, else vocab.json + merges.txt; None when it has neither."""
+    model_dir = Path(model_dir)
+    tokenizer_json = model_dir / "tokenizer.json"
+    vocab, merges = model_dir / "vocab.json", model_dir / "merges.txt"
+    if tokenizer_json.is_file():
+        from tokenizers import Tokenizer
+        try:
+            tok = Tokenizer.from_file(str(tokenizer_json))
+        except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            raise SpotError(f"{tokenizer_json} could not be read ({e})",
+                            "restore the file from the checkpoint") from None
+    elif vocab.is_file() and merges.is_file():
+        tok = build_qwen2_bpe(vocab, merges, added_tokens(model_dir))
+    else:
+        return None
+    return SpotTokenizer(tok, _chat_template_from(model_dir), model_dir)
+
+
+def parse_prompt_ids(text: str) -> list[int]:
+    """'1,2, 3' -> [1, 2, 3] (the --prompt-ids syntax); SpotError naming the bad item."""
+    items = [s.strip() for s in text.split(",")]
+    if items == [""]:
+        return []
+    ids = []
+    for item in items:
+        try:
+            ids.append(int(item))
+        except ValueError:
+            raise SpotError(f"prompt ids must be comma-separated integers, got {item!r} in {text!r}",
+                            "example: --prompt-ids 151644,872,198") from None
+    return ids
+
+
+def prompt_ids_for(tokenizer: SpotTokenizer | None, prompt: str | None, prompt_ids: str | None,
+                   chat: bool | None) -> list[int]:
+    """The prompt as ids from exactly one of text (optionally chat-formatted) or an id list.
+
+    chat=None means: chat-format text prompts when the tokenizer has a chat template.
+    """
+    if (prompt is None) == (prompt_ids is None):
+        raise SpotError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    if prompt_ids is not None:
+        if chat:
+            raise SpotError("--chat applies to text prompts, not to --prompt-ids",
+                            "pass the chat-formatted ids yourself, or use --prompt TEXT --chat")
+        return parse_prompt_ids(prompt_ids)
+    if tokenizer is None:
+        raise SpotError("this checkpoint has no tokenizer files (tokenizer.json or vocab.json + merges.txt), "
+                        "so --prompt TEXT cannot be encoded", "pass token ids with --prompt-ids 1,2,3")
+    if chat is None:
+        chat = bool(tokenizer.chat_template)
+    return tokenizer.chat_prompt_ids(prompt) if chat else tokenizer.encode(prompt)

@@ -1,0 +1,106 @@
+"""Numbers the issue asks for about a trained target folder (written into training_report.json):
+
+- held-out masked-token loss (mean CE, nats/token) at mask ratios 0.25 / 0.5 / 1.0 on fixed held-out windows;
+- greedy completions of held-out prompts (standard decoding, static rule, block B, 64 new tokens);
+- over ~20 held-out prompts of greedy standard decoding: the mean top-1 probability at the committed position
+  and the mean number of masked positions whose confidence exceeds 0.9 per step (what drives SPOT's acceptance).
+All use the saved fp16 folder loaded back in fp32 through the same code paths as `spot generate`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from spot.engines.torch_engine import TorchEngine
+from spot.runtime.decode import DecodeContext, generate
+from spot.runtime.step import CommitRule, Sampling, sample_positions, step_fn
+from spot.training.target import diffusion_bias, eval_windows, heldout_loss
+
+CONFIDENT = 0.9
+
+
+class StepRecorder:
+    """A standard block decoder that also records, per step, the committed confidence and the number of masked
+    positions with confidence > 0.9 (greedy: confidence = top-1 probability)."""
+
+    def __init__(self):
+        self.committed_conf: list[float] = []
+        self.n_confident: list[int] = []
+
+    def __call__(self, engine, state, block, ctx: DecodeContext):
+        step = 0
+        while (state == ctx.mask_id).any():
+            logits = engine.block_logits(state[None])[0]
+            ctx.stats.passes["block"] += 1
+            masked = np.flatnonzero(state == ctx.mask_id)
+            _, conf = sample_positions(logits, masked, ctx.sampling, block, step)
+            self.committed_conf.append(float(conf.max()))  # the static rule commits the most confident position
+            self.n_confident.append(int((conf > CONFIDENT).sum()))
+            state = step_fn(state, logits, ctx.mask_id, ctx.rule, ctx.sampling, block, step)
+            step += 1
+        ctx.stats.steps += step
+        return state
+
+
+def load_prompts(folder: Path) -> list[dict]:
+    path = Path(folder) / "heldout_prompts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def decode_stats(folder: Path, tokenizer, prompts: list[dict], max_new_tokens: int = 64) -> dict:
+    if not prompts:
+        return {"prompts": 0}
+    engine = TorchEngine.from_dir(folder)
+    rec = StepRecorder()
+    passes, tokens = 0, 0
+    for p in prompts:
+        ids = np.asarray(tokenizer.encode(p["text"], add_special_tokens=False).ids, dtype=np.int64)
+        g = generate(engine, ids, max_new_tokens=max_new_tokens, rule=CommitRule(), sampling=Sampling(),
+                     block_decoder=rec)
+        passes += g.stats.target_passes
+        tokens += len(g.token_ids)
+    return {"prompts": len(prompts), "steps": len(rec.committed_conf),
+            "mean_committed_top1_prob": float(np.mean(rec.committed_conf)),
+            "mean_masked_positions_conf_gt_0.9_per_step": float(np.mean(rec.n_confident)),
+            "share_steps_with_2plus_confident": float(np.mean(np.asarray(rec.n_confident) >= 2)),
+            "generated_tokens": tokens, "target_passes": passes}
+
+
+def completions(folder: Path, tokenizer, prompts: list[dict], max_new_tokens: int = 64) -> list[dict]:
+    engine = TorchEngine.from_dir(folder)
+    out = []
+    for p in prompts:
+        ids = np.asarray(tokenizer.encode(p["text"], add_special_tokens=False).ids, dtype=np.int64)
+        g = generate(engine, ids, max_new_tokens=max_new_tokens)
+        out.append({"prompt_id": p["id"], "file": p["file"], "prompt_tail": p["text"][-300:],
+                    "completion": tokenizer.decode(g.token_ids), "stopped": g.stopped})
+    return out
+
+
+def evaluate_folder(folder: Path, prep, settings, log=print, n_windows: int = 32, n_decode: int = 20) -> dict:
+    """The report section; prep is the PreparedCorpus of the run (tokenizer + held-out stream)."""
+    from spot.reference.model import SDARModel
+    from spot.checkpoint import Checkpoint
+    folder = Path(folder)
+    model = SDARModel.from_checkpoint(Checkpoint(folder))  # the shipped fp16 weights, computed in fp32
+    windows = eval_windows(prep.heldout_stream, n_windows, settings.seq_len)
+    bias = diffusion_bias(settings.seq_len, settings.block_size)
+    with torch.no_grad():
+        losses = {str(r): round(heldout_loss(model, windows, bias, r), 4) for r in (0.25, 0.5, 1.0)}
+    log(f"held-out masked CE (nats/token) by mask ratio: {losses}")
+    prompts = load_prompts(folder)
+    # short prompts first: the model saw windows of settings.seq_len tokens
+    chosen = [p for p in prompts if p["n_tokens"] + 64 <= settings.seq_len] or prompts
+    stats = decode_stats(folder, prep.tokenizer, chosen[:n_decode])
+    log(f"greedy decoding stats: {stats}")
+    samples = completions(folder, prep.tokenizer, chosen[:3])
+    for s in samples:
+        log(f"--- completion of prompt {s['prompt_id']} ({s['file']}):\n{s['prompt_tail'][-200:]}"
+            f"<<<COMPLETION>>>{s['completion']}")
+    long_stats = decode_stats(folder, prep.tokenizer, [p for p in prompts if p["n_tokens"] > 320][:5])
+    log(f"greedy decoding stats on 5 long prompts (>320 tokens): {long_stats}")
+    return {"heldout_masked_ce": losses, "eval_windows": n_windows, "greedy_decode": stats,
+            "greedy_decode_long_prompts": long_stats, "samples": samples}

@@ -1,0 +1,409 @@
+"""Train the embedded default target: a small SDAR (Qwen3-shape) block-diffusion LM on the stdlib's Python sources.
+
+Objective (SDAR / MDLM block diffusion): a window x_0 of L tokens (L/B blocks of B) is fed as [x_t ; x_0]
+(length 2L, positions arange(L) twice). x_t masks each token of block k with probability t_k ~ U(eps, 1)
+(at least one per block). Attention (additive bias, 0 / -inf):
+  noisy block k -> itself (bidirectional) and the CLEAN blocks < k;  clean block k -> clean blocks <= k.
+Loss = sum over masked positions of CE(x_0) / t_k, divided by the number of tokens N*L.
+eps = 1/B: below one expected mask per block the forced single mask would carry weights up to 1/eps.
+
+Everything is seeded (torch.manual_seed for init and masks, a numpy Generator for windows), so a run is
+deterministic given its seed on a given torch build and thread count (torch.set_num_threads(2)).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from spot.config import ModelConfig
+from spot.errors import SpotError
+from spot.reference.model import SDARModel
+from spot.training import bpe, corpus
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Model shape and optimisation of one run. The defaults are the shipped embedded model."""
+
+    vocab_size: int = 4096
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    max_position_embeddings: int = 2048
+    block_size: int = 32
+    seq_len: int = 256            # tokens of x_0 per window (8 blocks): attention over 2L dominates the cost
+    batch_size: int = 4
+    steps: int = 340
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    threads: int = 2
+    log_every: int = 10
+    eval_every: int = 100
+    ckpt_every: int = 50
+
+    @property
+    def mask_eps(self) -> float:
+        return 1.0 / self.block_size
+
+
+def model_config(s: TrainSettings) -> ModelConfig:
+    return ModelConfig(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+                       num_hidden_layers=s.num_hidden_layers, num_attention_heads=s.num_attention_heads,
+                       num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim,
+                       max_position_embeddings=s.max_position_embeddings, block_size=s.block_size,
+                       mask_token_id=s.vocab_size - 1, stop_ids=(bpe.EOS_ID,), torch_dtype="float16")
+
+
+def init_model(cfg: ModelConfig, seed: int) -> SDARModel:
+    """Qwen-style init: matrices N(0, 0.02), residual outputs scaled by 1/sqrt(2 layers), norms 1."""
+    torch.manual_seed(seed)
+    model = SDARModel(cfg)
+    out_scale = 1.0 / math.sqrt(2 * cfg.num_hidden_layers)
+    with torch.no_grad():
+        for name, p in model.hf_state().items():
+            if p.ndim == 1:
+                p.fill_(1.0)
+            else:
+                std = 0.02 * (out_scale if name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0)
+                p.normal_(0.0, std)
+    return model
+
+
+# -- the block-diffusion objective -----------------------------------------------------------------------------
+def diffusion_bias(seq_len: int, block_size: int) -> torch.Tensor:
+    """Additive attention bias [2L, 2L] for [x_t ; x_0] (SDAR's training mask, see module docstring)."""
+    blk = torch.arange(seq_len) // block_size
+    q, k = blk[:, None], blk[None, :]
+    noisy_noisy = q == k
+    noisy_clean = k < q
+    clean_clean = k <= q
+    clean_noisy = torch.zeros_like(noisy_noisy)
+    allowed = torch.cat([torch.cat([noisy_noisy, noisy_clean], 1), torch.cat([clean_noisy, clean_clean], 1)], 0)
+    return torch.zeros(allowed.shape).masked_fill(~allowed, NEG_INF)
+
+
+def mask_blocks(x0: torch.Tensor, block_size: int, mask_id: int, gen: torch.Generator,
+                eps: float, ratio: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x0 [N,L] int64 -> (x_t [N,L], masked [N,L] bool, t [N,L] float: the block's mask ratio per token).
+
+    ratio None draws t ~ U(eps, 1) per block; a number fixes it (evaluation). At least one mask per block."""
+    n, length = x0.shape
+    nb = length // block_size
+    if ratio is None:
+        t = eps + (1.0 - eps) * torch.rand(n, nb, generator=gen)
+    else:
+        t = torch.full((n, nb), float(ratio))
+    t_tok = t.repeat_interleave(block_size, dim=1)
+    masked = torch.rand(n, length, generator=gen) < t_tok
+    # force one mask in blocks that drew none (a block with nothing to predict teaches nothing)
+    forced = torch.randint(0, block_size, (n, nb), generator=gen) + torch.arange(nb) * block_size
+    none = ~masked.view(n, nb, block_size).any(-1)
+    masked[torch.arange(n)[:, None].expand(n, nb)[none], forced[none]] = True
+    return x0.masked_fill(masked, mask_id), masked, t_tok
+
+
+def diffusion_loss(model: SDARModel, x0: torch.Tensor, bias: torch.Tensor, gen: torch.Generator, eps: float,
+                   ratio: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted training loss: sum CE/t over masked / (N*L),  plain mean CE over masked tokens).
+
+    The LM head runs only on masked positions of x_t: the other 3/4 of the 2L outputs are never scored."""
+    cfg = model.cfg
+    n, length = x0.shape
+    xt, masked, t_tok = mask_blocks(x0, cfg.block_size, cfg.mask_token_id, gen, eps, ratio)
+    positions = torch.arange(length).repeat(2)
+    hidden, _, _ = model(torch.cat([xt, x0], 1), positions, bias, return_hidden=True)
+    h = hidden[:, :length][masked]                       # [M, H]
+    ce = F.cross_entropy(model.lm_head(h).float(), x0[masked], reduction="none")
+    return (ce / t_tok[masked]).sum() / (n * length), ce.mean()
+
+
+def lr_at(step: int, s: TrainSettings) -> float:
+    """Linear warmup, then cosine from lr down to lr*min_lr_ratio at the last step."""
+    if step < s.warmup_steps:
+        return s.lr * (step + 1) / s.warmup_steps
+    frac = (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
+    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def make_optimizer(model: SDARModel, s: TrainSettings) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+# -- data ------------------------------------------------------------------------------------------------------
+def token_stream(files_ids: list[list[int]]) -> np.ndarray:
+    """All files joined with <|endoftext|> (also after the last one): int64 [T]."""
+    out = []
+    for ids in files_ids:
+        out.extend(ids)
+        out.append(bpe.EOS_ID)
+    return np.asarray(out, dtype=np.int64)
+
+
+def sample_windows(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -> torch.Tensor:
+    """n windows [n, length] at uniform random offsets of the stream."""
+    if stream.size < length + 1:
+        raise SpotError(f"the token stream has {stream.size} tokens, fewer than one window of {length}",
+                        "use a larger corpus slice or a shorter seq_len")
+    starts = rng.integers(0, stream.size - length, size=n)
+    return torch.from_numpy(np.stack([stream[s:s + length] for s in starts]))
+
+
+def eval_windows(stream: np.ndarray, n: int, length: int) -> torch.Tensor:
+    """n evenly spaced (deterministic) windows of the held-out stream."""
+    starts = np.linspace(0, stream.size - length - 1, n).astype(np.int64)
+    return torch.from_numpy(np.stack([stream[s:s + length] for s in starts]))
+
+
+@torch.no_grad()
+def heldout_loss(model: SDARModel, windows: torch.Tensor, bias: torch.Tensor, ratio: float, seed: int = 1234,
+                 batch: int = 8) -> float:
+    """Mean CE (nats/token) over masked tokens of held-out windows at a fixed mask ratio."""
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    total, count = 0.0, 0
+    for i in range(0, windows.shape[0], batch):
+        x0 = windows[i:i + batch]
+        _, mean_ce = _masked_ce(model, x0, bias, gen, ratio)
+        total += mean_ce[0]
+        count += mean_ce[1]
+    model.train()
+    return total / max(count, 1)
+
+
+def _masked_ce(model, x0, bias, gen, ratio):
+    cfg = model.cfg
+    xt, masked, _ = mask_blocks(x0, cfg.block_size, cfg.mask_token_id, gen, 0.0, ratio)
+    positions = torch.arange(x0.shape[1]).repeat(2)
+    hidden, _, _ = model(torch.cat([xt, x0], 1), positions, bias, return_hidden=True)
+    ce = F.cross_entropy(model.lm_head(hidden[:, :x0.shape[1]][masked]).float(), x0[masked], reduction="sum")
+    return None, (float(ce), int(masked.sum()))
+
+
+# -- checkpoints -----------------------------------------------------------------------------------------------
+def save_atomic(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+@dataclass
+class PreparedCorpus:
+    tokenizer: object
+    train_files: list
+    heldout_files: list
+    train_stream: np.ndarray
+    heldout_stream: np.ndarray
+    heldout_ids: list = field(default_factory=list)
+
+
+def prepare_corpus(vocab_size: int, root: Path | None = None, max_files: int | None = None) -> PreparedCorpus:
+    """Split, train the BPE on the train split, tokenize both splits. max_files slices the corpus (tests)."""
+    train_files, heldout_files = corpus.split_corpus(root)
+    if max_files is not None:
+        train_files, heldout_files = train_files[:max_files], heldout_files[:max(1, max_files // 10)]
+    if not train_files or not heldout_files:
+        raise SpotError(f"the corpus has {len(train_files)} train and {len(heldout_files)} held-out files",
+                        "pass a folder of .py files with at least a few dozen files")
+    tok = bpe.train_bpe([f.text for f in train_files], vocab_size)
+    train_ids = bpe.encode_files(tok, [f.text for f in train_files])
+    heldout_ids = bpe.encode_files(tok, [f.text for f in heldout_files])
+    return PreparedCorpus(tok, train_files, heldout_files, token_stream(train_ids), token_stream(heldout_ids),
+                          heldout_ids)
+
+
+def _log(line: str, log_file: Path | None, progress: bool) -> None:
+    if progress:
+        print(line, flush=True)
+    if log_file is not None:
+        with open(log_file, "a") as fh:
+            fh.write(line + "\n")
+
+
+def train_target(out_dir: str | Path, steps: int = 340, *, seed: int = 0, minutes: float | None = None,
+                 progress: bool = True, settings: TrainSettings | None = None, work_dir: str | Path | None = None,
+                 corpus_root: str | Path | None = None, max_files: int | None = None, resume: bool = True,
+                 n_prompts: int = 300, final_eval: bool = True) -> dict:
+    """Train the embedded target and write the Hugging Face SDAR folder to out_dir; returns the report dict.
+
+    minutes: a wall-clock cap (stops early, still writes the folder, and says so in the report).
+    work_dir: where checkpoints and train.log go (default out_dir/../.train_<name>); a run resumes from its
+    checkpoint when one exists and resume is true."""
+    s = replace(settings or TrainSettings(), steps=steps, seed=seed)
+    out_dir = Path(out_dir)
+    work = Path(work_dir) if work_dir is not None else out_dir.parent / f".train_{out_dir.name}"
+    work.mkdir(parents=True, exist_ok=True)
+    log_file = work / "train.log"
+    torch.set_num_threads(s.threads)
+    t_start = time.time()
+
+    prep = prepare_corpus(s.vocab_size, Path(corpus_root) if corpus_root else None, max_files)
+    cfg = model_config(s)
+    _log(f"corpus: {len(prep.train_files)} train files ({prep.train_stream.size} tokens), "
+         f"{len(prep.heldout_files)} held-out files ({prep.heldout_stream.size} tokens); "
+         f"tokenizer {time.time() - t_start:.1f}s", log_file, progress)
+
+    model = init_model(cfg, s.seed)
+    model.train()
+    opt = make_optimizer(model, s)
+    n_params = sum(p.numel() for p in model.parameters())
+    _log(f"model: {n_params} parameters ({n_params / 1e6:.2f}M), {s.steps} steps x {s.batch_size} x {s.seq_len} "
+         f"tokens", log_file, progress)
+
+    bias = diffusion_bias(s.seq_len, s.block_size)
+    gen = torch.Generator().manual_seed(s.seed + 1)
+    rng = np.random.default_rng(s.seed)
+    val_windows = eval_windows(prep.heldout_stream, 16, s.seq_len)
+    history: dict = {"step": [], "train_loss": [], "train_ce": [], "val": []}
+    step0, trained_seconds = 0, 0.0
+    ckpt_path = work / "ckpt.pt"
+    if resume and ckpt_path.exists():
+        ck = torch.load(ckpt_path, weights_only=False)
+        if ck["settings"] == asdict(s):
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["opt"])
+            gen.set_state(ck["gen"])
+            rng.bit_generator.state = ck["rng"]
+            step0, history, trained_seconds = ck["step"], ck["history"], ck["seconds"]
+            _log(f"resumed from {ckpt_path} at step {step0}", log_file, progress)
+
+    stopped_early = False
+    t_loop = time.time() - trained_seconds
+    window_loss, window_ce, window_t = 0.0, 0.0, time.time()
+    step = step0
+    for step in range(step0, s.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, s)
+        x0 = sample_windows(prep.train_stream, s.batch_size, s.seq_len, rng)
+        loss, ce = diffusion_loss(model, x0, bias, gen, s.mask_eps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        window_loss += float(loss.detach())
+        window_ce += float(ce.detach())
+        done = step + 1
+        if done % s.log_every == 0 or done == s.steps:
+            n = done % s.log_every or s.log_every
+            elapsed = time.time() - t_loop
+            tok_s = n * s.batch_size * s.seq_len / max(time.time() - window_t, 1e-9)
+            eta = elapsed / (done - step0 or 1) * (s.steps - done) if done > step0 else 0.0
+            history["step"].append(done)
+            history["train_loss"].append(window_loss / n)
+            history["train_ce"].append(window_ce / n)
+            _log(f"step {done}/{s.steps} loss {window_loss / n:.4f} masked-ce {window_ce / n:.4f} "
+                 f"lr {lr_at(step, s):.2e} {tok_s:.0f} tok/s elapsed {elapsed / 60:.1f}m eta {eta / 60:.1f}m",
+                 log_file, progress)
+            window_loss, window_ce, window_t = 0.0, 0.0, time.time()
+        if done % s.eval_every == 0 or done == s.steps:
+            val = heldout_loss(model, val_windows, bias, 0.5)
+            history["val"].append([done, val])
+            _log(f"step {done}: held-out masked CE at ratio 0.5 = {val:.4f}", log_file, progress)
+        if done % s.ckpt_every == 0 or done == s.steps:
+            save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                         "rng": rng.bit_generator.state, "step": done, "history": history,
+                         "seconds": time.time() - t_loop, "settings": asdict(s)}, ckpt_path)
+        if minutes is not None and time.time() - t_start > minutes * 60 and done < s.steps:
+            stopped_early = True
+            _log(f"stopping at step {done}: the {minutes} minute cap is reached", log_file, progress)
+            break
+    steps_done = step + 1 if s.steps > step0 else step0
+    train_seconds = time.time() - t_loop
+
+    model.eval()
+    write_folder(model, prep, out_dir, n_prompts=n_prompts, seed=s.seed)
+    report = {
+        "parameters": n_params, "settings": asdict(s), "steps_done": steps_done, "stopped_early": stopped_early,
+        "train_seconds": round(train_seconds, 1), "total_seconds": round(time.time() - t_start, 1),
+        "torch": torch.__version__, "threads": s.threads,
+        "tokens_seen": steps_done * s.batch_size * s.seq_len,
+        "corpus": {"root": str(Path(corpus_root) if corpus_root else corpus.stdlib_root()),
+                   "split_rule": "held-out iff int(sha1(relative posix path), 16) % 20 == 0",
+                   "train_files": len(prep.train_files), "heldout_files": len(prep.heldout_files),
+                   "train_tokens": int(prep.train_stream.size), "heldout_tokens": int(prep.heldout_stream.size),
+                   "train_sha1": corpus.split_digest(prep.train_files),
+                   "heldout_sha1": corpus.split_digest(prep.heldout_files)},
+        "tokenizer": {"vocab_size": s.vocab_size, "eos": [bpe.EOS_TOKEN, bpe.EOS_ID],
+                      "mask": [bpe.MASK_TOKEN, s.vocab_size - 1],
+                      "sha1": hashlib.sha1((out_dir / "tokenizer.json").read_bytes()).hexdigest()},
+        "history": history,
+    }
+    if final_eval:
+        from spot.training.evaluate import evaluate_folder
+        report["evaluation"] = evaluate_folder(out_dir, prep, s, log=lambda m: _log(m, log_file, progress))
+    write_text_atomic(out_dir / "training_report.json", json.dumps(report, indent=2))
+    _log(f"wrote {out_dir} ({folder_bytes(out_dir) / 1e6:.1f} MB)", log_file, progress)
+    return report
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).iterdir() if p.is_file())
+
+
+def write_folder(model: SDARModel, prep: PreparedCorpus, out_dir: Path, n_prompts: int, seed: int) -> None:
+    """config.json + model.safetensors (fp16) + tokenizer files + heldout_prompts.jsonl."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, dtype="F16", extra_config={"bos_token_id": None, "pad_token_id": bpe.EOS_ID})
+    bpe.save_tokenizer(prep.tokenizer, out_dir)
+    prompts = heldout_prompts(prep, n_prompts, seed, max_tokens=min(448, model.cfg.max_position_embeddings - 64))
+    write_text_atomic(out_dir / "heldout_prompts.jsonl", "".join(json.dumps(p) + "\n" for p in prompts))
+
+
+def heldout_prompts(prep: PreparedCorpus, n: int, seed: int, min_tokens: int = 64,
+                    max_tokens: int = 448) -> list[dict]:
+    """n prompts of min..max tokens cut from held-out files at line starts, drawn with a seeded Generator.
+
+    A file is picked with probability proportional to its token count; the prompt starts at the beginning of a
+    line and leaves at least 64 tokens of the file after it. n_tokens is the length of the re-encoded text."""
+    tok = prep.tokenizer
+    rng = np.random.default_rng(seed + 7)
+    sizes = np.array([len(ids) for ids in prep.heldout_ids], dtype=np.float64)
+    ok = sizes >= min_tokens + 64
+    if not ok.any():
+        return []
+    weights = np.where(ok, sizes, 0.0) / sizes[ok].sum()
+    newline_ids = {i for t, i in tok.get_vocab().items() if t.endswith("Ċ")}
+    prompts, tries = [], 0
+    while len(prompts) < n and tries < 50 * n:
+        tries += 1
+        fi = int(rng.choice(len(sizes), p=weights))
+        ids = prep.heldout_ids[fi]
+        length = int(rng.integers(min_tokens, max_tokens + 1))
+        length = min(length, len(ids) - 64)
+        if length < min_tokens:
+            continue
+        starts = [0] + [j + 1 for j in range(len(ids) - length - 64) if ids[j] in newline_ids]
+        start = starts[int(rng.integers(len(starts)))]
+        text = tok.decode(ids[start:start + length])
+        n_tokens = len(tok.encode(text, add_special_tokens=False).ids)
+        if not min_tokens <= n_tokens <= max_tokens:
+            continue
+        prompts.append({"id": len(prompts), "file": prep.heldout_files[fi].rel, "text": text, "n_tokens": n_tokens})
+    return prompts

@@ -1,0 +1,174 @@
+"""`spot generate` end to end on a tiny random checkpoint in the real format: output, determinism, user errors."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from spot.assets import embedded_model_dir
+from spot.cli import main
+from spot.config import ModelConfig
+from spot.errors import SpotError
+from spot.reference.model import random_model
+from spot.tokenizer import load_tokenizer
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64, block_size=4, mask_token_id=63,
+                  stop_ids=(62,))
+LINES = ["the cat sat on the mat", "a dog ate the hat", "hello world of tiny models", "the end of the story"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def save_tiny_model(folder):
+    model = random_model(CFG, seed=4, scale=1.0)
+    with torch.no_grad():
+        model.lm_head.weight[CFG.mask_token_id] = 0.0   # greedy never writes the mask id (as a trained SDAR)
+    model.save_pretrained(folder)
+    return folder
+
+
+def save_tiny_tokenizer(folder):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(LINES, trainers.BpeTrainer(vocab_size=56, special_tokens=["[UNK]", "<|im_start|>",
+                                                                                       "<|im_end|>"]))
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    bare = save_tiny_model(root / "bare")
+    with_tok = root / "tok"
+    shutil.copytree(bare, with_tok)
+    save_tiny_tokenizer(with_tok)
+    return {"bare": str(bare), "tok": str(with_tok), "root": root}
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["generate", *map(str, args)])
+
+
+def run_json(*args) -> dict:
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_json_output(model_dirs):
+    out = run_json("--model", model_dirs["tok"], "--prompt", "the cat sat", "--max-new-tokens", 9)
+    assert {"token_ids", "text", "target_passes", "passes", "seconds", "stopped"} <= set(out)
+    assert all(0 <= t < CFG.vocab_size and t not in CFG.stop_ids for t in out["token_ids"])
+    assert out["target_passes"] == sum(out["passes"].values()) > 0
+    assert out["seconds"] > 0
+    tok = load_tokenizer(model_dirs["tok"])
+    assert out["text"] == tok.decode(out["token_ids"])
+    if not out["stopped"]:   # runs to the block boundary covering prompt + 9
+        assert out["prompt_len"] + len(out["token_ids"]) == -(-(out["prompt_len"] + 9) // 4) * 4
+
+
+def test_chat_is_the_default_with_a_template(model_dirs):
+    tok = load_tokenizer(model_dirs["tok"])
+    chat = run_json("--model", model_dirs["tok"], "--prompt", "the cat", "--max-new-tokens", 4)
+    plain = run_json("--model", model_dirs["tok"], "--prompt", "the cat", "--max-new-tokens", 4, "--no-chat")
+    assert chat["prompt_len"] == len(tok.chat_prompt_ids("the cat")) > plain["prompt_len"] == len(tok.encode("the cat"))
+
+
+def test_prompt_ids_without_tokenizer(model_dirs):
+    out = run_json("--model", model_dirs["bare"], "--prompt-ids", "1,2,3,4,5", "--max-new-tokens", 6,
+                   "--mode", "threshold", "--tau", "0.5", "--block-size", 8)
+    assert "text" not in out
+    assert out["block_size"] == 8 and out["prompt_len"] == 5
+
+
+def test_human_output_is_text_plus_one_stats_line(model_dirs):
+    result = run("--model", model_dirs["bare"], "--prompt-ids", "1,2,3", "--max-new-tokens", 5)
+    assert result.exit_code == 0, result.output
+    ids = result.stdout.split()
+    assert ids and all(i.isdigit() for i in ids)
+    stats = result.stderr.strip().splitlines()
+    assert len(stats) == 1 and "target passes" in stats[0]
+
+
+def test_seeded_sampling_is_deterministic(model_dirs):
+    args = ("--model", model_dirs["bare"], "--prompt-ids", "5,6,7", "--max-new-tokens", 12, "--temperature", 1.0,
+            "--top-k", 20, "--top-p", 0.95)
+    first = run_json(*args, "--seed", 7)["token_ids"]
+    assert run_json(*args, "--seed", 7)["token_ids"] == first
+    others = [run_json(*args, "--seed", s)["token_ids"] for s in (8, 9, 10)]
+    assert any(o != first for o in others)   # the seed does reach the noise
+    greedy = [run_json("--model", model_dirs["bare"], "--prompt-ids", "5,6,7", "--max-new-tokens", 12,
+                       "--seed", s)["token_ids"] for s in (1, 2)]
+    assert greedy[0] == greedy[1]            # temperature 0 ignores the seed
+
+
+def unknown_type_dir(model_dirs):
+    folder = model_dirs["root"] / "llama"
+    if not folder.exists():
+        shutil.copytree(model_dirs["bare"], folder)
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    return str(folder)
+
+
+ERROR_CASES = {
+    "missing folder": (lambda d: ["--model", str(d["root"] / "nope"), "--prompt-ids", "1"], "does not exist"),
+    "unknown model_type": (lambda d: ["--model", unknown_type_dir(d), "--prompt-ids", "1"], "model_type 'llama'"),
+    "prompt too long": (lambda d: ["--model", d["bare"], "--prompt-ids", ",".join(["1"] * 70)], "limit of 64"),
+    "prompt + new tokens too long": (lambda d: ["--model", d["bare"], "--prompt-ids", "1,2",
+                                                "--max-new-tokens", 63], "limit of 64"),
+    "id out of vocab": (lambda d: ["--model", d["bare"], "--prompt-ids", "1,2,64"], "outside the vocabulary"),
+    "negative id": (lambda d: ["--model", d["bare"], "--prompt-ids", "1,-2"], "outside the vocabulary"),
+    "mask id in prompt": (lambda d: ["--model", d["bare"], "--prompt-ids", "1,63"], "mask token"),
+    "bad id list": (lambda d: ["--model", d["bare"], "--prompt-ids", "1,x"], "'x'"),
+    "block size not dividing": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--block-size", 3],
+                                "does not divide"),
+    "block size zero": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--block-size", 0], "block size"),
+    "negative temperature": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--temperature", -0.5],
+                             "temperature"),
+    "bad tau": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--mode", "threshold", "--tau", 1.5], "tau"),
+    "bad top-p": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--top-p", 0], "top_p"),
+    "no new tokens": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--max-new-tokens", 0],
+                      "max_new_tokens"),
+    "text without tokenizer": (lambda d: ["--model", d["bare"], "--prompt", "hello"], "no tokenizer"),
+    "no prompt": (lambda d: ["--model", d["bare"]], "exactly one"),
+}
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_user_errors_exit_2_with_one_error_line(model_dirs, case):
+    make_args, expected = ERROR_CASES[case]
+    result = run(*make_args(model_dirs))
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert isinstance(result.exception, SystemExit)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert expected in errors[0], errors[0]
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+
+
+def test_default_model_is_the_embedded_one():
+    try:
+        folder = embedded_model_dir()
+    except SpotError as e:
+        assert "spot train-target" in e.hint
+        result = CliRunner().invoke(main, ["generate", "--prompt-ids", "1"])
+        assert result.exit_code == 2 and "embedded model is not built" in result.stderr
+    else:
+        assert (folder / "config.json").is_file()

@@ -1,0 +1,218 @@
+"""config.json reading (SDAR defaults and refusals) and the safetensors checkpoint reader (layouts, dtypes, damage)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spot.checkpoint import INDEX_NAME, Checkpoint, write_safetensors
+from spot.config import DEFAULT_BLOCK_SIZE, DEFAULT_MASK_TOKEN_ID, ModelConfig, load_config
+from spot.errors import SpotError
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+TINY = ModelConfig(vocab_size=48, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=4, max_position_embeddings=64, block_size=4, mask_token_id=47,
+                   stop_ids=(46,))
+
+
+def hf_config(cfg: ModelConfig = TINY, **overrides) -> dict:
+    d = {"model_type": "sdar", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+         "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_hidden_layers,
+         "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+         "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_position_embeddings,
+         "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id, "eos_token_id": list(cfg.stop_ids),
+         "rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": False}
+    d.update(overrides)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def random_tensors(cfg: ModelConfig = TINY, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.normal(size=shape).astype(np.float32) for name, shape in cfg.expected_tensor_shapes().items()}
+
+
+def write_checkpoint(folder: Path, tensors: dict[str, np.ndarray], dtype: str = "F32", shards: int = 1,
+                     config: dict | None = None) -> Path:
+    """A Hugging Face folder: config.json + model.safetensors, or `shards` files + model.safetensors.index.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config or hf_config()))
+    if shards == 1:
+        write_safetensors(folder / "model.safetensors", tensors, dtype)
+        return folder
+    names = list(tensors)
+    weight_map = {}
+    for k in range(shards):
+        shard = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[k::shards]}
+        write_safetensors(folder / shard, part, dtype)
+        weight_map.update({n: shard for n in part})
+    (folder / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder
+
+
+def error_of(fn, *args) -> str:
+    with pytest.raises(SpotError) as info:
+        fn(*args)
+    return info.value.message
+
+
+# -- config ----------------------------------------------------------------------------------------------------------
+def test_config_defaults_when_block_size_and_mask_id_are_absent(tmp_path):
+    big = ModelConfig(vocab_size=151936, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=64)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(big, block_size=None, mask_token_id=None,
+                                                               eos_token_id=None)))
+    cfg = load_config(tmp_path)
+    assert cfg.block_size == DEFAULT_BLOCK_SIZE == 4
+    assert cfg.mask_token_id == DEFAULT_MASK_TOKEN_ID == 151669
+    assert cfg.stop_ids == (151645, 151643)
+
+
+def test_generation_config_eos_list_gives_the_stop_ids(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(eos_token_id=45)))
+    assert load_config(tmp_path).stop_ids == (45,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [46, 45]}))
+    assert load_config(tmp_path).stop_ids == (46, 45)
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("sdar-8b-chat", dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                          head_dim=128, intermediate_size=12288)),
+    ("sdar-4b-chat", dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                          head_dim=128, intermediate_size=9728)),
+])
+def test_fixture_configs_and_index_names(name, shape):
+    folder = FIXTURES / name
+    if not folder.is_dir():
+        pytest.skip(f"fixture {folder} is absent")
+    cfg = load_config(folder)
+    for key, value in shape.items():
+        assert getattr(cfg, key) == value, key
+    assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.block_size, cfg.mask_token_id) == (151936, 32768, 4,
+                                                                                                 151669)
+    assert not cfg.tie_word_embeddings
+    index = json.loads((folder / INDEX_NAME).read_text())
+    # the index has names only: they must be exactly the tensors the config implies ...
+    assert set(index["weight_map"]) == set(cfg.expected_tensor_shapes())
+    # ... and the bf16 byte total must be exactly what the config's shapes imply
+    assert index["metadata"]["total_size"] == 2 * cfg.parameter_count()
+
+
+def test_fixture_8b_stop_ids_from_generation_config():
+    folder = FIXTURES / "sdar-8b-chat"
+    if not folder.is_dir():
+        pytest.skip(f"fixture {folder} is absent")
+    assert load_config(folder).stop_ids == (151645, 151643)
+
+
+def test_sdar_moe_is_refused_by_name(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(model_type="sdar_moe", num_experts=128)))
+    msg = error_of(load_config, tmp_path)
+    assert "sdar_moe" in msg and "not supported" in msg
+
+
+def test_unknown_model_type(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(model_type="llama")))
+    msg = error_of(load_config, tmp_path)
+    assert "'llama'" in msg and "sdar" in msg
+
+
+def test_missing_folder_and_missing_config(tmp_path):
+    assert "does not exist" in error_of(load_config, tmp_path / "nope")
+    assert "no config.json" in error_of(load_config, tmp_path)
+    assert "does not exist" in error_of(Checkpoint, tmp_path / "nope")
+
+
+def test_invalid_config_json(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    assert "not valid JSON" in error_of(load_config, tmp_path)
+
+
+# -- checkpoint ------------------------------------------------------------------------------------------------------
+def test_missing_weights(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(hf_config()))
+    assert "neither model.safetensors nor" in error_of(Checkpoint, tmp_path)
+
+
+def test_corrupt_safetensors(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", random_tensors())
+    (folder / "model.safetensors").write_bytes(b"\x07\x00\x00\x00\x00\x00\x00\x00not json at all")
+    assert "not a valid safetensors file" in error_of(Checkpoint, folder)
+    (folder / "model.safetensors").write_bytes(b"abc")
+    assert "not a valid safetensors file" in error_of(Checkpoint, folder)
+
+
+def test_truncated_safetensors(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", random_tensors())
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+    msg = error_of(Checkpoint, folder)
+    assert "truncated" in msg and "model.safetensors" in msg
+
+
+def test_shard_missing_from_folder(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", random_tensors(), shards=3)
+    assert len(Checkpoint(folder).tensors) == len(TINY.expected_tensor_shapes())
+    (folder / "model-00002-of-00003.safetensors").unlink()
+    msg = error_of(Checkpoint, folder)
+    assert "model-00002-of-00003.safetensors" in msg and "missing" in msg
+
+
+def test_index_naming_a_tensor_its_shard_lacks(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", random_tensors(), shards=2)
+    index = json.loads((folder / INDEX_NAME).read_text())
+    index["weight_map"]["model.layers.9.mlp.up_proj.weight"] = "model-00001-of-00002.safetensors"
+    (folder / INDEX_NAME).write_text(json.dumps(index))
+    assert "model.layers.9.mlp.up_proj.weight" in error_of(Checkpoint, folder)
+
+
+def test_tensor_missing(tmp_path):
+    tensors = random_tensors()
+    del tensors["model.layers.1.self_attn.k_norm.weight"]
+    folder = write_checkpoint(tmp_path / "m", tensors)
+    msg = error_of(Checkpoint, folder)
+    assert "lacks 1 tensor" in msg and "model.layers.1.self_attn.k_norm.weight" in msg
+
+
+def test_tensor_of_the_wrong_shape(tmp_path):
+    tensors = random_tensors()
+    tensors["model.layers.0.mlp.down_proj.weight"] = np.zeros((16, 25), np.float32)
+    msg = error_of(Checkpoint, write_checkpoint(tmp_path / "m", tensors))
+    assert "model.layers.0.mlp.down_proj.weight" in msg and "[16, 25]" in msg and "[16, 24]" in msg
+
+
+def test_checkpoint_of_a_different_config(tmp_path):
+    """Weights of a 2-layer model under a config that says 3 layers."""
+    folder = write_checkpoint(tmp_path / "m", random_tensors(), config=hf_config(num_hidden_layers=3))
+    assert "model.layers.2." in error_of(Checkpoint, folder)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("shards", [1, 2])
+def test_dtype_round_trip(tmp_path, dtype, shards):
+    torch = pytest.importorskip("torch")
+    tensors = random_tensors(seed=3)
+    tensors["model.norm.weight"][:4] = [1.0, -0.0, 65504.0, 1e-8]   # exact, signed zero, fp16 max, tiny
+    ckpt = Checkpoint(write_checkpoint(tmp_path / "m", tensors, dtype, shards))
+    assert ckpt.storage_dtype == dtype
+    to_dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[dtype]
+    for name, arr in tensors.items():
+        got = ckpt.tensor(name)
+        assert got.dtype == np.float32 and got.shape == arr.shape
+        # what torch's own (round-to-nearest-even) conversion gives, bit for bit
+        want = torch.from_numpy(arr).to(to_dtype).float().numpy()
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
+
+
+def test_non_finite_tensor(tmp_path):
+    tensors = random_tensors()
+    tensors["model.layers.1.mlp.gate_proj.weight"][3, 5] = np.nan
+    tensors["model.layers.0.input_layernorm.weight"][0] = np.inf
+    ckpt = Checkpoint(write_checkpoint(tmp_path / "m", tensors, "BF16"))
+    assert "non-finite" in error_of(ckpt.tensor, "model.layers.1.mlp.gate_proj.weight")
+    assert "non-finite" in error_of(ckpt.tensor, "model.layers.0.input_layernorm.weight")
+    assert np.isfinite(ckpt.tensor("model.norm.weight")).all()

@@ -1,0 +1,247 @@
+"""The sampling epilogue graph (spot.export.epilogue) equals the numpy runtime bit for bit on ONNX Runtime CPU.
+
+Bit identity rests on spot.export.exact_math reproducing numpy's float64 exp/log (glibc's __exp_fma/__log_fma on
+x86-64 with FMA) and numpy's pairwise summation; the first tests check those building blocks directly.
+"""
+from __future__ import annotations
+
+import platform
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from spot.errors import SpotError
+from spot.export import exact_math as xm
+from spot.runtime.noise import gumbel
+from spot.runtime.step import Sampling
+
+onnx = pytest.importorskip("onnx")
+from spot.export.epilogue import (OUTPUTS, EpilogueSpec, build_epilogue, build_noise_graph,  # noqa: E402
+                                  check_sampling, declared_output_shapes, make_epilogue_session,
+                                  reference_epilogue, reference_noise, run_epilogue)
+
+
+def _glibc_fma_x86() -> bool:
+    """numpy's exp/log are glibc's (>= 2.28) FMA variants: x86-64 Linux with an FMA CPU."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    libc, version = platform.libc_ver()
+    return (platform.machine() == "x86_64" and libc == "glibc" and " fma " in flags
+            and tuple(int(x) for x in version.split(".")[:2]) >= (2, 28))
+
+
+needs_glibc_fma = pytest.mark.skipif(not _glibc_fma_x86(), reason="the bit-exact reference is numpy on x86-64 glibc "
+                                     ">= 2.28 with FMA (docs/noise.md); other libms round differently")
+
+V, B, D = 500, 8, 3
+
+
+# -- building blocks ------------------------------------------------------------------------------------------------
+def test_emulated_fma_is_correctly_rounded():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(3000) * 10.0 ** rng.integers(-8, 8, 3000)
+    b = rng.standard_normal(3000) * 10.0 ** rng.integers(-8, 8, 3000)
+    c = rng.standard_normal(3000) * 10.0 ** rng.integers(-8, 8, 3000)
+    # hard cases: c cancels a*b almost exactly, and products landing on rounding midpoints
+    c[:500] = -(a[:500] * b[:500])
+    a[500:1000] = 1.0 + np.arange(500) * 2.0**-52
+    b[500:1000] = 1.0 + 2.0**-53 * 3
+    c[500:1000] = 2.0**-60 * rng.standard_normal(500)
+    got = xm.fma(xm.NUMPY, a, b, c)
+    want = np.array([float(Fraction(x) * Fraction(y) + Fraction(z)) for x, y, z in zip(a, b, c)])
+    assert np.array_equal(got, want)
+
+
+@needs_glibc_fma
+def test_glibc_exp_and_log_match_numpy():
+    rng = np.random.default_rng(1)
+    x = np.concatenate([-rng.random(60000) * 745, rng.standard_normal(20000) * 30, -rng.random(5000) * 2.0**-50,
+                        rng.uniform(-1100, -700, 5000), rng.uniform(512, 709.7, 2000),
+                        [0.0, -0.0, -512.0, 512.0, -708.4, -745.1, -1024.0, -2000.0, 2.0**-55]])
+    with np.errstate(all="ignore"):
+        assert np.array_equal(xm.exp_np(x), np.exp(x))
+    u = np.concatenate([rng.random(60000), 1 - rng.random(10000) * 0.07, 1 + rng.random(5000) * 0.07,
+                        rng.random(10000) * 40, 10.0 ** rng.uniform(-300, 300, 5000),
+                        np.arange(1, 4000) * 2.0**-53, 1 - np.arange(1, 4000) * 2.0**-53, [1.0, 2.0, 0.5]])
+    assert np.array_equal(xm.log_np(u), np.log(u))
+
+
+@needs_glibc_fma
+def test_glibc_exp_reduction_ties_are_contracted_like_glibc():
+    """x where N/ln2 * x rounds to a half-integer: glibc rounds the exact product (fused), a plain multiply not."""
+    rng = np.random.default_rng(2)
+    h = rng.integers(-100000, 1000, 4000) + 0.5
+    x = h / xm.EXP_INVLN2N
+    ties = x[(xm.EXP_INVLN2N * x == h) & np.array([Fraction(xm.EXP_INVLN2N) * Fraction(v) != Fraction(t)
+                                                   for v, t in zip(x, h)])]
+    assert ties.size > 100
+    assert np.array_equal(xm.exp_np(ties), np.exp(ties))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 127, 128, 129, 500, 1000, 4099])
+def test_pairwise_sum_matches_numpy(n):
+    e = np.exp(np.random.default_rng(n).standard_normal((5, n)) * 3)
+    assert np.array_equal(xm.pairwise_sum(xm.NUMPY, e, n), e.sum(axis=-1))
+
+
+def test_exp_table_is_the_published_one():
+    heads, tails = xm.exp_table()
+    bits = lambda x: int(np.float64(x).view(np.uint64))  # noqa: E731
+    # exp_data.c, N = 128: tab[2k] = asuint64(T[k]), tab[2k+1] = asuint64(H[k]) - (k << 45)
+    published = {1: (0x3c9b3b4f1a88bf6e, 0x3feff63da9fb3335), 64: (0xbc93b3efbf5e2228, 0x3feea09e667f3bcd),
+                 127: (0x3c5305c14160cc89, 0x3feff3c22b8f71f1)}
+    for k, (tail, head) in published.items():
+        assert bits(tails[k]) == tail and (bits(heads[k]) - (k << 45)) % 2**64 == head
+
+
+# -- the graphs ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def session():
+    return make_epilogue_session(build_epilogue(EpilogueSpec(V, B, D)))
+
+
+def _logits(seed=0, n=4):
+    logits = (np.random.default_rng(seed).standard_normal((n, B, V)) * 3).astype(np.float32)
+    logits[0, 0, :6] = logits[0, 0, 6]          # exact ties: smallest id wins everywhere
+    logits[1, 2, 10] = logits[1, 2].max() + 5   # a peaked row
+    return logits
+
+
+@needs_glibc_fma
+def test_noise_graph_equals_numpy_noise():
+    steps = np.array([0, 5, 2**32 - 4])
+    got = make_epilogue_session(build_noise_graph(300, 4, 3)).run(
+        None, {"node_steps": steps, "seed": np.array(2**32 - 1), "block": np.array(7)})[0]
+    want = reference_noise(steps, 2**32 - 1, 7, 3, 4, 300)
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))
+    assert np.array_equal(want, gumbel(2**32 - 1, 7, (steps[:, None] + np.arange(3))[:, :, None, None],
+                                       np.arange(4)[None, None, :, None], np.arange(300)[None, None, None, :]))
+
+
+@needs_glibc_fma
+@pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("top_k", [0, 7])
+@pytest.mark.parametrize("exclude_argmax", [False, True])
+def test_epilogue_is_bit_identical_to_numpy(session, temperature, top_k, exclude_argmax):
+    logits = _logits()
+    steps = np.array([0, 3, 1, 6])
+    # excluding a token that is the argmax somewhere (as the mask id can be) must move the sample, not the softmax
+    exclude = int(logits[0, 0].argmax()) if exclude_argmax else -1
+    sampling = Sampling(temperature=temperature, top_k=top_k, seed=12345, exclude_token=exclude)
+    got = run_epilogue(session, logits, steps, sampling, block=5)
+    want = reference_epilogue(logits, steps, sampling, block=5, future_steps=D)
+    for name in OUTPUTS:
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    if exclude >= 0:
+        assert not (got.token == exclude).any() and not (got.future_tokens == exclude).any()
+    if temperature > 0:   # the noise matters: samples differ from the argmax, and from step to step
+        assert (got.token != logits.argmax(-1)).any()
+        assert (got.future_tokens != got.token[:, None]).any()
+
+
+@needs_glibc_fma
+def test_epilogue_in_node_chunks_equals_one_call(session):
+    logits, steps, sampling = _logits(1, n=5), np.arange(5), Sampling(temperature=0.7, seed=3)
+    one, chunked = run_epilogue(session, logits, steps, sampling, 2), run_epilogue(session, logits, steps, sampling,
+                                                                                   2, chunk=2)
+    for name in OUTPUTS:
+        assert np.array_equal(getattr(one, name), getattr(chunked, name))
+
+
+@needs_glibc_fma
+def test_tiny_vocabulary_and_no_future_steps():
+    spec = EpilogueSpec(vocab_size=20, block_size=4, future_steps=0)
+    s = make_epilogue_session(build_epilogue(spec))
+    logits = (np.random.default_rng(4).standard_normal((2, 4, 20)) * 2).astype(np.float32)
+    sampling = Sampling(temperature=1.0, seed=9)
+    got, want = run_epilogue(s, logits, [2, 9], sampling, 0), reference_epilogue(logits, [2, 9], sampling, 0, 0)
+    assert got.future_tokens.shape == (2, 0, 4) and got.top_logprobs.shape == (2, 4, 32)
+    assert (got.top_ids[..., 20:] == -1).all() and (got.top_logprobs[..., 20:] == -1e4).all()
+    for name in OUTPUTS:
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+
+
+def test_outputs_are_small_whatever_the_vocabulary():
+    """What a verify pass copies to the host: O(N x B x (D + 32)) values, no output with a vocabulary axis."""
+    for vocab, d in ((500, 3), (151936, 6)):
+        model = build_epilogue(EpilogueSpec(vocab, 32, d))
+        shapes = declared_output_shapes(model)
+        assert set(shapes) == set(OUTPUTS)
+        per_node = 0
+        for name, dims in shapes.items():
+            assert dims[0] == "N" and all(isinstance(x, int) for x in dims[1:]), (name, dims)
+            assert vocab not in dims[1:], name
+            per_node += int(np.prod(dims[1:]))
+        assert per_node == 32 * (2 + 2 * d + 2 * 32)     # token, conf, 2 x future, 2 x top-32
+
+
+def test_native_math_variant_is_close_but_not_exact():
+    """exact=False uses the backend's Exp/Log/ReduceSum: tokens agree here, confidences only to ~1e-15."""
+    s = make_epilogue_session(build_epilogue(EpilogueSpec(V, B, D, exact=False)))
+    logits, steps, sampling = _logits(2), np.arange(4), Sampling(temperature=0.5, seed=1)
+    got, want = run_epilogue(s, logits, steps, sampling, 1), reference_epilogue(logits, steps, sampling, 1, D)
+    assert np.array_equal(got.token, want.token) and np.array_equal(got.future_tokens, want.future_tokens)
+    np.testing.assert_allclose(got.confidence, want.confidence, rtol=1e-13)
+    np.testing.assert_allclose(got.top_logprobs, want.top_logprobs, rtol=1e-6)
+
+
+def test_top_p_stays_on_the_host():
+    with pytest.raises(SpotError, match="top-p"):
+        check_sampling(Sampling(temperature=1.0, top_p=0.9))
+    with pytest.raises(SpotError, match=r"\[0, 2\*\*32\)"):
+        run_epilogue(None, _logits(), [0, 0, 0, 2**32], Sampling(temperature=1.0), 0)
+
+
+def test_spec_is_checked():
+    with pytest.raises(SpotError):
+        EpilogueSpec(0, 4, 1)
+    with pytest.raises(SpotError):
+        EpilogueSpec(10, 4, -1)
+    with pytest.raises(SpotError, match="32"):
+        EpilogueSpec(10, 4, 1, top_k_logprobs=16)
+
+
+@needs_glibc_fma
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_torch_twin_is_bit_identical_to_numpy(temperature):
+    torch = pytest.importorskip("torch")
+    from spot.reference.noise_torch import epilogue_torch
+    logits = _logits(3, n=2)[:, :, :200].copy()
+    sampling = Sampling(temperature=temperature, top_k=5, seed=77)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)          # small tensors on a shared 2-core CI machine
+    try:
+        with torch.inference_mode():
+            got = epilogue_torch(torch.from_numpy(logits), [1, 4], 77, 3, temperature, 5, 2)
+    finally:
+        torch.set_num_threads(threads)
+    want = reference_epilogue(logits, [1, 4], sampling, 3, 2)
+    for name in OUTPUTS:
+        assert np.array_equal(got[name].numpy(), getattr(want, name)), name
+
+
+@needs_glibc_fma
+def test_onnx_exp_and_log_match_numpy_including_subnormal_results():
+    from onnx import TensorProto, helper
+
+    from spot.export.epilogue import OnnxOps
+    o = OnnxOps("t")
+    exp_out, log_out = xm.glibc_exp(o, "x"), xm.glibc_log(o, "y")
+    o.nodes += [helper.make_node("Identity", [exp_out], ["ex"]), helper.make_node("Identity", [log_out], ["ly"])]
+    vec = lambda n: helper.make_tensor_value_info(n, TensorProto.DOUBLE, ["M"])  # noqa: E731
+    graph = helper.make_graph(o.nodes, "t", [vec("x"), vec("y")], [vec("ex"), vec("ly")], initializer=o.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    rng = np.random.default_rng(8)
+    x = np.concatenate([-rng.random(20000) * 745, rng.uniform(-746, -700, 5000), rng.uniform(-1500, -1000, 100),
+                        rng.standard_normal(5000) * 20, [0.0, -0.0, -1e-300, -512.0, -1024.0]])
+    y = np.concatenate([rng.random(20000), 1 - rng.random(5000) * 0.07, rng.random(5000) * 40, [1.0, 2.0**-1022]])
+    y = np.resize(y, x.size)
+    ex, ly = make_epilogue_session(model).run(["ex", "ly"], {"x": x, "y": y})
+    with np.errstate(all="ignore"):
+        assert np.array_equal(ex, np.exp(x))
+    assert np.array_equal(ly, np.log(y))
+    assert (ex[(x < -708.4) & (x > -745)] < 2.0**-1022).all()        # subnormal results were exercised

@@ -1,0 +1,356 @@
+"""spot-export: graph, streaming writer, manifest, validation, presets, dry run, atomic output, bad input."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from spot.cli import main as cli
+from spot.config import ModelConfig, load_config
+from spot.errors import SpotError
+from spot.export import export as export_mod
+from spot.export import manifest as manifest_mod
+from spot.export.export import DATA_FILE, TARGET_FILE, ExportOptions, dry_run, export_checkpoint
+from spot.export.manifest import load_manifest
+from spot.export.presets import PRESETS, resolve_source
+from spot.reference.model import random_model
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=256, block_size=4,
+                   mask_token_id=127, stop_ids=(126,))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The validation's torch passes on tiny models: one thread is much faster on a shared machine."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def export(ckpt: Path, out: Path, **kw) -> Path:
+    return export_checkpoint(resolve_source(str(ckpt)), out, ExportOptions(**{"dtype": "fp32", **kw}))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("ckpt") / "tiny-sdar"
+    random_model(TINY, seed=3).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def exported(ckpt, tmp_path_factory) -> Path:
+    return export(ckpt, tmp_path_factory.mktemp("out") / "tiny-fp32")
+
+
+def _no_leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if ".partial-" in p.name or ".old-" in p.name]
+
+
+# -- the exported folder -----------------------------------------------------------------------------------------
+def test_folder_has_graph_data_manifest_and_validation(exported):
+    names = {p.name for p in exported.iterdir()}
+    assert {TARGET_FILE, DATA_FILE, "manifest.json", "config.json"} <= names
+    m = json.loads((exported / "manifest.json").read_text())
+    assert m["model"] == {**TINY.to_dict(), "torch_dtype": "float32"} and m["dtype"] == "fp32" and m["opset"] == 17
+    assert m["block_size"] == 4 and m["mask_token_id"] == 127 and m["stop_ids"] == [126]
+    assert set(m["files"]) == {TARGET_FILE, DATA_FILE, "config.json"}
+    assert [i["name"] for i in m["graphs"]["target"]["inputs"]] == ["input_ids", "position_ids", "attn_bias",
+                                                                     "past_k", "past_v"]
+    cases = m["validation"]["cases"]
+    assert len(cases) == 2 and all(c["ok"] and c["max_abs_dlogits"] < 1e-4 for c in cases)
+    assert load_config(exported).block_size == 4      # config.json is readable by HF-style tools
+    assert (exported / TARGET_FILE).stat().st_size < 100_000     # weights are external
+
+
+def test_graph_is_plain_onnx_with_external_weights(exported):
+    import onnx
+    model = onnx.load(str(exported / TARGET_FILE), load_external_data=False)
+    assert {o.domain for o in model.opset_import} == {""}
+    assert all(n.domain in ("", "ai.onnx") for n in model.graph.node)
+    external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert len(external) == len(TINY.expected_tensor_shapes())
+    for t in external:
+        meta = {e.key: e.value for e in t.external_data}
+        assert meta["location"] == DATA_FILE and int(meta["offset"]) % 4096 == 0
+    # Q is scaled (Mul by attn_scale) right before the first attention MatMul of every layer
+    consumers = {i: n for n in model.graph.node for i in n.input}
+    scaled = [n for n in model.graph.node if n.op_type == "Mul" and "attn_scale" in n.input]
+    assert len(scaled) == TINY.num_hidden_layers
+    for mul in scaled:
+        reshape = consumers[mul.output[0]]
+        assert reshape.op_type == "Reshape" and consumers[reshape.output[0]].op_type == "MatMul"
+
+
+def test_streamed_chunks_give_identical_bytes(ckpt, exported, tmp_path, monkeypatch):
+    """Tiny chunks exercise the multi-chunk and transposed-slab paths: same bytes as one chunk per tensor."""
+    monkeypatch.setattr(export_mod, "CHUNK_ELEMS", 100)
+    out = export(ckpt, tmp_path / "chunked", validate=False)
+    assert (out / DATA_FILE).read_bytes() == (exported / DATA_FILE).read_bytes()
+
+
+def test_weights_in_file_equal_checkpoint(exported, ckpt):
+    from spot.checkpoint import Checkpoint
+    import onnx
+    from onnx import numpy_helper
+    model = onnx.load(str(exported / TARGET_FILE))    # loads the external data
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    c = Checkpoint(ckpt)
+    np.testing.assert_array_equal(weights["model.layers.1.mlp.down_proj.weight"],
+                                  c.tensor("model.layers.1.mlp.down_proj.weight").T)
+    np.testing.assert_array_equal(weights["model.embed_tokens.weight"], c.tensor("model.embed_tokens.weight"))
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_fp16_and_opset18_exports_validate(ckpt, tmp_path, opset):
+    out = export(ckpt, tmp_path / "f16", dtype="fp16", opset=opset)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["dtype"] == "fp16" and m["opset"] == opset
+    for case in m["validation"]["cases"]:
+        assert case["ok"] and case["max_abs_dlogits"] <= case["tol_logits"]
+    sess = ort.InferenceSession(str(out / TARGET_FILE), providers=["CPUExecutionProvider"])
+    assert sess.get_inputs()[2].type == "tensor(float16)" and sess.get_outputs()[0].type == "tensor(float)"
+
+
+def test_bf16_source_checkpoint_exports_and_validates(tmp_path):
+    """A bf16 sharded checkpoint written by scripts/make_random_checkpoint.py (the benchmark's input)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "make_random_checkpoint", Path(__file__).resolve().parents[1] / "scripts" / "make_random_checkpoint.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--shape", "tiny", "--layers", "1", "--out", str(tmp_path / "ck"), "--shard-gb", "0.0002"]) == 0
+    assert len(list((tmp_path / "ck").glob("model-*.safetensors"))) > 1
+    out = export(tmp_path / "ck", tmp_path / "out", dtype="fp16")
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["source"]["storage_dtype"] == "BF16" and all(c["ok"] for c in m["validation"]["cases"])
+
+
+def test_truncated_layer_validation_uses_the_shipped_bytes(ckpt, tmp_path):
+    out = export(ckpt, tmp_path / "partial", validate_layers=1)
+    v = json.loads((out / "manifest.json").read_text())["validation"]
+    assert v["layers"] == 1 and v["of_layers"] == 2 and all(c["ok"] for c in v["cases"])
+    assert not (out / ".validate.onnx").exists()
+
+
+# -- atomic output ----------------------------------------------------------------------------------------------
+def test_validation_failure_fails_with_numbers_and_leaves_nothing(ckpt, tmp_path):
+    with pytest.raises(SpotError, match=r"validation failed: .*max \|ORT - torch\| logits"):
+        export(ckpt, tmp_path / "bad", atol=1e-12)
+    assert not (tmp_path / "bad").exists() and _no_leftovers(tmp_path) == []
+
+
+def test_interrupted_write_leaves_nothing(ckpt, tmp_path, monkeypatch):
+    calls = []
+
+    def interrupt(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*args)
+    real = export_mod.write_weight
+    monkeypatch.setattr(export_mod, "write_weight", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        export(ckpt, tmp_path / "int", validate=False)
+    assert not (tmp_path / "int").exists() and _no_leftovers(tmp_path) == []
+
+
+def test_partial_folder_of_a_killed_export_is_cleaned(ckpt, tmp_path):
+    stale = tmp_path / ".k.partial-999999999"        # no such process
+    stale.mkdir()
+    (stale / DATA_FILE).write_bytes(b"half")
+    export(ckpt, tmp_path / "k", validate=False)
+    assert not stale.exists() and _no_leftovers(tmp_path) == []
+
+
+def test_existing_output_needs_overwrite(ckpt, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(SpotError, match="already exists"):
+        export(ckpt, out, validate=False)
+    assert (out / "keep.txt").exists()
+    export(ckpt, out, validate=False, overwrite=True)
+    assert (out / "manifest.json").exists() and not (out / "keep.txt").exists()
+    assert _no_leftovers(tmp_path) == []
+
+
+# -- manifest verification ----------------------------------------------------------------------------------------
+def _copy(folder: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(folder, dst)
+    return dst
+
+
+@pytest.mark.parametrize("name", [DATA_FILE, TARGET_FILE, "config.json"])
+def test_changed_file_is_refused_by_name(exported, tmp_path, name):
+    folder = _copy(exported, tmp_path)
+    data = bytearray((folder / name).read_bytes())
+    data[len(data) // 3] ^= 0x01
+    (folder / name).write_bytes(bytes(data))
+    with pytest.raises(SpotError, match=f"{name} in .* changed since export"):
+        load_manifest(folder)
+
+
+def test_truncated_or_missing_file_is_refused(exported, tmp_path):
+    folder = _copy(exported, tmp_path)
+    with open(folder / DATA_FILE, "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(SpotError, match=f"{DATA_FILE} .* 1000 bytes"):
+        load_manifest(folder)
+    (folder / DATA_FILE).unlink()
+    with pytest.raises(SpotError, match=f"{DATA_FILE} is missing"):
+        load_manifest(folder)
+
+
+def test_quick_check_samples_large_files_and_full_check_reads_all(exported, tmp_path, monkeypatch):
+    monkeypatch.setattr(manifest_mod, "QUICK_FULL_LIMIT", 0)       # treat every file as large
+    monkeypatch.setattr(manifest_mod, "SAMPLE_BYTES", 64)          # leave gaps between the sampled chunks
+    folder = _copy(exported, tmp_path)
+    m = json.loads((folder / "manifest.json").read_text())
+    manifest_mod.write_manifest(folder, manifest_mod.add_files(folder, m, list(m["files"])))
+    load_manifest(folder, "quick")
+    data = bytearray((folder / DATA_FILE).read_bytes())
+    second = round((len(data) - 64) / (manifest_mod.SAMPLE_COUNT - 1))
+    assert second > 128
+    data[second - 1] ^= 0x01                         # between the first two sampled chunks
+    (folder / DATA_FILE).write_bytes(bytes(data))
+    load_manifest(folder, "quick")                   # the sampled fingerprint cannot see this byte ...
+    with pytest.raises(SpotError, match="its sha256 differs"):
+        load_manifest(folder, "full")                # ... the full check does
+    data[0] ^= 0x01                                  # the first chunk is always sampled
+    (folder / DATA_FILE).write_bytes(bytes(data))
+    with pytest.raises(SpotError, match="sampled sha256 differs"):
+        load_manifest(folder, "quick")
+
+
+def test_not_an_exported_folder(ckpt, tmp_path):
+    with pytest.raises(SpotError, match="not an exported spot model folder") as e:
+        load_manifest(ckpt)
+    assert "spot-export" in e.value.hint
+    with pytest.raises(SpotError, match="does not exist"):
+        load_manifest(tmp_path / "nope")
+
+
+# -- bad input ----------------------------------------------------------------------------------------------------
+def test_non_sdar_folder_is_refused(ckpt, tmp_path):
+    folder = _copy(ckpt, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_type"] = "llama"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpotError, match="unknown model_type 'llama'"):
+        export(folder, tmp_path / "o")
+    with pytest.raises(SpotError, match="no config.json"):
+        export(tmp_path, tmp_path / "o2")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o2").exists()
+
+
+def test_shard_missing_from_index_is_refused(ckpt, tmp_path):
+    folder = _copy(ckpt, tmp_path)
+    shutil.move(folder / "model.safetensors", folder / "model-00001-of-00002.safetensors")
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in TINY.expected_tensor_shapes()}
+    weight_map["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(SpotError, match="shard.*missing"):
+        export(folder, tmp_path / "o")
+    assert not (tmp_path / "o").exists() and _no_leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("kw,match", [({"dtype": "bf16"}, "bf16 is not supported"),
+                                      ({"dtype": "int3"}, "unknown dtype"),
+                                      ({"opset": 13}, "opset 13 is not supported"),
+                                      ({"max_nodes": 0}, "--max-nodes"),
+                                      ({"max_context": 10}, "--max-context")])
+def test_bad_options_are_refused(ckpt, tmp_path, kw, match):
+    with pytest.raises(SpotError, match=match):
+        export(ckpt, tmp_path / "o", **kw)
+    assert not (tmp_path / "o").exists()
+
+
+def test_fp16_overflow_names_the_tensor(tmp_path):
+    model = random_model(TINY)
+    with __import__("torch").no_grad():
+        model.layers[0].mlp.up_proj.weight[0, 0] = 1e6
+    model.save_pretrained(tmp_path / "ck")
+    with pytest.raises(SpotError, match="model.layers.0.mlp.up_proj.weight has values beyond the fp16 range"):
+        export(tmp_path / "ck", tmp_path / "o", dtype="fp16")
+
+
+# -- presets and dry run --------------------------------------------------------------------------------------------
+def test_preset_resolves_hf_cache_layout(ckpt, tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(SpotError, match=r"no local weights for sdar-1\.7b.*models--JetLM--SDAR-1\.7B-Chat") as e:
+        resolve_source("sdar-1.7b")
+    assert "huggingface-cli download JetLM/SDAR-1.7B-Chat" in e.value.hint
+    snap = tmp_path / "hf" / "hub" / "models--JetLM--SDAR-1.7B-Chat" / "snapshots" / "0123abc"
+    shutil.copytree(ckpt, snap)
+    src = resolve_source("sdar-1.7b")
+    assert src.checkpoint == snap and src.block_size == 4
+    assert resolve_source("sdar-8b-b32", checkpoint=str(ckpt)).block_size == 32
+    with pytest.raises(SpotError, match="neither an existing folder nor a preset"):
+        resolve_source("sdar-9b")
+
+
+def test_preset_block_size_is_recorded(ckpt, tmp_path):
+    src = resolve_source("sdar-8b-b16", checkpoint=str(ckpt))
+    out = export_checkpoint(src, tmp_path / "b16", ExportOptions(dtype="fp32", validate=False))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["block_size"] == 16 and m["source"]["preset"] == "sdar-8b-b16"
+
+
+@pytest.mark.parametrize("preset,fixture", [("sdar-8b", "sdar-8b-chat"), ("sdar-4b", "sdar-4b-chat")])
+def test_builtin_preset_configs_match_the_real_ones(preset, fixture):
+    if not (FIXTURES / fixture / "config.json").is_file():
+        pytest.skip(f"fixture {fixture} absent")
+    real = load_config(FIXTURES / fixture)
+    builtin = PRESETS[preset].config()
+    assert replace(real, stop_ids=builtin.stop_ids) == builtin
+
+
+def test_dry_run_of_sdar_8b_fixture_under_a_minute():
+    if not (FIXTURES / "sdar-8b-chat" / "config.json").is_file():
+        pytest.skip("fixture sdar-8b-chat absent")
+    t0 = time.perf_counter()
+    report = dry_run(resolve_source("sdar-8b", str(FIXTURES / "sdar-8b-chat"), dry_run=True),
+                     ExportOptions(dtype="fp16"))
+    assert time.perf_counter() - t0 < 60
+    assert report["layers"] == 36 and report["weights"] == 36 * 11 + 3 and report["index_checked"]
+    assert 16.3e9 < report["weight_bytes"] < 16.5e9
+
+
+def test_dry_run_without_checkpoint_uses_builtin_config(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    report = dry_run(resolve_source("sdar-1.7b-b32", dry_run=True), ExportOptions(dtype="fp32", opset=18))
+    assert report["block_size"] == 32 and report["layers"] == 28 and "built-in" in report["config"]
+
+
+# -- command line -----------------------------------------------------------------------------------------------
+def test_cli_export_verify_and_errors(ckpt, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    r = runner.invoke(cli, ["export", str(ckpt), "--out", str(out), "--dtype", "fp32", "--no-validate"])
+    assert r.exit_code == 0, r.output
+    assert "tensor 25/25" in r.output and (out / "manifest.json").exists()
+    r = runner.invoke(cli, ["verify", str(out)])
+    assert r.exit_code == 0 and "ok:" in r.output
+    (out / "config.json").write_text("{}")
+    r = runner.invoke(cli, ["verify", str(out)])
+    assert r.exit_code == 2 and "config.json" in r.output and "changed since export" in r.output
+    r = runner.invoke(cli, ["export", str(tmp_path / "missing"), "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "neither an existing folder nor a preset" in r.output
+    r = runner.invoke(cli, ["export", str(ckpt), "--dtype", "bf16", "--out", str(tmp_path / "y")])
+    assert r.exit_code == 2 and "bf16" in r.output and not (tmp_path / "y").exists()
+    r = runner.invoke(cli, ["export", "sdar-8b", "--dry-run", "--quiet", "--checkpoint", str(ckpt)])
+    assert r.exit_code == 0 and json.loads(r.output)["layers"] == TINY.num_hidden_layers

@@ -1,0 +1,198 @@
+"""The ONNX Runtime engine over exported folders: agreement with torch, batch invariance, decoding equality."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from spot.config import ModelConfig
+from spot.engines.factory import BACKENDS, open_engine
+from spot.engines.ort_engine import OrtEngine
+from spot.engines.torch_engine import TorchEngine
+from spot.errors import SpotError
+from spot.export.export import ExportOptions, export_checkpoint
+from spot.export.presets import resolve_source
+from spot.reference.model import random_model
+from spot.runtime.decode import generate
+from spot.runtime.step import CommitRule, Sampling
+
+TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=256, block_size=4,
+                   mask_token_id=127, stop_ids=(126,))
+# wide enough that MLAS uses its blocked GEMM paths (K > 256) and several threads split the work
+WIDE = ModelConfig(vocab_size=512, hidden_size=512, intermediate_size=1536, num_hidden_layers=1,
+                   num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+                   block_size=4, mask_token_id=511, stop_ids=(510,))
+FP16_TOL = 1e-2   # relative to max(1, max |reference|), as the export's validation (docs/exported-folder.md)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: torch's thread pool costs more than it saves (115 ms vs 7 ms/pass)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _export(cfg, tmp, dtype, seed=5, **kw):
+    ckpt = tmp / f"ckpt-{seed}"
+    if not ckpt.exists():
+        random_model(cfg, seed=seed).save_pretrained(ckpt)
+    out = export_checkpoint(resolve_source(str(ckpt)), tmp / f"onnx-{dtype}-{seed}-{len(kw)}",
+                            ExportOptions(dtype=dtype, **kw))
+    return ckpt, out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tiny")
+    ckpt, fp32 = _export(TINY, tmp, "fp32")
+    _, fp16 = _export(TINY, tmp, "fp16")
+    return ckpt, fp32, fp16
+
+
+def _states(rng, n, cfg):
+    s = rng.integers(0, cfg.vocab_size, size=(n, cfg.block_size))
+    s[rng.random(s.shape) < 0.5] = cfg.mask_token_id
+    return s
+
+
+def _max_diffs(a, b, cfg, prefix_blocks=(0, 1, 3), nodes=(1, 2, 3, 4, 5), seed=0):
+    """Largest |logits a - logits b| (and the largest |b|) over prefills, block steps with N nodes, and stores."""
+    rng = np.random.default_rng(seed)
+    worst, scale = 0.0, 0.0
+    for blocks in prefix_blocks:
+        ids = rng.integers(0, cfg.vocab_size - 2, size=blocks * cfg.block_size)
+        a.prefill(ids)
+        b.prefill(ids)
+        for n in nodes:
+            st = _states(rng, n, cfg)
+            la, lb = a.block_logits(st), b.block_logits(st)
+            worst, scale = max(worst, float(np.abs(la - lb).max())), max(scale, float(np.abs(lb).max()))
+        done = rng.integers(0, cfg.vocab_size - 2, size=cfg.block_size)
+        a.store(done)
+        b.store(done)
+        st = _states(rng, 3, cfg)
+        worst = max(worst, float(np.abs(a.block_logits(st) - b.block_logits(st)).max()))
+    return worst, scale
+
+
+def test_fp32_logits_match_torch(tiny):
+    ckpt, fp32, _ = tiny
+    worst, _ = _max_diffs(OrtEngine(fp32), TorchEngine.from_dir(ckpt), TINY)
+    assert worst <= 1e-4, worst
+
+
+def test_fp16_logits_within_stated_tolerance(tiny):
+    ckpt, _, fp16 = tiny
+    engine = OrtEngine(fp16)
+    assert engine.dtype == np.float16
+    worst, scale = _max_diffs(engine, TorchEngine.from_dir(ckpt, dtype="fp16"), TINY)
+    assert worst <= FP16_TOL * max(1.0, scale), (worst, scale)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_batch_invariance_bit_exact(tmp_path, block_size):
+    """A state's logits alone and inside a batch of N states are bit-identical (SPEC §4), threads = 2."""
+    cfg = WIDE.with_block_size(block_size)
+    _, out = _export(cfg, tmp_path, "fp32", validate=False)
+    engine = OrtEngine(out, threads=2)
+    rng = np.random.default_rng(1)
+    engine.prefill(rng.integers(0, 500, size=2 * block_size))
+    states = _states(rng, 8, cfg)
+    batch = engine.block_logits(states)
+    for i in range(8):
+        assert np.array_equal(engine.block_logits(states[i:i + 1])[0], batch[i]), i
+    for n in range(1, 8):
+        assert np.array_equal(engine.block_logits(states[:n]), batch[:n]), n
+
+
+PROMPTS = [[5, 9, 2], [17, 3, 88, 41, 7], [1, 2, 3, 4, 5, 6, 7, 8], [64, 12, 99, 23, 51, 8, 30, 2, 77], [42]]
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, 0), (1.0, 7)])
+def test_standard_decoding_streams_equal_on_torch_and_ort(tiny, temperature, seed):
+    ckpt, fp32, _ = tiny
+    torch_engine, ort_engine = TorchEngine.from_dir(ckpt), OrtEngine(fp32)
+    same = 0
+    for prompt in PROMPTS:
+        kw = dict(max_new_tokens=14, rule=CommitRule(), sampling=Sampling(temperature=temperature, seed=seed))
+        a = generate(torch_engine, np.array(prompt), **kw)
+        b = generate(ort_engine, np.array(prompt), **kw)
+        same += a.token_ids == b.token_ids and a.stats.passes == b.stats.passes
+    assert same == len(PROMPTS)
+
+
+def test_threshold_decoding_streams_equal(tiny):
+    ckpt, fp32, _ = tiny
+    kw = dict(max_new_tokens=12, rule=CommitRule("threshold", 0.02), sampling=Sampling(temperature=0.7, seed=3))
+    torch_engine, ort_engine = TorchEngine.from_dir(ckpt), OrtEngine(fp32)
+    for prompt in PROMPTS[:3]:
+        a, b = generate(torch_engine, np.array(prompt), **kw), generate(ort_engine, np.array(prompt), **kw)
+        assert a.token_ids == b.token_ids and a.stats.steps == b.stats.steps
+
+
+def test_factory_opens_exported_folder(tiny):
+    ckpt, fp32, _ = tiny
+    assert "ort" in BACKENDS
+    engine = open_engine("ort", fp32)
+    assert isinstance(engine, OrtEngine) and engine.block_size == 4
+    assert open_engine("ort", fp32, block_size=8).block_size == 8
+    with pytest.raises(SpotError, match="not an exported spot model folder") as e:
+        open_engine("ort", ckpt)
+    assert "spot-export" in e.value.hint
+
+
+def test_cli_generate_with_ort_backend(tiny):
+    ckpt, fp32, _ = tiny
+    runner = CliRunner()
+    from spot.cli import main as cli
+    args = ["generate", "--prompt-ids", "5,9,2,17,3", "--max-new-tokens", "10", "--json"]
+    r_ort = runner.invoke(cli, [*args, "--backend", "ort", "--model", str(fp32)])
+    r_torch = runner.invoke(cli, [*args, "--backend", "torch", "--model", str(ckpt)])
+    assert r_ort.exit_code == 0, r_ort.output
+    assert json.loads(r_ort.output)["token_ids"] == json.loads(r_torch.output)["token_ids"]
+
+
+def test_limits_from_manifest_are_enforced(tmp_path):
+    _, out = _export(TINY, tmp_path, "fp32", validate=False, max_nodes=2, max_context=16)
+    engine = OrtEngine(out)
+    assert engine.max_context == 16
+    engine.prefill(np.arange(8))
+    with pytest.raises(SpotError, match="exceed the export's max_nodes 2"):
+        engine.block_logits(np.zeros((3, 4), np.int64))
+    with pytest.raises(SpotError, match="limit of 16"):
+        generate(engine, np.arange(10), max_new_tokens=10)
+
+
+def test_missing_execution_provider_is_a_clear_error(tiny):
+    _, fp32, _ = tiny
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        with pytest.raises(SpotError, match="CUDAExecutionProvider") as e:
+            OrtEngine(fp32, device="cuda")
+        assert "onnxruntime-gpu" in e.value.hint
+    if "TensorrtExecutionProvider" not in available:
+        with pytest.raises(SpotError, match="ExecutionProvider"):
+            OrtEngine(fp32, device="trt")
+    with pytest.raises(SpotError, match="unknown device 'tpu'"):
+        OrtEngine(fp32, device="tpu")
+
+
+def test_changed_folder_is_refused_on_open(tiny, tmp_path):
+    import shutil
+    _, fp32, _ = tiny
+    folder = tmp_path / "copy"
+    shutil.copytree(fp32, folder)
+    with open(folder / "target.onnx.data", "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(SpotError, match="target.onnx.data .* changed since export"):
+        OrtEngine(folder)

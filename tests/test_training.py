@@ -1,0 +1,118 @@
+"""The embedded-target training pipeline: corpus split, BPE specials, the block-diffusion objective, the folder."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from spot.training import bpe, corpus
+from spot.training.target import (TrainSettings, diffusion_bias, diffusion_loss, init_model, make_optimizer,
+                                  mask_blocks, model_config, train_target)
+
+TINY = TrainSettings(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+                     block_size=16, seq_len=64, batch_size=2, warmup_steps=1, lr=1e-2, log_every=1,
+                     eval_every=1000, ckpt_every=1000)
+
+
+@pytest.fixture(scope="module")
+def tiny_texts():
+    train, _ = corpus.split_corpus()
+    return [f.text for f in train[:6]]
+
+
+def test_split_is_deterministic_and_follows_the_sha1_rule():
+    rels = corpus.list_sources()
+    assert rels == sorted(rels) and rels == corpus.list_sources()
+    assert not any(part in ("test", "tests", "site-packages") for r in rels for part in r.split("/")[:-1])
+    heldout = [r for r in rels if corpus.is_heldout(r)]
+    assert 0.02 < len(heldout) / len(rels) < 0.10
+    import hashlib
+    assert all(int(hashlib.sha1(r.encode()).hexdigest(), 16) % 20 == 0 for r in heldout)
+
+
+def test_bpe_has_the_specials_at_their_ids(tiny_texts):
+    tok = bpe.train_bpe(tiny_texts, 512)
+    assert tok.token_to_id("<|endoftext|>") == 0
+    assert tok.token_to_id("<|MASK|>") == 511
+    assert tok.get_vocab_size() == 512
+    text = "def f(x):\n    return x + 1\n"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    assert tok.decode(ids) == text and 0 not in ids and 511 not in ids
+
+
+def test_diffusion_bias_is_sdars_training_mask():
+    length, b = 8, 4
+    allowed = diffusion_bias(length, b) == 0  # [2L, 2L]: rows/cols 0..L-1 noisy, L..2L-1 clean
+    assert allowed[1, 3] and not allowed[1, 4]              # noisy block 0 sees itself only
+    assert allowed[5, 4] and allowed[5, 7] and allowed[5, 8 + 3] and not allowed[5, 8 + 4]  # noisy 1: itself+clean 0
+    assert not allowed[5, 0]                                # never another noisy block
+    assert allowed[8 + 5, 8 + 0] and allowed[8 + 5, 8 + 7] and not allowed[8 + 1, 8 + 4]    # clean block-causal
+    assert not allowed[8:, :8].any()                        # clean never sees noisy
+
+
+def test_mask_blocks_masks_every_block_and_respects_the_ratio():
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.arange(2 * 64).view(2, 64) % 100
+    xt, masked, t = mask_blocks(x0, 16, 511, gen, eps=1 / 16)
+    assert masked.view(2, 4, 16).any(-1).all()
+    assert torch.equal(xt[masked], torch.full((int(masked.sum()),), 511))
+    assert torch.equal(xt[~masked], x0[~masked])
+    _, full, _ = mask_blocks(x0, 16, 511, gen, eps=0.0, ratio=1.0)
+    assert full.all()
+
+
+def test_a_few_steps_lower_the_loss(tiny_texts):
+    torch.set_num_threads(2)
+    tok = bpe.train_bpe(tiny_texts, TINY.vocab_size)
+    stream = np.concatenate([np.asarray(ids + [0]) for ids in bpe.encode_files(tok, tiny_texts)])
+    x0 = torch.from_numpy(stream[: 2 * TINY.seq_len].reshape(2, TINY.seq_len)).long()
+    model = init_model(model_config(TINY), 0)
+    opt = make_optimizer(model, TINY)
+    bias = diffusion_bias(TINY.seq_len, TINY.block_size)
+
+    def fixed_loss():
+        with torch.no_grad():
+            return float(diffusion_loss(model, x0, bias, torch.Generator().manual_seed(5), TINY.mask_eps)[1])
+
+    before = fixed_loss()
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(15):
+        loss, _ = diffusion_loss(model, x0, bias, gen, TINY.mask_eps)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert fixed_loss() < before - 0.5
+
+
+def test_train_target_writes_a_folder_that_loads_and_generates(tmp_path):
+    from spot.checkpoint import Checkpoint
+    from spot.engines.torch_engine import TorchEngine
+    from spot.runtime.decode import generate
+    from spot.training.evaluate import decode_stats, load_prompts
+
+    out = tmp_path / "model"
+    report = train_target(out, 3, settings=TINY, work_dir=tmp_path / "work", max_files=6, progress=False,
+                          n_prompts=4, final_eval=False)
+    assert report["steps_done"] == 3 and len(report["history"]["train_loss"]) == 3
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "sdar" and cfg["block_size"] == 16 and cfg["mask_token_id"] == 511
+    assert cfg["eos_token_id"] == 0 and cfg["torch_dtype"] == "float16"
+    ckpt = Checkpoint(out)
+    assert ckpt.config.mask_token_id == 511 and ckpt.config.stop_ids == (0,)
+    engine = TorchEngine.from_dir(out)
+    g = generate(engine, np.arange(1, 20), max_new_tokens=16)   # runs to the block boundary: 19+16 -> 48
+    assert len(g.token_ids) <= 48 - 19 and all(0 < t < 511 for t in g.token_ids)
+    prompts = load_prompts(out)
+    assert prompts and all({"id", "file", "text", "n_tokens"} <= set(p) for p in prompts)
+    assert all(corpus.is_heldout(p["file"]) for p in prompts)
+    from tokenizers import Tokenizer
+    stats = decode_stats(out, Tokenizer.from_file(str(out / "tokenizer.json")), prompts[:1], max_new_tokens=16)
+    assert 0.0 < stats["mean_committed_top1_prob"] <= 1.0 and stats["steps"] >= 16
+    # resuming a finished run from its checkpoint trains nothing more and reproduces the same weights
+    again = train_target(tmp_path / "model2", 3, settings=TINY, work_dir=tmp_path / "work", max_files=6,
+                         progress=False, n_prompts=4, final_eval=False)
+    assert again["history"] == report["history"]
+    assert (out / "model.safetensors").read_bytes() == (tmp_path / "model2" / "model.safetensors").read_bytes()

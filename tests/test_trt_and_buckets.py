@@ -1,0 +1,265 @@
+"""Static shapes (buckets, preallocated KV cache) and the TensorRT entry points' behaviour without TensorRT."""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from spot.config import ModelConfig
+from spot.engines.buckets import BucketPlan, capacity_buckets, node_buckets, pad_nodes, pick_bucket
+from spot.engines.kv_cache import StaticKVCache
+from spot.errors import SpotError
+
+TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=256, block_size=4,
+                   mask_token_id=127, stop_ids=(126,))
+HAS_TRT = importlib.util.find_spec("tensorrt") is not None
+
+
+# -- buckets ----------------------------------------------------------------------------------------------------
+def test_pick_bucket_takes_the_smallest_that_fits():
+    assert pick_bucket(1, (1, 2, 4, 8)) == 1
+    assert pick_bucket(3, (1, 2, 4, 8)) == 4
+    assert pick_bucket(8, (1, 2, 4, 8)) == 8
+    with pytest.raises(SpotError, match="exceeds the largest bucket 8"):
+        pick_bucket(9, (1, 2, 4, 8), "candidate states")
+
+
+def test_default_bucket_ladders():
+    assert node_buckets(16) == (1, 2, 4, 8, 16)
+    assert node_buckets(12) == (1, 2, 4, 8, 12)
+    assert node_buckets(1) == (1,)
+    assert capacity_buckets(4096, 32) == (256, 512, 1024, 2048, 4096)
+    assert capacity_buckets(1000, 32, smallest=100) == (128, 256, 512, 992)     # multiples of the block size
+    assert capacity_buckets(40, 16, smallest=256) == (32,)
+    with pytest.raises(SpotError):
+        capacity_buckets(8, 16)
+
+
+def test_pad_nodes_repeats_the_last_state():
+    states = np.arange(12).reshape(3, 4)
+    padded = pad_nodes(states, 4)
+    assert padded.shape == (4, 4) and np.array_equal(padded[:3], states) and np.array_equal(padded[3], states[2])
+    assert pad_nodes(states, 3) is states
+    with pytest.raises(ValueError):
+        pad_nodes(states, 2)
+
+
+def test_bucket_plan_checks_and_lookups():
+    plan = BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2)
+    assert plan.capacities == (16, 32, 64, 128, 256) and plan.nodes == (1, 2, 4, 8) and plan.prefill_chunk == 8
+    assert plan.capacity_for(0) == 16 and plan.capacity_for(17) == 32 and plan.capacity_for(256) == 256
+    with pytest.raises(SpotError, match="exceeds the largest capacity bucket"):
+        plan.capacity_for(257)
+    assert plan.nodes_for(5) == 8
+    assert BucketPlan.from_dict(plan.to_dict()) == plan
+    assert (8, 4, 64) in plan.static_shapes() and (1, 8, 16) in plan.static_shapes()
+    for bad in (dict(capacities=(16, 8)), dict(capacities=(18,)), dict(nodes=(0, 2)), dict(prefill_chunk=6)):
+        with pytest.raises(SpotError):
+            BucketPlan(**{**plan.to_dict(), **bad})
+
+
+def test_trt_profiles_fix_the_capacity_per_profile():
+    plan = BucketPlan.default(256, 4, 8, smallest=64, prefill_blocks=2)
+    profiles = plan.trt_profiles(layers=2, kv_heads=2, head_dim=16)
+    assert [p.name for p in profiles] == ["C64", "C128", "C256"]
+    p = profiles[1].shapes
+    assert p["past_k"] == ((2, 2, 128, 16),) * 3
+    assert p["input_ids"] == ((1, 4), (8, 4), (8, 8))
+    assert p["attn_bias"] == ((4, 132), (4, 132), (8, 136))
+    assert plan.profile_index(128) == 1
+
+
+# -- KV cache -----------------------------------------------------------------------------------------------------
+def test_static_cache_appends_in_place_and_masks_unused_slots():
+    cache = StaticKVCache(layers=2, kv_heads=1, capacity=8, head_dim=3)
+    k0 = cache.k
+    new = np.ones((2, 1, 4, 3), np.float32)
+    cache.append(new, 2 * new)
+    assert cache.length == 4 and cache.k is k0 and cache.k[:, :, :4].sum() == 24 and cache.v[:, :, 4:].sum() == 0
+    bias = cache.bias(new=4, block_size=4)                        # a block step at positions 4..7
+    assert bias.shape == (4, 12)
+    assert (bias[:, :4] == 0).all() and np.isneginf(bias[:, 4:8]).all() and (bias[:, 8:] == 0).all()
+    cache.reset()
+    chunk = cache.bias(new=8, block_size=4)                        # a prefill chunk of two blocks, empty cache
+    assert np.isneginf(chunk[:, :8]).all()
+    assert (chunk[:4, 8:12] == 0).all() and np.isneginf(chunk[:4, 12:]).all() and (chunk[4:, 8:] == 0).all()
+
+
+def test_static_cache_grows_to_a_bigger_bucket_and_refuses_overflow():
+    cache = StaticKVCache(layers=1, kv_heads=1, capacity=4, head_dim=2)
+    cache.append(np.full((1, 1, 4, 2), 3.0, np.float32), np.full((1, 1, 4, 2), 4.0, np.float32))
+    with pytest.raises(SpotError, match="KV cache full"):
+        cache.append(np.zeros((1, 1, 1, 2), np.float32), np.zeros((1, 1, 1, 2), np.float32))
+    assert cache.ensure(8) and not cache.ensure(8) and cache.capacity == 8
+    assert (cache.k[:, :, :4] == 3).all() and (cache.v[:, :, :4] == 4).all() and cache.length == 4
+    with pytest.raises(ValueError, match="expected"):
+        cache.append(np.zeros((1, 2, 1, 2), np.float32), np.zeros((1, 2, 1, 2), np.float32))
+
+
+# -- the static-shape engine against the dynamic one, on an exported tiny model ---------------------------------------
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.presets import resolve_source
+    from spot.reference.model import random_model
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("static")
+    random_model(TINY, seed=3).save_pretrained(tmp / "ckpt")
+    out = export_checkpoint(resolve_source(str(tmp / "ckpt")), tmp / "onnx",
+                            ExportOptions(dtype="fp32", max_nodes=8, validate=False))
+    yield out
+    torch.set_num_threads(threads)
+
+
+def _states(rng, n):
+    s = rng.integers(0, TINY.vocab_size, size=(n, TINY.block_size))
+    s[rng.random(s.shape) < 0.5] = TINY.mask_token_id
+    return s
+
+
+def test_static_capacity_gives_the_dynamic_logits(exported):
+    """Masked capacity slots only change reduction lengths: logits agree with the dynamic path within 1e-5."""
+    from spot.engines.kv_cache import StaticOrtEngine
+    from spot.engines.ort_engine import OrtEngine
+    dyn = OrtEngine(exported)
+    static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
+    rng = np.random.default_rng(0)
+    seen, worst = set(), 0.0
+    for blocks in (0, 1, 3, 5, 9):
+        ids = rng.integers(0, 120, blocks * 4)
+        dyn.prefill(ids)
+        static.prefill(ids)
+        for n in (1, 3, 8):
+            st = _states(rng, n)
+            worst = max(worst, float(np.abs(dyn.block_logits(st) - static.block_logits(st)).max()))
+            seen.add(static.last_shapes)
+        done = rng.integers(0, 120, 4)
+        dyn.store(done)
+        static.store(done)
+        st = _states(rng, 2)
+        worst = max(worst, float(np.abs(dyn.block_logits(st) - static.block_logits(st)).max()))
+    assert worst < 1e-5
+    assert {(1, 4, 16), (4, 4, 16), (8, 4, 32), (8, 4, 64)} <= seen          # node and capacity buckets were used
+
+
+def test_padded_node_buckets_are_batch_invariant(exported):
+    """The real rows of a padded batch equal each state run alone, bit for bit (SPEC §4 batch invariance)."""
+    from spot.engines.kv_cache import StaticOrtEngine
+    static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
+    rng = np.random.default_rng(1)
+    static.prefill(rng.integers(0, 120, 12))
+    states = _states(rng, 5)
+    together = static.block_logits(states)
+    assert static.last_shapes[0] == 8
+    alone = np.stack([static.block_logits(states[i:i + 1])[0] for i in range(5)])
+    assert np.array_equal(together, alone)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_spot_equals_standard_decoding_on_the_static_engine(exported, temperature):
+    from spot.engines.kv_cache import StaticOrtEngine
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.spot import TreeBudget
+    from spot.runtime.step import Sampling
+    static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
+    prompt = np.random.default_rng(2).integers(0, 120, 10)
+    req = DecodeRequest(max_new_tokens=24, sampling=Sampling(temperature=temperature, seed=5),
+                        budget=TreeBudget(8, 4), stop_ids=())
+    standard = run_decoder("standard", static, prompt, req)
+    tree = run_decoder("tree", static, prompt, req)
+    assert tree.token_ids == standard.token_ids
+    assert tree.stats.target_passes < standard.stats.target_passes
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnx") is None, reason="needs onnx")
+def test_epilogue_in_the_exported_folder_runs_on_the_engine_logits(exported):
+    """epilogue.onnx registered in the manifest, fed by the static engine's logits, equals the numpy runtime."""
+    from spot.engines.kv_cache import StaticOrtEngine
+    from spot.export.epilogue import (OUTPUTS, add_to_folder, make_epilogue_session, reference_epilogue,
+                                      run_epilogue)
+    from spot.export.manifest import load_manifest
+    from spot.runtime.step import Sampling
+    add_to_folder(exported, future_steps=2)
+    folder = load_manifest(exported, verify="full")
+    assert folder.manifest["graphs"]["epilogue"]["outputs"]["future_tokens"] == ["N", 2, 4]
+    static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
+    rng = np.random.default_rng(3)
+    static.prefill(rng.integers(0, 120, 8))
+    logits = static.block_logits(_states(rng, 3))
+    session = make_epilogue_session(folder.graph_path("epilogue"))
+    sampling = Sampling(temperature=0.8, seed=21)
+    got, want = run_epilogue(session, logits, [0, 1, 2], sampling, 2), reference_epilogue(logits, [0, 1, 2],
+                                                                                          sampling, 2, 2)
+    for name in OUTPUTS:
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+
+
+# -- TensorRT: clean failures without it ----------------------------------------------------------------------------
+needs_no_trt = pytest.mark.skipif(HAS_TRT, reason="tensorrt is installed here")
+
+
+@needs_no_trt
+def test_every_tensorrt_entry_point_says_what_to_install(tmp_path):
+    from spot.engines import tensorrt_engine as te
+    calls = [te.trt_version, te.trt_major, lambda: te.build_engine(tmp_path), lambda: te.TrtRunner(tmp_path / "x"),
+             lambda: te.TrtEngine(tmp_path)]
+    for call in calls:
+        with pytest.raises(SpotError) as err:
+            call()
+        assert "tensorrt" in err.value.message.lower()
+        assert "python3-libnvinfer" in err.value.hint and "pip install tensorrt" in err.value.hint
+
+
+@needs_no_trt
+def test_build_engine_cli_fails_cleanly(tmp_path):
+    from spot.cli import main
+    result = CliRunner().invoke(main, ["build-engine", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "TensorRT" in result.output and "python3-libnvinfer" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_ort_tensorrt_provider_options(tmp_path):
+    from spot.engines.tensorrt_engine import ort_trt_providers
+    plan = BucketPlan.default(256, 4, 8, smallest=64, prefill_blocks=2)
+    providers = ort_trt_providers(tmp_path, fp16=True, plan=plan, layers=2, kv_heads=2, head_dim=16)
+    name, opts = providers[0]
+    assert name == "TensorrtExecutionProvider" and providers[1][0] == "CUDAExecutionProvider"
+    assert opts["trt_engine_cache_enable"] and opts["trt_engine_cache_path"] == str(tmp_path)
+    assert opts["trt_timing_cache_enable"] and opts["trt_fp16_enable"]
+    assert "past_k:2x2x64x16" in opts["trt_profile_min_shapes"]
+    assert "past_k:2x2x256x16" in opts["trt_profile_max_shapes"]
+    assert "input_ids:8x8" in opts["trt_profile_max_shapes"]
+
+
+def test_ort_tensorrt_provider_check_without_the_provider():
+    import onnxruntime as ort
+    from spot.engines.tensorrt_engine import check_ort_trt
+    if "TensorrtExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the TensorRT provider")
+    with pytest.raises(SpotError, match="TensorrtExecutionProvider"):
+        check_ort_trt()
+
+
+@pytest.mark.slow
+def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
+    """scripts/gpu_check.py without a GPU: the CPU checks run (tiny model) and the JSON report is written."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "gpu_check.py"), "--quick", "--out", str(tmp_path),
+                           "--budget-s", "200"], capture_output=True, text=True, timeout=300, env=env)
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    names = [c["name"] for c in report["checks"]]
+    assert any("epilogue (ort-cpu)" in n for n in names) and any("SPOT (tree)" in n for n in names)
+    assert all(c["passed"] for c in report["checks"]) and not report["errors"]
+    assert set(report["latency_ms"]["ort-cpu fp32"]) == {"1", "2", "4", "8", "16"}
