@@ -154,6 +154,7 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
                 progress: Callable[[str], None] | None = None) -> dict:
     """Measure latency(N) on this engine and steps/verify per candidate budget on `prompts`; pick the budget with
     the highest expected tokens/s (choose_budget)."""
+    candidates = [b for b in candidates if b.depth <= engine.block_size]   # deeper trees cannot exist
     prefix = prompts[0].ids
     curve = measure_latency_curve(engine, np.asarray(prefix), sorted(set(node_counts) | {1}))
     if progress:

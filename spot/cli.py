@@ -12,6 +12,7 @@ import click
 from spot import __version__
 from spot.engines.factory import BACKENDS
 from spot.errors import SpotError
+from spot.runtime.decoders import DECODERS
 
 
 class SpotGroup(click.Group):
@@ -38,6 +39,20 @@ def main(ctx, debug):
     ctx.meta["spot.debug"] = debug
 
 
+def find_drafter(path, model_dir):
+    """The drafter given by --drafter, else drafter.onnx beside the model; SpotError naming where it looked."""
+    from pathlib import Path
+
+    from spot.runtime.drafter import load_drafter
+    if path is not None:
+        return load_drafter(path)
+    here = Path(model_dir) / "drafter.onnx"
+    if here.is_file():
+        return load_drafter(here)
+    raise SpotError(f"no drafter given and none found at {here}",
+                    "pass --drafter PATH (train one with `spot train-drafter`), or use --decoder chain/tree")
+
+
 @main.command()
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="SDAR checkpoint folder (config.json + safetensors). Default: the embedded model.")
@@ -56,31 +71,49 @@ def main(ctx, debug):
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Device of the backend (torch: cpu, cuda).")
+@click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
+              help="standard/threshold: one pass per step; chain/tree: SPOT with the training-free order; "
+                   "spot/spot-sets: SPOT with the drafter; oracle: the diagnostic ceiling.")
+@click.option("--budget", type=int, default=16, show_default=True, help="Tree nodes per verify pass (SPOT).")
+@click.option("--depth", type=int, default=8, show_default=True, help="Deepest tree node below the root (SPOT).")
+@click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
+              help="drafter.onnx (or its folder). Default: the one beside the model, if any.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + stats.")
 def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
-             max_new_tokens, backend, device, as_json):
-    """Generate with standard block-diffusion decoding (SPEC §3)."""
+             max_new_tokens, backend, device, decoder, budget, depth, drafter_path, as_json):
+    """Generate with one decoder. SPOT decoders give the same tokens as standard decoding, in fewer passes.
+
+    \b
+    Examples:
+      spot generate --prompt "def fibonacci(n):" --max-new-tokens 64
+      spot generate --prompt "import os" --decoder spot --budget 16 --depth 8 --json
+      spot generate --model out/embedded-fp32-onnx --backend ort --decoder spot-sets --tau 0.9
+    """
     import json
 
     from spot.assets import embedded_model_dir
     from spot.config import load_config
     from spot.engines.factory import open_engine
-    from spot.runtime.decode import generate as run_generate
-    from spot.runtime.step import CommitRule, Sampling
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.spot import TreeBudget
+    from spot.runtime.step import Sampling
     from spot.tokenizer import load_tokenizer, prompt_ids_for
 
     folder = model_dir if model_dir is not None else embedded_model_dir()
     load_config(folder)  # folder / config errors first, before the tokenizer and the weights
-    rule, sampling = CommitRule(mode, tau), Sampling(temperature, top_k, top_p, seed)
+    sampling = Sampling(temperature, top_k, top_p, seed)
     tokenizer = load_tokenizer(folder)
     ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
     engine = open_engine(backend, folder, block_size, device)
-    gen = run_generate(engine, ids, max_new_tokens=max_new_tokens, rule=rule, sampling=sampling)
+    drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
+    request = DecodeRequest(max_new_tokens, mode, tau, sampling, TreeBudget(budget, depth))
+    gen = run_decoder(decoder, engine, ids, request, drafter)
     text = tokenizer.decode(gen.token_ids) if tokenizer is not None else None
     stats = gen.stats
     if as_json:
         out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "prompt_len": gen.prompt_len,
-               "block_size": engine.block_size, "mode": mode, "backend": backend, **stats.to_dict()}
+               "block_size": engine.block_size, "mode": mode, "decoder": decoder, "backend": backend,
+               **stats.to_dict()}
         if text is not None:
             out["text"] = text
         click.echo(json.dumps(out))
@@ -88,8 +121,9 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
     click.echo(text if text is not None else " ".join(map(str, gen.token_ids)))
     passes = ", ".join(f"{k} {v}" for k, v in sorted(stats.passes.items()))
     rate = len(gen.token_ids) / stats.seconds if stats.seconds > 0 else 0.0
-    click.echo(f"[{len(gen.token_ids)} tokens, {stats.target_passes} target passes ({passes}), {stats.steps} steps, "
-               f"{stats.seconds:.2f} s, {rate:.1f} tok/s{', stopped' if gen.stopped else ''}]", err=True)
+    click.echo(f"[{decoder}: {len(gen.token_ids)} tokens, {stats.target_passes} target passes ({passes}), "
+               f"{stats.steps} steps, {stats.seconds:.2f} s, {rate:.1f} tok/s{', stopped' if gen.stopped else ''}]",
+               err=True)
 
 
 @main.command("export")
@@ -111,9 +145,19 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
 @click.option("--validate-layers", type=int, default=None,
               help="Validate the first K layers only (default: all up to 300M parameters, else 2).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out folder.")
+@click.option("--weights", type=click.Choice(["fp", "int8", "int4"]), default="fp", show_default=True,
+              help="Linear-layer weights: fp (= --dtype), int8 per channel or int4 in blocks (weight-only; embed, "
+                   "lm_head stay in --dtype). int4 graphs are opset 21.")
+@click.option("--int4-block", type=click.Choice(["32", "64", "128"]), default="128", show_default=True,
+              help="Input features per int4 scale.")
+@click.option("--ort-matmulnbits", is_flag=True,
+              help="int4 as com.microsoft MatMulNBits: ONNX Runtime only (TensorRT cannot parse it).")
+@click.option("--plan", "plan_device", default=None, metavar="DEVICE",
+              help="Memory plan for orin-nano-8gb, orin-nx-16gb, agx-orin-32gb, agx-orin-64gb or <N>GB: printed "
+                   "(and nothing exported) unless --out is given; with --out the export must fit.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_size, dry_run, no_validate,
-           validate_layers, overwrite, quiet):
+           validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, quiet):
     """Export an SDAR checkpoint to an ONNX folder (SOURCE: a checkpoint folder or a preset: embedded,
     sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants)."""
     import json
@@ -122,16 +166,25 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     from spot.export.export import ExportOptions, dry_run as run_dry_run, export_checkpoint
     from spot.export.presets import resolve_source
 
-    resolved = resolve_source(source, checkpoint, dry_run)
+    plan_only = plan_device is not None and out is None
+    resolved = resolve_source(source, checkpoint, dry_run or plan_only)
     dtype = dtype or ("fp32" if resolved.preset == "embedded" else "fp16")
     options = ExportOptions(dtype=dtype, opset=opset, max_nodes=max_nodes, max_context=max_context,
                             block_size=block_size, validate=not no_validate, validate_layers=validate_layers,
-                            overwrite=overwrite)
+                            overwrite=overwrite, weights=weights, int4_block=int(int4_block),
+                            matmulnbits=ort_matmulnbits, plan=plan_device)
+    options.quant.check()
     progress = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+    if plan_only:
+        from spot.export.memory_plan import plan_source, render
+        plan, cfg = plan_source(resolved, options, progress)
+        click.echo(render(plan, cfg.block_size))
+        return
     if dry_run:
         click.echo(json.dumps(run_dry_run(resolved, options, progress)))
         return
-    export_checkpoint(resolved, Path(out) if out else Path(f"{resolved.default_name}-{dtype}-onnx"), options,
+    tag = dtype if weights == "fp" else weights
+    export_checkpoint(resolved, Path(out) if out else Path(f"{resolved.default_name}-{tag}-onnx"), options,
                       progress)
 
 
@@ -285,6 +338,153 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
     click.echo(f"wrote {out}: {manifest['architecture']['parameters']} parameters, held-out next-commit top-1 "
                f"{acc.get('model')} (stale-confidence baseline {acc.get('baseline')}), member threshold "
                f"{manifest['member_threshold']}")
+
+
+@main.command()
+@click.option("--prompt-index", type=int, default=0, show_default=True, help="Which held-out prompt to decode.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--budget", type=int, default=16, show_default=True, help="Tree nodes per verify pass.")
+@click.option("--depth", type=int, default=8, show_default=True, help="Tree depth.")
+def demo(prompt_index, max_new_tokens, temperature, seed, budget, depth):
+    """Export the embedded model to ONNX (cached), decode a held-out prompt with standard decoding and with SPOT
+    on ONNX Runtime, and show that both texts are identical — in fewer target passes.
+
+    \b
+    Example:
+      spot demo
+      spot demo --temperature 1.0 --seed 3 --prompt-index 5
+    """
+    from spot.demo import run_demo
+
+    r = run_demo(prompt_index, max_new_tokens, temperature, seed, budget, depth,
+                 progress=lambda line: click.echo(line, err=True))
+    click.echo(f"prompt ({r['prompt_file']}, last 128 tokens):\n{r['prompt']}")
+    for name in ("standard", "spot"):
+        d = r[name]
+        click.echo(f"\n--- {name}: {d['target_passes']} target passes, {d['tokens_per_s']:.1f} tokens/s\n{d['text']}")
+    verdict = "IDENTICAL" if r["identical"] else "DIFFERENT (a bug: please report it)"
+    click.echo(f"\noutputs {verdict}; SPOT used {r['passes_reduction']:.2f}x fewer target passes, "
+               f"wall-clock speed-up {r['speedup']:.2f}x on this CPU (ONNX Runtime)")
+    if not r["identical"]:
+        raise SystemExit(1)
+
+
+def _open_bench_engine(backend, model_dir, block_size, device):
+    from spot.assets import embedded_model_dir
+    from spot.engines.factory import open_engine
+    from spot.tokenizer import load_tokenizer
+    folder = model_dir if model_dir is not None else embedded_model_dir()
+    return open_engine(backend, folder, block_size, device), load_tokenizer(folder), folder
+
+
+def _budgets(text: str):
+    from spot.runtime.spot import TreeBudget
+    try:
+        pairs = [b.lower().split("x") for b in text.split(",") if b.strip()]
+        return tuple(TreeBudget(int(n), int(d)) for n, d in pairs)
+    except ValueError:
+        raise SpotError(f"budgets must look like 16x8,64x16 (nodes x depth), got {text!r}") from None
+
+
+@main.command()
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Checkpoint or exported folder. Default: the embedded model.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--block-size", type=int, default=None)
+@click.option("--prompts", "prompts_path", type=click.Path(path_type=str), default=None,
+              help="JSONL of prompts ({\"text\"} or {\"ids\"}). Default: the embedded held-out set.")
+@click.option("--limit", type=int, default=10, show_default=True, help="Number of prompts.")
+@click.option("--prompt-tokens", type=int, default=128, show_default=True, help="Keep the last N prompt tokens.")
+@click.option("--decoders", default="standard,threshold,chain,tree,oracle,spot,spot-sets", show_default=True)
+@click.option("--temperatures", default="0,0.5,1.0", show_default=True)
+@click.option("--seeds", default="0", show_default=True)
+@click.option("--budgets", default="16x8", show_default=True, help="Comma-separated NODESxDEPTH.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--tau", type=float, default=0.9, show_default=True)
+@click.option("--drafter", "drafter_path", default=None, help="drafter.onnx (default: beside the model).")
+@click.option("--tune/--no-tune", default=False, help="Also measure latency(N) and pick the tokens/s-optimal budget.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False), default="bench-report", show_default=True)
+@click.option("--plots/--no-plots", default=True, show_default=True)
+def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_tokens, decoders, temperatures, seeds,
+          budgets, max_new_tokens, tau, drafter_path, tune, report_dir, plots):
+    """Every decoder side by side on a prompt set: passes per token, steps per verify, tokens/s, speed-up,
+    identical-output share, acceptance by depth. Writes bench.json, bench.md and PNG plots to --report.
+
+    \b
+    Examples:
+      spot bench --limit 5 --budgets 16x8,64x16
+      spot bench --model out/embedded-fp32-onnx --backend ort --tune --report runs/ort
+    """
+    from pathlib import Path
+
+    from spot.bench import BenchConfig, load_prompts, markdown_table, run_bench, tune_budget, write_report
+    from spot.runtime.decoders import DECODERS as ALL
+
+    names = tuple(d.strip() for d in decoders.split(",") if d.strip())
+    unknown = [d for d in names if d not in ALL]
+    if unknown:
+        raise SpotError(f"unknown decoder(s) {', '.join(unknown)}, expected some of {', '.join(ALL)}")
+    try:
+        temps = tuple(float(t) for t in temperatures.split(","))
+        seed_list = tuple(int(x) for x in seeds.split(","))
+    except ValueError:
+        raise SpotError("--temperatures and --seeds take comma-separated numbers, e.g. 0,0.5,1.0") from None
+    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device)
+    if prompts_path is None:
+        from spot.assets import embedded_model_dir
+        prompts_path = Path(embedded_model_dir()) / "heldout_prompts.jsonl"
+    prompts = load_prompts(prompts_path, tokenizer, limit, None)
+    prompts = [type(p)(p.id, p.ids[-prompt_tokens:], p.text) for p in prompts]
+    drafter = find_drafter(drafter_path, folder) if {"spot", "spot-sets"} & set(names) else None
+    cfg = BenchConfig(names, temps, seed_list, _budgets(budgets), max_new_tokens, tau)
+    say = lambda line: click.echo(line, err=True)  # noqa: E731
+    result = run_bench(engine, prompts, cfg, drafter, progress=say)
+    if tune:
+        from spot.runtime.spot import TreeBudget
+        cands = [TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16))]
+        result["tune"] = tune_budget(engine, prompts[:2], temps[0], cands, drafter,
+                                     "spot" if drafter is not None else "tree", progress=say)
+    paths = write_report(result, report_dir, plots)
+    click.echo(markdown_table(result))
+    click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
+
+
+@main.command()
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None)
+@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--limit", type=int, default=2, show_default=True, help="Prompts used to measure acceptance.")
+@click.option("--drafter", "drafter_path", default=None)
+def tune(model_dir, backend, device, temperature, limit, drafter_path):
+    """Measure verify latency vs node count on this engine and pick the tokens/s-optimal tree budget.
+
+    \b
+    Example:
+      spot tune --model out/embedded-fp32-onnx --backend ort
+    """
+    import json
+    from pathlib import Path
+
+    from spot.assets import embedded_model_dir
+    from spot.bench import load_prompts, tune_budget
+    from spot.runtime.spot import TreeBudget
+
+    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device)
+    prompts = load_prompts(Path(embedded_model_dir()) / "heldout_prompts.jsonl", tokenizer, limit)
+    prompts = [type(p)(p.id, p.ids[-128:], p.text) for p in prompts]
+    drafter = None
+    try:
+        drafter = find_drafter(drafter_path, folder)
+    except SpotError:
+        click.echo("no drafter found: tuning the training-free tree decoder", err=True)
+    cands = [TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16))]
+    out = tune_budget(engine, prompts, temperature, cands, drafter, "spot" if drafter else "tree",
+                      progress=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(out, indent=2))
 
 
 def export_main():  # console script `spot-export` == `spot export`

@@ -28,16 +28,6 @@ TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hid
                    mask_token_id=127, stop_ids=(126,))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The validation's torch passes on tiny models: one thread is much faster on a shared machine."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def export(ckpt: Path, out: Path, **kw) -> Path:
     return export_checkpoint(resolve_source(str(ckpt)), out, ExportOptions(**{"dtype": "fp32", **kw}))
 

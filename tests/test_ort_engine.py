@@ -29,16 +29,6 @@ WIDE = ModelConfig(vocab_size=512, hidden_size=512, intermediate_size=1536, num_
 FP16_TOL = 1e-2   # relative to max(1, max |reference|), as the export's validation (docs/exported-folder.md)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models on a shared 2-core machine: torch's thread pool costs more than it saves (115 ms vs 7 ms/pass)."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _export(cfg, tmp, dtype, seed=5, **kw):
     ckpt = tmp / f"ckpt-{seed}"
     if not ckpt.exists():

@@ -20,15 +20,6 @@ from spot.runtime.step import (STATIC, THRESHOLD, CommitRule, Sampling, filter_s
 MASK = 63
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run fastest on one thread; on a shared 2-core box, torch's spinning workers cost 30x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tiny_config(block_size: int, vocab: int = 64, hidden: int = 32, layers: int = 2) -> ModelConfig:
     return ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,

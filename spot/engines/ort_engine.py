@@ -62,13 +62,15 @@ def providers_for(device: str, folder: Path, dtype: str) -> list:
     return [trt, cuda, "CPUExecutionProvider"]
 
 
-def make_session(graph: Path, device: str, dtype: str, threads: int | None = None):
+def make_session(graph: Path, device: str, dtype: str, threads: int | None = None, config: dict | None = None):
     """An InferenceSession on the requested provider; SpotError when the provider did not actually load."""
     ort = _ort()
     providers = providers_for(device, graph.parent, dtype)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3          # warnings about unused initializers etc. are not the user's business
+    for key, value in (config or {}).items():   # e.g. a quantized export's ort_session_config (manifest)
+        so.add_session_config_entry(key, str(value))
     if threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
@@ -95,7 +97,8 @@ class OrtEngine(Engine):
         super().__init__(self.exported.config, block_size or self.exported.block_size)
         self.device = device
         self.dtype = np.dtype(NP_DTYPES[self.exported.dtype])
-        self.session = make_session(self.exported.graph_path("target"), device, self.exported.dtype, threads)
+        self.session = make_session(self.exported.graph_path("target"), device, self.exported.dtype, threads,
+                                    self.exported.manifest.get("ort_session_config"))
         cfg = self.config
         self._empty = np.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, 0, cfg.head_dim), self.dtype)
         self._k = self._v = self._empty

@@ -25,10 +25,11 @@ from spot import __version__
 from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32
 from spot.config import ModelConfig, check_block_size, load_config
 from spot.errors import SpotError
-from spot.export.graph import (NP_DTYPES, ONNX_DTYPES, TargetGraph, WeightSpec, build_target_graph, check_dtype,
-                               check_opset, io_contract)
+from spot.export.graph import (NP_DTYPES, TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset,
+                               io_contract)
 from spot.export.manifest import FORMAT, FORMAT_VERSION, add_files, write_manifest
 from spot.export.presets import Source
+from spot.export.quantize import QuantScheme, write_quantized
 
 TARGET_FILE = "target.onnx"
 DATA_FILE = "target.onnx.data"
@@ -36,7 +37,8 @@ EXPORTER_REVISION = 1
 ALIGN = 4096                     # page-aligned offsets let ONNX Runtime memory-map the weights
 CHUNK_ELEMS = 4 * 1024 * 1024    # elements converted per chunk (16 MiB as float32)
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
-                "added_tokens.json", "chat_template.jinja", "generation_config.json")
+                "added_tokens.json", "chat_template.jinja", "generation_config.json",
+                "drafter.onnx", "drafter.json")   # a drafter shipped beside the checkpoint travels with it
 _SRC_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
 Progress = Callable[[str], None]
@@ -57,6 +59,14 @@ class ExportOptions:
     validate_layers: int | None = None  # default: all layers up to VALIDATE_FULL_PARAMS, else 2
     atol: float | None = None          # default: the dtype's tolerance (spot.export.validate)
     overwrite: bool = False
+    weights: str = "fp"                # fp (= dtype) | int8 | int4: weight-only quantization of the linear layers
+    int4_block: int = 128              # input features per int4 scale: 32 | 64 | 128
+    matmulnbits: bool = False          # int4 as com.microsoft MatMulNBits (ONNX Runtime only)
+    plan: str | None = None            # device whose memory plan is checked and recorded (spot.export.memory_plan)
+
+    @property
+    def quant(self) -> QuantScheme:
+        return QuantScheme(self.weights, self.int4_block, self.matmulnbits)
 
 
 # -- configuration -------------------------------------------------------------------------------------------------
@@ -98,7 +108,7 @@ def plan_layout(weights: list[WeightSpec], align: int = ALIGN) -> tuple[dict[str
 def _external_tensor(spec: WeightSpec, offset: int, nbytes: int, location: str) -> TensorProto:
     t = TensorProto()
     t.name = spec.name
-    t.data_type = ONNX_DTYPES[spec.dtype]
+    t.data_type = spec.onnx_type
     t.dims.extend(spec.shape)
     t.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(nbytes))):
@@ -112,9 +122,9 @@ def make_model(graph: TargetGraph, layout: dict[str, tuple[int, int]], location:
     """The ModelProto with every weight as an external-data reference into `location` (no weight bytes inside)."""
     weights = [_external_tensor(w, *layout[w.name], location) for w in graph.weights]
     g = helper.make_graph(graph.nodes, name, graph.inputs, graph.outputs, initializer=graph.constants + weights)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", graph.opset)],
-                              producer_name="spot-export", producer_version=__version__)
-    model.ir_version = 8 if graph.opset == 17 else 9   # the IR versions of opset 17/18 (ONNX 1.12/1.13)
+    imports = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v) for d, v in graph.domains.items()]
+    model = helper.make_model(g, opset_imports=imports, producer_name="spot-export", producer_version=__version__)
+    model.ir_version = {17: 8, 18: 9, 21: 10}[graph.opset]   # the IR versions of opset 17/18/21 (ONNX 1.12/13/16)
     return model
 
 
@@ -152,8 +162,10 @@ def _convert(block: np.ndarray, spec: WeightSpec, source_finite: bool) -> np.nda
     return out
 
 
-def write_weight(fd_out: int, offset: int, spec: WeightSpec, info: TensorInfo) -> None:
-    """Convert one checkpoint tensor to `spec` and write it at `offset`, CHUNK_ELEMS elements at a time.
+def write_weight(fd_out: int, offset: int, spec: WeightSpec, info: TensorInfo,
+                 chunk_elems: int | None = None) -> None:
+    """Convert one checkpoint tensor to `spec` and write it at `offset`, CHUNK_ELEMS (or `chunk_elems`) elements at
+    a time.
 
     Transposed specs ([O,I] on disk -> [I,O] in the graph): each chunk of source rows o0..o1 becomes a column
     slab of the output, written as I short runs (one pwrite per output row) so no full tensor is ever in memory.
@@ -166,7 +178,7 @@ def write_weight(fd_out: int, offset: int, spec: WeightSpec, info: TensorInfo) -
                                        True).tobytes(), offset)
             return
         rows, cols = info.shape[0], int(np.prod(info.shape[1:], dtype=np.int64))
-        step = max(1, CHUNK_ELEMS // cols)
+        step = max(1, (chunk_elems or CHUNK_ELEMS) // cols)
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
             block = _convert(_read_rows(fd_in, info, r0, r1), spec, True)
@@ -181,16 +193,26 @@ def write_weight(fd_out: int, offset: int, spec: WeightSpec, info: TensorInfo) -
 def write_weights(ckpt: Checkpoint, weights: list[WeightSpec], layout: dict[str, tuple[int, int]], total: int,
                   path: Path, progress: Progress) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # a quantized export (made for memory-tight targets, possibly on the device itself) writes its fp tensors
+    # (embedding, lm_head) in the quantizer's smaller chunks too, so its peak stays below the fp16 export's
+    from spot.export import quantize
+    chunk = quantize.CHUNK_ELEMS if any(w.quant is not None for w in weights) else None
     try:
         t0 = time.perf_counter()
         for i, spec in enumerate(weights, 1):
             info = ckpt.tensors[spec.source]
-            expected = spec.shape[::-1] if spec.transpose else spec.shape
+            expected = spec.source_shape
             if info.shape != expected:
                 raise SpotError(f"tensor {spec.source} has shape {list(info.shape)}, the graph needs "
                                 f"{list(expected)}", "the checkpoint does not match its config.json")
             offset, nbytes = layout[spec.name]
-            write_weight(fd, offset, spec, info)
+            if spec.quant is None:
+                write_weight(fd, offset, spec, info, chunk)
+            elif spec.quant.role == "q":       # its scale tensor is written from the same source rows
+                scale = next(w for w in weights if w.name == spec.quant.partner)
+                with open(info.file, "rb") as f:
+                    write_quantized(fd, spec, scale, offset, layout[scale.name][0],
+                                    lambda r0, r1, fd_in=f.fileno(), info=info: _read_rows(fd_in, info, r0, r1))
             progress(f"  tensor {i}/{len(weights)} {spec.name} {list(spec.shape)} {spec.dtype} "
                      f"{nbytes / 2**20:.1f} MiB ({time.perf_counter() - t0:.0f} s)")
         os.ftruncate(fd, total)
@@ -256,11 +278,28 @@ def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, s
         "max_nodes": options.max_nodes, "max_context": max_context,
         "graphs": {"target": {"file": TARGET_FILE, "data": DATA_FILE, **io_contract(cfg, options.dtype),
                               "weights_layout": "linear weights stored transposed [in, out] for MatMul; "
-                                                "norm weights float32; embed [V, H]"}},
-        "tokenizer_files": copied,
+                                                "norm weights float32; embed [V, H]"},
+                   **({"drafter": {"file": "drafter.onnx", "manifest": "drafter.json"}}
+                      if "drafter.onnx" in copied else {})},
+        "tokenizer_files": [n for n in copied if not n.startswith("drafter.")],
         "validation": validation,
         "files": {},
     }
+
+
+def add_weight_fields(manifest: dict, cfg: ModelConfig, options: ExportOptions, max_context: int,
+                      graph: TargetGraph) -> dict:
+    """Weight precision, quantization scheme, graph opset, ORT-only flag and memory numbers (docs/quantization.md)."""
+    from spot.export.memory_plan import manifest_memory
+    from spot.export.quantize import ORT_SESSION_CONFIG
+    quant = options.quant
+    manifest.update({"opset": graph.opset, "weights": quant.describe(options.dtype), "ort_only": quant.matmulnbits,
+                     "memory": manifest_memory(cfg, options, max_context)})
+    if quant.quantized:
+        manifest["ort_session_config"] = dict(ORT_SESSION_CONFIG)
+        manifest["graphs"]["target"]["weights_layout"] = quant.layout_note()
+        manifest["graphs"]["target"]["ort_only"] = quant.matmulnbits
+    return manifest
 
 
 def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = ExportOptions(),
@@ -275,7 +314,10 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     cfg = effective_config(load_config(source.checkpoint), source, options, progress)
     max_context = check_options(cfg, options)
     ckpt = Checkpoint(source.checkpoint, cfg)
-    graph = build_target_graph(cfg, options.dtype, options.opset)
+    graph = build_target_graph(cfg, options.dtype, options.opset, options.quant)
+    if options.plan:   # refuse before writing anything when the export would not fit the device
+        from spot.export.memory_plan import check_plan_fits
+        check_plan_fits(cfg, options, max_context, progress)
     layout, total = plan_layout(graph.weights)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out)
@@ -283,7 +325,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        progress(f"exporting {ckpt.dir} -> {out} ({options.dtype}, opset {options.opset}, "
+        progress(f"exporting {ckpt.dir} -> {out} ({options.dtype}{options.quant.summary()}, opset {graph.opset}, "
                  f"{len(graph.nodes)} nodes, {len(graph.weights)} tensors, {total / 2**30:.2f} GiB)")
         write_weights(ckpt, graph.weights, layout, total, tmp / DATA_FILE, progress)
         (tmp / TARGET_FILE).write_bytes(make_model(graph, layout).SerializeToString())
@@ -297,6 +339,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
             from spot.export.validate import validate_export  # needs torch: only when validating
             validation = validate_export(tmp, ckpt, graph, layout, options, progress)
         manifest = build_manifest(cfg, options, max_context, source, ckpt, copied, validation)
+        add_weight_fields(manifest, cfg, options, max_context, graph)
         progress("hashing files")
         add_files(tmp, manifest, [TARGET_FILE, DATA_FILE, "config.json", *copied])
         write_manifest(tmp, manifest)
@@ -330,7 +373,7 @@ def dry_run(source: Source, options: ExportOptions = ExportOptions(), progress: 
         cfg, where = source.builtin_config, f"built-in config of {source.preset} (no local checkpoint)"
     cfg = effective_config(cfg, source, options, progress)
     max_context = check_options(cfg, options)
-    graph = build_target_graph(cfg, options.dtype, options.opset)
+    graph = build_target_graph(cfg, options.dtype, options.opset, options.quant)
     names = _index_names(source.checkpoint) if source.checkpoint is not None else None
     if names is not None:
         missing = sorted({w.source for w in graph.weights} - names)
@@ -346,7 +389,8 @@ def dry_run(source: Source, options: ExportOptions = ExportOptions(), progress: 
         (Path(scratch) / TARGET_FILE).write_bytes(model.SerializeToString())
         check_graph(Path(scratch) / TARGET_FILE)
     seconds = time.perf_counter() - t0
-    report = {"config": where, "layers": cfg.num_hidden_layers, "dtype": options.dtype, "opset": options.opset,
+    report = {"config": where, "layers": cfg.num_hidden_layers, "dtype": options.dtype, "opset": graph.opset,
+              "weight_precision": options.weights,
               "nodes": len(graph.nodes), "weights": len(graph.weights), "weight_bytes": total,
               "graph_bytes": model.ByteSize(), "block_size": cfg.block_size, "max_context": max_context,
               "index_checked": names is not None, "seconds": round(seconds, 2)}

@@ -4,6 +4,8 @@ It mirrors spot/reference/model.py op for op: RMSNorm in fp32 with one cast at t
 before RoPE, rotate-half RoPE with cos/sin computed in the graph from position ids, GQA by grouping the query heads
 of each KV head, Q scaled before the first attention MatMul, masked fp32 softmax, SwiGLU, untied lm_head.
 Only plain ONNX ops of opset 17/18 (no contrib ops), so one file runs on ORT CPU/CUDA/TensorRT EP and TensorRT.
+Weight-only int8/int4 exports (spot.export.quantize) put DequantizeLinear before the linear MatMuls (int4: opset 21),
+or ONNX Runtime's MatMulNBits with --ort-matmulnbits.
 
 Contract (one graph serves prefill, block steps over N candidate states and the store pass):
   input_ids [N,S] int64, position_ids [S] int64, attn_bias [S,T] (model dtype, 0 or -inf, T = C+S),
@@ -54,10 +56,24 @@ class WeightSpec:
     shape: tuple[int, ...]
     dtype: str
     transpose: bool = False
+    quant: object = None    # spot.export.quantize.QuantTensor for the int8/int4 forms of a linear weight
 
     @property
     def nbytes(self) -> int:
+        if self.quant is not None:
+            return self.quant.nbytes
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(NP_DTYPES[self.dtype]).itemsize
+
+    @property
+    def onnx_type(self) -> int:
+        return self.quant.onnx_type if self.quant is not None else ONNX_DTYPES[self.dtype]
+
+    @property
+    def source_shape(self) -> tuple[int, ...]:
+        """The checkpoint tensor's shape this initializer is made from."""
+        if self.quant is not None:
+            return self.quant.source_shape
+        return self.shape[::-1] if self.transpose else self.shape
 
 
 @dataclass
@@ -70,6 +86,8 @@ class TargetGraph:
     inputs: list = field(default_factory=list)         # ValueInfoProto
     outputs: list = field(default_factory=list)
     opset: int = 17
+    quant: object = None                                # spot.export.quantize.QuantScheme (None: fp weights)
+    domains: dict = field(default_factory=dict)        # extra opset imports, e.g. {"com.microsoft": 1}
 
 
 class _Builder:
@@ -123,7 +141,11 @@ def _rms_norm(b: _Builder, x: str, weight: str, eps: str, cast_back: bool) -> st
 
 
 def _linear(b: _Builder, x: str, name: str, out_f: int, in_f: int, dtype: str) -> str:
-    """x @ W^T with W stored pre-transposed [in, out] (MatMul, the form int8/int4 weight-only quantizers take)."""
+    """x @ W^T with W stored pre-transposed [in, out] (MatMul, the form int8/int4 weight-only quantizers take);
+    with --weights int8/int4 the weight comes through DequantizeLinear (spot.export.quantize)."""
+    if b.g.quant is not None and b.g.quant.quantized:
+        from spot.export.quantize import quantized_linear
+        return quantized_linear(b, x, name, out_f, in_f, dtype, b.g.quant)
     return b.op("MatMul", x, b.weight(WeightSpec(name, name, (in_f, out_f), dtype, transpose=True)))
 
 
@@ -185,11 +207,16 @@ def _value_info(name: str, elem_type: int, shape: list) -> object:
     return helper.make_tensor_value_info(name, elem_type, shape)
 
 
-def build_target_graph(cfg: ModelConfig, dtype: str, opset: int = 17) -> TargetGraph:
-    """Declare the whole SDAR target graph for `cfg` in `dtype` (fp32 | fp16) at `opset` (17 | 18)."""
+def build_target_graph(cfg: ModelConfig, dtype: str, opset: int = 17, quant=None) -> TargetGraph:
+    """Declare the whole SDAR target graph for `cfg` in `dtype` (fp32 | fp16) at `opset` (17 | 18), with the linear
+    weights quantized per `quant` (spot.export.quantize.QuantScheme; int4 DequantizeLinear graphs are opset 21)."""
     check_dtype(dtype)
     check_opset(opset)
-    g = TargetGraph(opset=opset)
+    if quant is not None and quant.quantized:
+        quant.check()
+        quant.check_config(cfg)
+        opset = quant.graph_opset(opset)
+    g = TargetGraph(opset=opset, quant=quant, domains=dict(quant.domains) if quant is not None else {})
     b = _Builder(g)
     elem = ONNX_DTYPES[dtype]
     npd = NP_DTYPES[dtype]

@@ -110,15 +110,24 @@ def validate_export(folder, ckpt: Checkpoint, graph: TargetGraph, layout: dict, 
     sub_cfg = cfg
     if layers < total_layers:
         sub_cfg = truncated(cfg, layers)
-        sub = build_target_graph(sub_cfg, options.dtype, options.opset)
+        sub = build_target_graph(sub_cfg, options.dtype, options.opset, getattr(options, "quant", None))
         path = folder / VALIDATION_FILE
         path.write_bytes(make_model(sub, layout).SerializeToString())   # same data file, same offsets
     progress(f"validating against the torch reference ({layers} of {total_layers} layers, {options.dtype})")
     try:
         so = ort.SessionOptions()
+        reference = Checkpoint(ckpt.dir, sub_cfg)
+        quant = getattr(options, "quant", None)
+        if quant is not None and quant.quantized:
+            # the reference computes with the quantized-then-dequantized weights the export ships, and ORT with the
+            # session settings the engine uses (float32 activations in its fused MatMulNBits)
+            from spot.export.quantize import ORT_SESSION_CONFIG, DequantizedCheckpoint
+            reference = DequantizedCheckpoint(reference, quant, options.dtype)
+            for key, value in ORT_SESSION_CONFIG.items():
+                so.add_session_config_entry(key, value)
         session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         tdt = torch.float32 if options.dtype == "fp32" else torch.float16
-        model = SDARModel.from_checkpoint(Checkpoint(ckpt.dir, sub_cfg), tdt)
+        model = SDARModel.from_checkpoint(reference, tdt)
         cases = compare_with_reference(session, model, sub_cfg, options.dtype, options.atol)
         del session, model
     finally:
@@ -134,6 +143,7 @@ def validate_export(folder, ckpt: Checkpoint, graph: TargetGraph, layout: dict, 
                         f"(tolerance {c['tol_logits']:.4g}), K/V {c['max_abs_dkv']:.4g} (tolerance "
                         f"{c['tol_kv']:.4g}); nothing was written",
                         "this is an exporter bug for this checkpoint: please report it with these numbers")
-    return {"reference": f"spot.reference.model.SDARModel ({options.dtype}, torch {torch.__version__})",
+    weights = "" if quant is None or not quant.quantized else f", dequantized {quant.weights} linear weights"
+    return {"reference": f"spot.reference.model.SDARModel ({options.dtype}{weights}, torch {torch.__version__})",
             "runtime": f"onnxruntime {ort.__version__} CPUExecutionProvider",
             "layers": layers, "of_layers": total_layers, "cases": cases}

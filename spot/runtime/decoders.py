@@ -4,7 +4,7 @@ standard / threshold: SPEC §3 with the static / threshold rule (one target pass
 chain / tree: SPOT with the training-free stale-confidence order (branch 1 = FreeDave-style chain, branch k = tree).
 oracle: SPOT whose proposer reads the true standard trajectory (a diagnostic ceiling, costs a standard run first).
 spot / spot-sets: SPOT with the learned order model (static rule / threshold rule with whole-set verification).
-chain, tree and oracle follow the commit rule given (static unless mode is threshold).
+standard, chain, tree, oracle and spot follow the commit rule given (static unless mode is threshold).
 """
 from __future__ import annotations
 
@@ -35,10 +35,9 @@ class DecodeRequest:
 
 
 def rule_for(decoder: str, req: DecodeRequest) -> CommitRule:
-    if decoder == "threshold" or decoder == "spot-sets":
+    """threshold / spot-sets always use the threshold rule; every other decoder follows the request's mode."""
+    if decoder in ("threshold", "spot-sets"):
         return CommitRule(THRESHOLD, req.tau)
-    if decoder in ("standard", "spot"):
-        return CommitRule(STATIC, req.tau)
     return CommitRule(req.mode, req.tau)
 
 

@@ -1,0 +1,313 @@
+// spot_cli: the example program of the C++ host, using only the C API of include/spot/spot.h.
+//
+//   spot_cli generate --model DIR [--drafter DIR] [--decoder NAME] --prompt-ids 1,2,3 [--temperature T] [--seed S]
+//                     [--tau X] [--max-new-tokens N] [--budget N] [--depth D] [--mode static|threshold]
+//                     [--top-k K] [--top-p P] [--stop-ids a,b] [--threads N] [--verify quick|full|none]
+//       -> one JSON line: token ids, pass counts by kind, steps, host milliseconds
+//   spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] < requests
+//       -> one JSON line per stdin line; a line holds the generate flags of one request (no --model / --drafter);
+//          the model is opened once. A failed request prints {"error": {...}} and the batch goes on.
+//   spot_cli info --model DIR [--drafter DIR]
+//   spot_cli noise < lines "seed block step position token"  -> "a b u g" (hex words, C99 hex floats)
+//
+// Exit status: 0 success; the spot_status code (1..7) of the first failure, with "spot_cli: error ..." on stderr;
+// 64 for a usage error. Top-k / top-p filtering is refused by the library (SPOT_ERR_UNSUPPORTED).
+#include <cerrno>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "spot/spot.h"
+
+namespace {
+
+constexpr int kUsageExit = 64;
+
+const char* kUsage =
+    "usage: spot_cli generate --model DIR [--drafter DIR] [--decoder standard|threshold|chain|tree|spot|spot-sets]\n"
+    "                         --prompt-ids IDS [--temperature T] [--seed S] [--tau X] [--max-new-tokens N]\n"
+    "                         [--budget N] [--depth D] [--mode static|threshold] [--top-k K] [--top-p P]\n"
+    "                         [--stop-ids IDS] [--threads N] [--verify quick|full|none]\n"
+    "       spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] < requests (one per line)\n"
+    "       spot_cli info --model DIR [--drafter DIR]\n"
+    "       spot_cli noise < lines 'seed block step position token'\n";
+
+struct UsageError {
+  std::string message;
+};
+
+const char* status_name(spot_status s) {
+  switch (s) {
+    case SPOT_OK: return "ok";
+    case SPOT_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case SPOT_ERR_NOT_FOUND: return "not found";
+    case SPOT_ERR_CORRUPT: return "corrupt";
+    case SPOT_ERR_INCOMPATIBLE: return "incompatible";
+    case SPOT_ERR_UNSUPPORTED: return "unsupported";
+    case SPOT_ERR_RUNTIME: return "runtime";
+    case SPOT_ERR_INTERNAL: return "internal";
+  }
+  return "unknown";
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+int64_t parse_int(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno == ERANGE) throw UsageError{flag + " expects an integer, got '" + v + "'"};
+  return x;
+}
+
+double parse_double(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0') throw UsageError{flag + " expects a number, got '" + v + "'"};
+  return x;
+}
+
+std::vector<int64_t> parse_ids(const std::string& flag, const std::string& v) {
+  std::vector<int64_t> ids;
+  if (v.empty()) return ids;
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, ',')) ids.push_back(parse_int(flag, item));
+  return ids;
+}
+
+struct OpenArgs {
+  std::string model, drafter;
+  spot_open_options options;
+};
+
+struct Request {
+  spot_generate_options options;
+  std::vector<int64_t> prompt, stop_ids;
+  bool has_stop_ids = false;
+};
+
+// Parses flags into open args and / or a request; a NULL target makes its flags illegal here.
+void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* open, Request* req) {
+  for (size_t i = start; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    if (i + 1 >= args.size()) throw UsageError{flag + " needs a value"};
+    const std::string& v = args[++i];
+    if (open && flag == "--model") open->model = v;
+    else if (open && flag == "--drafter") open->drafter = v;
+    else if (open && flag == "--threads") open->options.threads = static_cast<int>(parse_int(flag, v));
+    else if (open && flag == "--verify") {
+      if (v == "quick") open->options.verify = SPOT_VERIFY_QUICK;
+      else if (v == "full") open->options.verify = SPOT_VERIFY_FULL;
+      else if (v == "none") open->options.verify = SPOT_VERIFY_NONE;
+      else throw UsageError{"--verify expects quick, full or none"};
+    } else if (req && flag == "--decoder") {
+      spot_error err;
+      spot_status st = spot_decoder_from_name(v.c_str(), &req->options.decoder, &err);
+      if (st != SPOT_OK) throw UsageError{err.message};
+    } else if (req && flag == "--prompt-ids") req->prompt = parse_ids(flag, v);
+    else if (req && flag == "--temperature") req->options.temperature = parse_double(flag, v);
+    else if (req && flag == "--seed") {
+      int64_t s = parse_int(flag, v);
+      if (s < 0 || s > 0xFFFFFFFFll) throw UsageError{"--seed must be in [0, 2**32), got " + v};
+      req->options.seed = static_cast<uint32_t>(s);
+    } else if (req && flag == "--tau") req->options.tau = parse_double(flag, v);
+    else if (req && flag == "--max-new-tokens") req->options.max_new_tokens = static_cast<int>(parse_int(flag, v));
+    else if (req && flag == "--budget") req->options.budget = static_cast<int>(parse_int(flag, v));
+    else if (req && flag == "--depth") req->options.depth = static_cast<int>(parse_int(flag, v));
+    else if (req && flag == "--top-k") req->options.top_k = static_cast<int>(parse_int(flag, v));
+    else if (req && flag == "--top-p") req->options.top_p = parse_double(flag, v);
+    else if (req && flag == "--mode") {
+      if (v == "static") req->options.mode = SPOT_MODE_STATIC;
+      else if (v == "threshold") req->options.mode = SPOT_MODE_THRESHOLD;
+      else throw UsageError{"--mode expects static or threshold"};
+    } else if (req && flag == "--stop-ids") {
+      req->stop_ids = parse_ids(flag, v);
+      req->has_stop_ids = true;
+    } else {
+      throw UsageError{"unknown flag " + flag};
+    }
+  }
+}
+
+void print_error_json(spot_status st, const char* message) {
+  std::printf("{\"error\": {\"code\": %d, \"name\": \"%s\", \"message\": \"%s\"}}\n", static_cast<int>(st),
+              status_name(st), json_escape(message).c_str());
+}
+
+void print_result_json(const spot_generate_options& o, const std::vector<int64_t>& ids, const spot_stats& s) {
+  std::string out = "{\"decoder\": \"";
+  out += spot_decoder_name(o.decoder);
+  out += "\", \"token_ids\": [";
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+  out += "]";
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                ", \"stopped\": %s, \"target_passes\": %" PRId64 ", \"passes\": {\"prefill\": %" PRId64
+                ", \"block\": %" PRId64 ", \"verify\": %" PRId64 ", \"store\": %" PRId64 "}, \"steps\": %" PRId64
+                ", \"blocks\": %" PRId64 ", \"seconds\": %.6f, \"draft_ms\": %.6f, \"walk_ms\": %.6f, "
+                "\"target_ms\": %.6f}",
+                s.stopped ? "true" : "false", s.target_passes, s.prefill_passes, s.block_passes, s.verify_passes,
+                s.store_passes, s.steps, s.blocks, s.seconds, s.draft_ms, s.walk_ms, s.target_ms);
+  out += buf;
+  std::printf("%s\n", out.c_str());
+}
+
+spot_status run_request(spot_model* model, Request& req) {
+  if (req.has_stop_ids) {
+    req.options.stop_ids = req.stop_ids.data();
+    req.options.n_stop_ids = req.stop_ids.size();
+  }
+  size_t cap = spot_output_capacity(model, req.prompt.size(), req.options.max_new_tokens);
+  std::vector<int64_t> out(cap > 0 ? cap : 1);
+  size_t n = 0;
+  spot_stats stats;
+  spot_error err;
+  spot_status st = spot_generate(model, req.prompt.data(), req.prompt.size(), &req.options, out.data(), out.size(),
+                                 &n, &stats, &err);
+  if (st != SPOT_OK) {
+    print_error_json(st, err.message);
+    std::fprintf(stderr, "spot_cli: error (code %d, %s): %s\n", static_cast<int>(st), status_name(st), err.message);
+    return st;
+  }
+  out.resize(n);
+  print_result_json(req.options, out, stats);
+  return SPOT_OK;
+}
+
+spot_model* open_model(const OpenArgs& a, spot_status* st) {
+  if (a.model.empty()) throw UsageError{"--model is required"};
+  spot_open_options o = a.options;
+  o.drafter_dir = a.drafter.empty() ? nullptr : a.drafter.c_str();
+  spot_model* model = nullptr;
+  spot_error err;
+  *st = spot_open(a.model.c_str(), &o, &model, &err);
+  if (*st != SPOT_OK) {
+    print_error_json(*st, err.message);
+    std::fprintf(stderr, "spot_cli: error (code %d, %s): %s\n", static_cast<int>(*st), status_name(*st),
+                 err.message);
+  }
+  return model;
+}
+
+std::vector<std::string> split_ws(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream ss(line);
+  std::string w;
+  while (ss >> w) out.push_back(w);
+  return out;
+}
+
+int cmd_noise() {
+  uint64_t seed, block, step, position, token;
+  while (std::cin >> seed >> block >> step >> position >> token) {
+    if (seed > 0xFFFFFFFFull || block > 0xFFFFFFFFull || step > 0xFFFFFFFFull || position > 0xFFFFFFFFull ||
+        token > 0xFFFFFFFFull)
+      throw UsageError{"noise counters must be in [0, 2**32)"};
+    uint32_t a = 0, b = 0;
+    double u = spot_uniform(uint32_t(seed), uint32_t(block), uint32_t(step), uint32_t(position), uint32_t(token),
+                            &a, &b);
+    double g = spot_gumbel(uint32_t(seed), uint32_t(block), uint32_t(step), uint32_t(position), uint32_t(token));
+    std::printf("%08x %08x %a %a\n", a, b, u, g);
+  }
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  if (args.size() < 2) throw UsageError{"a command is required"};
+  const std::string& cmd = args[1];
+  if (cmd == "noise") return cmd_noise();
+  OpenArgs oa;
+  spot_open_options_init(&oa.options);
+  if (cmd == "generate") {
+    Request req;
+    spot_generate_options_init(&req.options);
+    parse_flags(args, 2, &oa, &req);
+    spot_status st;
+    spot_model* model = open_model(oa, &st);
+    if (model == nullptr) return st;
+    st = run_request(model, req);
+    spot_close(model);
+    return st;
+  }
+  if (cmd == "batch") {
+    parse_flags(args, 2, &oa, nullptr);
+    spot_status st;
+    spot_model* model = open_model(oa, &st);
+    if (model == nullptr) return st;
+    int first_failure = 0;
+    std::string line;
+    while (std::getline(std::cin, line)) {
+      std::vector<std::string> words = split_ws(line);
+      if (words.empty()) continue;
+      Request req;
+      spot_generate_options_init(&req.options);
+      try {
+        parse_flags(words, 0, nullptr, &req);
+      } catch (const UsageError& e) {
+        print_error_json(SPOT_ERR_INVALID_ARGUMENT, e.message.c_str());
+        if (!first_failure) first_failure = kUsageExit;
+        continue;
+      }
+      st = run_request(model, req);
+      if (st != SPOT_OK && !first_failure) first_failure = st;
+      std::fflush(stdout);
+    }
+    spot_close(model);
+    return first_failure;
+  }
+  if (cmd == "info") {
+    parse_flags(args, 2, &oa, nullptr);
+    spot_status st;
+    spot_model* model = open_model(oa, &st);
+    if (model == nullptr) return st;
+    spot_model_info info;
+    spot_error err;
+    spot_model_get_info(model, &info, &err);
+    std::printf("{\"vocab_size\": %" PRId64 ", \"block_size\": %" PRId64 ", \"mask_token_id\": %" PRId64
+                ", \"max_nodes\": %" PRId64 ", \"max_context\": %" PRId64
+                ", \"has_drafter\": %s, \"dtype\": \"%s\", \"ort_version\": \"%s\", \"spot_version\": \"%s\"}\n",
+                info.vocab_size, info.block_size, info.mask_token_id, info.max_nodes, info.max_context,
+                info.has_drafter ? "true" : "false", info.dtype, info.ort_version, SPOT_VERSION);
+    spot_close(model);
+    return 0;
+  }
+  throw UsageError{"unknown command '" + cmd + "'"};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "spot_cli: usage error: %s\n%s", e.message.c_str(), kUsage);
+    return kUsageExit;
+  }
+}

@@ -1,0 +1,140 @@
+/* spot: SPOT / SPOT-Sets block-diffusion decoding of an exported folder through ONNX Runtime (C API).
+ *
+ * Contract (docs/cpp-host.md):
+ * - Token ids in, token ids out; outputs are bit-identical to the Python runtime (spot.runtime) for the same folder,
+ *   prompt and options: standard, threshold, chain, tree, spot and spot-sets decoding.
+ * - Every function reports failure by a status code and, when `err` is not NULL, a message; none aborts on bad input.
+ * - A spot_model is not thread-safe: one spot_generate at a time per handle (open one handle per thread).
+ */
+#ifndef SPOT_SPOT_H
+#define SPOT_SPOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SPOT_VERSION "0.1.0"
+
+#if defined(_WIN32)
+#define SPOT_API __declspec(dllexport)
+#else
+#define SPOT_API __attribute__((visibility("default")))
+#endif
+
+typedef enum spot_status {
+  SPOT_OK = 0,
+  SPOT_ERR_INVALID_ARGUMENT = 1, /* an option, a pointer or a token id out of range */
+  SPOT_ERR_NOT_FOUND = 2,        /* a folder or file that does not exist */
+  SPOT_ERR_CORRUPT = 3,          /* a file that differs from its manifest, or an unreadable manifest */
+  SPOT_ERR_INCOMPATIBLE = 4,     /* a drafter trained for another target or block size, a foreign graph */
+  SPOT_ERR_UNSUPPORTED = 5,      /* a feature the C++ host does not implement (top-k / top-p, oracle) */
+  SPOT_ERR_RUNTIME = 6,          /* ONNX Runtime failed, or the model produced non-finite logits */
+  SPOT_ERR_INTERNAL = 7          /* out of memory or a bug: please report */
+} spot_status;
+
+typedef struct spot_error {
+  spot_status code;
+  char message[1024]; /* NUL-terminated, "" when code is SPOT_OK */
+} spot_error;
+
+typedef struct spot_model spot_model; /* opaque */
+
+typedef enum spot_verify {
+  SPOT_VERIFY_QUICK = 0, /* sizes; sha256 of files <= 64 MiB, sampled sha256 of larger ones (the default) */
+  SPOT_VERIFY_FULL = 1,  /* full sha256 of every file */
+  SPOT_VERIFY_NONE = 2   /* existence only */
+} spot_verify;
+
+typedef struct spot_open_options {
+  const char* drafter_dir; /* folder with drafter.onnx + drafter.json; NULL: the model folder's own, if any */
+  spot_verify verify;
+  int threads;             /* intra-op threads of the target session; 0: ONNX Runtime's default */
+} spot_open_options;
+
+typedef enum spot_decoder {
+  SPOT_DECODER_STANDARD = 0,  /* one target pass per commit step, static rule */
+  SPOT_DECODER_THRESHOLD = 1, /* one target pass per commit step, threshold rule (tau) */
+  SPOT_DECODER_CHAIN = 2,     /* SPOT with the stale-confidence order, one candidate per depth */
+  SPOT_DECODER_TREE = 3,      /* SPOT with the stale-confidence order, 4 candidates per node */
+  SPOT_DECODER_SPOT = 4,      /* SPOT with the learned order model (needs a drafter), static rule */
+  SPOT_DECODER_SPOT_SETS = 5  /* SPOT-Sets with the learned order model (needs a drafter), threshold rule */
+} spot_decoder;
+
+typedef enum spot_mode { SPOT_MODE_STATIC = 0, SPOT_MODE_THRESHOLD = 1 } spot_mode;
+
+typedef struct spot_generate_options {
+  spot_decoder decoder;
+  double temperature;      /* 0 = argmax; > 0 = Gumbel-max sampling with the counter noise */
+  uint32_t seed;           /* noise seed */
+  double tau;              /* threshold rule: commit every masked position with confidence > tau */
+  int max_new_tokens;      /* >= 1; generation runs to the block boundary covering prompt + max_new_tokens */
+  int budget;              /* tree/spot/spot-sets: nodes per verify pass (root included), >= 1 */
+  int depth;               /* chain/tree/spot/spot-sets: deepest node below the root, 1..block size */
+  spot_mode mode;          /* commit rule of chain and tree (standard/spot: static; threshold/spot-sets: threshold) */
+  int top_k;               /* must be 0: top-k filtering is not implemented in the C++ host */
+  double top_p;            /* must be 1: top-p filtering is not implemented in the C++ host */
+  const int64_t* stop_ids; /* NULL: the manifest's stop ids */
+  size_t n_stop_ids;
+} spot_generate_options;
+
+typedef struct spot_stats {
+  int64_t target_passes; /* prefill + block + verify + store */
+  int64_t prefill_passes, block_passes, verify_passes, store_passes;
+  int64_t steps;         /* commit steps */
+  int64_t blocks;        /* finished blocks */
+  int stopped;           /* 1 when a stop id ended generation */
+  double seconds;        /* wall time of the whole call */
+  double draft_ms;       /* per call: stale view, proposer (drafter) and tree building, all verify rounds */
+  double walk_ms;        /* per call: the exact walk over the fresh logits, all verify rounds */
+  double target_ms;      /* per call: the verify passes themselves */
+} spot_stats;
+
+typedef struct spot_model_info {
+  int64_t vocab_size, block_size, mask_token_id, max_nodes, max_context;
+  int has_drafter;
+  const char* dtype;     /* "fp32" or "fp16"; owned by the model */
+  const char* ort_version;
+} spot_model_info;
+
+/* Defaults: verify quick, drafter from the folder, ORT's default threads. */
+SPOT_API void spot_open_options_init(spot_open_options* options);
+/* Defaults of the Python runtime's DecodeRequest: standard, T 0, seed 0, tau 0.9, 64 new tokens, budget 16,
+ * depth 8, static mode, no top-k / top-p, the manifest's stop ids. */
+SPOT_API void spot_generate_options_init(spot_generate_options* options);
+
+/* Open an exported folder by its manifest.json (files checked against it). `options` may be NULL. On failure *out
+ * is NULL and the status says why. */
+SPOT_API spot_status spot_open(const char* folder, const spot_open_options* options, spot_model** out,
+                               spot_error* err);
+SPOT_API void spot_close(spot_model* model); /* NULL is fine */
+
+SPOT_API spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, spot_error* err);
+
+/* Largest number of ids spot_generate may write for this request: max_new_tokens + block_size - 1. */
+SPOT_API size_t spot_output_capacity(const spot_model* model, size_t n_prompt, int max_new_tokens);
+
+/* Decode `prompt` (n_prompt ids). Writes the generated ids after the prompt, cut before the first stop id, to
+ * out_ids (capacity out_capacity >= spot_output_capacity(...)) and their number to *out_len. `options` may be NULL
+ * (defaults); `stats` may be NULL. */
+SPOT_API spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_prompt,
+                                   const spot_generate_options* options, int64_t* out_ids, size_t out_capacity,
+                                   size_t* out_len, spot_stats* stats, spot_error* err);
+
+/* The noise of docs/noise.md: Gumbel(0, 1) as a pure function of five uint32 counters (exported for tests). */
+SPOT_API double spot_gumbel(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, uint32_t token);
+/* Its uniform in (0, 1), with the two hash words a and b. */
+SPOT_API double spot_uniform(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, uint32_t token,
+                             uint32_t* a, uint32_t* b);
+
+SPOT_API const char* spot_decoder_name(spot_decoder decoder);
+/* Parse "standard", "threshold", "chain", "tree", "spot", "spot-sets"; returns SPOT_ERR_INVALID_ARGUMENT else. */
+SPOT_API spot_status spot_decoder_from_name(const char* name, spot_decoder* out, spot_error* err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPOT_SPOT_H */

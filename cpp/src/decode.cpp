@@ -1,0 +1,732 @@
+#include "decode.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <set>
+
+#include "errors.h"
+#include "sha256.h"
+
+namespace spot {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr double kLogFloor = -30.0;                       // proposers.LOG_FLOOR
+constexpr double kNpyLogE2 = 0.693147180559945309417232121458176568;   // numpy's NPY_LOGE2
+constexpr float kMemberSharpness = 32.0f;                 // drafter.MEMBER_SHARPNESS
+constexpr int kTreeBranch = 4;                            // decoders.TREE_BRANCH
+constexpr int kDrafterBranch = 4;                         // drafter.DEFAULT_BRANCH
+const char* kDrafterOnnx = "drafter.onnx";
+const char* kDrafterJson = "drafter.json";
+const std::vector<std::string> kDrafterInputs = {"topk", "masked", "stale_conf", "staleness"};
+const std::vector<std::string> kDrafterOutputs = {"order_logits", "member_logits"};
+const char* kIdentityFields[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                 "num_attention_heads", "num_key_value_heads", "head_dim", "mask_token_id"};
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// numpy's npy_logaddexp (scalar libm exp / log1p)
+double logaddexp(double x, double y) {
+  if (x == y) return x + kNpyLogE2;
+  const double tmp = x - y;
+  if (tmp > 0) return x + std::log1p(std::exp(-tmp));
+  if (tmp <= 0) return y + std::log1p(std::exp(tmp));
+  return tmp;
+}
+
+// drafter.sigmoid: 0.5 * (1 + tanh(x / 2)). numpy evaluates tanh with its own SIMD kernel, glibc's tanh can differ
+// from it in the last bit; the values only order tree candidates (docs/cpp-host.md), never decide the output.
+double sigmoid(double x) { return 0.5 * (1.0 + std::tanh(0.5 * x)); }
+
+bool file_exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool dir_exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string join(const std::string& a, const std::string& b) {
+  return (!a.empty() && a.back() == '/') ? a + b : a + "/" + b;
+}
+
+std::string parent_dir(const std::string& p) {
+  size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+std::vector<int64_t> child_with(const std::vector<int64_t>& state, const std::vector<int64_t>& positions,
+                                const std::vector<int64_t>& tokens) {
+  std::vector<int64_t> child = state;
+  for (int64_t p : positions) child[p] = tokens[p];
+  return child;
+}
+
+// proposers.position_candidates: one child per top-`branch` masked position of logq [B]
+std::vector<Candidate> position_candidates(const Node& node, const std::vector<double>& logq,
+                                           const std::vector<int64_t>& tokens, int64_t mask_id, int branch) {
+  std::vector<int64_t> masked = masked_positions(node.state, mask_id);
+  std::stable_sort(masked.begin(), masked.end(), [&](int64_t a, int64_t b) { return -logq[a] < -logq[b]; });
+  std::vector<Candidate> out;
+  for (size_t i = 0; i < masked.size() && i < static_cast<size_t>(branch); ++i) {
+    int64_t p = masked[i];
+    out.push_back({std::max(logq[p], kLogFloor), child_with(node.state, {p}, tokens)});
+  }
+  return out;
+}
+
+// proposers.set_candidates: the predicted set {P(i in S) > 0.5} (else the best position) and variants flipping the
+// least certain positions; log-probability under independence.
+std::vector<Candidate> set_candidates(const Node& node, const std::vector<double>& member_p, int64_t best,
+                                      const std::vector<int64_t>& tokens, int64_t mask_id, int branch) {
+  std::vector<int64_t> masked = masked_positions(node.state, mask_id);
+  const size_t n = masked.size();
+  std::vector<double> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = std::min(std::max(member_p[masked[i]], 1e-6), 1 - 1e-6);
+  std::vector<bool> base(n);
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) {
+    base[i] = p[i] > 0.5;
+    any = any || base[i];
+  }
+  if (!any)
+    for (size_t i = 0; i < n; ++i) base[i] = masked[i] == best;
+  std::vector<std::vector<bool>> sets = {base};
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return std::fabs(p[a] - 0.5) < std::fabs(p[b] - 0.5); });
+  for (size_t j : order) {
+    if (sets.size() >= static_cast<size_t>(branch)) break;
+    std::vector<bool> flipped = base;
+    flipped[j] = !flipped[j];
+    if (std::find(flipped.begin(), flipped.end(), true) != flipped.end()) sets.push_back(flipped);
+  }
+  std::vector<Candidate> out;
+  std::vector<double> terms(n);
+  for (const auto& s : sets) {
+    std::vector<int64_t> chosen;
+    for (size_t i = 0; i < n; ++i) {
+      terms[i] = s[i] ? std::log(p[i]) : std::log1p(-p[i]);
+      if (s[i]) chosen.push_back(masked[i]);
+    }
+    double logp = pairwise_sum(terms.data(), static_cast<int64_t>(n));
+    out.push_back({std::max(logp, kLogFloor * static_cast<double>(n)), child_with(node.state, chosen, tokens)});
+  }
+  return out;
+}
+
+// drafter.masked_log_softmax over one row: log-softmax of the masked positions, -inf elsewhere
+std::vector<double> masked_log_softmax(const float* logits, const std::vector<bool>& masked) {
+  const size_t b = masked.size();
+  std::vector<double> z(b), e(b), out(b);
+  double zmax = kNegInf;
+  for (size_t i = 0; i < b; ++i) {
+    z[i] = masked[i] ? static_cast<double>(logits[i]) : kNegInf;
+    if (z[i] > zmax) zmax = z[i];
+  }
+  if (!std::isfinite(zmax)) zmax = 0.0;
+  for (size_t i = 0; i < b; ++i) e[i] = std::exp(z[i] - zmax);
+  const double lse = std::log(pairwise_sum(e.data(), static_cast<int64_t>(b)));
+  for (size_t i = 0; i < b; ++i) out[i] = (z[i] - zmax) - lse;
+  return out;
+}
+
+int64_t first_argmax(const std::vector<double>& v) {
+  int64_t best = 0;
+  for (size_t i = 1; i < v.size(); ++i)
+    if (v[i] > v[best]) best = static_cast<int64_t>(i);
+  return best;
+}
+
+// -- Python's heapq on (neg logp, counter, kind, payload) tuples: same sift order, so the same pending order -----
+struct HeapEntry {
+  double neg;
+  int64_t counter;
+  int kind;          // 0: node awaiting expansion, 1: candidate child
+  int64_t payload;   // kind 0: node index; kind 1: index into the candidate store
+};
+
+bool heap_less(const HeapEntry& a, const HeapEntry& b) {
+  if (a.neg != b.neg) return a.neg < b.neg;   // tuples compare element by element; counters are unique
+  return a.counter < b.counter;
+}
+
+void sift_down(std::vector<HeapEntry>& h, size_t start, size_t pos) {   // CPython heapq._siftdown
+  HeapEntry item = h[pos];
+  while (pos > start) {
+    size_t parent = (pos - 1) >> 1;
+    if (heap_less(item, h[parent])) {
+      h[pos] = h[parent];
+      pos = parent;
+      continue;
+    }
+    break;
+  }
+  h[pos] = item;
+}
+
+void sift_up(std::vector<HeapEntry>& h, size_t pos) {                  // CPython heapq._siftup
+  const size_t end = h.size(), start = pos;
+  HeapEntry item = h[pos];
+  size_t child = 2 * pos + 1;
+  while (child < end) {
+    size_t right = child + 1;
+    if (right < end && !heap_less(h[child], h[right])) child = right;
+    h[pos] = h[child];
+    pos = child;
+    child = 2 * pos + 1;
+  }
+  h[pos] = item;
+  sift_down(h, start, pos);
+}
+
+void heap_push(std::vector<HeapEntry>& h, const HeapEntry& e) {
+  h.push_back(e);
+  sift_down(h, 0, h.size() - 1);
+}
+
+HeapEntry heap_pop(std::vector<HeapEntry>& h) {
+  HeapEntry last = h.back();
+  h.pop_back();
+  if (h.empty()) return last;
+  HeapEntry top = h[0];
+  h[0] = last;
+  sift_up(h, 0);
+  return top;
+}
+
+void heapify(std::vector<HeapEntry>& h) {
+  const size_t n = h.size();
+  if (n > 2500) {   // CPython's cache_friendly_heapify for large heaps (a different, equally valid layout)
+    size_t m = n >> 1;
+    size_t top = 1;
+    while ((top << 1) <= m + 1) top <<= 1;
+    const size_t leftmost = top - 1, mhalf = m >> 1;
+    auto sweep = [&](size_t hi, size_t lo) {
+      for (size_t i = hi; i-- > lo;) {
+        size_t j = i;
+        while (true) {
+          sift_up(h, j);
+          if (!(j & 1)) break;
+          j >>= 1;
+        }
+      }
+    };
+    sweep(leftmost, mhalf);
+    sweep(m, leftmost);
+    return;
+  }
+  for (size_t i = n / 2; i-- > 0;) sift_up(h, i);
+}
+
+struct BlockContext {
+  CommitRule rule;
+  Sampling sampling;
+  int64_t mask_id;
+  DecodeStats* stats;
+  NoiseRows* noise;
+};
+
+std::vector<int64_t> standard_block(TargetEngine& engine, std::vector<int64_t> state, uint32_t block,
+                                    const BlockContext& ctx) {
+  uint32_t step = 0;
+  while (has_mask(state, ctx.mask_id)) {
+    std::vector<float> logits = engine.block_logits(state, 1);
+    ctx.stats->passes["block"] += 1;
+    state = step_fn(state, logits.data(), engine.vocab(), ctx.mask_id, ctx.rule, ctx.sampling, block, step,
+                    ctx.noise);
+    ++step;
+  }
+  ctx.stats->steps += step;
+  return state;
+}
+
+void check_budget(int64_t nodes, int64_t depth, int64_t block_size) {
+  if (nodes < 1) fail(SPOT_ERR_INVALID_ARGUMENT, "budget must be >= 1 node, got " + std::to_string(nodes));
+  if (depth < 1 || depth > block_size)
+    fail(SPOT_ERR_INVALID_ARGUMENT, "depth must be in 1.." + std::to_string(block_size) +
+                                        " (the block size), got " + std::to_string(depth));
+}
+
+// spot.walk: from the root, follow the child equal to F of the node's fresh logits
+std::pair<int64_t, std::vector<int64_t>> walk(const std::vector<Node>& tree,
+                                              const std::map<int64_t, const float*>& node_logits,
+                                              const BlockContext& ctx, uint32_t block, int64_t vocab) {
+  int64_t u = 0;
+  while (true) {
+    const Node& node = tree[u];
+    std::vector<int64_t> nxt = step_fn(node.state, node_logits.at(u), vocab, ctx.mask_id, ctx.rule, ctx.sampling,
+                                       block, node.step, ctx.noise);
+    int64_t match = -1;
+    for (int64_t c : node.children)
+      if (tree[c].state == nxt) {
+        match = c;
+        break;
+      }
+    if (match < 0) return {u, nxt};
+    u = match;
+    if (node_logits.find(u) == node_logits.end()) return {u, tree[u].state};   // complete: the block ends there
+  }
+}
+
+std::vector<int64_t> spot_block(TargetEngine& engine, std::vector<int64_t> state, uint32_t block,
+                                const BlockContext& ctx, Proposer& proposer, int64_t nodes, int64_t depth) {
+  check_budget(nodes, depth, engine.block_size());
+  DecodeStats& stats = *ctx.stats;
+  const int64_t b = engine.block_size(), vocab = engine.vocab();
+  std::vector<float> logits = engine.block_logits(state, 1);
+  stats.passes["block"] += 1;
+  uint32_t step = 0;
+  std::vector<int64_t> root = step_fn(state, logits.data(), vocab, ctx.mask_id, ctx.rule, ctx.sampling, block, step,
+                                      ctx.noise);
+  while (has_mask(root, ctx.mask_id)) {
+    const double t0 = now_ms();
+    StaleView stale(logits.data(), b, vocab, state, ctx.mask_id, ctx.sampling, block, ctx.noise);
+    proposer.begin_round({&stale, ctx.rule, ctx.mask_id, block});
+    std::vector<Node> tree = build_tree(root, step + 1, proposer, nodes, depth, ctx.mask_id);
+    std::vector<int64_t> incomplete;
+    std::vector<int64_t> states;
+    for (size_t i = 0; i < tree.size(); ++i)
+      if (has_mask(tree[i].state, ctx.mask_id)) {
+        incomplete.push_back(static_cast<int64_t>(i));
+        states.insert(states.end(), tree[i].state.begin(), tree[i].state.end());
+      }
+    const double t1 = now_ms();
+    std::vector<float> fresh = engine.block_logits(states, static_cast<int64_t>(incomplete.size()));
+    const double t2 = now_ms();
+    stats.passes["verify"] += 1;
+    std::map<int64_t, const float*> node_logits;
+    for (size_t j = 0; j < incomplete.size(); ++j) node_logits[incomplete[j]] = fresh.data() + j * b * vocab;
+    auto [end, next_root] = walk(tree, node_logits, ctx, block, vocab);
+    const double t3 = now_ms();
+    stats.draft_ms += t1 - t0;
+    stats.target_ms += t2 - t1;
+    stats.walk_ms += t3 - t2;
+    stats.accepted_per_verify.push_back(tree[end].depth);
+    stats.nodes_per_verify.push_back(static_cast<int64_t>(incomplete.size()));
+    state = tree[end].state;
+    step = tree[end].step;
+    auto it = node_logits.find(end);
+    if (it != node_logits.end()) logits.assign(it->second, it->second + b * vocab);
+    root = std::move(next_root);
+  }
+  stats.steps += has_mask(state, ctx.mask_id) ? step + 1 : step;
+  return root;
+}
+
+}  // namespace
+
+// -- stale view ----------------------------------------------------------------------------------------------------
+StaleView::StaleView(const float* logits, int64_t block_size, int64_t vocab, const std::vector<int64_t>& state,
+                     int64_t mask_id, const Sampling& sampling, uint32_t block, NoiseRows* noise)
+    : logits_(logits), b_(block_size), vocab_(vocab), positions_(masked_positions(state, mask_id)),
+      sampling_(sampling), block_(block), noise_(noise) {}
+
+const StaleView::Coupled& StaleView::coupled(uint32_t step) {
+  const bool noisy = sampling_.temperature > 0;
+  const uint32_t key = noisy ? step : 0;   // at T = 0 no step differs: argmax and softmax of the same rows
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return it->second;
+  if (rows_.empty()) {
+    rows_.resize(positions_.size());
+    for (size_t k = 0; k < positions_.size(); ++k)
+      scale_row(logits_ + positions_[k] * vocab_, vocab_, sampling_.temperature, rows_[k]);
+  }
+  Coupled c;
+  c.tokens.assign(static_cast<size_t>(b_), -1);
+  c.conf.assign(static_cast<size_t>(b_), kNegInf);
+  std::vector<double> scratch;
+  for (size_t k = 0; k < positions_.size(); ++k) {
+    const int64_t pos = positions_[k];
+    const double* g = nullptr;
+    if (noisy) {
+      if (noise_ != nullptr) {
+        g = noise_->row(step, static_cast<uint32_t>(pos), scratch);
+      } else {
+        scratch.resize(static_cast<size_t>(vocab_));
+        gumbel_row(sampling_.seed, block_, step, static_cast<uint32_t>(pos), vocab_, scratch.data());
+        g = scratch.data();
+      }
+    }
+    sample_row(rows_[k], g, sampling_.exclude_token, c.tokens[pos], c.conf[pos]);
+  }
+  return cache_.emplace(key, std::move(c)).first->second;
+}
+
+const std::vector<float>& StaleView::topk_logprobs() {
+  if (topk_.empty()) topk_ = spot::topk_logprobs(logits_, b_, vocab_, sampling_.temperature);
+  return topk_;
+}
+
+std::vector<float> topk_logprobs(const float* logits, int64_t rows, int64_t vocab, double temperature) {
+  std::vector<float> out(static_cast<size_t>(rows * kTopkFeatures), -1e4f);   // tiny vocabularies: -1e4 floor
+  std::vector<double> z(static_cast<size_t>(vocab)), e(static_cast<size_t>(vocab));
+  const int64_t k = std::min<int64_t>(kTopkFeatures, vocab);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits + r * vocab;
+    double zmax = kNegInf;
+    for (int64_t v = 0; v < vocab; ++v) {
+      z[v] = temperature > 0 ? static_cast<double>(row[v]) / temperature : static_cast<double>(row[v]);
+      if (v == 0 || z[v] > zmax) zmax = z[v];
+    }
+    for (int64_t v = 0; v < vocab; ++v) {
+      z[v] = z[v] - zmax;
+      e[v] = std::exp(z[v]);
+    }
+    const double lse = std::log(pairwise_sum(e.data(), vocab));
+    for (int64_t v = 0; v < vocab; ++v) z[v] = z[v] - lse;
+    std::partial_sort(z.begin(), z.begin() + k, z.end(), std::greater<double>());
+    for (int64_t i = 0; i < k; ++i) out[r * kTopkFeatures + i] = static_cast<float>(z[i]);
+  }
+  return out;
+}
+
+// -- tree ----------------------------------------------------------------------------------------------------------
+std::vector<Node> build_tree(const std::vector<int64_t>& root_state, uint32_t root_step, Proposer& proposer,
+                             int64_t budget, int64_t max_depth, int64_t mask_id) {
+  std::vector<Node> tree;
+  tree.push_back({root_state, -1, 0, root_step, 0.0, {}});
+  int64_t counter = 0;
+  std::vector<HeapEntry> heap;
+  struct Pending {
+    int64_t parent;
+    double logp;
+    std::vector<int64_t> state;
+  };
+  std::vector<Pending> store;   // candidate children referenced by heap entries of kind 1
+  auto can_expand = [&](int64_t i) { return tree[i].depth < max_depth && has_mask(tree[i].state, mask_id); };
+  if (can_expand(0)) heap_push(heap, {0.0, counter, 0, 0});
+  while (!heap.empty() && static_cast<int64_t>(tree.size()) < budget) {
+    HeapEntry top = heap_pop(heap);
+    if (top.kind == 0) {
+      // every node awaiting expansion goes into one proposer call, in the heap's list order (as tree.py)
+      std::vector<int64_t> pending = {top.payload};
+      std::vector<HeapEntry> rest;
+      for (const HeapEntry& h : heap) {
+        if (h.kind == 0) pending.push_back(h.payload);
+        else rest.push_back(h);
+      }
+      heap.swap(rest);
+      heapify(heap);
+      std::vector<std::vector<Candidate>> cands = proposer.propose(tree, pending);
+      for (size_t j = 0; j < pending.size(); ++j) {
+        int64_t i = pending[j];
+        for (Candidate& c : cands[j]) {
+          ++counter;
+          store.push_back({i, c.logp, std::move(c.state)});
+          heap_push(heap, {-(tree[i].logp + c.logp), counter, 1, static_cast<int64_t>(store.size() - 1)});
+        }
+      }
+      continue;
+    }
+    Pending& c = store[static_cast<size_t>(top.payload)];
+    const Node& p = tree[c.parent];
+    Node child{std::move(c.state), c.parent, p.depth + 1, p.step + 1, p.logp + c.logp, {}};
+    tree.push_back(std::move(child));
+    const int64_t idx = static_cast<int64_t>(tree.size()) - 1;
+    tree[c.parent].children.push_back(idx);
+    if (can_expand(idx)) {
+      ++counter;
+      heap_push(heap, {top.neg, counter, 0, idx});
+    }
+  }
+  return tree;
+}
+
+// -- proposers -----------------------------------------------------------------------------------------------------
+std::vector<std::vector<Candidate>> ConfidenceOrderProposer::propose(const std::vector<Node>& tree,
+                                                                     const std::vector<int64_t>& nodes) {
+  const RoundInputs& r = round_;
+  std::vector<std::vector<Candidate>> out;
+  for (int64_t i : nodes) {
+    const Node& node = tree[i];
+    const StaleView::Coupled& c = r.stale->coupled(node.step);
+    const size_t b = node.state.size();
+    if (!r.rule.threshold) {
+      std::vector<double> score(b);
+      bool first = true;
+      double lse = kNegInf;
+      for (size_t p = 0; p < b; ++p) {
+        const bool masked = node.state[p] == r.mask_id;
+        score[p] = masked ? sharpness_ * std::log(std::max(c.conf[p], 1e-30)) : kNegInf;
+        if (masked) {   // np.logaddexp.reduce over the masked scores, in position order
+          lse = first ? score[p] : logaddexp(lse, score[p]);
+          first = false;
+        }
+      }
+      std::vector<double> logq(b);
+      for (size_t p = 0; p < b; ++p) logq[p] = score[p] - lse;
+      out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, branch_));
+    } else {
+      std::vector<double> member(b), masked_conf(b);
+      const double scale = -sharpness_ * 4;
+      for (size_t p = 0; p < b; ++p) {
+        member[p] = 1.0 / (1.0 + std::exp(scale * (c.conf[p] - r.rule.tau)));
+        masked_conf[p] = node.state[p] == r.mask_id ? c.conf[p] : kNegInf;
+      }
+      out.push_back(set_candidates(node, member, first_argmax(masked_conf), c.tokens, r.mask_id, branch_));
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
+  std::string onnx_path, json_path;
+  if (dir_exists(path_in)) {
+    onnx_path = join(path_in, kDrafterOnnx);
+    json_path = join(path_in, kDrafterJson);
+  } else {
+    onnx_path = path_in;
+    json_path = join(parent_dir(path_in), kDrafterJson);
+  }
+  if (!file_exists(onnx_path))
+    fail(SPOT_ERR_NOT_FOUND, "drafter model " + onnx_path + " does not exist: train one with `spot train-drafter`, "
+                                                            "or pass the folder that holds drafter.onnx");
+  if (!file_exists(json_path))
+    fail(SPOT_ERR_NOT_FOUND, "drafter manifest " + json_path + " does not exist (it belongs beside drafter.onnx)");
+  auto d = std::make_unique<Drafter>();
+  d->path = onnx_path;
+  Json m;
+  try {
+    m = Json::parse(read_text_file(json_path));
+  } catch (const SpotException& e) {
+    fail(SPOT_ERR_CORRUPT, json_path + " is not valid JSON (" + e.what() + "): re-export the drafter");
+  }
+  const Json* fmt = m.find("format");
+  if (fmt == nullptr || !fmt->is_string() || fmt->str() != "spot-drafter")
+    fail(SPOT_ERR_CORRUPT, json_path + " is not a spot drafter manifest (format is not 'spot-drafter')");
+  const Json* ver = m.find("format_version");
+  if (ver == nullptr || !ver->is_number() || ver->integer() != 1)
+    fail(SPOT_ERR_INCOMPATIBLE, json_path + " has a format_version this host does not read (expected 1)");
+  for (const char* key : {"block_size", "target", "onnx_sha256"})
+    if (!m.has(key))
+      fail(SPOT_ERR_CORRUPT, json_path + " lacks '" + key + "': re-export the drafter with `spot train-drafter`");
+  try {
+    d->block_size = m.at("block_size").integer();
+    d->target = m.at("target");
+    d->target.members();
+    if (const Json* t = m.find("member_threshold"); t && !t->is_null()) d->member_threshold = t->number();
+    if (const Json* t = m.find("max_staleness"); t && !t->is_null()) d->max_staleness = t->integer();
+    if (const Json* t = m.find("tau"); t && !t->is_null()) d->tau = t->number();
+    const std::string digest = sha256_file(onnx_path);
+    if (digest != m.at("onnx_sha256").str())
+      fail(SPOT_ERR_CORRUPT, onnx_path + " does not match its manifest (sha256 " + digest.substr(0, 12) +
+                                 "...): the file was changed or truncated: re-export it");
+  } catch (const SpotException& e) {
+    if (e.code() != SPOT_ERR_CORRUPT) throw;
+    std::string what = e.what();
+    if (what.rfind(onnx_path, 0) == 0) throw;
+    fail(SPOT_ERR_CORRUPT, json_path + ": " + what);
+  }
+  const double p = std::min(std::max(d->member_threshold, 1e-6), 1 - 1e-6);
+  d->member_offset = std::log(p) - std::log1p(-p);   // drafter.logit
+  SessionConfig sc;
+  sc.intra_threads = 1;
+  sc.single_inter_thread = true;
+  d->session_ = std::make_unique<OrtSessionHandle>(onnx_path, sc);
+  if (d->session_->input_names() != kDrafterInputs)
+    fail(SPOT_ERR_INCOMPATIBLE, "drafter " + onnx_path + " does not have the inputs topk, masked, stale_conf, "
+                                                         "staleness: re-export it with `spot train-drafter`");
+  return d;
+}
+
+void Drafter::check_compatible(int64_t engine_block, const ModelFacts& cfg) const {
+  if (engine_block != block_size)
+    fail(SPOT_ERR_INCOMPATIBLE, "drafter " + path + " was trained for block size " + std::to_string(block_size) +
+                                    ", got a model decoding blocks of " + std::to_string(engine_block) +
+                                    ": expected " + std::to_string(block_size) +
+                                    " (train a drafter for this block size with `spot traces` + "
+                                    "`spot train-drafter`)");
+  const int64_t got[] = {cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
+                         cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.mask_token_id};
+  for (size_t i = 0; i < sizeof(kIdentityFields) / sizeof(kIdentityFields[0]); ++i) {
+    const Json* want = target.find(kIdentityFields[i]);
+    if (want == nullptr) continue;
+    if (!want->is_number() || want->integer() != got[i])
+      fail(SPOT_ERR_INCOMPATIBLE, "drafter " + path + " was trained for another target: " + kIdentityFields[i] +
+                                      " is " + std::to_string(got[i]) + " in the model, expected " +
+                                      (want->is_number() ? std::to_string(want->integer()) : "?") +
+                                      " (use the drafter shipped with this model)");
+  }
+}
+
+void Drafter::run(const std::vector<float>& topk, const std::vector<float>& masked,
+                  const std::vector<float>& stale_conf, const std::vector<int64_t>& staleness, int64_t k, int64_t b,
+                  std::vector<float>& order, std::vector<float>& member) {
+  std::vector<InputTensor> in = {
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {k, b, kTopkFeatures}, topk.data(), topk.size() * sizeof(float)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {k, b}, masked.data(), masked.size() * sizeof(float)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {k, b}, stale_conf.data(), stale_conf.size() * sizeof(float)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {k}, staleness.data(), staleness.size() * sizeof(int64_t)},
+  };
+  std::vector<OrtOutput> out = session_->run(kDrafterInputs, in, kDrafterOutputs);
+  const std::vector<int64_t> want = {k, b};
+  for (const OrtOutput& o : out)
+    if (o.shape() != want || o.type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
+      fail(SPOT_ERR_RUNTIME, "drafter " + path + " returned outputs of an unexpected shape or type");
+  const float* po = static_cast<const float*>(out[0].data());
+  const float* pm = static_cast<const float*>(out[1].data());
+  order.assign(po, po + k * b);
+  member.assign(pm, pm + k * b);
+}
+
+std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<Node>& tree,
+                                                             const std::vector<int64_t>& nodes) {
+  if (nodes.empty()) return {};
+  const RoundInputs& r = round_;
+  const int64_t k = static_cast<int64_t>(nodes.size());
+  const int64_t b = static_cast<int64_t>(tree[nodes[0]].state.size());
+  const std::vector<float>& topk_row = r.stale->topk_logprobs();
+  std::vector<float> topk, masked(static_cast<size_t>(k * b)), stale_conf(static_cast<size_t>(k * b));
+  std::vector<int64_t> staleness(static_cast<size_t>(k));
+  topk.reserve(static_cast<size_t>(k * b * kTopkFeatures));
+  for (int64_t j = 0; j < k; ++j) {
+    const Node& node = tree[nodes[j]];
+    topk.insert(topk.end(), topk_row.begin(), topk_row.end());
+    const StaleView::Coupled& c = r.stale->coupled(node.step);
+    for (int64_t p = 0; p < b; ++p) {
+      const bool m = node.state[p] == r.mask_id;
+      masked[j * b + p] = m ? 1.0f : 0.0f;
+      stale_conf[j * b + p] = m ? static_cast<float>(c.conf[p]) : 0.0f;
+    }
+    staleness[j] = std::min<int64_t>(std::max<int64_t>(node.depth + 1, 1), drafter_.max_staleness);
+  }
+  std::vector<float> order, member;
+  drafter_.run(topk, masked, stale_conf, staleness, k, b, order, member);
+  std::vector<std::vector<Candidate>> out;
+  for (int64_t j = 0; j < k; ++j) {
+    const Node& node = tree[nodes[j]];
+    const StaleView::Coupled& c = r.stale->coupled(node.step);
+    std::vector<bool> mrow(static_cast<size_t>(b));
+    for (int64_t p = 0; p < b; ++p) mrow[p] = masked[j * b + p] > 0;
+    std::vector<double> logq = masked_log_softmax(order.data() + j * b, mrow);
+    if (!r.rule.threshold) {
+      out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, branch_));
+      continue;
+    }
+    const int64_t best = first_argmax(logq);   // where the threshold rule falls back to one commit
+    std::vector<double> member_p(static_cast<size_t>(b));
+    const bool learned_tau = !drafter_.tau || std::fabs(r.rule.tau - *drafter_.tau) < 1e-9;
+    for (int64_t p = 0; p < b; ++p) {
+      if (learned_tau) {
+        member_p[p] = sigmoid(static_cast<double>(member[j * b + p]) - drafter_.member_offset);
+      } else {   // float32 arithmetic, as numpy does on the float32 feature array
+        const float x = kMemberSharpness * (stale_conf[j * b + p] - static_cast<float>(r.rule.tau));
+        member_p[p] = sigmoid(static_cast<double>(x));
+      }
+    }
+    out.push_back(set_candidates(node, member_p, best, c.tokens, r.mask_id, branch_));
+  }
+  return out;
+}
+
+// -- generate (decode.py) + decoders by name (decoders.py) --------------------------------------------------------
+Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* drafter,
+                       const std::vector<int64_t>& prompt, const DecodeRequest& req) {
+  const double t_start = now_ms();
+  const std::string& name = req.decoder;
+  static const std::set<std::string> kNames = {"standard", "threshold", "chain", "tree", "spot", "spot-sets"};
+  if (name == "oracle")
+    fail(SPOT_ERR_UNSUPPORTED, "the oracle decoder (a diagnostic that needs a standard run first) is not in the "
+                               "C++ host: use the Python runtime");
+  if (!kNames.count(name))
+    fail(SPOT_ERR_INVALID_ARGUMENT, "unknown decoder '" + name + "', expected one of standard, threshold, chain, "
+                                                                 "tree, spot, spot-sets");
+  if (!std::isfinite(req.temperature) || req.temperature < 0)
+    fail(SPOT_ERR_INVALID_ARGUMENT, "temperature must be a finite number >= 0, got " +
+                                        std::to_string(req.temperature));
+  CommitRule rule;
+  rule.tau = req.tau;
+  rule.threshold = name == "threshold" || name == "spot-sets" ||
+                   ((name == "chain" || name == "tree") && req.threshold_mode);
+  if (rule.threshold && !(req.tau >= 0.0 && req.tau < 1.0))
+    fail(SPOT_ERR_INVALID_ARGUMENT, "tau must be in [0, 1), got " + std::to_string(req.tau));
+  const int64_t b = engine.block_size();
+  std::unique_ptr<Proposer> proposer;
+  int64_t nodes = req.budget, depth = req.depth;
+  if (name != "standard" && name != "threshold") {
+    check_budget(req.budget, req.depth, b);
+    if (name == "chain") {
+      proposer = std::make_unique<ConfidenceOrderProposer>(1);
+      nodes = req.depth + 1;   // a chain: one node per depth
+    } else if (name == "tree") {
+      proposer = std::make_unique<ConfidenceOrderProposer>(kTreeBranch);
+    } else {
+      if (drafter == nullptr)
+        fail(SPOT_ERR_INVALID_ARGUMENT, "decoder '" + name + "' needs a drafter (order model): open the model "
+                                                             "with a drafter folder, or use a folder that ships "
+                                                             "drafter.onnx + drafter.json");
+      drafter->check_compatible(b, cfg);
+      proposer = std::make_unique<DrafterProposer>(*drafter, kDrafterBranch);
+    }
+  }
+  // generate(): the request checks of decode.check_request
+  for (int64_t t : prompt)
+    if (t < 0 || t >= cfg.vocab_size)
+      fail(SPOT_ERR_INVALID_ARGUMENT, "prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                          std::to_string(cfg.vocab_size) +
+                                          "): the ids do not belong to this model's tokenizer");
+  for (int64_t t : prompt)
+    if (t == cfg.mask_token_id)
+      fail(SPOT_ERR_INVALID_ARGUMENT, "the prompt contains the mask token id " + std::to_string(cfg.mask_token_id) +
+                                          ": remove <|MASK|> from the prompt, it marks undecided positions");
+  if (req.max_new_tokens < 1)
+    fail(SPOT_ERR_INVALID_ARGUMENT, "max_new_tokens must be >= 1, got " + std::to_string(req.max_new_tokens));
+  const int64_t p = static_cast<int64_t>(prompt.size());
+  const int64_t n_blocks = (p + req.max_new_tokens + b - 1) / b;
+  if (n_blocks * b > engine.max_context())
+    fail(SPOT_ERR_INVALID_ARGUMENT, "prompt (" + std::to_string(p) + " tokens) + max_new_tokens (" +
+                                        std::to_string(req.max_new_tokens) + ") needs " +
+                                        std::to_string(n_blocks * b) + " positions, more than the model's limit of " +
+                                        std::to_string(engine.max_context()));
+  const std::vector<int64_t> stop = req.stop_ids ? *req.stop_ids : cfg.stop_ids;
+  Generation gen;
+  Sampling sampling;
+  sampling.temperature = req.temperature;
+  sampling.seed = req.seed;
+  sampling.exclude_token = cfg.mask_token_id;   // never commit the mask id itself
+  NoiseRows noise(req.seed, cfg.vocab_size);
+  BlockContext ctx{rule, sampling, cfg.mask_token_id, &gen.stats, &noise};
+  const int64_t first = p / b;
+  engine.prefill(std::vector<int64_t>(prompt.begin(), prompt.begin() + first * b));
+  if (first) gen.stats.passes["prefill"] += 1;
+  for (int64_t block = first; block < n_blocks; ++block) {
+    std::vector<int64_t> state(static_cast<size_t>(b), cfg.mask_token_id);
+    const int64_t lead = std::max<int64_t>(0, p - block * b);
+    for (int64_t i = 0; i < lead; ++i) state[i] = prompt[block * b + i];
+    noise.start_block(static_cast<uint32_t>(block));
+    state = proposer ? spot_block(engine, state, static_cast<uint32_t>(block), ctx, *proposer, nodes, depth)
+                     : standard_block(engine, state, static_cast<uint32_t>(block), ctx);
+    engine.store(state);
+    gen.stats.passes["store"] += 1;
+    gen.stats.blocks += 1;
+    bool hit = false;
+    for (int64_t i = lead; i < b; ++i) {
+      gen.token_ids.push_back(state[i]);
+      hit |= std::find(stop.begin(), stop.end(), state[i]) != stop.end();
+    }
+    if (hit) {
+      gen.stopped = true;
+      break;
+    }
+  }
+  if (gen.stopped) {
+    auto it = std::find_if(gen.token_ids.begin(), gen.token_ids.end(),
+                           [&](int64_t t) { return std::find(stop.begin(), stop.end(), t) != stop.end(); });
+    gen.token_ids.erase(it, gen.token_ids.end());
+  }
+  gen.stats.seconds = (now_ms() - t_start) / 1e3;
+  return gen;
+}
+
+}  // namespace spot

@@ -1,0 +1,159 @@
+// Decoding, mirroring spot/runtime: the block loop (decode.py), stale views (stale.py), draft trees (tree.py),
+// proposers (proposers.py, drafter.py), the SPOT round (spot.py) and the decoders by name (decoders.py).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "ort.h"
+#include "step.h"
+
+namespace spot {
+
+constexpr int kTopkFeatures = 32;
+
+// -- stale view (stale.py) ---------------------------------------------------------------------------------------
+class StaleView {
+ public:
+  StaleView(const float* logits, int64_t block_size, int64_t vocab, const std::vector<int64_t>& state,
+            int64_t mask_id, const Sampling& sampling, uint32_t block, NoiseRows* noise);
+  struct Coupled {
+    std::vector<int64_t> tokens;   // [B], -1 where s_m is not masked
+    std::vector<double> conf;      // [B], -inf there
+  };
+  const Coupled& coupled(uint32_t step);
+  const std::vector<float>& topk_logprobs();   // [B, 32]
+
+  double temperature() const { return sampling_.temperature; }
+
+ private:
+  const float* logits_;
+  int64_t b_, vocab_;
+  std::vector<int64_t> positions_;
+  Sampling sampling_;
+  uint32_t block_;
+  NoiseRows* noise_;
+  std::map<uint32_t, Coupled> cache_;
+  std::vector<ScaledRow> rows_;         // per masked position of s_m, scaled once per round
+  std::vector<float> topk_;
+};
+
+// logits [rows, V] -> [rows, 32] float32 top-32 log-probabilities of softmax(logits / T), descending
+std::vector<float> topk_logprobs(const float* logits, int64_t rows, int64_t vocab, double temperature);
+
+// -- trees (tree.py) ---------------------------------------------------------------------------------------------
+struct Node {
+  std::vector<int64_t> state;
+  int64_t parent;
+  int64_t depth;
+  uint32_t step;
+  double logp = 0.0;
+  std::vector<int64_t> children;
+};
+
+struct Candidate {
+  double logp;
+  std::vector<int64_t> state;
+};
+
+struct RoundInputs {
+  StaleView* stale;
+  CommitRule rule;
+  int64_t mask_id;
+  uint32_t block;
+};
+
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  virtual void begin_round(const RoundInputs& r) { round_ = r; }
+  virtual std::vector<std::vector<Candidate>> propose(const std::vector<Node>& tree,
+                                                      const std::vector<int64_t>& nodes) = 0;
+
+ protected:
+  RoundInputs round_{};
+};
+
+std::vector<Node> build_tree(const std::vector<int64_t>& root_state, uint32_t root_step, Proposer& proposer,
+                             int64_t budget, int64_t max_depth, int64_t mask_id);
+
+// -- proposers (proposers.py) --------------------------------------------------------------------------------------
+class ConfidenceOrderProposer : public Proposer {
+ public:
+  explicit ConfidenceOrderProposer(int branch, double sharpness = 8.0) : branch_(branch), sharpness_(sharpness) {}
+  std::vector<std::vector<Candidate>> propose(const std::vector<Node>& tree,
+                                              const std::vector<int64_t>& nodes) override;
+
+ private:
+  int branch_;
+  double sharpness_;
+};
+
+// -- the drafter (drafter.py) --------------------------------------------------------------------------------------
+class Drafter {
+ public:
+  static std::unique_ptr<Drafter> load(const std::string& dir);
+  void check_compatible(int64_t block_size, const ModelFacts& target) const;
+  // inputs of K nodes -> order_logits [K, B], member_logits [K, B]
+  void run(const std::vector<float>& topk, const std::vector<float>& masked, const std::vector<float>& stale_conf,
+           const std::vector<int64_t>& staleness, int64_t k, int64_t b, std::vector<float>& order,
+           std::vector<float>& member);
+
+  std::string path;
+  int64_t block_size = 0;
+  int64_t max_staleness = 32;
+  double member_threshold = 0.5;
+  double member_offset = 0.0;
+  std::optional<double> tau;
+  Json target;
+
+ private:
+  std::unique_ptr<OrtSessionHandle> session_;
+};
+
+class DrafterProposer : public Proposer {
+ public:
+  DrafterProposer(Drafter& drafter, int branch) : drafter_(drafter), branch_(branch) {}
+  std::vector<std::vector<Candidate>> propose(const std::vector<Node>& tree,
+                                              const std::vector<int64_t>& nodes) override;
+
+ private:
+  Drafter& drafter_;
+  int branch_;
+};
+
+// -- decoding ------------------------------------------------------------------------------------------------------
+struct DecodeStats {
+  std::map<std::string, int64_t> passes;   // prefill, block, verify, store
+  int64_t steps = 0, blocks = 0;
+  double seconds = 0, draft_ms = 0, walk_ms = 0, target_ms = 0;
+  std::vector<int64_t> accepted_per_verify, nodes_per_verify;
+};
+
+struct Generation {
+  std::vector<int64_t> token_ids;
+  bool stopped = false;
+  DecodeStats stats;
+};
+
+struct DecodeRequest {
+  std::string decoder = "standard";
+  int64_t max_new_tokens = 64;
+  bool threshold_mode = false;   // chain / tree: commit rule
+  double tau = 0.9;
+  double temperature = 0.0;
+  uint32_t seed = 0;
+  int64_t budget = 16;
+  int64_t depth = 8;
+  std::optional<std::vector<int64_t>> stop_ids;
+};
+
+Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* drafter,
+                       const std::vector<int64_t>& prompt, const DecodeRequest& req);
+
+}  // namespace spot

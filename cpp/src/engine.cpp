@@ -1,0 +1,274 @@
+#include "engine.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "errors.h"
+#include "sha256.h"
+
+namespace spot {
+namespace {
+
+const char* kManifest = "manifest.json";
+const char* kFormat = "spot-exported-model";
+constexpr int64_t kFormatVersion = 1;
+constexpr uint64_t kQuickFullLimit = 64ull * 1024 * 1024;   // spot.export.manifest.QUICK_FULL_LIMIT
+const char* kChangedHint = "the folder was modified or copied incompletely: copy it again or re-export it with "
+                           "spot-export";
+const std::vector<std::string> kInputs = {"input_ids", "position_ids", "attn_bias", "past_k", "past_v"};
+const std::vector<std::string> kOutputs = {"logits", "new_k", "new_v"};
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_file(const std::string& p, uint64_t* size = nullptr) {
+  struct stat st;
+  if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  if (size) *size = static_cast<uint64_t>(st.st_size);
+  return true;
+}
+
+std::string join(const std::string& a, const std::string& b) {
+  return (!a.empty() && a.back() == '/') ? a + b : a + "/" + b;
+}
+
+void verify_files(const std::string& folder, const Json& files, spot_verify level) {
+  for (const auto& kv : files.members()) {
+    const std::string& name = kv.first;
+    const Json& rec = kv.second;
+    // names come from the manifest: refuse anything that could leave the folder
+    if (name.empty() || name[0] == '/' || name.find("..") != std::string::npos)
+      fail(SPOT_ERR_CORRUPT, "manifest.json in " + folder + " lists a file outside the folder: " + name);
+    std::string path = join(folder, name);
+    uint64_t size = 0;
+    if (!is_file(path, &size))
+      fail(SPOT_ERR_NOT_FOUND, name + " is missing from the exported folder " + folder + " (" + kChangedHint + ")");
+    if (level == SPOT_VERIFY_NONE) continue;
+    uint64_t want = static_cast<uint64_t>(rec.at("bytes").integer());
+    if (size != want)
+      fail(SPOT_ERR_CORRUPT, name + " in " + folder + " changed since export: " + std::to_string(size) +
+                                 " bytes, manifest says " + std::to_string(want) + " (" + kChangedHint + ")");
+    bool full = level == SPOT_VERIFY_FULL || size <= kQuickFullLimit;
+    std::string got = full ? sha256_file(path) : sample_sha256_file(path);
+    if (got != rec.at(full ? "sha256" : "sample_sha256").str())
+      fail(SPOT_ERR_CORRUPT, name + " in " + folder + " changed since export: its " +
+                                 (full ? "sha256" : "sampled sha256") + " differs from the manifest (" +
+                                 kChangedHint + ")");
+  }
+}
+
+ModelFacts parse_model(const Json& m) {
+  ModelFacts c;
+  c.vocab_size = m.at("vocab_size").integer();
+  c.hidden_size = m.at("hidden_size").integer();
+  c.intermediate_size = m.at("intermediate_size").integer();
+  c.num_hidden_layers = m.at("num_hidden_layers").integer();
+  c.num_attention_heads = m.at("num_attention_heads").integer();
+  c.num_key_value_heads = m.at("num_key_value_heads").integer();
+  c.head_dim = m.at("head_dim").integer();
+  c.max_position_embeddings = m.at("max_position_embeddings").integer();
+  c.block_size = m.has("block_size") ? m.at("block_size").integer() : 4;
+  c.mask_token_id = m.has("mask_token_id") ? m.at("mask_token_id").integer() : 151669;
+  if (m.has("stop_ids")) {
+    for (const Json& s : m.at("stop_ids").items()) c.stop_ids.push_back(s.integer());
+  } else {
+    c.stop_ids = {151645, 151643};
+  }
+  if (c.vocab_size <= 0 || c.num_hidden_layers <= 0 || c.num_key_value_heads <= 0 || c.head_dim <= 0 ||
+      c.block_size < 1 || c.mask_token_id < 0 || c.mask_token_id >= c.vocab_size)
+    fail(SPOT_ERR_CORRUPT, "invalid model config in the manifest (vocab " + std::to_string(c.vocab_size) +
+                               ", mask id " + std::to_string(c.mask_token_id) + ", block " +
+                               std::to_string(c.block_size) + ")");
+  return c;
+}
+
+uint16_t fp16_neg_inf() { return 0xFC00; }
+
+}  // namespace
+
+ExportedFolder load_exported_folder(const std::string& folder, spot_verify verify) {
+  if (!is_dir(folder)) fail(SPOT_ERR_NOT_FOUND, "exported model folder " + folder + " does not exist");
+  std::string mpath = join(folder, kManifest);
+  if (!is_file(mpath))
+    fail(SPOT_ERR_NOT_FOUND, folder + " is not an exported spot model folder (no manifest.json): export a "
+                                      "checkpoint with `spot export`");
+  ExportedFolder ef;
+  ef.folder = folder;
+  try {
+    ef.manifest = Json::parse(read_text_file(mpath));
+  } catch (const SpotException& e) {
+    fail(SPOT_ERR_CORRUPT, mpath + " is not valid JSON (" + e.what() + "): re-export the model");
+  }
+  const Json& m = ef.manifest;
+  const Json* fmt = m.find("format");
+  if (fmt == nullptr || !fmt->is_string() || fmt->str() != kFormat)
+    fail(SPOT_ERR_CORRUPT, mpath + " is not a spot export manifest (format is not '" + kFormat + "')");
+  const Json* ver = m.find("format_version");
+  if (ver == nullptr || !ver->is_number() || ver->integer() != kFormatVersion)
+    fail(SPOT_ERR_INCOMPATIBLE, mpath + " has a format_version this host does not read (expected 1): re-export "
+                                        "the model with this version of spot-export");
+  try {
+    ef.config = parse_model(m.at("model"));
+    ef.dtype = m.at("dtype").str();
+    ef.block_size = m.at("block_size").integer();
+    ef.max_nodes = m.at("max_nodes").integer();
+    ef.max_context = m.at("max_context").integer();
+    const Json& target = m.at("graphs").at("target");
+    ef.target_graph = join(folder, target.at("file").str());
+    m.at("files").members();
+  } catch (const SpotException& e) {
+    if (e.code() != SPOT_ERR_CORRUPT) throw;
+    fail(SPOT_ERR_CORRUPT, mpath + ": " + e.what() + " (re-export the model with spot-export)");
+  }
+  if (ef.dtype != "fp32" && ef.dtype != "fp16")
+    fail(SPOT_ERR_UNSUPPORTED, mpath + " has dtype " + ef.dtype + ", the C++ host reads fp32 and fp16 exports");
+  if (ef.block_size < 1 || ef.max_nodes < 1 || ef.max_context < ef.block_size)
+    fail(SPOT_ERR_CORRUPT, mpath + " has an invalid block_size / max_nodes / max_context");
+  verify_files(folder, m.at("files"), verify);
+  return ef;
+}
+
+TargetEngine::TargetEngine(const ExportedFolder& f, int threads)
+    : cfg_(f.config),
+      b_(f.block_size),
+      max_context_(std::min(f.max_context, f.config.max_position_embeddings)),
+      max_nodes_(f.max_nodes),
+      elem_(f.dtype == "fp16" ? 2 : 4),
+      kv_type_(f.dtype == "fp16" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+  SessionConfig sc;
+  sc.intra_threads = threads;
+  sc.single_inter_thread = threads > 0;
+  session_ = std::make_unique<OrtSessionHandle>(f.target_graph, sc);
+  for (const auto& want : kInputs)
+    if (std::find(session_->input_names().begin(), session_->input_names().end(), want) ==
+        session_->input_names().end())
+      fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no input '" + want + "': not a spot target graph");
+  for (const auto& want : kOutputs)
+    if (std::find(session_->output_names().begin(), session_->output_names().end(), want) ==
+        session_->output_names().end())
+      fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no output '" + want + "': not a spot target graph");
+}
+
+void TargetEngine::check_ids(const std::vector<int64_t>& ids, const char* what) const {
+  for (int64_t t : ids)
+    if (t < 0 || t >= cfg_.vocab_size)
+      fail(SPOT_ERR_INVALID_ARGUMENT, std::string(what) + ": token id " + std::to_string(t) +
+                                          " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
+}
+
+void TargetEngine::check_room(int64_t n) const {
+  if (cached_ + n > max_context_)
+    fail(SPOT_ERR_INVALID_ARGUMENT, "context of " + std::to_string(cached_ + n) +
+                                        " tokens exceeds the engine's limit of " + std::to_string(max_context_));
+}
+
+std::vector<OrtOutput> TargetEngine::run(const std::vector<std::string>& outputs, const std::vector<int64_t>& ids,
+                                         int64_t n, int64_t s, const std::vector<uint8_t>& bias) {
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  std::vector<int64_t> pos(static_cast<size_t>(s));
+  for (int64_t i = 0; i < s; ++i) pos[i] = cached_ + i;
+  std::vector<InputTensor> in = {
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {n, s}, ids.data(), ids.size() * sizeof(int64_t)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {s}, pos.data(), pos.size() * sizeof(int64_t)},
+      {kv_type_, {s, cached_ + s}, bias.data(), bias.size()},
+      {kv_type_, {L, H, cached_, D}, k_.data(), k_.size()},
+      {kv_type_, {L, H, cached_, D}, v_.data(), v_.size()},
+  };
+  return session_->run(kInputs, in, outputs);
+}
+
+std::vector<uint8_t> TargetEngine::step_bias() const {
+  return std::vector<uint8_t>(static_cast<size_t>(b_ * (cached_ + b_)) * elem_, 0);   // zeros: attend everywhere
+}
+
+void TargetEngine::append_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s, bool replace) {
+  // new_k / new_v [L, 1, Hkv, S, D] -> cache [L, Hkv, C + S, D]
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  std::vector<int64_t> want = {L, 1, H, s, D};
+  if (new_k.shape() != want || new_v.shape() != want)
+    fail(SPOT_ERR_RUNTIME, "the target graph returned new_k/new_v of an unexpected shape");
+  const int64_t c_old = replace ? 0 : cached_;
+  const size_t old_row = static_cast<size_t>(c_old * D) * elem_, new_row = static_cast<size_t>(s * D) * elem_;
+  auto merge = [&](std::vector<uint8_t>& cache, const OrtOutput& fresh) {
+    std::vector<uint8_t> out(static_cast<size_t>(L * H) * (old_row + new_row));
+    const uint8_t* src = static_cast<const uint8_t*>(fresh.data());
+    for (int64_t lh = 0; lh < L * H; ++lh) {
+      uint8_t* dst = out.data() + lh * (old_row + new_row);
+      if (old_row) std::memcpy(dst, cache.data() + lh * old_row, old_row);
+      std::memcpy(dst + old_row, src + lh * new_row, new_row);
+    }
+    cache.swap(out);
+  };
+  merge(k_, new_k);
+  merge(v_, new_v);
+}
+
+void TargetEngine::prefill(const std::vector<int64_t>& ids) {
+  check_ids(ids, "prefill ids");
+  if (ids.size() % static_cast<size_t>(b_) != 0)
+    fail(SPOT_ERR_INVALID_ARGUMENT, "prefill ids: got " + std::to_string(ids.size()) +
+                                        ", expected a multiple of " + std::to_string(b_));
+  k_.clear();
+  v_.clear();
+  cached_ = 0;
+  if (ids.empty()) return;
+  const int64_t p = static_cast<int64_t>(ids.size());
+  check_room(p);
+  // block-causal additive mask [P, P]: 0 where block(j) <= block(i), -inf elsewhere
+  std::vector<uint8_t> bias(static_cast<size_t>(p * p) * elem_, 0);
+  for (int64_t i = 0; i < p; ++i)
+    for (int64_t j = 0; j < p; ++j) {
+      if (j / b_ <= i / b_) continue;
+      uint8_t* at = bias.data() + static_cast<size_t>(i * p + j) * elem_;
+      if (elem_ == 4) {
+        float ninf = -INFINITY;
+        std::memcpy(at, &ninf, 4);
+      } else {
+        uint16_t h = fp16_neg_inf();
+        std::memcpy(at, &h, 2);
+      }
+    }
+  std::vector<OrtOutput> out = run({"new_k", "new_v"}, ids, 1, p, bias);
+  append_kv(out[0], out[1], p, true);
+  cached_ = p;
+}
+
+std::vector<float> TargetEngine::block_logits(const std::vector<int64_t>& states, int64_t n) {
+  check_ids(states, "block states");
+  if (n < 1 || states.size() != static_cast<size_t>(n * b_))
+    fail(SPOT_ERR_INVALID_ARGUMENT, "block states: expected [N>=1, " + std::to_string(b_) + "]");
+  check_room(b_);
+  if (n > max_nodes_)
+    fail(SPOT_ERR_INVALID_ARGUMENT, std::to_string(n) + " candidate states in one pass exceed the export's "
+                                                         "max_nodes " + std::to_string(max_nodes_) +
+                                        ": re-export with a larger --max-nodes or draft fewer nodes");
+  std::vector<OrtOutput> out = run({"logits"}, states, n, b_, step_bias());
+  std::vector<int64_t> want = {n, b_, cfg_.vocab_size};
+  if (out[0].shape() != want || out[0].type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
+    fail(SPOT_ERR_RUNTIME, "the target graph returned logits of an unexpected shape or type");
+  const float* p = static_cast<const float*>(out[0].data());
+  std::vector<float> logits(p, p + n * b_ * cfg_.vocab_size);
+  for (float x : logits)
+    if (!std::isfinite(x))
+      fail(SPOT_ERR_RUNTIME, "the ort engine produced non-finite logits (NaN or inf) for the block at position " +
+                                 std::to_string(cached_) + ": the weights or the export are broken, or fp16 "
+                                                           "overflowed: try an fp32 export");
+  return logits;
+}
+
+void TargetEngine::store(const std::vector<int64_t>& state) {
+  check_ids(state, "store state");
+  if (state.size() != static_cast<size_t>(b_))
+    fail(SPOT_ERR_INVALID_ARGUMENT, "store state: expected [" + std::to_string(b_) + "]");
+  check_room(b_);
+  std::vector<OrtOutput> out = run({"new_k", "new_v"}, state, 1, b_, step_bias());
+  append_kv(out[0], out[1], b_, false);
+  cached_ += b_;
+}
+
+}  // namespace spot

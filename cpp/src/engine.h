@@ -1,0 +1,67 @@
+// The exported folder (manifest.json, checked like spot.export.manifest.load_manifest) and the target engine over
+// target.onnx: prefill, block logits of N candidate states, store; the host owns the KV cache exactly as
+// spot/engines/ort_engine.py does ([L, Hkv, C, D] in the model dtype, each stored block appended on axis C).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "json.h"
+#include "ort.h"
+#include "spot/spot.h"
+
+namespace spot {
+
+struct ModelFacts {             // ModelConfig fields the host needs (manifest["model"])
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0,
+          num_key_value_heads = 0, head_dim = 0, max_position_embeddings = 0, block_size = 0, mask_token_id = 0;
+  std::vector<int64_t> stop_ids;
+};
+
+struct ExportedFolder {
+  std::string folder;
+  Json manifest;
+  ModelFacts config;
+  std::string dtype;            // fp32 | fp16
+  int64_t block_size = 0, max_nodes = 0, max_context = 0;
+  std::string target_graph;     // absolute path of target.onnx
+};
+
+// Open and verify a folder (SpotException naming the file when absent, foreign or changed).
+ExportedFolder load_exported_folder(const std::string& folder, spot_verify verify);
+
+class TargetEngine {
+ public:
+  TargetEngine(const ExportedFolder& folder, int threads);
+
+  int64_t block_size() const { return b_; }
+  int64_t vocab() const { return cfg_.vocab_size; }
+  int64_t cached_len() const { return cached_; }
+  int64_t max_context() const { return max_context_; }
+  int64_t max_nodes() const { return max_nodes_; }
+
+  void prefill(const std::vector<int64_t>& ids);             // resets the cache; ids.size() % B == 0
+  // logits [N, B, V] float32 of N states [N*B] after the cache; stores nothing
+  std::vector<float> block_logits(const std::vector<int64_t>& states, int64_t n);
+  void store(const std::vector<int64_t>& state);             // appends the finished block's K/V
+
+ private:
+  std::vector<OrtOutput> run(const std::vector<std::string>& outputs, const std::vector<int64_t>& ids, int64_t n,
+                             int64_t s, const std::vector<uint8_t>& bias);
+  std::vector<uint8_t> step_bias() const;
+  void check_ids(const std::vector<int64_t>& ids, const char* what) const;
+  void check_room(int64_t n) const;
+  void append_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s, bool replace);
+
+  ModelFacts cfg_;
+  int64_t b_, max_context_, max_nodes_;
+  size_t elem_;                              // bytes per K/V element (4 fp32, 2 fp16)
+  ONNXTensorElementDataType kv_type_;
+  std::unique_ptr<OrtSessionHandle> session_;
+  std::vector<uint8_t> k_, v_;               // [L, Hkv, C, D] in the model dtype
+  int64_t cached_ = 0;
+};
+
+}  // namespace spot

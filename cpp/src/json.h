@@ -1,0 +1,52 @@
+// A small JSON reader for manifest.json and drafter.json (RFC 8259 values; objects keep their key order).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace spot {
+
+class Json {
+ public:
+  enum class Kind { Null, Bool, Number, String, Array, Object };
+
+  Json() = default;
+  static Json parse(const std::string& text);   // throws SpotException(SPOT_ERR_CORRUPT) on malformed input
+
+  Kind kind() const { return kind_; }
+  bool is_null() const { return kind_ == Kind::Null; }
+  bool is_number() const { return kind_ == Kind::Number; }
+  bool is_string() const { return kind_ == Kind::String; }
+  bool is_array() const { return kind_ == Kind::Array; }
+  bool is_object() const { return kind_ == Kind::Object; }
+
+  bool has(const std::string& key) const;
+  const Json& at(const std::string& key) const;     // throws naming the key when absent
+  const Json* find(const std::string& key) const;   // nullptr when absent (or not an object)
+  const std::vector<Json>& items() const;            // array elements
+  const std::vector<std::pair<std::string, Json>>& members() const;  // object members in file order
+
+  double number() const;
+  int64_t integer() const;                           // a number that is an exact integer
+  bool boolean() const;
+  const std::string& str() const;
+
+ private:
+  friend class JsonParser;
+  Kind kind_ = Kind::Null;
+  bool bool_ = false;
+  double num_ = 0.0;
+  bool num_is_int_ = false;
+  int64_t int_ = 0;
+  std::string str_;
+  std::vector<Json> arr_;
+  std::vector<std::pair<std::string, Json>> obj_;
+};
+
+std::string read_text_file(const std::string& path);  // throws SpotException(SPOT_ERR_NOT_FOUND) when unreadable
+
+}  // namespace spot

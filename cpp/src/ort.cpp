@@ -1,0 +1,174 @@
+#include "ort.h"
+
+#include <mutex>
+
+#include "errors.h"
+
+namespace spot {
+namespace {
+
+const OrtApi* g_api = nullptr;
+OrtEnv* g_env = nullptr;
+std::once_flag g_once;
+std::string g_init_error;
+
+void init_runtime() {
+  const OrtApiBase* base = OrtGetApiBase();
+  if (base == nullptr) {
+    g_init_error = "OrtGetApiBase() returned NULL";
+    return;
+  }
+  g_api = base->GetApi(ORT_API_VERSION);
+  if (g_api == nullptr) {
+    g_init_error = std::string("the ONNX Runtime library (") + base->GetVersionString() +
+                   ") does not serve C API version " + std::to_string(ORT_API_VERSION) +
+                   " of the headers this host was built with: link a newer libonnxruntime";
+    return;
+  }
+  // the environment lives for the whole process: ORT allows one, and releasing it at exit races other statics
+  OrtStatus* st = g_api->CreateEnv(ORT_LOGGING_LEVEL_ERROR, "spot", &g_env);
+  if (st != nullptr) {
+    g_init_error = std::string("cannot create the ONNX Runtime environment: ") + g_api->GetErrorMessage(st);
+    g_api->ReleaseStatus(st);
+    g_api = nullptr;
+  }
+}
+
+void check(OrtStatus* st, const std::string& what) {
+  if (st == nullptr) return;
+  std::string msg = ort_api().GetErrorMessage(st);
+  ort_api().ReleaseStatus(st);
+  fail(SPOT_ERR_RUNTIME, what + ": " + msg);
+}
+
+std::vector<std::string> io_names(OrtSession* s, bool inputs) {
+  const OrtApi& api = ort_api();
+  OrtAllocator* alloc = nullptr;
+  check(api.GetAllocatorWithDefaultOptions(&alloc), "GetAllocatorWithDefaultOptions");
+  size_t n = 0;
+  check(inputs ? api.SessionGetInputCount(s, &n) : api.SessionGetOutputCount(s, &n), "SessionGet*Count");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < n; ++i) {
+    char* name = nullptr;
+    check(inputs ? api.SessionGetInputName(s, i, alloc, &name) : api.SessionGetOutputName(s, i, alloc, &name),
+          "SessionGet*Name");
+    out.emplace_back(name);
+    check(api.AllocatorFree(alloc, name), "AllocatorFree");
+  }
+  return out;
+}
+
+}  // namespace
+
+const OrtApi& ort_api() {
+  std::call_once(g_once, init_runtime);
+  if (g_api == nullptr) fail(SPOT_ERR_RUNTIME, g_init_error);
+  return *g_api;
+}
+
+std::string ort_version() { return OrtGetApiBase()->GetVersionString(); }
+
+OrtOutput::~OrtOutput() {
+  if (v_ != nullptr) ort_api().ReleaseValue(v_);
+}
+
+std::vector<int64_t> OrtOutput::shape() const {
+  const OrtApi& api = ort_api();
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  check(api.GetTensorTypeAndShape(v_, &info), "GetTensorTypeAndShape");
+  size_t n = 0;
+  OrtStatus* st = api.GetDimensionsCount(info, &n);
+  std::vector<int64_t> dims(n);
+  if (st == nullptr) st = api.GetDimensions(info, dims.data(), n);
+  api.ReleaseTensorTypeAndShapeInfo(info);
+  check(st, "GetDimensions");
+  return dims;
+}
+
+ONNXTensorElementDataType OrtOutput::type() const {
+  const OrtApi& api = ort_api();
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  check(api.GetTensorTypeAndShape(v_, &info), "GetTensorTypeAndShape");
+  ONNXTensorElementDataType t = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  OrtStatus* st = api.GetTensorElementType(info, &t);
+  api.ReleaseTensorTypeAndShapeInfo(info);
+  check(st, "GetTensorElementType");
+  return t;
+}
+
+const void* OrtOutput::data() const {
+  void* p = nullptr;
+  check(ort_api().GetTensorMutableData(v_, &p), "GetTensorMutableData");
+  return p;
+}
+
+OrtSessionHandle::OrtSessionHandle(const std::string& path, const SessionConfig& cfg) : path_(path) {
+  const OrtApi& api = ort_api();
+  OrtSessionOptions* so = nullptr;
+  check(api.CreateSessionOptions(&so), "CreateSessionOptions");
+  OrtStatus* st = api.SetSessionGraphOptimizationLevel(so, ORT_ENABLE_ALL);
+  if (st == nullptr) st = api.SetSessionLogSeverityLevel(so, 3);
+  if (st == nullptr && cfg.intra_threads > 0) st = api.SetIntraOpNumThreads(so, cfg.intra_threads);
+  if (st == nullptr && cfg.single_inter_thread) st = api.SetInterOpNumThreads(so, 1);
+  if (st == nullptr) st = api.CreateSession(g_env, path.c_str(), so, &session_);
+  api.ReleaseSessionOptions(so);
+  if (st != nullptr) {
+    std::string msg = api.GetErrorMessage(st);
+    api.ReleaseStatus(st);
+    fail(SPOT_ERR_RUNTIME, "onnxruntime could not load " + path + ": " + msg.substr(0, 400));
+  }
+  try {
+    check(api.CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &mem_), "CreateCpuMemoryInfo");
+    inputs_ = io_names(session_, true);
+    outputs_ = io_names(session_, false);
+  } catch (...) {
+    if (mem_) api.ReleaseMemoryInfo(mem_);
+    api.ReleaseSession(session_);
+    throw;
+  }
+}
+
+OrtSessionHandle::~OrtSessionHandle() {
+  if (mem_) ort_api().ReleaseMemoryInfo(mem_);
+  if (session_) ort_api().ReleaseSession(session_);
+}
+
+std::vector<OrtOutput> OrtSessionHandle::run(const std::vector<std::string>& input_names,
+                                             const std::vector<InputTensor>& inputs,
+                                             const std::vector<std::string>& output_names) {
+  const OrtApi& api = ort_api();
+  static const uint64_t kEmpty = 0;   // ORT wants a non-null pointer even for zero-size tensors
+  std::vector<OrtValue*> in(inputs.size(), nullptr);
+  std::vector<OrtValue*> out(output_names.size(), nullptr);
+  std::vector<const char*> in_names, out_names;
+  for (const auto& n : input_names) in_names.push_back(n.c_str());
+  for (const auto& n : output_names) out_names.push_back(n.c_str());
+  auto release_all = [&]() {
+    for (OrtValue* v : in)
+      if (v) api.ReleaseValue(v);
+    for (OrtValue* v : out)
+      if (v) api.ReleaseValue(v);
+  };
+  OrtStatus* st = nullptr;
+  for (size_t i = 0; i < inputs.size() && st == nullptr; ++i) {
+    const InputTensor& t = inputs[i];
+    void* data = const_cast<void*>(t.bytes ? t.data : static_cast<const void*>(&kEmpty));
+    st = api.CreateTensorWithDataAsOrtValue(mem_, data, t.bytes, t.shape.data(), t.shape.size(), t.type, &in[i]);
+  }
+  if (st == nullptr)
+    st = api.Run(session_, nullptr, in_names.data(), in.data(), in.size(), out_names.data(), out_names.size(),
+                 out.data());
+  if (st != nullptr) {
+    std::string msg = api.GetErrorMessage(st);
+    api.ReleaseStatus(st);
+    release_all();
+    fail(SPOT_ERR_RUNTIME, "onnxruntime failed running " + path_ + ": " + msg.substr(0, 400));
+  }
+  for (OrtValue* v : in) api.ReleaseValue(v);
+  std::vector<OrtOutput> result;
+  result.reserve(out.size());
+  for (OrtValue* v : out) result.emplace_back(v);
+  return result;
+}
+
+}  // namespace spot

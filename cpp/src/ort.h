@@ -1,0 +1,63 @@
+// A thin RAII layer over ONNX Runtime's C API (onnxruntime_c_api.h): one process-wide environment, sessions,
+// tensors that borrow host memory, and outputs owned by ORT. Every OrtStatus becomes a SpotException.
+#pragma once
+
+#include <onnxruntime_c_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace spot {
+
+const OrtApi& ort_api();                 // throws SPOT_ERR_RUNTIME when the library lacks this API version
+std::string ort_version();
+
+struct SessionConfig {
+  int intra_threads = 0;                 // 0: ORT's default
+  bool single_inter_thread = false;      // set inter-op threads to 1 (as the Python runtime does with threads)
+};
+
+// A tensor that borrows host memory for one Run call.
+struct InputTensor {
+  ONNXTensorElementDataType type;
+  std::vector<int64_t> shape;
+  const void* data;
+  size_t bytes;
+};
+
+class OrtOutput {
+ public:
+  explicit OrtOutput(OrtValue* v) : v_(v) {}
+  OrtOutput(OrtOutput&& o) noexcept : v_(o.v_) { o.v_ = nullptr; }
+  OrtOutput(const OrtOutput&) = delete;
+  ~OrtOutput();
+  std::vector<int64_t> shape() const;
+  ONNXTensorElementDataType type() const;
+  const void* data() const;
+
+ private:
+  OrtValue* v_;
+};
+
+class OrtSessionHandle {
+ public:
+  OrtSessionHandle(const std::string& path, const SessionConfig& cfg);
+  ~OrtSessionHandle();
+  OrtSessionHandle(const OrtSessionHandle&) = delete;
+  OrtSessionHandle& operator=(const OrtSessionHandle&) = delete;
+
+  const std::vector<std::string>& input_names() const { return inputs_; }
+  const std::vector<std::string>& output_names() const { return outputs_; }
+  std::vector<OrtOutput> run(const std::vector<std::string>& input_names, const std::vector<InputTensor>& inputs,
+                             const std::vector<std::string>& output_names);
+
+ private:
+  OrtSession* session_ = nullptr;
+  OrtMemoryInfo* mem_ = nullptr;
+  std::vector<std::string> inputs_, outputs_;
+  std::string path_;
+};
+
+}  // namespace spot

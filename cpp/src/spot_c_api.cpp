@@ -1,0 +1,253 @@
+// The C API of include/spot/spot.h: exceptions stop here and become (status, message).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "decode.h"
+#include "engine.h"
+#include "errors.h"
+#include "spot/spot.h"
+#include "step.h"
+
+struct spot_model {
+  spot::ExportedFolder folder;
+  std::unique_ptr<spot::TargetEngine> engine;
+  std::unique_ptr<spot::Drafter> drafter;
+  std::string ort_version;
+};
+
+namespace {
+
+spot_status set_error(spot_error* err, spot_status code, const std::string& message) {
+  if (err != nullptr) {
+    err->code = code;
+    std::snprintf(err->message, sizeof(err->message), "%s", message.c_str());
+  }
+  return code;
+}
+
+spot_status ok(spot_error* err) { return set_error(err, SPOT_OK, ""); }
+
+template <typename F>
+spot_status guarded(spot_error* err, F&& body) {
+  try {
+    body();
+    return ok(err);
+  } catch (const spot::SpotException& e) {
+    return set_error(err, e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    return set_error(err, SPOT_ERR_INTERNAL, "out of memory");
+  } catch (const std::exception& e) {
+    return set_error(err, SPOT_ERR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return set_error(err, SPOT_ERR_INTERNAL, "internal error (unknown exception)");
+  }
+}
+
+bool dir_exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool file_exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+const char* kDecoderNames[] = {"standard", "threshold", "chain", "tree", "spot", "spot-sets"};
+
+}  // namespace
+
+extern "C" {
+
+void spot_open_options_init(spot_open_options* o) {
+  if (o == nullptr) return;
+  o->drafter_dir = nullptr;
+  o->verify = SPOT_VERIFY_QUICK;
+  o->threads = 0;
+}
+
+void spot_generate_options_init(spot_generate_options* o) {
+  if (o == nullptr) return;
+  o->decoder = SPOT_DECODER_STANDARD;
+  o->temperature = 0.0;
+  o->seed = 0;
+  o->tau = 0.9;
+  o->max_new_tokens = 64;
+  o->budget = 16;
+  o->depth = 8;
+  o->mode = SPOT_MODE_STATIC;
+  o->top_k = 0;
+  o->top_p = 1.0;
+  o->stop_ids = nullptr;
+  o->n_stop_ids = 0;
+}
+
+spot_status spot_open(const char* folder, const spot_open_options* options, spot_model** out, spot_error* err) {
+  if (out == nullptr) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: out is NULL");
+  *out = nullptr;
+  if (folder == nullptr) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: folder is NULL");
+  spot_open_options opts;
+  spot_open_options_init(&opts);
+  if (options != nullptr) opts = *options;
+  if (opts.verify != SPOT_VERIFY_QUICK && opts.verify != SPOT_VERIFY_FULL && opts.verify != SPOT_VERIFY_NONE)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: unknown verify level");
+  if (opts.threads < 0)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
+                     "spot_open: threads must be >= 0 (0 = ONNX Runtime's default), got " +
+                         std::to_string(opts.threads));
+  spot_model* model = nullptr;
+  spot_status st = guarded(err, [&]() {
+    auto m = std::make_unique<spot_model>();
+    m->folder = spot::load_exported_folder(folder, opts.verify);
+    m->ort_version = spot::ort_version();
+    m->engine = std::make_unique<spot::TargetEngine>(m->folder, opts.threads);
+    std::string drafter_dir;
+    if (opts.drafter_dir != nullptr) {
+      drafter_dir = opts.drafter_dir;
+      if (!dir_exists(drafter_dir) && !file_exists(drafter_dir))
+        spot::fail(SPOT_ERR_NOT_FOUND, "drafter folder " + drafter_dir + " does not exist");
+    } else if (file_exists(std::string(folder) + "/drafter.onnx")) {
+      drafter_dir = folder;
+    }
+    if (!drafter_dir.empty()) {
+      m->drafter = spot::Drafter::load(drafter_dir);
+      // refuse a mismatched drafter at open: spot / spot-sets with it could never run
+      m->drafter->check_compatible(m->engine->block_size(), m->folder.config);
+    }
+    model = m.release();
+  });
+  if (st == SPOT_OK) *out = model;
+  return st;
+}
+
+void spot_close(spot_model* model) { delete model; }
+
+spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, spot_error* err) {
+  if (model == nullptr || info == nullptr)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_model_get_info: NULL argument");
+  info->vocab_size = model->folder.config.vocab_size;
+  info->block_size = model->engine->block_size();
+  info->mask_token_id = model->folder.config.mask_token_id;
+  info->max_nodes = model->engine->max_nodes();
+  info->max_context = model->engine->max_context();
+  info->has_drafter = model->drafter != nullptr;
+  info->dtype = model->folder.dtype.c_str();
+  info->ort_version = model->ort_version.c_str();
+  return ok(err);
+}
+
+size_t spot_output_capacity(const spot_model* model, size_t n_prompt, int max_new_tokens) {
+  (void)n_prompt;
+  if (model == nullptr || max_new_tokens < 1) return 0;
+  return static_cast<size_t>(max_new_tokens) + static_cast<size_t>(model->engine->block_size()) - 1;
+}
+
+spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_prompt,
+                          const spot_generate_options* options, int64_t* out_ids, size_t out_capacity,
+                          size_t* out_len, spot_stats* stats, spot_error* err) {
+  if (model == nullptr) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: model is NULL");
+  if (prompt == nullptr && n_prompt > 0)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: prompt is NULL");
+  if (out_ids == nullptr || out_len == nullptr)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: out_ids / out_len is NULL");
+  *out_len = 0;
+  spot_generate_options o;
+  spot_generate_options_init(&o);
+  if (options != nullptr) o = *options;
+  if (static_cast<int>(o.decoder) < 0 || static_cast<int>(o.decoder) > SPOT_DECODER_SPOT_SETS)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: unknown decoder " +
+                                                         std::to_string(static_cast<int>(o.decoder)));
+  if (o.top_k < 0) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "top_k must be >= 0, got " +
+                                                                      std::to_string(o.top_k));
+  if (!(o.top_p > 0.0 && o.top_p <= 1.0))
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1], got " + std::to_string(o.top_p));
+  if (o.top_k > 0 || o.top_p < 1.0)
+    return set_error(err, SPOT_ERR_UNSUPPORTED, "top-k / top-p filtering is not implemented in the C++ host "
+                                                "(use top_k 0 and top_p 1, or the Python runtime)");
+  if (o.mode != SPOT_MODE_STATIC && o.mode != SPOT_MODE_THRESHOLD)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: unknown mode");
+  if (o.stop_ids == nullptr && o.n_stop_ids > 0)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: stop_ids is NULL but n_stop_ids > 0");
+  if (o.max_new_tokens >= 1 && out_capacity < spot_output_capacity(model, n_prompt, o.max_new_tokens))
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
+                     "spot_generate: out_capacity " + std::to_string(out_capacity) + " is below the " +
+                         std::to_string(spot_output_capacity(model, n_prompt, o.max_new_tokens)) +
+                         " ids this request may produce (max_new_tokens + block_size - 1)");
+  return guarded(err, [&]() {
+    spot::DecodeRequest req;
+    req.decoder = kDecoderNames[o.decoder];
+    req.max_new_tokens = o.max_new_tokens;
+    req.threshold_mode = o.mode == SPOT_MODE_THRESHOLD;
+    req.tau = o.tau;
+    req.temperature = o.temperature;
+    req.seed = o.seed;
+    req.budget = o.budget;
+    req.depth = o.depth;
+    if (o.stop_ids != nullptr) req.stop_ids = std::vector<int64_t>(o.stop_ids, o.stop_ids + o.n_stop_ids);
+    std::vector<int64_t> ids(prompt, prompt + n_prompt);
+    spot::Generation gen = spot::run_decoder(*model->engine, model->folder.config, model->drafter.get(), ids, req);
+    if (gen.token_ids.size() > out_capacity) spot::fail(SPOT_ERR_INTERNAL, "output larger than its bound");
+    std::copy(gen.token_ids.begin(), gen.token_ids.end(), out_ids);
+    *out_len = gen.token_ids.size();
+    if (stats != nullptr) {
+      auto count = [&](const char* k) {
+        auto it = gen.stats.passes.find(k);
+        return it == gen.stats.passes.end() ? int64_t(0) : it->second;
+      };
+      stats->prefill_passes = count("prefill");
+      stats->block_passes = count("block");
+      stats->verify_passes = count("verify");
+      stats->store_passes = count("store");
+      stats->target_passes = stats->prefill_passes + stats->block_passes + stats->verify_passes + stats->store_passes;
+      stats->steps = gen.stats.steps;
+      stats->blocks = gen.stats.blocks;
+      stats->stopped = gen.stopped ? 1 : 0;
+      stats->seconds = gen.stats.seconds;
+      stats->draft_ms = gen.stats.draft_ms;
+      stats->walk_ms = gen.stats.walk_ms;
+      stats->target_ms = gen.stats.target_ms;
+    }
+  });
+}
+
+double spot_gumbel(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, uint32_t token) {
+  return spot::gumbel(seed, block, step, position, token);
+}
+
+double spot_uniform(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, uint32_t token, uint32_t* a,
+                    uint32_t* b) {
+  uint32_t wa = spot::mix32(spot::lane_prefix(0x9E3779B9u, seed, block, step, position) ^ token);
+  uint32_t wb = spot::mix32(spot::lane_prefix(0x7F4A7C15u, seed, block, step, position) ^ token);
+  if (a) *a = wa;
+  if (b) *b = wb;
+  return spot::uniform_from_words(wa, wb);
+}
+
+const char* spot_decoder_name(spot_decoder decoder) {
+  int d = static_cast<int>(decoder);
+  return (d >= 0 && d <= SPOT_DECODER_SPOT_SETS) ? kDecoderNames[d] : "unknown";
+}
+
+spot_status spot_decoder_from_name(const char* name, spot_decoder* out, spot_error* err) {
+  if (name == nullptr || out == nullptr)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_decoder_from_name: NULL argument");
+  for (int d = 0; d <= SPOT_DECODER_SPOT_SETS; ++d)
+    if (std::strcmp(name, kDecoderNames[d]) == 0) {
+      *out = static_cast<spot_decoder>(d);
+      return ok(err);
+    }
+  if (std::strcmp(name, "oracle") == 0)
+    return set_error(err, SPOT_ERR_UNSUPPORTED, "the oracle decoder is a Python-runtime diagnostic, not in the C++ "
+                                                "host");
+  return set_error(err, SPOT_ERR_INVALID_ARGUMENT, std::string("unknown decoder '") + name +
+                                                       "', expected one of standard, threshold, chain, tree, spot, "
+                                                       "spot-sets");
+}
+
+}  // extern "C"

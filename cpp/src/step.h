@@ -1,0 +1,83 @@
+// The noise (docs/noise.md) and the step function F (SPEC §3), bit-identical to spot/runtime/noise.py + step.py.
+//
+// Bit-identity rests on: the same IEEE float64 operations in the same order (no FMA contraction: the build uses
+// -ffp-contract=off), glibc's exp / log / log1p (what numpy calls for float64 on x86-64 glibc), and numpy's
+// pairwise summation order for the softmax denominators.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace spot {
+
+// -- noise ---------------------------------------------------------------------------------------------------------
+uint32_t mix32(uint32_t x);
+uint32_t lane_prefix(uint32_t lane, uint32_t seed, uint32_t block, uint32_t step, uint32_t position);
+double uniform_from_words(uint32_t a, uint32_t b);
+double gumbel(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, uint32_t token);
+// noise of every token at one position: out [vocab]
+void gumbel_row(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, int64_t vocab, double* out);
+
+// -- numpy's float64 add.reduce over a contiguous row --------------------------------------------------------------
+double pairwise_sum(const double* a, int64_t n);
+
+// -- F ---------------------------------------------------------------------------------------------------------------
+struct Sampling {
+  double temperature = 0.0;
+  uint32_t seed = 0;
+  int64_t exclude_token = -1;   // the mask id: never sampled (removed from the argmax only)
+};
+
+struct CommitRule {
+  bool threshold = false;       // false: static (one commit per step)
+  double tau = 0.9;
+};
+
+// Gumbel rows of one block, cached by (step, position): a SPOT round samples the same rows for the stale view and
+// for the walk, and later rounds revisit steps of earlier trees. Bounded: beyond max_doubles nothing is cached.
+class NoiseRows {
+ public:
+  NoiseRows(uint32_t seed, int64_t vocab, int64_t max_doubles = int64_t(1) << 25)
+      : seed_(seed), vocab_(vocab), max_doubles_(max_doubles) {}
+  void start_block(uint32_t block);                 // forget the rows of the previous block
+  const double* row(uint32_t step, uint32_t position, std::vector<double>& scratch);
+
+ private:
+  uint32_t seed_;
+  int64_t vocab_;
+  int64_t max_doubles_;
+  uint32_t block_ = 0;
+  int64_t cached_ = 0;
+  std::unordered_map<uint64_t, std::vector<double>> rows_;
+};
+
+// One logits row scaled for sampling: z = L / T (L at T = 0) in float64, its maximum and the softmax denominator
+// sum(exp(z - max)) in numpy's order. A stale view samples the same rows at many steps: only the noise changes.
+struct ScaledRow {
+  std::vector<double> z;
+  double zmax = 0.0;
+  double denom = 0.0;
+};
+void scale_row(const float* row, int64_t vocab, double temperature, ScaledRow& out);
+// argmax of z + g (z when g is NULL) without `exclude` (ties: smallest id); conf = exp(z_x - max) / denom
+void sample_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t& token, double& conf);
+
+// Sample tokens and confidences at `positions` of one state: logits [B, V] float32 (row-major).
+// tokens[k], conf[k] for positions[k]: conf = softmax(L/T)[x] (softmax(L) at T = 0), float64.
+void sample_positions(const float* logits, int64_t vocab, const std::vector<int64_t>& positions,
+                      const Sampling& sampling, uint32_t block, uint32_t step, NoiseRows* noise,
+                      std::vector<int64_t>& tokens, std::vector<double>& conf);
+
+// Indices into conf (masked positions in ascending order) that the rule commits.
+std::vector<int64_t> select_commits(const std::vector<double>& conf, const CommitRule& rule);
+
+// F_step(state): state [B] with mask_id at undecided positions, logits [B, V].
+std::vector<int64_t> step_fn(const std::vector<int64_t>& state, const float* logits, int64_t vocab, int64_t mask_id,
+                             const CommitRule& rule, const Sampling& sampling, uint32_t block, uint32_t step,
+                             NoiseRows* noise);
+
+std::vector<int64_t> masked_positions(const std::vector<int64_t>& state, int64_t mask_id);
+bool has_mask(const std::vector<int64_t>& state, int64_t mask_id);
+
+}  // namespace spot

@@ -1,0 +1,78 @@
+"""`spot demo`: export the embedded model (cached), then decode one held-out prompt with standard decoding and SPOT
+on ONNX Runtime and compare. Returns a result dict; the CLI prints it."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from spot.errors import SpotError
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot"))
+
+
+def exported_embedded(progress: Callable[[str], None]) -> Path:
+    """The embedded model exported to fp32 ONNX, reused while its manifest checks out (re-exported otherwise)."""
+    from spot.assets import embedded_model_dir
+    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.manifest import load_manifest
+    from spot.export.presets import resolve_source
+
+    src = embedded_model_dir()
+    out = cache_dir() / "embedded-fp32-onnx"
+    stamp = (src / "model.safetensors").stat().st_mtime_ns
+    if out.is_dir():
+        try:
+            load_manifest(out)                      # hashes: a damaged cache is re-exported, never used
+            if (out / ".stamp").read_text() == str(stamp):
+                return out
+        except (SpotError, OSError):
+            pass
+        progress(f"cached export at {out} is stale or damaged: exporting again")
+    progress(f"exporting the embedded model to {out} (once; cached afterwards)")
+    export_checkpoint(resolve_source("embedded"), out, ExportOptions(dtype="fp32", overwrite=True), progress)
+    (out / ".stamp").write_text(str(stamp))
+    return out
+
+
+def heldout_prompt(index: int, max_tokens: int) -> tuple[str, list[int]]:
+    from spot.assets import embedded_model_dir
+    from spot.tokenizer import load_tokenizer
+    path = embedded_model_dir() / "heldout_prompts.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rec = lines[index % len(lines)]
+    ids = load_tokenizer(embedded_model_dir()).encode(rec["text"])[-max_tokens:]
+    return rec.get("file", str(index)), ids
+
+
+def run_demo(prompt_index: int = 0, max_new_tokens: int = 64, temperature: float = 0.0, seed: int = 0,
+             nodes: int = 16, depth: int = 8, progress: Callable[[str], None] = lambda s: None) -> dict:
+    from spot.engines.ort_engine import OrtEngine
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.drafter import load_drafter
+    from spot.runtime.spot import TreeBudget
+    from spot.runtime.step import Sampling
+    from spot.tokenizer import load_tokenizer
+
+    folder = exported_embedded(progress)
+    engine = OrtEngine(folder)
+    tokenizer = load_tokenizer(folder)
+    drafter = load_drafter(folder / "drafter.onnx")
+    name, ids = heldout_prompt(prompt_index, 128)
+    req = DecodeRequest(max_new_tokens, sampling=Sampling(temperature, seed=seed), budget=TreeBudget(nodes, depth))
+    run_decoder("standard", engine, ids, req)          # warm-up: first-call allocations out of the timing
+    results = {}
+    for decoder in ("standard", "spot"):
+        progress(f"decoding with {decoder}")
+        gen = run_decoder(decoder, engine, ids, req, drafter)
+        results[decoder] = {"text": tokenizer.decode(gen.token_ids), "token_ids": gen.token_ids,
+                            "target_passes": gen.stats.target_passes, "seconds": gen.stats.seconds,
+                            "tokens_per_s": len(gen.token_ids) / gen.stats.seconds}
+    std, spot = results["standard"], results["spot"]
+    return {"prompt_file": name, "prompt": tokenizer.decode(ids), "folder": str(folder), **results,
+            "identical": std["token_ids"] == spot["token_ids"],
+            "passes_reduction": std["target_passes"] / spot["target_passes"],
+            "speedup": spot["tokens_per_s"] / std["tokens_per_s"]}

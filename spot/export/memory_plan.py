@@ -1,0 +1,300 @@
+"""Memory plans: will an export fit a Jetson (`spot-export MODEL --plan orin-nx-16gb|...|<N>GB`)?
+
+A plan adds, in bytes (docs/quantization.md has the derivations):
+  weights      every initializer the export writes (the same WeightSpecs the writer uses: per tensor, per
+               precision, int8/int4 scales included; norm weights float32),
+  KV cache     2 * layers * kv_heads * head_dim * dtype bytes per token (SDAR-8B fp16: 144 KiB) x --max-context,
+  verify pass  the transient tensors of one target pass over --max-nodes states of B tokens at that context:
+               logits N*B*V*4 bytes (+ the fp16 lm_head output before its Cast), the cached K/V broadcast over the
+               N states (the graph Expands + Concats the prefix per state: ~3 * N*Hkv*T*D*dtype bytes live for one
+               layer, T = context + B), attention scores + fp32 softmax (N*Hq*B*T elements), MLP/residual
+               activations, the new K/V outputs and, for quantized weights, one dequantized matrix in case the
+               runtime does not fuse DequantizeLinear into its GEMM,
+  runtime      CUDA context + TensorRT/cuBLAS workspaces + ONNX Runtime arena slack (assumed RUNTIME_GIB),
+  OS share     kernel carve-outs + a headless L4T userland in the unified memory (assumed per device);
+and compares the sum with the device's memory. Every term but the weights grows linearly with the context, so the
+largest context that fits is solved in closed form (a multiple of the block size, at most max_position_embeddings).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from spot.config import ModelConfig
+from spot.errors import SpotError
+
+GIB = 2 ** 30
+RUNTIME_GIB = 0.9      # CUDA context (~0.3-0.5 GB with cuBLAS/cuDNN/TensorRT loaded) + workspaces + arena slack
+OS_GIB = 1.0           # carve-outs (the 8 GB Orin Nano shows ~7.4 GiB to Linux) + headless L4T services
+
+
+@dataclass(frozen=True)
+class Device:
+    key: str
+    name: str
+    memory_gib: float             # unified LPDDR5, shared by CPU and GPU
+    bandwidth_gbs: float | None   # DRAM bandwidth (decoding is memory-bound: a pass reads every weight once)
+    os_gib: float = OS_GIB
+    runtime_gib: float = RUNTIME_GIB
+
+    @property
+    def budget(self) -> int:
+        return int(self.memory_gib * GIB)
+
+
+DEVICES = {
+    "orin-nano-8gb": Device("orin-nano-8gb", "Jetson Orin Nano 8GB", 8, 68.0),      # 102 GB/s in Super mode
+    "orin-nx-16gb": Device("orin-nx-16gb", "Jetson Orin NX 16GB", 16, 102.4),
+    "agx-orin-32gb": Device("agx-orin-32gb", "Jetson AGX Orin 32GB", 32, 204.8),
+    "agx-orin-64gb": Device("agx-orin-64gb", "Jetson AGX Orin 64GB", 64, 204.8),
+}
+
+
+def resolve_device(text: str) -> Device:
+    """A named Jetson or '<N>GB' (N GiB of unified memory, the same OS/runtime assumptions)."""
+    key = text.strip().lower()
+    if key in DEVICES:
+        return DEVICES[key]
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*gi?b", key)
+    if m and float(m.group(1)) > 0:
+        gib = float(m.group(1))
+        return Device(key, f"{gib:g} GiB device", gib, None)
+    raise SpotError(f"unknown --plan device {text!r}", f"use one of {', '.join(DEVICES)} or a size like 12GB")
+
+
+# -- the terms -------------------------------------------------------------------------------------------------------
+def weight_bytes(cfg: ModelConfig, dtype: str, quant=None) -> int:
+    """Bytes of every initializer the export writes (sum of the graph's WeightSpecs, no alignment padding)."""
+    from spot.export.graph import build_target_graph
+    from spot.export.quantize import QuantScheme
+    scheme = quant if quant is not None else QuantScheme()
+    opset = 17
+    graph = build_target_graph(cfg, dtype, opset, scheme)
+    return sum(w.nbytes for w in graph.weights)
+
+
+def _itemsize(dtype: str) -> int:
+    return {"fp32": 4, "fp16": 2}[dtype]
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * _itemsize(dtype)
+
+
+def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, quantized: bool) -> dict[str, int]:
+    """Transient bytes of one pass over `nodes` states of B tokens against `context` cached tokens (see the module
+    docstring); a dict of named terms."""
+    e = _itemsize(dtype)
+    n, s, t = nodes, cfg.block_size, context + cfg.block_size
+    hq, hkv, d, h, inter, v = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size,
+                               cfg.intermediate_size, cfg.vocab_size)
+    terms = {
+        "logits": n * s * v * (4 + (e if dtype == "fp16" else 0)),
+        "kv_broadcast": 3 * n * hkv * t * d * e,
+        "attention_scores": n * hq * s * t * (e + 8 if dtype == "fp16" else 8),
+        "hidden": n * s * (3 * inter + 4 * h) * e,
+        "new_kv": 2 * cfg.num_hidden_layers * n * hkv * s * d * e,
+    }
+    if quantized:
+        terms["dequantized_matrix"] = max(h * inter, h * hq * d) * e
+    return terms
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model: str
+    device: Device
+    dtype: str
+    weights: str                  # precision label, e.g. "int4 (blocks of 128)"
+    parameters: int
+    weight_bytes: int
+    kv_per_token: int
+    context: int
+    nodes: int
+    kv_bytes: int
+    activations: dict
+    runtime_bytes: int
+    os_bytes: int
+    max_context: int              # largest context that fits at `nodes` states per pass (0: none)
+    max_context_one_node: int     # ... with one state per pass (standard decoding)
+
+    @property
+    def activation_bytes(self) -> int:
+        return sum(self.activations.values())
+
+    @property
+    def total(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes + self.runtime_bytes + self.os_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.device.budget
+
+    @property
+    def min_pass_ms(self) -> float | None:
+        """Lower bound of one pass when memory-bound: every weight byte read once at the DRAM bandwidth."""
+        bw = self.device.bandwidth_gbs
+        return None if bw is None else self.weight_bytes / (bw * 1e9) * 1e3
+
+    def to_dict(self) -> dict:
+        return {"device": self.device.key, "device_name": self.device.name, "memory_bytes": self.device.budget,
+                "dtype": self.dtype, "weights": self.weights, "parameters": self.parameters,
+                "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_per_token,
+                "context": self.context, "nodes": self.nodes, "kv_bytes": self.kv_bytes,
+                "verify_pass_bytes": dict(self.activations), "runtime_bytes": self.runtime_bytes,
+                "os_bytes": self.os_bytes, "total_bytes": self.total, "fits": self.fits,
+                "max_context": self.max_context, "max_context_one_node": self.max_context_one_node,
+                "min_pass_ms": None if self.min_pass_ms is None else round(self.min_pass_ms, 2),
+                "assumptions": {"runtime_gib": self.device.runtime_gib, "os_gib": self.device.os_gib,
+                                "bandwidth_gbs": self.device.bandwidth_gbs}}
+
+
+def _fixed_and_per_token(cfg, dtype, nodes, quantized, fixed_extra) -> tuple[int, int]:
+    """total(context) = fixed + per_token * context (every context-dependent term is linear)."""
+    def total(c: int) -> int:
+        return kv_bytes_per_token(cfg, dtype) * c + sum(verify_pass_bytes(cfg, dtype, nodes, c, quantized).values())
+    return fixed_extra + total(0), total(1) - total(0)
+
+
+def largest_context(cfg: ModelConfig, dtype: str, nodes: int, quantized: bool, fixed: int, budget: int) -> int:
+    """Largest multiple of the block size <= max_position_embeddings whose total fits `budget` (0: none)."""
+    base, per_token = _fixed_and_per_token(cfg, dtype, nodes, quantized, fixed)
+    if base > budget:
+        return 0
+    ctx = (budget - base) // per_token
+    ctx = min(int(ctx), cfg.max_position_embeddings) // cfg.block_size * cfg.block_size
+    return max(ctx, 0)
+
+
+def precision_label(dtype: str, quant) -> str:
+    if quant is None or not quant.quantized:
+        return dtype
+    label = quant.weights + (f" (blocks of {quant.int4_block})" if quant.weights == "int4" else " (per channel)")
+    return f"{label}, scales/embed/lm_head {dtype}"
+
+
+def make_plan(cfg: ModelConfig, dtype: str, quant, context: int, nodes: int, device: Device,
+              model: str = "model") -> MemoryPlan:
+    """The plan for `cfg` exported as `dtype` + `quant` decoding `nodes` states per pass at `context` tokens on
+    `device`. SpotError when the weights alone (plus runtime and OS share) exceed the device."""
+    quantized = quant is not None and quant.quantized
+    w = weight_bytes(cfg, dtype, quant)
+    runtime, osb = int(device.runtime_gib * GIB), int(device.os_gib * GIB)
+    if w + runtime + osb > device.budget:
+        raise SpotError(f"{model} does not fit {device.name}: its {precision_label(dtype, quant)} weights alone "
+                        f"take {w / GIB:.2f} GiB, plus {device.runtime_gib + device.os_gib:.1f} GiB runtime and OS "
+                        f"share, of {device.memory_gib:g} GiB", _smaller_hint(cfg, dtype, quant, device))
+    fixed = w + runtime + osb
+    plan = MemoryPlan(model=model, device=device, dtype=dtype, weights=precision_label(dtype, quant),
+                      parameters=cfg.parameter_count(), weight_bytes=w, kv_per_token=kv_bytes_per_token(cfg, dtype),
+                      context=context, nodes=nodes, kv_bytes=kv_bytes_per_token(cfg, dtype) * context,
+                      activations=verify_pass_bytes(cfg, dtype, nodes, context, quantized), runtime_bytes=runtime,
+                      os_bytes=osb,
+                      max_context=largest_context(cfg, dtype, nodes, quantized, fixed, device.budget),
+                      max_context_one_node=largest_context(cfg, dtype, 1, quantized, fixed, device.budget))
+    return plan
+
+
+def _smaller_hint(cfg: ModelConfig, dtype: str, quant, device: Device) -> str:
+    """Name what fits instead: --weights int8/int4 of this model, else a smaller model."""
+    from spot.export.quantize import QuantScheme
+    room = device.budget - int((device.runtime_gib + device.os_gib) * GIB)
+    current = quant.weights if quant is not None and quant.quantized else "fp"
+    options = []
+    for weights in ("int8", "int4"):
+        if weights == current or (current == "int4" and weights == "int8"):
+            continue
+        try:
+            wb = weight_bytes(cfg, dtype, QuantScheme(weights))
+        except SpotError:
+            continue
+        if wb < room:
+            options.append(f"--weights {weights} ({wb / GIB:.2f} GiB of weights)")
+    if options:
+        return "export with " + " or ".join(options) + " and check again with --plan"
+    return ("use a smaller model (sdar-4b, sdar-1.7b) or a device with more memory"
+            + ("; --weights int4 is the smallest form" if current != "int4" else ""))
+
+
+# -- rendering / export hooks ----------------------------------------------------------------------------------------
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def render(plan: MemoryPlan, block_size: int) -> str:
+    a = plan.activations
+    lines = [
+        f"memory plan: {plan.model} ({plan.parameters / 1e9:.2f}B parameters) on {plan.device.name} "
+        f"({plan.device.memory_gib:g} GiB unified memory)",
+        f"  weights      {plan.weights}: {_gib(plan.weight_bytes)}",
+        f"  KV cache     {plan.kv_per_token / 1024:.1f} KiB/token x {plan.context} tokens ({plan.dtype}): "
+        f"{_gib(plan.kv_bytes)}",
+        f"  verify pass  {plan.nodes} nodes x {block_size} tokens: logits {_gib(a['logits'])}, K/V broadcast "
+        f"{_gib(a['kv_broadcast'])}, attention scores {_gib(a['attention_scores'])}, other "
+        f"{_gib(plan.activation_bytes - a['logits'] - a['kv_broadcast'] - a['attention_scores'])}: "
+        f"{_gib(plan.activation_bytes)}",
+        f"  runtime      CUDA context + TensorRT/ORT workspaces (assumed): {_gib(plan.runtime_bytes)}",
+        f"  OS share     carve-outs + headless L4T (assumed): {_gib(plan.os_bytes)}",
+        f"  total        {_gib(plan.total)} of {plan.device.memory_gib:g} GiB: "
+        + ("fits" if plan.fits else "does NOT fit"),
+        f"  largest context that fits: {plan.max_context} tokens at {plan.nodes} nodes per pass, "
+        f"{plan.max_context_one_node} tokens at 1 node (standard decoding)",
+    ]
+    if plan.min_pass_ms is not None:
+        lines.append(f"  memory-bound pass time >= weights / bandwidth = {_gib(plan.weight_bytes)} / "
+                     f"{plan.device.bandwidth_gbs:g} GB/s = {plan.min_pass_ms:.0f} ms")
+    return "\n".join(lines)
+
+
+def plan_for_options(cfg: ModelConfig, options, context: int, model: str = "model") -> MemoryPlan:
+    """The plan for an ExportOptions (spot.export.export) with options.plan set."""
+    return make_plan(cfg, options.dtype, options.quant, context, options.max_nodes, resolve_device(options.plan),
+                     model)
+
+
+def check_plan_fits(cfg: ModelConfig, options, context: int, progress) -> MemoryPlan:
+    """Before an export with --plan: SpotError unless the plan fits at the requested context."""
+    plan = plan_for_options(cfg, options, context)
+    progress(render(plan, cfg.block_size))
+    if not plan.fits:
+        hint = (f"export with --max-context {plan.max_context}" if plan.max_context else
+                "lower --max-nodes or use smaller weights (--weights int4)")
+        if plan.max_context == 0 and plan.max_context_one_node:
+            hint += f" (with --max-nodes 1: up to {plan.max_context_one_node} tokens)"
+        raise SpotError(f"the export does not fit {plan.device.name} at --max-context {context} with "
+                        f"--max-nodes {options.max_nodes}: {_gib(plan.total)} of {plan.device.memory_gib:g} GiB",
+                        hint)
+    return plan
+
+
+def manifest_memory(cfg: ModelConfig, options, context: int) -> dict:
+    """The manifest's `memory` record: device-independent numbers, plus the plan when --plan was given."""
+    quant = options.quant
+    quantized = quant.quantized
+    act = verify_pass_bytes(cfg, options.dtype, options.max_nodes, context, quantized)
+    out = {"weight_bytes": weight_bytes(cfg, options.dtype, quant),
+           "kv_bytes_per_token": kv_bytes_per_token(cfg, options.dtype),
+           "kv_bytes_at_max_context": kv_bytes_per_token(cfg, options.dtype) * context,
+           "verify_pass_bytes_at_max_nodes_and_context": sum(act.values()),
+           "verify_pass_terms": act, "plan": None}
+    if options.plan:
+        out["plan"] = plan_for_options(cfg, options, context).to_dict() | {"block_size": cfg.block_size}
+    return out
+
+
+def plan_source(source, options, progress) -> tuple[MemoryPlan, ModelConfig]:
+    """`spot-export SOURCE --plan DEVICE` without --out: the plan of the source's config (its checkpoint folder's
+    config.json, else the preset's built-in config: no weights needed)."""
+    from spot.config import load_config
+    from spot.export.export import check_options, effective_config
+    if source.checkpoint is not None:
+        cfg = load_config(source.checkpoint)
+    elif source.builtin_config is not None:
+        cfg = source.builtin_config
+    else:
+        raise SpotError(f"no config for {source.preset}", "pass --checkpoint DIR")
+    cfg = effective_config(cfg, source, options, progress)
+    context = check_options(cfg, options)
+    return plan_for_options(cfg, options, context, source.preset or source.default_name), cfg

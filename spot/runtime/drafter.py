@@ -1,0 +1,239 @@
+"""The drafter (order model, SPEC §6) at runtime: its input features, ONNX Runtime inference, and the proposer that
+turns its logits into SPOT / SPOT-Sets children. numpy + onnxruntime only.
+
+Features of K tree nodes of one round, all reading the same stale logits L~ = L(s_m) [B, V]:
+  topk       [K, B, 32] float32  top-32 log-probabilities of softmax(L~/T) (softmax(L~) at T = 0), per position
+  masked     [K, B]     float32  1 where the node's state holds the mask id
+  stale_conf [K, B]     float32  confidence of the coupled sample for the node's step (0 where not masked)
+  staleness  [K]        int64    node depth + 1 = steps between the stale logits and the node (clipped)
+Training (spot.training.drafter) builds its inputs with `drafter_inputs` too, so the two cannot drift.
+
+Outputs: order_logits [K, B] (softmax over masked positions = P(next commit)) and member_logits [K, B]
+(sigmoid = P(position in the next committed set), SPOT-Sets). The membership threshold calibrated at training is
+folded in here so that `set_candidates`' 0.5 cut equals the calibrated one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from spot.config import ModelConfig
+from spot.errors import SpotError
+from spot.runtime.proposers import RoundInputs, position_candidates, set_candidates
+from spot.runtime.stale import TOPK_FEATURES, StaleView
+from spot.runtime.step import STATIC
+from spot.runtime.tree import Node
+
+DRAFTER_ONNX = "drafter.onnx"
+DRAFTER_JSON = "drafter.json"
+FORMAT = "spot-drafter"
+FORMAT_VERSION = 1
+MAX_STALENESS = 32        # staleness embedding has entries 0..MAX_STALENESS (0 unused)
+MAX_BLOCK = 64            # learned position embedding size
+INPUT_NAMES = ("topk", "masked", "stale_conf", "staleness")
+OUTPUT_NAMES = ("order_logits", "member_logits")
+DEFAULT_BRANCH = 4
+MEMBER_SHARPNESS = 32.0   # stale-confidence membership when the rule's tau is not the one the drafter learned
+# The target facts a drafter is tied to: its inputs are vocabulary-free, but its training distribution is one
+# target's (block size is checked separately, against the engine's block size).
+IDENTITY_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                   "num_key_value_heads", "head_dim", "mask_token_id")
+
+
+# -- features ------------------------------------------------------------------------------------------------------
+def drafter_inputs(topk: np.ndarray, masked: np.ndarray, conf: np.ndarray, staleness: np.ndarray,
+                   max_staleness: int = MAX_STALENESS) -> dict[str, np.ndarray]:
+    """The ONNX inputs of K nodes.
+
+    topk [B, 32] (one stale view shared by every node) or [K, B, 32]; masked [K, B] bool (node state == mask);
+    conf [K, B] coupled-sample confidence for each node's step (any value, -inf included, where not masked);
+    staleness [K] int (node depth + 1), clipped to 1..max_staleness."""
+    masked = np.asarray(masked, dtype=bool)
+    k, b = masked.shape
+    topk = np.asarray(topk, dtype=np.float32)
+    if topk.ndim == 2:
+        topk = np.broadcast_to(topk[None], (k, b, topk.shape[-1]))
+    if topk.shape != (k, b, TOPK_FEATURES):
+        raise ValueError(f"topk: got shape {topk.shape}, expected [{k}, {b}, {TOPK_FEATURES}]")
+    stale_conf = np.where(masked, conf, 0.0).astype(np.float32)
+    return {"topk": np.ascontiguousarray(topk), "masked": masked.astype(np.float32), "stale_conf": stale_conf,
+            "staleness": np.clip(np.asarray(staleness, dtype=np.int64), 1, max_staleness)}
+
+
+def node_inputs(stale: StaleView, nodes: list[Node], mask_id: int,
+                max_staleness: int = MAX_STALENESS) -> dict[str, np.ndarray]:
+    """Features of tree nodes of one round (stale = the round's view of L(s_m))."""
+    masked = np.stack([n.state == mask_id for n in nodes])
+    conf = np.stack([stale.coupled(n.step)[1] for n in nodes])
+    staleness = np.array([n.depth + 1 for n in nodes], dtype=np.int64)
+    return drafter_inputs(stale.topk_logprobs(), masked, conf, staleness, max_staleness)
+
+
+def masked_log_softmax(logits: np.ndarray, masked: np.ndarray) -> np.ndarray:
+    """logits [..., B], masked [..., B] bool -> log-softmax over the masked positions (-inf elsewhere)."""
+    z = np.where(masked, logits.astype(np.float64), -np.inf)
+    zmax = z.max(axis=-1, keepdims=True)
+    zmax = np.where(np.isfinite(zmax), zmax, 0.0)
+    return z - zmax - np.log(np.exp(z - zmax).sum(axis=-1, keepdims=True))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(x, dtype=np.float64)))
+
+
+def logit(p: float) -> float:
+    p = min(max(float(p), 1e-6), 1 - 1e-6)
+    return float(np.log(p) - np.log1p(-p))
+
+
+# -- target identity ------------------------------------------------------------------------------------------------
+def target_identity(config: ModelConfig) -> dict:
+    """The architecture facts of the target a drafter was trained on, plus a short hash of them."""
+    ident = {f: getattr(config, f) for f in IDENTITY_FIELDS}
+    ident["config_sha256"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    return ident
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# -- the drafter ----------------------------------------------------------------------------------------------------
+def resolve_paths(path: str | Path) -> tuple[Path, Path]:
+    """A folder holding drafter.onnx + drafter.json, or the .onnx file (manifest beside it) -> (onnx, json)."""
+    path = Path(path)
+    if path.is_dir():
+        onnx_path, json_path = path / DRAFTER_ONNX, path / DRAFTER_JSON
+    else:
+        onnx_path, json_path = path, path.with_name(DRAFTER_JSON)
+    if not onnx_path.is_file():
+        raise SpotError(f"drafter model {onnx_path} does not exist",
+                        "train one with `spot train-drafter`, or pass the folder that holds drafter.onnx")
+    if not json_path.is_file():
+        raise SpotError(f"drafter manifest {json_path} does not exist (it belongs beside {onnx_path.name})",
+                        "re-export the drafter with `spot train-drafter`")
+    return onnx_path, json_path
+
+
+class Drafter:
+    """An order model exported by `spot train-drafter`: drafter.onnx run by ONNX Runtime, facts from drafter.json."""
+
+    def __init__(self, onnx_path: Path, manifest: dict, threads: int = 1):
+        import onnxruntime as ort
+
+        self.path = Path(onnx_path)
+        self.manifest = manifest
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
+            raise SpotError(f"cannot load drafter {self.path}: {e}", "re-export it with `spot train-drafter`") \
+                from None
+        names = tuple(i.name for i in self.session.get_inputs())
+        if names != INPUT_NAMES:
+            raise SpotError(f"drafter {self.path} has inputs {names}, expected {INPUT_NAMES}",
+                            "re-export it with `spot train-drafter`")
+        self.block_size = int(manifest["block_size"])
+        self.target = dict(manifest["target"])
+        self.member_threshold = float(manifest.get("member_threshold", 0.5))
+        self.member_offset = logit(self.member_threshold)
+        self.max_staleness = int(manifest.get("max_staleness", MAX_STALENESS))
+        self.tau = manifest.get("tau")     # the threshold rule's tau the membership head learned
+
+    @staticmethod
+    def load(path: str | Path, threads: int = 1) -> "Drafter":
+        onnx_path, json_path = resolve_paths(path)
+        try:
+            manifest = json.loads(json_path.read_text())
+        except json.JSONDecodeError as e:
+            raise SpotError(f"{json_path} is not valid JSON ({e})", "re-export the drafter") from None
+        if manifest.get("format") != FORMAT:
+            raise SpotError(f"{json_path} has format {manifest.get('format')!r}, expected {FORMAT!r}",
+                            "pass a drafter folder written by `spot train-drafter`")
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise SpotError(f"{json_path} has format_version {manifest.get('format_version')}, expected "
+                            f"{FORMAT_VERSION}", "re-export the drafter with this version of spot")
+        for key in ("block_size", "target", "onnx_sha256"):
+            if key not in manifest:
+                raise SpotError(f"{json_path} lacks {key!r}", "re-export the drafter with `spot train-drafter`")
+        digest = sha256_file(onnx_path)
+        if digest != manifest["onnx_sha256"]:
+            raise SpotError(f"{onnx_path} does not match its manifest (sha256 {digest[:12]}..., expected "
+                            f"{manifest['onnx_sha256'][:12]}...)", "the file was changed or truncated: re-export it")
+        return Drafter(onnx_path, manifest, threads)
+
+    def check_compatible(self, engine) -> None:
+        """SpotError unless this drafter was trained for the engine's target and block size."""
+        if engine.block_size != self.block_size:
+            raise SpotError(f"drafter {self.path} was trained for block size {self.block_size}, got an engine "
+                            f"decoding blocks of {engine.block_size}: expected {self.block_size}",
+                            f"use --block-size {self.block_size}, or train a drafter for block size "
+                            f"{engine.block_size} with `spot traces` + `spot train-drafter`")
+        got = target_identity(engine.config)
+        for f in IDENTITY_FIELDS:
+            if f in self.target and got[f] != self.target[f]:
+                raise SpotError(f"drafter {self.path} was trained for another target: {f} is {got[f]} in the "
+                                f"engine's model, expected {self.target[f]}",
+                                "use the drafter shipped with this model, or train one with `spot traces` + "
+                                "`spot train-drafter`")
+
+    def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """One ORT call: order_logits [K, B], member_logits [K, B] float32."""
+        order, member = self.session.run(list(OUTPUT_NAMES), inputs)
+        return order, member
+
+    def proposer(self, branch: int = DEFAULT_BRANCH) -> "DrafterProposer":
+        return DrafterProposer(self, branch)
+
+
+class DrafterProposer:
+    """SPOT / SPOT-Sets proposer: all nodes requested at once go through ONE drafter call.
+
+    static rule: log-softmax of the order logits over masked positions, one child per top-`branch` position;
+    threshold rule: the predicted set {sigmoid(member) > calibrated threshold} (else the top order position) and
+    `branch - 1` variants flipping the least certain positions; for a tau other than the one the drafter learned,
+    membership comes from the stale confidence instead. Tokens: the coupled samples of the node's step."""
+
+    def __init__(self, drafter: Drafter, branch: int = DEFAULT_BRANCH):
+        if branch < 1:
+            raise SpotError(f"drafter branch must be >= 1, got {branch}")
+        self.drafter, self.branch = drafter, branch
+        self.round: RoundInputs | None = None
+        self.calls = 0
+
+    def begin_round(self, round_inputs: RoundInputs, state: np.ndarray, step: int) -> None:
+        self.round = round_inputs
+
+    def propose(self, tree: list[Node], nodes: list[int]) -> list[list[tuple[float, np.ndarray]]]:
+        if not nodes:
+            return []
+        r = self.round
+        chosen = [tree[i] for i in nodes]
+        inputs = node_inputs(r.stale, chosen, r.mask_id, self.drafter.max_staleness)
+        order, member = self.drafter.run(inputs)
+        self.calls += 1
+        masked = inputs["masked"] > 0
+        out = []
+        for j, node in enumerate(chosen):
+            tokens = r.stale.coupled(node.step)[0]
+            logq = masked_log_softmax(order[j], masked[j])
+            if r.rule.kind == STATIC:
+                out.append(position_candidates(node, logq, tokens, r.mask_id, self.branch))
+            else:
+                best = int(np.argmax(logq))        # where the threshold rule falls back to one commit
+                if self.drafter.tau is None or abs(r.rule.tau - self.drafter.tau) < 1e-9:
+                    member_p = sigmoid(member[j].astype(np.float64) - self.drafter.member_offset)
+                else:  # the head learned another tau: use the stale confidence against this one (still exact)
+                    member_p = sigmoid(MEMBER_SHARPNESS * (inputs["stale_conf"][j] - r.rule.tau))
+                out.append(set_candidates(node, member_p, best, tokens, r.mask_id, self.branch))
+        return out
+
+
+def load_drafter(path: str | Path, threads: int = 1) -> Drafter:
+    return Drafter.load(path, threads)

@@ -1,0 +1,341 @@
+"""Standard-decoding traces for training the drafter (SPEC §6), collected through generate()'s observer hook.
+
+For every standard step t of every block (state s_t, fresh logits L(s_t), next state s_{t+1}) a trace row keeps:
+  state       [B] int32    s_t (mask id at undecided positions)
+  committed   [B] bool     positions F committed at step t
+  best        int16        the masked position with the largest fresh confidence (the static rule's commit)
+  fresh_conf  [B] float64  fresh confidence of F's sample at step t (-1 where not masked): threshold labels for
+                           any tau are {fresh_conf > tau} (else {best})
+  topk        [B, 32] f32  StaleView topk features of L(s_t)
+  future_conf [D, B] f32   coupled confidences StaleView(L(s_t), s_t masks).coupled(t + k)[1], k = 1..D
+                           (0 where not masked): the stale_conf feature of a node at staleness k
+Full logits are never stored. A teacher-forced example for staleness k is (stale row t, node row t + k of the same
+block): the node's features are drafter_inputs(topk[t], state[t+k] == mask, future_conf[t, k-1], k) and its targets
+are best / the committed set of row t + k.
+
+Noise: the coupled sample of step tau is needed by D consecutive rows, so the Gumbel rows of (block, tau) are
+computed once and reused; `sample_with_noise` repeats spot.runtime.step.sample_positions' arithmetic on them (a test
+checks bit equality with StaleView.coupled), and every row checks that its labels reproduce the committed set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from spot.errors import SpotError
+from spot.runtime.decode import generate
+from spot.runtime.drafter import target_identity
+from spot.runtime.engine import Engine
+from spot.runtime.noise import gumbel_rows
+from spot.runtime.stale import TOPK_FEATURES, topk_logprobs
+from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling, filter_scaled_logits, select_commits
+
+TRACE_FORMAT = "spot-traces"
+TRACE_VERSION = 1
+DEFAULT_DEPTH = 16
+DEFAULT_TEMPERATURES = (0.0, 0.5, 1.0)
+RULE_CODES = {STATIC: 0, THRESHOLD: 1}
+ROW_FIELDS = ("trace", "block", "step", "state", "committed", "best", "fresh_conf", "topk", "future_conf")
+TRACE_FIELDS = ("temperature", "rule", "tau", "seed", "prompt", "prompt_len", "generated")
+
+
+def sample_with_noise(logits: np.ndarray, positions: np.ndarray, sampling: Sampling,
+                      noise: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """sample_positions (spot.runtime.step) with precomputed Gumbel rows noise [K, V] float64 of `positions`.
+    Same operations in the same order, so tokens and confidences are bit-identical."""
+    rows = logits[positions].astype(np.float64)
+    t = sampling.temperature
+    z = rows / t if t > 0 else rows
+    if t > 0:
+        tokens = np.argmax(filter_scaled_logits(z, sampling.top_k, sampling.top_p) + noise, axis=-1)
+    else:
+        tokens = np.argmax(z, axis=-1)
+    zmax = z.max(axis=-1, keepdims=True)
+    e = np.exp(z - zmax)
+    conf = np.take_along_axis(e, tokens[:, None], axis=-1)[:, 0] / e.sum(axis=-1)
+    return tokens.astype(np.int64), conf
+
+
+class NoiseCache:
+    """Gumbel rows [B, V] of one block's steps, filled per position on demand (masks only shrink in a block)."""
+
+    def __init__(self, seed: int, block_size: int, vocab_size: int):
+        self.seed, self.block_size, self.vocab_size = seed, block_size, vocab_size
+        self.block = -1
+        self.steps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def rows(self, block: int, step: int, positions: np.ndarray) -> np.ndarray:
+        if block != self.block:
+            self.block, self.steps = block, {}
+        if step not in self.steps:
+            self.steps[step] = (np.empty((self.block_size, self.vocab_size)), np.zeros(self.block_size, bool))
+        table, have = self.steps[step]
+        missing = positions[~have[positions]]
+        if missing.size:
+            table[missing] = gumbel_rows(self.seed, block, step, missing, self.vocab_size)
+            have[missing] = True
+        return table[positions]
+
+    def forget_before(self, step: int) -> None:
+        for s in [s for s in self.steps if s < step]:
+            del self.steps[s]
+
+
+class TraceRecorder:
+    """generate() observer that appends one trace row per standard step (see the module docstring)."""
+
+    def __init__(self, trace_id: int, rule: CommitRule, sampling: Sampling, mask_id: int, block_size: int,
+                 vocab_size: int, depth: int):
+        self.trace_id, self.rule, self.sampling, self.mask_id, self.depth = trace_id, rule, sampling, mask_id, depth
+        self.noise = NoiseCache(sampling.seed, block_size, vocab_size) if sampling.temperature > 0 else None
+        self.rows: dict[str, list] = {f: [] for f in ROW_FIELDS}
+
+    def _sample(self, logits, positions, block, step):
+        noise = None if self.noise is None else self.noise.rows(block, step, positions)
+        return sample_with_noise(logits, positions, self.sampling, noise)
+
+    def __call__(self, block: int, step: int, state: np.ndarray, logits: np.ndarray, nxt: np.ndarray) -> None:
+        masked = np.flatnonzero(state == self.mask_id)
+        b = state.shape[0]
+        tokens, conf = self._sample(logits, masked, block, step)
+        pick = select_commits(conf, self.rule)
+        expected = state.copy()
+        expected[masked[pick]] = tokens[pick]
+        if not np.array_equal(expected, nxt):   # the labels must be F's own decision
+            raise RuntimeError(f"trace labels drifted from the step function at block {block} step {step}: "
+                               f"recomputed commits at {masked[pick].tolist()} differ from F's next state")
+        committed = np.zeros(b, dtype=bool)
+        committed[masked[pick]] = True
+        fresh = np.full(b, -1.0)
+        fresh[masked] = conf
+        future = np.zeros((self.depth, b), dtype=np.float32)
+        for k in range(1, self.depth + 1):
+            if k > 1 and self.noise is None:      # T = 0: the coupled sample does not depend on the step
+                future[k - 1] = future[0]
+                continue
+            future[k - 1, masked] = self._sample(logits, masked, block, step + k)[1]
+        if self.noise is not None:
+            self.noise.forget_before(step + 1)
+        row = dict(trace=self.trace_id, block=block, step=step, state=state.astype(np.int32), committed=committed,
+                   best=int(masked[np.argmax(conf)]), fresh_conf=fresh,
+                   topk=topk_logprobs(logits, self.sampling.temperature), future_conf=future)
+        for f in ROW_FIELDS:
+            self.rows[f].append(row[f])
+
+
+ROW_DTYPES = {"trace": np.int32, "block": np.int32, "step": np.int16, "state": np.int32, "committed": bool,
+              "best": np.int16, "fresh_conf": np.float64, "topk": np.float32, "future_conf": np.float32}
+TRACE_DTYPES = {"temperature": np.float32, "rule": np.int8, "tau": np.float32, "seed": np.int64, "prompt": np.int32,
+                "prompt_len": np.int32, "generated": np.int32}
+
+
+@dataclass
+class Traces:
+    """Rows (one per standard step) and per-trace facts (one per decoded request), plus file-level meta."""
+
+    meta: dict
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
+    traces: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.rows["trace"].shape[0]) if self.rows else 0
+
+    @property
+    def n_traces(self) -> int:
+        return int(self.traces["rule"].shape[0]) if self.traces else 0
+
+    @property
+    def block_size(self) -> int:
+        return int(self.meta["block_size"])
+
+    @property
+    def mask_id(self) -> int:
+        return int(self.meta["mask_token_id"])
+
+    @property
+    def depth(self) -> int:
+        return int(self.meta["depth"])
+
+    def save(self, path: str | Path) -> Path:
+        """Compressed .npz, written to a temporary name and renamed."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial.npz")
+        arrays = {f"row_{k}": v for k, v in self.rows.items()}
+        arrays.update({f"trace_{k}": v for k, v in self.traces.items()})
+        np.savez_compressed(tmp, meta=np.array(json.dumps(self.meta)), **arrays)
+        os.replace(tmp, path)
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> "Traces":
+        path = Path(path)
+        if not path.is_file():
+            raise SpotError(f"trace file {path} does not exist", "collect traces with `spot traces`")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(str(z["meta"]))
+                rows = {f: z[f"row_{f}"] for f in ROW_FIELDS}
+                traces = {f: z[f"trace_{f}"] for f in TRACE_FIELDS}
+        except (KeyError, ValueError, OSError) as e:
+            raise SpotError(f"{path} is not a trace file written by `spot traces` ({e})") from None
+        if meta.get("format") != TRACE_FORMAT or meta.get("format_version") != TRACE_VERSION:
+            raise SpotError(f"{path} has format {meta.get('format')!r} v{meta.get('format_version')}, expected "
+                            f"{TRACE_FORMAT!r} v{TRACE_VERSION}", "collect traces again with `spot traces`")
+        return Traces(meta, rows, traces)
+
+
+def concat_traces(parts: list[Traces]) -> Traces:
+    """One Traces from several files of the same target, block size and depth (trace ids renumbered)."""
+    if not parts:
+        raise SpotError("no trace files given", "pass --traces FILE (from `spot traces`)")
+    first = parts[0].meta
+    for p in parts[1:]:
+        for key in ("block_size", "mask_token_id", "depth", "target"):
+            if p.meta[key] != first[key]:
+                raise SpotError(f"trace files disagree on {key}: got {p.meta[key]}, expected {first[key]}",
+                                "train one drafter per target, block size and depth")
+    rows = {f: [] for f in ROW_FIELDS}
+    traces = {f: [] for f in TRACE_FIELDS}
+    offset = 0
+    for p in parts:
+        for f in ROW_FIELDS:
+            rows[f].append(p.rows[f] + offset if f == "trace" else p.rows[f])
+        for f in TRACE_FIELDS:
+            traces[f].append(p.traces[f])
+        offset += p.n_traces
+    meta = dict(first)
+    meta["temperatures"] = sorted({t for p in parts for t in p.meta["temperatures"]})
+    meta["rules"] = sorted({r for p in parts for r in p.meta["rules"]})
+    return Traces(meta, {f: np.concatenate(v) for f, v in rows.items()},
+                  {f: np.concatenate(v) for f, v in traces.items()})
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """What to decode: every prompt x temperature x rule, with `seeds` seeds at T > 0 (one at T = 0); or, with
+    `cycle`, one request per prompt going round those combinations (more prompts for the same time)."""
+
+    temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
+    rules: tuple[str, ...] = (STATIC, THRESHOLD)
+    tau: float = 0.9
+    seeds: int = 2
+    max_new_tokens: int = 64
+    depth: int = DEFAULT_DEPTH
+    cycle: bool = False
+
+    def combos(self) -> list[tuple[float, str, int]]:
+        return [(float(t), rule, s) for t in self.temperatures for rule in self.rules
+                for s in range(self.seeds if t > 0 else 1)]
+
+    def requests(self, n_prompts: int):
+        """(prompt index, temperature, rule, seed) in collection order: prompt-major, so a time limit keeps the
+        mix of temperatures and rules balanced."""
+        combos = self.combos()
+        for p in range(n_prompts):
+            for t, rule, s in ([combos[p % len(combos)]] if self.cycle else combos):
+                yield p, t, rule, (p * 1009 + s * 7919 + 17) % (2 ** 32)
+
+
+def collect_traces(engine: Engine, prompts: list[list[int]], plan: TracePlan = TracePlan(), *,
+                   minutes: float | None = None, progress: Callable[[str], None] | None = None,
+                   model_dir: str | None = None) -> Traces:
+    """Decode every request of `plan` with standard decoding on `engine` and record trace rows."""
+    if plan.depth < 1 or plan.depth > engine.block_size:
+        raise SpotError(f"trace depth must be in 1..{engine.block_size} (the block size), got {plan.depth}")
+    if not prompts:
+        raise SpotError("no prompts to collect traces from", "pass --prompts FILE.jsonl or --corpus-prompts N")
+    for rule in plan.rules:
+        CommitRule(rule, plan.tau)  # validates the rule name and tau
+    cfg = engine.config
+    t0 = time.perf_counter()
+    recorders, facts = [], {f: [] for f in TRACE_FIELDS}
+    for p, temperature, rule_kind, seed in plan.requests(len(prompts)):
+        if minutes is not None and time.perf_counter() - t0 > 60 * minutes:
+            if progress:
+                progress(f"time limit of {minutes} min reached after {len(recorders)} traces")
+            break
+        rule, sampling = CommitRule(rule_kind, plan.tau), Sampling(temperature, seed=seed)
+        rec = TraceRecorder(len(recorders), rule, sampling, cfg.mask_token_id, engine.block_size, cfg.vocab_size,
+                            plan.depth)
+        gen = generate(engine, prompts[p], max_new_tokens=plan.max_new_tokens, rule=rule, sampling=sampling,
+                       observer=rec)
+        recorders.append(rec)
+        for f, v in zip(TRACE_FIELDS, (temperature, RULE_CODES[rule_kind], plan.tau, seed, p, len(prompts[p]),
+                                       len(gen.token_ids))):
+            facts[f].append(v)
+        if progress:
+            n_rows = sum(len(r.rows["trace"]) for r in recorders)
+            progress(f"trace {len(recorders)}: prompt {p} T={temperature:g} {rule_kind} seed {seed}: "
+                     f"{len(rec.rows['trace'])} steps, {len(gen.token_ids)} tokens "
+                     f"({n_rows} rows, {time.perf_counter() - t0:.0f} s)")
+    rows = {f: np.array([v for r in recorders for v in r.rows[f]], dtype=ROW_DTYPES[f]) for f in ROW_FIELDS}
+    if rows["trace"].size == 0:
+        raise SpotError("no trace rows were recorded", "give more time (--minutes) or more prompts")
+    rows["topk"] = rows["topk"].reshape(-1, engine.block_size, TOPK_FEATURES)
+    rows["future_conf"] = rows["future_conf"].reshape(-1, plan.depth, engine.block_size)
+    meta = {"format": TRACE_FORMAT, "format_version": TRACE_VERSION, "block_size": engine.block_size,
+            "mask_token_id": cfg.mask_token_id, "vocab_size": cfg.vocab_size, "depth": plan.depth,
+            "topk": TOPK_FEATURES, "target": target_identity(cfg), "temperatures": sorted(set(plan.temperatures)),
+            "rules": sorted(set(plan.rules)), "tau": plan.tau, "max_new_tokens": plan.max_new_tokens,
+            "engine": engine.name, "model_dir": model_dir, "seconds": round(time.perf_counter() - t0, 1)}
+    return Traces(meta, rows, {f: np.array(v, dtype=TRACE_DTYPES[f]) for f, v in facts.items()})
+
+
+# -- prompts ----------------------------------------------------------------------------------------------------
+def prompts_from_jsonl(path: str | Path, tokenizer=None) -> list[list[int]]:
+    """Prompts of a JSONL file: each line an object with "ids" (or "prompt_ids" / "token_ids") or "text"."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpotError(f"prompt file {path} does not exist", "pass a JSONL file with one prompt per line")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpotError(f"{path}:{n} is not valid JSON ({e})") from None
+        ids = next((obj[k] for k in ("ids", "prompt_ids", "token_ids") if k in obj), None) \
+            if isinstance(obj, dict) else obj
+        if ids is None and isinstance(obj, dict) and "text" in obj:
+            if tokenizer is None:
+                raise SpotError(f"{path}:{n} holds text but the model has no tokenizer",
+                                "give token ids (\"ids\": [...]) or use a model folder with tokenizer.json")
+            ids = tokenizer.encode(obj["text"])
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise SpotError(f"{path}:{n}: expected an object with \"ids\" (a list of ints) or \"text\"")
+        out.append(ids)
+    return out
+
+
+def corpus_prompts(tokenizer, n: int, seed: int = 0, min_tokens: int = 64, max_tokens: int = 448,
+                   root: Path | None = None) -> list[list[int]]:
+    """n prompts cut at line starts from the TRAIN split of the embedded model's corpus (spot.training.corpus),
+    never from its held-out files: a file drawn in proportion to its size, a random line start, a random length."""
+    from spot.training import corpus
+
+    train, _ = corpus.split_corpus(root)
+    if not train:
+        raise SpotError("the corpus train split is empty", "pass --prompts FILE.jsonl instead")
+    rng = np.random.default_rng(seed + 101)
+    sizes = np.array([len(f.text) for f in train], dtype=np.float64)
+    prompts, tries = [], 0
+    while len(prompts) < n and tries < 50 * n:
+        tries += 1
+        text = train[int(rng.choice(len(train), p=sizes / sizes.sum()))].text
+        lines = text.splitlines(keepends=True)
+        start = int(rng.integers(len(lines)))
+        ids = tokenizer.encode("".join(lines[start:start + 400]))
+        length = int(rng.integers(min_tokens, max_tokens + 1))
+        if len(ids) < length + 64:   # leave a continuation so the model writes code, not the end of a file
+            continue
+        prompts.append(ids[:length])
+    return prompts

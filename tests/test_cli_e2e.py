@@ -1,0 +1,110 @@
+"""The product surface end to end on a tiny model: `spot demo`, `spot bench` (report files), and the documented
+error paths (one `error:` line, a hint, exit 2, no traceback)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+import spot.assets
+from spot.cli import main
+from spot.training.drafter import DrafterTrainSettings, train_drafter
+from spot.training.traces import TracePlan, collect_traces
+from spot.engines.torch_engine import TorchEngine
+from spot.checkpoint import Checkpoint
+from spot.reference.model import SDARModel
+from spot.runtime.step import STATIC, THRESHOLD
+from tinymodels import LINES, save_tiny_model, save_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    """A tiny stand-in for the embedded model: weights, tokenizer, held-out prompts and a trained drafter."""
+    folder = tmp_path_factory.mktemp("emb") / "embedded"
+    save_tiny_model(folder)
+    save_tiny_tokenizer(folder)
+    (folder / "heldout_prompts.jsonl").write_text(
+        "\n".join(json.dumps({"id": i, "file": f"f{i}.py", "text": t}) for i, t in enumerate(LINES)) + "\n")
+    engine = TorchEngine(SDARModel.from_checkpoint(Checkpoint(folder)))
+    plan = TracePlan(temperatures=(0.0, 1.0), rules=(STATIC, THRESHOLD), tau=0.9, seeds=1, max_new_tokens=8, depth=3)
+    traces = collect_traces(engine, [[5, 6, 7], [8, 9], [10, 11, 12, 13], [20, 21]], plan)
+    train_drafter(traces, folder, DrafterTrainSettings(epochs=1, batch_size=64, log_every=1000), log=lambda _: None)
+    return folder
+
+
+@pytest.fixture()
+def as_embedded(embedded, monkeypatch, tmp_path):
+    monkeypatch.setattr(spot.assets, "embedded_model_dir", lambda: embedded)
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))
+    return embedded
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_demo_shows_identical_outputs_and_caches_the_export(as_embedded, tmp_path):
+    first = run("demo", "--max-new-tokens", "8", "--budget", "6", "--depth", "3")
+    assert first.exit_code == 0, first.output
+    assert "outputs IDENTICAL" in first.output and "fewer target passes" in first.output
+    assert "exporting the embedded model" in first.output
+    second = run("demo", "--max-new-tokens", "8", "--temperature", "1.0", "--seed", "3", "--depth", "3")
+    assert second.exit_code == 0 and "outputs IDENTICAL" in second.output, second.output
+    assert "exporting the embedded model" not in second.output          # the cached export is reused
+    # a damaged cache is detected by its manifest and exported again, never used
+    cached = tmp_path / "cache" / "embedded-fp32-onnx"
+    (cached / "config.json").write_text((cached / "config.json").read_text() + " ")
+    third = run("demo", "--max-new-tokens", "4", "--depth", "2")
+    assert third.exit_code == 0 and "exporting again" in third.output
+
+
+def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
+    pytest.importorskip("matplotlib")
+    report = tmp_path / "report"
+    r = run("bench", "--limit", "3", "--temperatures", "0,1", "--budgets", "6x3", "--max-new-tokens", "8",
+            "--tune", "--report", str(report))
+    assert r.exit_code == 0, r.output
+    result = json.loads((report / "bench.json").read_text())
+    variants = {row["variant"] for row in result["rows"]}
+    assert {"standard", "threshold", "spot@6x3", "spot-sets@6x3", "chain@6x3+indep"} <= variants
+    for row in result["rows"]:
+        if row["identical_share"] is not None:
+            assert row["identical_share"] == 1.0, row["variant"]
+    assert "| variant |" in (report / "bench.md").read_text()
+    for png in ("passes_and_speed.png", "acceptance_by_depth.png", "latency_vs_nodes.png"):
+        assert (report / png).stat().st_size > 1000
+    assert result["tune"]["choice"]["nodes"] >= 1
+
+
+ERRORS = [
+    (["generate", "--model", "/nonexistent/model", "--prompt-ids", "1,2"], "does not exist"),
+    (["generate", "--prompt-ids", "1,2", "--decoder", "spot", "--drafter", "/nonexistent/d.onnx"], "does not exist"),
+    (["generate", "--prompt-ids", "1,2", "--decoder", "tree", "--budget", "0"], "budget must be >= 1"),
+    (["generate", "--prompt-ids", "1,2", "--decoder", "tree", "--depth", "9"], "depth must be in 1..4"),
+    (["generate", "--prompt-ids", "1,2", "--temperature", "-1"], "temperature"),
+    (["bench", "--decoders", "standard,medusa"], "unknown decoder"),
+    (["bench", "--budgets", "sixteen"], "budgets must look like"),
+    (["bench", "--prompts", "/nonexistent.jsonl", "--decoders", "standard"], "does not exist"),
+    (["export", "/nonexistent/ckpt"], ""),
+    (["verify", "/nonexistent/folder"], ""),
+]
+
+
+@pytest.mark.parametrize("args,message", ERRORS, ids=[" ".join(a[:2]) + f"-{i}" for i, (a, _) in enumerate(ERRORS)])
+def test_user_errors_are_one_clear_line(as_embedded, args, message):
+    r = run(*args)
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], r.output
+    assert "Traceback" not in r.output
+
+
+def test_mismatched_drafter_is_refused(as_embedded, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(as_embedded, other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "block_size": 8}))
+    r = run("generate", "--model", str(other), "--prompt-ids", "1,2", "--decoder", "spot")
+    assert r.exit_code == 2 and "block size" in r.output

@@ -1,0 +1,329 @@
+"""The C++ host (cpp/, docs/cpp-host.md): build it, reproduce the noise vectors, decode exported folders with every
+decoder bit-identically to the Python runtime (token ids and pass counts), refuse bad input with codes + messages.
+
+Skips only when no C++ toolchain or no ONNX Runtime headers can be obtained (cpp/fetch_ort_headers.sh fetches them
+from Debian's registry); a failing build is a failure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from spot.config import ModelConfig
+from spot.engines.ort_engine import OrtEngine
+from spot.export.export import ExportOptions, export_checkpoint
+from spot.export.presets import resolve_source
+from spot.reference.model import random_model
+from spot.runtime.drafter import load_drafter
+from spot.runtime.step import STATIC, THRESHOLD
+
+ROOT = Path(__file__).resolve().parents[1]
+CPP = ROOT / "cpp"
+BUILD = CPP / "build"
+GOLDEN_DIR = ROOT / "tests" / "data" / "golden"
+sys.path.insert(0, str(ROOT / "scripts"))
+from make_golden import case_options, golden_cases, model_identity, run_case  # noqa: E402
+
+# spot_status codes of cpp/include/spot/spot.h
+INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED = 1, 2, 3, 4, 5
+COMPARED = ("token_ids", "stopped", "target_passes", "passes", "steps", "blocks")
+
+# vocab 300: the softmax sums take numpy's pairwise recursion (> 128 terms) with remainders (not a multiple of 8)
+TINY = ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=8, max_position_embeddings=512, block_size=8,
+                   mask_token_id=299, stop_ids=(298,))
+
+
+# -- build --------------------------------------------------------------------------------------------------------
+def _run(cmd, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="session")
+def spot_cli() -> Path:
+    """cpp/build/spot_cli, configured and built here (make -j1: a shared 2-core machine)."""
+    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
+    if shutil.which("cmake") is None or cxx is None:
+        pytest.skip("no C++ toolchain: the C++ host needs cmake and a C++17 compiler (apt-get install cmake g++)")
+    fetch = _run(["bash", str(CPP / "fetch_ort_headers.sh")], env={**os.environ, "PYTHON": sys.executable})
+    if fetch.returncode != 0:
+        last = fetch.stderr.strip().splitlines()[-1] if fetch.stderr.strip() else "no output"
+        pytest.skip(f"ONNX Runtime headers could not be obtained (cpp/fetch_ort_headers.sh): {last}")
+    BUILD.mkdir(exist_ok=True)
+    cfg = _run(["cmake", "-S", str(CPP), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release"])
+    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
+    build = _run(["cmake", "--build", str(BUILD), "-j1"])
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    exe = BUILD / "spot_cli"
+    assert exe.is_file()
+    return exe
+
+
+def cli(exe: Path, *args, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return _run([str(exe), *map(str, args)], input=stdin, timeout=600)
+
+
+def request_line(opts: dict, prompt_ids: list[int]) -> str:
+    return (f"--decoder {opts['decoder']} --temperature {opts['temperature']!r} --seed {opts['seed']} "
+            f"--tau {opts['tau']!r} --mode {opts['mode']} --max-new-tokens {opts['max_new_tokens']} "
+            f"--budget {opts['budget']} --depth {opts['depth']} --prompt-ids {','.join(map(str, prompt_ids))}")
+
+
+def run_batch(exe: Path, folder: Path, drafter: Path | None, cases: list[dict]) -> list[dict]:
+    """Every case through one `spot_cli batch` process; one JSON result per case."""
+    args = ["batch", "--model", folder] + (["--drafter", drafter] if drafter else [])
+    proc = cli(exe, *args, stdin="\n".join(request_line(c, c["prompt_ids"]) for c in cases) + "\n")
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert len(results) == len(cases), proc.stderr[-2000:]
+    return results
+
+
+def mismatches(cases: list[dict], results: list[dict]) -> list[str]:
+    out = []
+    for c, r in zip(cases, results):
+        if "error" in r:
+            out.append(f"{c['decoder']} T={c['temperature']} seed={c['seed']} prompt {c.get('prompt')}: {r['error']}")
+            continue
+        diff = [k for k in COMPARED if r[k] != c["expected"][k]]
+        if diff:
+            out.append(f"{c['decoder']} T={c['temperature']} seed={c['seed']} prompt {c.get('prompt')}: "
+                       + ", ".join(f"{k} python {c['expected'][k]} c++ {r[k]}" for k in diff))
+    return out
+
+
+# -- the tiny exported model and its drafter -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A peaked random target (scale 0.6, the mask id's lm_head row zeroed so that T = 0 never re-commits it),
+    exported fp32, and a drafter trained for one epoch on its traces."""
+    from spot.training.drafter import DrafterTrainSettings, train_drafter
+    from spot.training.traces import TracePlan, collect_traces
+
+    tmp = tmp_path_factory.mktemp("cpp_host")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = random_model(TINY, seed=3, scale=0.6)
+        with torch.no_grad():
+            model.lm_head.weight[TINY.mask_token_id] = 0.0
+        model.save_pretrained(tmp / "ckpt")
+        folder = export_checkpoint(resolve_source(str(tmp / "ckpt")), tmp / "onnx", ExportOptions(dtype="fp32"))
+        engine = OrtEngine(folder)
+        plan = TracePlan(temperatures=(0.0, 1.0), rules=(STATIC, THRESHOLD), tau=0.9, seeds=1, max_new_tokens=16,
+                         depth=4)
+        traces = collect_traces(engine, random_prompts(6, seed=11), plan)
+        train_drafter(traces, tmp / "drafter", DrafterTrainSettings(epochs=1, batch_size=64, log_every=10 ** 6),
+                      log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    return folder, tmp / "drafter", engine, load_drafter(tmp / "drafter")
+
+
+def random_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    # lengths below, at and above a block: leftover prompt tokens open the first decoded block
+    return [rng.integers(0, TINY.vocab_size - 2, int(rng.integers(3, 21))).tolist() for _ in range(n)]
+
+
+# -- tests ----------------------------------------------------------------------------------------------------------
+def test_noise_vectors(spot_cli):
+    vectors = json.loads((ROOT / "tests" / "data" / "noise_vectors.json").read_text())["vectors"]
+    lines = "".join(f"{v['seed']} {v['block']} {v['step']} {v['position']} {v['token']}\n" for v in vectors)
+    proc = cli(spot_cli, "noise", stdin=lines)
+    assert proc.returncode == 0, proc.stderr
+    got = proc.stdout.split("\n")[: len(vectors)]
+    assert len(got) == len(vectors)
+    for v, line in zip(vectors, got):
+        a, b, u, g = line.split()
+        assert (int(a, 16), int(b, 16)) == (v["a"], v["b"]), v
+        assert float.fromhex(u) == float.fromhex(v["u"]), v
+        assert float.fromhex(g) == float.fromhex(v["g"]), v
+
+
+def test_noise_matches_numpy_on_a_field(spot_cli):
+    """Beyond the vectors: 20k random counters, every Gumbel value bit-identical to spot.runtime.noise."""
+    from spot.runtime.noise import gumbel
+
+    rng = np.random.default_rng(5)
+    c = rng.integers(0, 2 ** 32, size=(20000, 5), dtype=np.uint64)
+    c[:10000, 1:] %= np.array([64, 32, 32, 151936], dtype=np.uint64)   # the typical range too
+    proc = cli(spot_cli, "noise", stdin="".join(" ".join(map(str, row)) + "\n" for row in c.tolist()))
+    assert proc.returncode == 0, proc.stderr
+    got = np.array([float.fromhex(line.split()[3]) for line in proc.stdout.splitlines()])
+    want = gumbel(*(c[:, i].astype(np.uint32) for i in range(5)))
+    assert np.array_equal(got, want), int((got != want).sum())
+
+
+def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
+    """standard, threshold, chain, tree, spot, spot-sets at T = 0 and 1 (two seeds): identical token ids and passes;
+    plus chain / tree under the threshold rule and spot-sets with a tau the drafter was not trained for."""
+    folder, drafter_dir, engine, drafter = tiny
+    prompts = random_prompts(4, seed=2)
+    cases = golden_cases(engine, drafter, prompts, max_new_tokens=24, budget=12, depth=6, seeds_t1=(1, 7))
+    for pi, prompt in enumerate(prompts[:2]):
+        for opts in (case_options("chain", 1.0, 3, 24, 12, 6, mode=THRESHOLD),
+                     case_options("tree", 1.0, 4, 24, 12, 6, mode=THRESHOLD),
+                     case_options("tree", 0.0, 0, 24, 30, 8),
+                     case_options("spot-sets", 1.0, 5, 24, 12, 6, tau=0.7),
+                     case_options("threshold", 1.0, 6, 24, 12, 6, tau=0.5)):
+            cases.append({"prompt": pi, "prompt_ids": prompt, **opts, "expected": run_case(engine, drafter, prompt,
+                                                                                            opts)})
+    assert {c["decoder"] for c in cases} == {"standard", "threshold", "chain", "tree", "spot", "spot-sets"}
+    results = run_batch(spot_cli, folder, drafter_dir, cases)
+    bad = mismatches(cases, results)
+    assert not bad, f"{len(bad)} of {len(cases)} cases differ:\n" + "\n".join(bad[:20])
+    # the speculative decoders did speculate (several steps per verify pass somewhere)
+    spot_cases = [r for c, r in zip(cases, results) if c["decoder"] == "spot"]
+    assert sum(r["steps"] for r in spot_cases) > sum(r["passes"]["verify"] + r["passes"]["block"]
+                                                     for r in spot_cases)
+
+
+def test_fp16_export_matches(spot_cli, tiny, tmp_path):
+    """An fp16 export: the host's K/V cache holds float16 bits, and decoding still equals the Python runtime."""
+    _, drafter_dir, _, drafter = tiny
+    # no validation: this peaked random model (weights of scale 0.6) is outside the fp16 tolerance of the exporter's
+    # torch comparison; what is tested here is that both hosts feed ORT the same fp16 cache
+    folder = export_checkpoint(resolve_source(str(tiny[0].parent / "ckpt")), tmp_path / "fp16",
+                               ExportOptions(dtype="fp16", validate=False))
+    engine = OrtEngine(folder)
+    prompts = random_prompts(2, seed=9)
+    cases = golden_cases(engine, drafter, prompts, max_new_tokens=16, budget=8, depth=4, seeds_t1=(2,),
+                         decoders=("standard", "spot"))
+    bad = mismatches(cases, run_batch(spot_cli, folder, drafter_dir, cases))
+    assert not bad, "\n".join(bad)
+
+
+def test_generate_command_prints_the_result(spot_cli, tiny):
+    folder, drafter_dir, engine, drafter = tiny
+    prompt = random_prompts(1, seed=4)[0]
+    opts = case_options("spot", 1.0, 9, 20, 10, 5)
+    want = run_case(engine, drafter, prompt, opts)
+    proc = cli(spot_cli, "generate", "--model", folder, "--drafter", drafter_dir,
+               *request_line(opts, prompt).split())
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert {k: got[k] for k in COMPARED} == {k: want[k] for k in COMPARED}
+    info = json.loads(cli(spot_cli, "info", "--model", folder, "--drafter", drafter_dir).stdout)
+    assert info["block_size"] == 8 and info["vocab_size"] == 300 and info["has_drafter"] is True
+
+
+# -- bad input: exit code = spot_status, message on stderr ---------------------------------------------------------
+def _fails(proc: subprocess.CompletedProcess, code: int, *words: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "spot_cli: error" in proc.stderr
+    for w in words:
+        assert w in proc.stderr, (w, proc.stderr)
+
+
+def test_bad_folders_are_refused(spot_cli, tiny, tmp_path):
+    folder = tiny[0]
+    ids = "--prompt-ids", "1,2,3"
+    _fails(cli(spot_cli, "generate", "--model", tmp_path / "nowhere", *ids), NOT_FOUND, "does not exist")
+    _fails(cli(spot_cli, "generate", "--model", tmp_path, *ids), NOT_FOUND, "no manifest.json")
+    changed = tmp_path / "changed"
+    shutil.copytree(folder, changed)
+    cfg = changed / "config.json"
+    cfg.write_text(cfg.read_text().replace("300", "301", 1))
+    _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "config.json", "changed since export")
+    cfg.unlink()
+    _fails(cli(spot_cli, "generate", "--model", changed, *ids), NOT_FOUND, "config.json", "missing")
+    shutil.copyfile(folder / "config.json", cfg)
+    data = changed / "target.onnx.data"
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size - 1)
+    _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "target.onnx.data", "bytes")
+    (changed / "manifest.json").write_text("{not json")
+    _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "not valid JSON")
+
+
+def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
+    folder, drafter_dir = tiny[0], tiny[1]
+    ids = "--prompt-ids", "1,2,3"
+
+    def edited(name: str, edit) -> Path:
+        d = tmp_path / name
+        shutil.copytree(drafter_dir, d)
+        manifest = json.loads((d / "drafter.json").read_text())
+        edit(manifest)
+        (d / "drafter.json").write_text(json.dumps(manifest))
+        return d
+
+    other_block = edited("b16", lambda m: m.update(block_size=16))
+    _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", other_block, *ids), INCOMPATIBLE, "block size")
+    other_target = edited("target", lambda m: m["target"].update(vocab_size=4096))
+    _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", other_target, *ids), INCOMPATIBLE,
+           "another target", "vocab_size")
+    swapped = edited("swapped", lambda m: m.update(onnx_sha256="0" * 64))
+    _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", swapped, *ids), CORRUPT, "does not match")
+    _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", tmp_path / "none", *ids), NOT_FOUND)
+
+
+@pytest.mark.parametrize("flags, code, words", [
+    (["--decoder", "tree", "--budget", "0"], INVALID_ARGUMENT, ["budget must be >= 1"]),
+    (["--decoder", "spot", "--depth", "9"], INVALID_ARGUMENT, ["depth must be in 1..8"]),
+    (["--temperature", "-0.5"], INVALID_ARGUMENT, ["temperature must be"]),
+    (["--decoder", "threshold", "--tau", "1.5"], INVALID_ARGUMENT, ["tau must be in [0, 1)"]),
+    (["--max-new-tokens", "0"], INVALID_ARGUMENT, ["max_new_tokens must be >= 1"]),
+    (["--max-new-tokens", "4000"], INVALID_ARGUMENT, ["more than the model's limit"]),
+    (["--top-k", "5"], UNSUPPORTED, ["top-k / top-p"]),
+    (["--prompt-ids", "1,300,2"], INVALID_ARGUMENT, ["token id 300 is outside the vocabulary [0, 300)"]),
+    (["--prompt-ids", "1,-4"], INVALID_ARGUMENT, ["outside the vocabulary"]),
+    (["--prompt-ids", "5,299"], INVALID_ARGUMENT, ["mask token id 299"]),
+    (["--decoder", "tree", "--budget", "200", "--depth", "8"], INVALID_ARGUMENT, ["exceed the export's max_nodes"]),
+])
+def test_invalid_options_are_refused(spot_cli, tiny, flags, code, words):
+    args = ["generate", "--model", tiny[0], "--drafter", tiny[1], "--prompt-ids", "1,2,3", *flags]
+    _fails(cli(spot_cli, *args), code, *words)
+
+
+def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
+    _fails(cli(spot_cli, "generate", "--model", tiny[0], "--decoder", "spot", "--prompt-ids", "1,2"),
+           INVALID_ARGUMENT, "needs a drafter")
+    proc = cli(spot_cli, "generate", "--model", tiny[0], "--decoder", "oracle", "--prompt-ids", "1")
+    assert proc.returncode == 64 and "oracle" in proc.stderr
+    proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1,x")
+    assert proc.returncode == 64 and "expects an integer" in proc.stderr
+    # a batch reports a failed request and goes on with the next one
+    proc = cli(spot_cli, "batch", "--model", tiny[0], stdin="--budget 0 --decoder tree --prompt-ids 1\n"
+                                                            "--prompt-ids 1,2 --max-new-tokens 4\n")
+    lines = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert lines[0]["error"]["code"] == INVALID_ARGUMENT and "token_ids" in lines[1]
+    assert proc.returncode == INVALID_ARGUMENT
+
+
+# -- the embedded model: the committed golden file -----------------------------------------------------------------
+def test_embedded_golden(spot_cli, tmp_path_factory):
+    """tests/data/golden/embedded.json (scripts/make_golden.py on `spot export embedded` + the shipped drafter)."""
+    from click.testing import CliRunner
+
+    from spot.cli import main
+
+    golden_path = GOLDEN_DIR / "embedded.json"
+    if not golden_path.is_file():
+        pytest.skip("no golden file for the embedded model yet (scripts/make_golden.py)")
+    golden = json.loads(golden_path.read_text())
+    out = tmp_path_factory.mktemp("embedded") / "emb_onnx"
+    res = CliRunner().invoke(main, ["export", "embedded", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    regenerate = "regenerate it: python scripts/make_golden.py --model EXPORTED --out " + str(golden_path)
+    if model_identity(out)["weights_sha256"] != golden["model"]["weights_sha256"]:
+        pytest.skip(f"the golden file was made for another embedded model: {regenerate}")
+    # the export ships the embedded drafter when there is one (else the package folder may hold it)
+    drafter_dir = out if (out / "drafter.onnx").is_file() else ROOT / "spot" / "assets" / "embedded"
+    if golden["drafter"] is not None:
+        if not (drafter_dir / "drafter.json").is_file():
+            pytest.skip("the embedded model's drafter is not built yet")
+        if json.loads((drafter_dir / "drafter.json").read_text())["onnx_sha256"] != golden["drafter"]["onnx_sha256"]:
+            pytest.skip(f"the golden file was made for another embedded drafter: {regenerate}")
+    cases = golden["cases"]
+    results = run_batch(spot_cli, out, drafter_dir if golden["drafter"] else None, cases)
+    bad = mismatches(cases, results)
+    assert not bad, f"{len(bad)} of {len(cases)} golden cases differ:\n" + "\n".join(bad[:20])

@@ -1,0 +1,418 @@
+"""The drafter (order model, SPEC §6): features, traces, training, ONNX export, the runtime proposer inside SPOT /
+SPOT-Sets (exactness against standard / threshold decoding) and the compatibility checks."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from spot.config import ModelConfig
+from spot.engines.torch_engine import TorchEngine
+from spot.errors import SpotError
+from spot.reference.model import random_model
+from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.drafter import (DRAFTER_JSON, DRAFTER_ONNX, MAX_STALENESS, Drafter, DrafterProposer,
+                                  drafter_inputs, node_inputs, target_identity)
+from spot.runtime.proposers import RoundInputs
+from spot.runtime.spot import TreeBudget
+from spot.runtime.stale import StaleView
+from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
+from spot.runtime.tree import Node
+from spot.training.drafter import (DrafterTrainSettings, OrderModel, batch_loss, calibrate_threshold,
+                                   example_inputs, export_onnx, make_examples, parameter_count,
+                                   predicted_sets, to_torch, train_drafter, train_order_model)
+from spot.training.traces import (NoiseCache, TracePlan, TraceRecorder, Traces, collect_traces, concat_traces,
+                                  sample_with_noise)
+
+VOCAB = 64
+MASK = VOCAB - 1
+
+
+def tiny_config(block_size: int = 8, vocab: int = VOCAB, hidden: int = 32) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                       block_size=block_size, mask_token_id=vocab - 1, stop_ids=(vocab - 2,))
+
+
+def tiny_target(block_size: int = 8, vocab: int = VOCAB, seed: int = 0) -> TorchEngine:
+    """A peaked random target (scale 0.6). Its lm_head row of the mask id is zeroed: a random model whose argmax is
+    the mask token re-commits MASK forever at T = 0, so standard decoding of such a block would never end."""
+    model = random_model(tiny_config(block_size, vocab), seed=seed, scale=0.6)
+    with torch.no_grad():
+        model.lm_head.weight[vocab - 1] = 0.0
+    return TorchEngine(model)
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, VOCAB - 2, int(rng.integers(3, 14))).tolist() for _ in range(n)]
+
+
+PLAN = TracePlan(temperatures=(0.0, 0.5, 1.0), rules=(STATIC, THRESHOLD), tau=0.9, seeds=1, max_new_tokens=16,
+                 depth=4)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The tiny models here run several times faster on one thread, above all on a loaded machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def traces(engine):
+    return collect_traces(engine, prompts(8), PLAN)
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(traces, tmp_path_factory):
+    out = tmp_path_factory.mktemp("drafter")
+    train_drafter(traces, out, DrafterTrainSettings(epochs=1, batch_size=64, log_every=1000), log=lambda _: None)
+    return out
+
+
+# -- features ---------------------------------------------------------------------------------------------------
+def test_node_features_shapes_dtypes_and_values():
+    rng = np.random.default_rng(0)
+    b = 8
+    logits = (rng.normal(size=(b, VOCAB)) * 3).astype(np.float32)
+    s_m = np.full(b, MASK)
+    s_m[:2] = [5, 6]
+    stale = StaleView(logits, s_m == MASK, Sampling(1.0, seed=3), block=2)
+    child = s_m.copy()
+    child[4] = 9
+    nodes = [Node(s_m, -1, 0, 7), Node(child, 0, 1, 8), Node(child, 0, 40, 47)]
+    f = node_inputs(stale, nodes, MASK)
+    assert f["topk"].shape == (3, b, 32) and f["topk"].dtype == np.float32
+    assert f["masked"].shape == (3, b) and f["masked"].dtype == np.float32
+    assert f["stale_conf"].shape == (3, b) and f["stale_conf"].dtype == np.float32
+    assert f["staleness"].shape == (3,) and f["staleness"].dtype == np.int64
+    np.testing.assert_array_equal(f["staleness"], [1, 2, MAX_STALENESS])
+    np.testing.assert_array_equal(f["topk"][1], stale.topk_logprobs())
+    np.testing.assert_array_equal(f["masked"][1], (child == MASK).astype(np.float32))
+    conf8 = stale.coupled(8)[1]
+    np.testing.assert_array_equal(f["stale_conf"][1], np.where(child == MASK, conf8, 0).astype(np.float32))
+    assert f["stale_conf"][1, 4] == 0 and f["stale_conf"][1, 0] == 0
+    assert (f["stale_conf"][0, 2:] > 0).all()
+    # T = 0: the log-probabilities of softmax(L) and the argmax confidence, whatever the step
+    stale0 = StaleView(logits, s_m == MASK, Sampling(0.0), block=2)
+    f0 = node_inputs(stale0, nodes[:2], MASK)
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(f0["topk"][0, :, 0], np.log(p.max(-1)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(f0["stale_conf"][0, 2:], p.max(-1)[2:], rtol=1e-6)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(0.5, seed=11), Sampling(1.0, seed=12),
+                                      Sampling(1.0, top_k=5, seed=13), Sampling(0.7, top_p=0.8, seed=14)])
+def test_trace_sampling_is_bit_identical_to_stale_view(sampling):
+    rng = np.random.default_rng(1)
+    logits = (rng.normal(size=(8, VOCAB)) * 2).astype(np.float32)
+    masked = np.zeros(8, bool)
+    masked[[1, 3, 4, 7]] = True
+    stale = StaleView(logits, masked, sampling, block=5)
+    cache = NoiseCache(sampling.seed, 8, VOCAB)
+    pos = np.flatnonzero(masked)
+    for step in (0, 3, 9):
+        tokens, conf = sample_with_noise(logits, pos, sampling, cache.rows(5, step, pos))
+        ref_tokens, ref_conf = stale.coupled(step)
+        np.testing.assert_array_equal(tokens, ref_tokens[pos])
+        np.testing.assert_array_equal(conf, ref_conf[pos])
+
+
+# -- traces -----------------------------------------------------------------------------------------------------
+def test_traces_hold_the_standard_trajectory(engine, traces, tmp_path):
+    rows = traces.rows
+    per_prompt = sum(1 if t == 0 else PLAN.seeds for t in PLAN.temperatures) * len(PLAN.rules)
+    assert traces.n_traces == 8 * per_prompt
+    assert rows["topk"].shape == (traces.n_rows, 8, 32) and rows["future_conf"].shape == (traces.n_rows, 4, 8)
+    # consecutive rows of one block: s_{t+1} = s_t with the committed positions filled
+    same = (rows["trace"][1:] == rows["trace"][:-1]) & (rows["block"][1:] == rows["block"][:-1])
+    assert same.sum() > 100
+    for r in np.flatnonzero(same):
+        changed = rows["state"][r + 1] != rows["state"][r]
+        assert not (changed & ~rows["committed"][r]).any()
+        assert rows["step"][r + 1] == rows["step"][r] + 1
+    # static trajectories commit exactly their `best` position; threshold ones {conf > tau} or best
+    rule = traces.traces["rule"][rows["trace"]]
+    for r in range(traces.n_rows):
+        want = rows["fresh_conf"][r] > PLAN.tau if rule[r] == 1 else np.zeros(8, bool)
+        if not want.any():
+            want[rows["best"][r]] = True
+        np.testing.assert_array_equal(rows["committed"][r], want)
+    path = traces.save(tmp_path / "t.npz")
+    back = Traces.load(path)
+    assert back.meta == traces.meta
+    for k, v in traces.rows.items():
+        np.testing.assert_array_equal(back.rows[k], v)
+    both = concat_traces([traces, back])
+    assert both.n_traces == 2 * traces.n_traces and both.rows["trace"].max() == 2 * traces.n_traces - 1
+
+
+def test_trace_future_conf_is_the_stale_view_of_later_steps(engine):
+    """future_conf[t, k-1] must equal what a SPOT round at s_t feeds a node at staleness k."""
+    seen = []
+    sampling, rule = Sampling(1.0, seed=5), CommitRule(STATIC)
+    rec = TraceRecorder(0, rule, sampling, MASK, 8, VOCAB, depth=4)
+
+    def observe(block, step, state, logits, nxt):
+        seen.append((block, step, state.copy(), logits.copy()))
+        rec(block, step, state, logits, nxt)
+
+    from spot.runtime.decode import generate
+    generate(engine, prompts(1, seed=4)[0], max_new_tokens=8, rule=rule, sampling=sampling, observer=observe)
+    for i, (block, step, state, logits) in enumerate(seen):
+        stale = StaleView(logits, state == MASK, sampling, block)
+        np.testing.assert_array_equal(rec.rows["topk"][i], stale.topk_logprobs())
+        for k in range(1, 5):
+            conf = stale.coupled(step + k)[1]
+            want = np.where(state == MASK, conf, 0).astype(np.float32)
+            np.testing.assert_array_equal(rec.rows["future_conf"][i][k - 1], want)
+
+
+def test_examples_pair_rows_of_one_block(traces):
+    ex = make_examples(traces)
+    rows = traces.rows
+    node = ex.src + ex.k
+    assert set(np.unique(ex.k)) == {1, 2, 3, 4}
+    assert (rows["block"][node] == rows["block"][ex.src]).all()
+    assert (rows["step"][node] == rows["step"][ex.src] + ex.k).all()
+    inputs = example_inputs(traces, ex.subset(np.arange(5)))
+    assert inputs["topk"].shape == (5, 8, 32) and inputs["staleness"].dtype == np.int64
+    # node masks are a subset of the stale state's masks, and stale_conf is positive exactly on them
+    assert ((inputs["masked"] > 0) <= (rows["state"][ex.src[:5]] == MASK)).all()
+    assert ((inputs["stale_conf"] > 0) == (inputs["masked"] > 0)).all()
+
+
+# -- training and export ----------------------------------------------------------------------------------------
+def test_order_model_has_the_reference_shape():
+    n = parameter_count(OrderModel())
+    assert 0.58e6 < n < 0.66e6, n
+
+
+def test_short_training_lowers_the_loss(traces):
+    ids = np.arange(traces.n_traces)
+    ex = make_examples(traces, ids)
+    probe = ex.subset(np.arange(0, len(ex), max(1, len(ex) // 256)))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        before = float(batch_loss(OrderModel(), traces, probe, 0.9)[0])  # same init as training (seed 0)
+    model, report = train_order_model(traces, ids, DrafterTrainSettings(epochs=2, batch_size=32, lr=2e-3,
+                                                                        warmup_steps=5, log_every=1000),
+                                      log=lambda _: None)
+    with torch.no_grad():
+        after = float(batch_loss(model, traces, probe, 0.9)[0])
+    assert report["steps"] > 10
+    assert after < before - 0.05, (before, after)
+
+
+def test_onnx_drafter_equals_torch(traces, tmp_path):
+    torch.manual_seed(1)
+    model = OrderModel().eval()
+    ex = make_examples(traces)
+    sample = example_inputs(traces, ex.subset(np.arange(6)))
+    assert export_onnx(model, tmp_path / "d.onnx", sample) <= 1e-4
+    import onnxruntime as ort
+    sess = ort.InferenceSession(str(tmp_path / "d.onnx"), providers=["CPUExecutionProvider"])
+    other = example_inputs(traces, ex.subset(np.arange(10, 31)))         # another K
+    wide = drafter_inputs(np.zeros((16, 32), np.float32) - 3, np.ones((2, 16), bool), np.full((2, 16), 0.3),
+                          np.array([1, 7]))                             # another B
+    for inputs in (other, wide):
+        with torch.no_grad():
+            ref = [t.numpy() for t in model(*to_torch(inputs))]
+        for r, g in zip(ref, sess.run(None, inputs)):
+            np.testing.assert_allclose(g, r, atol=1e-4, rtol=0)
+
+
+def test_exported_drafter_folder(drafter_dir, engine, traces):
+    manifest = json.loads((drafter_dir / DRAFTER_JSON).read_text())
+    assert manifest["block_size"] == 8 and manifest["target"] == target_identity(engine.config)
+    assert manifest["temperatures"] == [0.0, 0.5, 1.0] and manifest["tau"] == 0.9
+    assert 0.0 < manifest["member_threshold"] < 1.0
+    assert manifest["onnx_vs_torch_max_abs_diff"] <= 1e-4
+    assert 0.58e6 < manifest["architecture"]["parameters"] < 0.66e6
+    acc = manifest["accuracy"]["top1"]
+    assert set(acc["per_staleness"]) <= {1, 2, 3, 4} or set(acc["per_staleness"]) <= {"1", "2", "3", "4"}
+    assert 0.0 <= acc["model"] <= 1.0 and 0.0 <= acc["baseline"] <= 1.0
+    assert (drafter_dir / DRAFTER_ONNX).stat().st_size < 5e6
+    assert not list(drafter_dir.glob("*.partial"))
+
+
+def test_calibrated_threshold_is_the_proposer_cut(drafter_dir, traces):
+    """DrafterProposer's first SPOT-Sets candidate is the set the calibration scored (threshold folded in)."""
+    drafter = Drafter.load(drafter_dir)
+    ex = make_examples(traces)
+    ex = ex.subset(np.arange(0, len(ex), max(1, len(ex) // 40)))
+    inputs = example_inputs(traces, ex)
+    order, member = drafter.run(inputs)
+    masked = inputs["masked"] > 0
+    sets = predicted_sets(member, order, masked, drafter.member_threshold)
+    proposer = drafter.proposer()
+    for j in range(len(ex)):
+        src, k = int(ex.src[j]), int(ex.k[j])
+        state = traces.rows["state"][src + k].astype(np.int64)
+        stale = _StaleFromTrace(traces, src, inputs["topk"][j])
+        proposer.begin_round(RoundInputs(stale, CommitRule(THRESHOLD, 0.9), MASK, 0), state, 0)
+        node = Node(state, -1, k - 1, 100 + k)
+        cands = proposer.propose([node], [0])[0]
+        committed = (cands[0][1] != MASK) & (state == MASK)
+        np.testing.assert_array_equal(committed, sets[j])
+
+
+class _StaleFromTrace:
+    """A StaleView stand-in that serves one trace row's stored features (tokens are placeholders)."""
+
+    def __init__(self, traces, src, topk):
+        self.conf = traces.rows["future_conf"][src]
+        self.topk = topk
+
+    def topk_logprobs(self):
+        return self.topk
+
+    def coupled(self, step):
+        k = step - 100
+        return np.zeros(self.conf.shape[1], np.int64), np.where(self.conf[k - 1] > 0, self.conf[k - 1], -np.inf)
+
+
+def test_calibration_picks_the_best_threshold():
+    rng = np.random.default_rng(0)
+    p = rng.random((400, 8))
+    masked = np.ones((400, 8), bool)
+    target = p > 0.7
+    target[~target.any(1), 0] = True
+    member = np.log(p) - np.log1p(-p)
+    order = np.zeros((400, 8))
+    order[:, 0] = 1.0
+    thr, acc = calibrate_threshold(member, order, masked, target)
+    assert abs(thr - 0.7) < 0.03 and acc > 0.9
+
+
+# -- the drafter inside SPOT / SPOT-Sets ------------------------------------------------------------------------
+@pytest.mark.parametrize("budget", [TreeBudget(8, 4), TreeBudget(3, 2)])
+def test_spot_with_the_drafter_equals_standard_decoding(drafter_dir, engine, budget):
+    drafter = Drafter.load(drafter_dir)
+    cases = 0
+    for i, prompt in enumerate(prompts(3, seed=9)):
+        for temperature in (0.0, 0.5, 1.0):
+            for seed in ((0,) if temperature == 0 else (i, 100 + i, 2 ** 32 - 1 - i)):
+                req = DecodeRequest(max_new_tokens=20, sampling=Sampling(temperature, seed=seed), budget=budget)
+                for fast, slow in (("spot", "standard"), ("spot-sets", "threshold")):
+                    ref = run_decoder(slow, engine, prompt, req)
+                    got = run_decoder(fast, engine, prompt, req, drafter=drafter)
+                    assert got.token_ids == ref.token_ids, (fast, prompt, temperature, seed)
+                    assert got.stats.steps == ref.stats.steps
+                    assert got.stats.passes["verify"] <= ref.stats.passes["block"]
+                    cases += 1
+    assert cases == 2 * 3 * 7
+
+
+def test_proposer_batches_nodes_into_one_call(drafter_dir, engine):
+    drafter = Drafter.load(drafter_dir)
+    calls = []
+    run = drafter.run
+    drafter.run = lambda inputs: calls.append(inputs["masked"].shape[0]) or run(inputs)
+    proposer = DrafterProposer(drafter, branch=3)
+    rng = np.random.default_rng(2)
+    logits = (rng.normal(size=(8, VOCAB)) * 3).astype(np.float32)
+    state = np.full(8, MASK)
+    stale = StaleView(logits, state == MASK, Sampling(1.0, seed=1), 0)
+    proposer.begin_round(RoundInputs(stale, CommitRule(STATIC), MASK, 0), state, 0)
+    tree = [Node(state, -1, 0, 1)]
+    for p in range(1, 4):
+        child = state.copy()
+        child[p] = 3
+        tree.append(Node(child, 0, 1, 2))
+    out = proposer.propose(tree, [0, 1, 2, 3])
+    assert calls == [4]
+    for node, cands in zip(tree, out):
+        assert len(cands) == 3
+        states = [c for _, c in cands]
+        assert all(((s != MASK) & (node.state == MASK)).sum() == 1 for s in states)
+        assert len({s.tobytes() for s in states}) == 3
+        assert [lp for lp, _ in cands] == sorted((lp for lp, _ in cands), reverse=True)
+
+
+# -- compatibility and bad input --------------------------------------------------------------------------------
+def test_mismatched_drafter_is_refused(drafter_dir):
+    drafter = Drafter.load(drafter_dir)
+    with pytest.raises(SpotError, match="blocks of 4: expected 8"):
+        drafter.check_compatible(tiny_target(block_size=4))
+    with pytest.raises(SpotError, match="another target: vocab_size is 96.*expected 64"):
+        drafter.check_compatible(tiny_target(vocab=96))
+    req = DecodeRequest(max_new_tokens=8)
+    with pytest.raises(SpotError, match="block size"):
+        run_decoder("spot", tiny_target(block_size=4), [1, 2, 3], req, drafter=drafter)
+    with pytest.raises(SpotError, match="needs a drafter"):
+        run_decoder("spot-sets", tiny_target(), [1, 2, 3], req)
+
+
+def test_broken_drafter_files_are_refused(drafter_dir, tmp_path):
+    with pytest.raises(SpotError, match="does not exist"):
+        Drafter.load(tmp_path)
+    (tmp_path / DRAFTER_ONNX).write_bytes((drafter_dir / DRAFTER_ONNX).read_bytes()[:-10])
+    with pytest.raises(SpotError, match="drafter.json does not exist"):
+        Drafter.load(tmp_path)
+    (tmp_path / DRAFTER_JSON).write_text((drafter_dir / DRAFTER_JSON).read_text())
+    with pytest.raises(SpotError, match="does not match its manifest"):
+        Drafter.load(tmp_path)
+    (tmp_path / DRAFTER_JSON).write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(SpotError, match="format"):
+        Drafter.load(tmp_path / DRAFTER_ONNX)
+
+
+def test_trace_and_training_inputs_are_checked(engine):
+    with pytest.raises(SpotError, match="depth must be in 1..8"):
+        collect_traces(engine, prompts(1), TracePlan(depth=9))
+    with pytest.raises(SpotError, match="no prompts"):
+        collect_traces(engine, [], PLAN)
+    with pytest.raises(SpotError, match="commit rule"):
+        collect_traces(engine, prompts(1), TracePlan(rules=("sometimes",), depth=4))
+    with pytest.raises(SpotError, match="does not exist"):
+        Traces.load("/nonexistent/traces.npz")
+
+
+# -- command line -----------------------------------------------------------------------------------------------
+def test_cli_traces_and_train_drafter(tmp_path):
+    from spot.cli import main
+    model = random_model(tiny_config(4), seed=3, scale=0.6)
+    with torch.no_grad():
+        model.lm_head.weight[MASK] = 0.0
+    model.save_pretrained(tmp_path / "target")
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"ids": p}) + "\n" for p in prompts(4, seed=5)))
+    runner = CliRunner()
+    res = runner.invoke(main, ["traces", "--model", str(tmp_path / "target"), "--prompts", str(tmp_path / "p.jsonl"),
+                               "--out", str(tmp_path / "t.npz"), "--temperatures", "0,1", "--seeds", "1",
+                               "--max-new-tokens", "8", "--depth", "3", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "wrote" in res.output and (tmp_path / "t.npz").is_file()
+    res = runner.invoke(main, ["train-drafter", "--traces", str(tmp_path / "t.npz"), "--epochs", "1",
+                               "--batch-size", "64", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "target" / DRAFTER_ONNX).is_file() and (tmp_path / "target" / DRAFTER_JSON).is_file()
+    drafter = Drafter.load(tmp_path / "target")
+    drafter.check_compatible(TorchEngine(model))
+    res = runner.invoke(main, ["traces", "--model", str(tmp_path / "target"), "--out", str(tmp_path / "u.npz")])
+    assert res.exit_code == 2 and "exactly one of --prompts" in res.output
+
+
+def test_spot_sets_with_another_tau_stays_exact(drafter_dir, engine):
+    """A tau the membership head was not trained for falls back to stale-confidence membership: still exact."""
+    drafter = Drafter.load(drafter_dir)
+    for temperature, seed in ((0.0, 0), (1.0, 3)):
+        req = DecodeRequest(max_new_tokens=16, tau=0.6, sampling=Sampling(temperature, seed=seed),
+                            budget=TreeBudget(6, 3))
+        for prompt in prompts(2, seed=21):
+            ref = run_decoder("threshold", engine, prompt, req)
+            got = run_decoder("spot-sets", engine, prompt, req, drafter=drafter)
+            assert got.token_ids == ref.token_ids and got.stats.steps == ref.stats.steps

@@ -1,0 +1,161 @@
+"""Memory plans (`spot-export MODEL --plan DEVICE`): weights / KV / verify-pass / overhead terms against arithmetic
+from SDAR-8B's real config.json, the largest context, impossible plans, the CLI and the manifest record."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from spot.cli import main as cli
+from spot.config import ModelConfig, load_config
+from spot.errors import SpotError
+from spot.export.memory_plan import (DEVICES, GIB, kv_bytes_per_token, make_plan, render, resolve_device,
+                                     verify_pass_bytes, weight_bytes)
+from spot.export.quantize import QuantScheme
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+SDAR_8B = FIXTURES / "sdar-8b-chat"
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict:
+    if not (SDAR_8B / "config.json").is_file():
+        pytest.skip("fixture sdar-8b-chat absent")
+    return json.loads((SDAR_8B / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def cfg(raw) -> ModelConfig:
+    return load_config(SDAR_8B)
+
+
+def _linears(raw: dict) -> list[tuple[int, int]]:
+    """(out, in) of the 7 linear weights of one layer, from config.json."""
+    h, i, d = raw["hidden_size"], raw["intermediate_size"], raw["head_dim"]
+    q, kv = raw["num_attention_heads"] * d, raw["num_key_value_heads"] * d
+    return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+
+
+def _expected_weight_bytes(raw: dict, weights: str, block: int = 128) -> int:
+    """Arithmetic from config.json: fp16 embed + lm_head, float32 norms, linears per precision with fp16 scales."""
+    h, v, layers, d = raw["hidden_size"], raw["vocab_size"], raw["num_hidden_layers"], raw["head_dim"]
+    per_matrix = {"fp": lambda o, i: 2 * o * i,
+                  "int8": lambda o, i: o * i + 2 * o,
+                  "int4": lambda o, i: o * i // 2 + 2 * o * (i // block)}[weights]
+    linear = layers * sum(per_matrix(o, i) for o, i in _linears(raw))
+    norms = 4 * (layers * (2 * h + 2 * d) + h)
+    return linear + 2 * (2 * v * h) + norms
+
+
+def test_weight_bytes_match_config_arithmetic(raw, cfg):
+    fp16 = weight_bytes(cfg, "fp16")
+    assert fp16 == _expected_weight_bytes(raw, "fp")
+    assert 16.3e9 < fp16 < 16.5e9                   # SPEC §8: 16.4 GB
+    int8 = weight_bytes(cfg, "fp16", QuantScheme("int8"))
+    assert int8 == _expected_weight_bytes(raw, "int8") and 9.3e9 < int8 < 9.6e9      # ~9.5 GB
+    for block in (32, 64, 128):
+        int4 = weight_bytes(cfg, "fp16", QuantScheme("int4", block))
+        assert int4 == _expected_weight_bytes(raw, "int4", block)
+    assert 5.9e9 < weight_bytes(cfg, "fp16", QuantScheme("int4", 128)) < 6.2e9      # 2.49 GB of it: embed + head
+
+
+def test_kv_cache_is_144_kib_per_token_fp16(raw, cfg):
+    per = 2 * raw["num_hidden_layers"] * raw["num_key_value_heads"] * raw["head_dim"] * 2
+    assert kv_bytes_per_token(cfg, "fp16") == per == 144 * 1024
+    assert kv_bytes_per_token(cfg, "fp32") == 2 * per
+
+
+@pytest.mark.parametrize("device", list(DEVICES))
+def test_plan_terms_on_each_device(raw, cfg, device):
+    """Each named device: the plan's terms are the config arithmetic; the largest context fits, one block more
+    does not (unless capped by max_position_embeddings)."""
+    dev = DEVICES[device]
+    weights = "int4" if dev.memory_gib < 16 else ("int8" if dev.memory_gib < 32 else "fp")
+    quant = QuantScheme(weights)
+    b, nodes, ctx = cfg.block_size, 16, 4096
+    plan = make_plan(cfg, "fp16", quant, ctx, nodes, dev, "sdar-8b")
+    assert plan.weight_bytes == _expected_weight_bytes(raw, weights)
+    assert plan.kv_bytes == 144 * 1024 * ctx
+    assert plan.activations["logits"] == nodes * b * raw["vocab_size"] * (4 + 2)    # fp32 logits + fp16 head out
+    t = ctx + b
+    assert plan.activations["kv_broadcast"] == 3 * nodes * raw["num_key_value_heads"] * t * raw["head_dim"] * 2
+    assert plan.activations["attention_scores"] == nodes * raw["num_attention_heads"] * b * t * (2 + 8)
+    assert plan.runtime_bytes == int(0.9 * GIB) and plan.os_bytes == int(1.0 * GIB)
+    assert plan.total == (plan.weight_bytes + plan.kv_bytes + sum(plan.activations.values()) + plan.runtime_bytes
+                          + plan.os_bytes)
+    assert plan.fits == (plan.total <= dev.memory_gib * GIB)
+    for n, best in ((nodes, plan.max_context), (1, plan.max_context_one_node)):
+        assert best % b == 0 and best <= cfg.max_position_embeddings
+        if best:
+            assert make_plan(cfg, "fp16", quant, best, n, dev).fits
+        if best < cfg.max_position_embeddings:
+            assert not make_plan(cfg, "fp16", quant, best + b, n, dev).fits
+    assert plan.max_context_one_node >= plan.max_context
+    text = render(plan, b)
+    assert f"{plan.weight_bytes / GIB:.2f} GiB" in text and "144.0 KiB/token x 4096 tokens" in text
+    assert dev.name in text
+
+
+def test_orin_nx_16gb_holds_int4_sdar_8b_at_long_context(cfg):
+    plan = make_plan(cfg, "fp16", QuantScheme("int4"), 8192, 16, DEVICES["orin-nx-16gb"])
+    assert plan.fits and plan.max_context_one_node >= 32768 // 2
+
+
+def test_impossible_plans_name_what_to_change(cfg):
+    with pytest.raises(SpotError, match="weights alone take 15.2") as e:
+        make_plan(cfg, "fp16", QuantScheme(), 4096, 16, DEVICES["orin-nano-8gb"], "sdar-8b")
+    assert "--weights int4" in e.value.hint and "--weights int8" not in e.value.hint
+    with pytest.raises(SpotError) as e:
+        make_plan(cfg, "fp16", QuantScheme(), 4096, 16, DEVICES["orin-nx-16gb"], "sdar-8b")
+    assert "--weights int8" in e.value.hint and "--weights int4" in e.value.hint
+    with pytest.raises(SpotError) as e:
+        make_plan(cfg, "fp16", QuantScheme("int4"), 4096, 16, resolve_device("6GB"), "sdar-8b")
+    assert "smaller model" in e.value.hint
+
+
+def test_device_names():
+    assert resolve_device("AGX-Orin-64GB").memory_gib == 64
+    assert resolve_device("12GB").budget == 12 * GIB and resolve_device("12.5gib").memory_gib == 12.5
+    with pytest.raises(SpotError, match="unknown --plan device"):
+        resolve_device("orin-nano")
+
+
+def test_verify_pass_terms_grow_with_nodes_and_context():
+    tiny = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                       block_size=4, mask_token_id=127)
+    one = sum(verify_pass_bytes(tiny, "fp32", 1, 64, False).values())
+    assert sum(verify_pass_bytes(tiny, "fp32", 2, 64, False).values()) == 2 * one
+    assert sum(verify_pass_bytes(tiny, "fp32", 1, 128, False).values()) > one
+    assert "dequantized_matrix" in verify_pass_bytes(tiny, "fp32", 1, 64, True)
+
+
+# -- CLI -------------------------------------------------------------------------------------------------------------
+def test_cli_plan_prints_and_exports_nothing(raw, cfg, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["export", "sdar-8b", "--checkpoint", str(SDAR_8B), "--plan", "orin-nx-16gb",
+                                 "--weights", "int4", "--max-context", "8192", "--max-nodes", "16", "--quiet"])
+    assert r.exit_code == 0, r.output
+    expected = _expected_weight_bytes(raw, "int4")
+    assert f"{expected / GIB:.2f} GiB" in r.output and "144.0 KiB/token x 8192 tokens" in r.output
+    assert "Jetson Orin NX 16GB" in r.output and "GiB: fits" in r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_impossible_plan_is_an_error(tmp_path, monkeypatch):
+    if not (SDAR_8B / "config.json").is_file():
+        pytest.skip("fixture sdar-8b-chat absent")
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["export", "sdar-8b", "--checkpoint", str(SDAR_8B), "--plan", "orin-nano-8gb"])
+    assert r.exit_code == 2
+    assert "does not fit Jetson Orin Nano 8GB" in r.output and "--weights int4" in r.output
+
+
+def test_cli_plan_without_local_weights_uses_the_builtin_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    r = CliRunner().invoke(cli, ["export", "sdar-1.7b", "--plan", "orin-nano-8gb", "--max-context", "4096",
+                                 "--max-nodes", "16"])
+    assert r.exit_code == 0, r.output
+    assert "sdar-1.7b" in r.output and "GiB: fits" in r.output

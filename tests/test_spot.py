@@ -1,0 +1,143 @@
+"""The central property: SPOT-family decoders give exactly the standard decoder's tokens, in fewer passes.
+
+Tiny random targets with sharpened heads (so threshold commits and real acceptance happen); many prompts, seeds,
+temperatures, block sizes, budgets and both commit rules. Drafter-based decoders are covered in test_drafter.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spot.config import ModelConfig
+from spot.engines.torch_engine import TorchEngine
+from spot.errors import SpotError
+from spot.reference.model import random_model
+from spot.runtime.decode import DecodeContext, DecodeStats
+from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.spot import TreeBudget, walk
+from spot.runtime.step import THRESHOLD, CommitRule, Sampling
+from spot.runtime.tree import Node, build_tree
+
+MASK = 63
+
+
+def engine_for(block_size: int, seed: int) -> TorchEngine:
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                      block_size=block_size, mask_token_id=MASK, stop_ids=(62,))
+    model = random_model(cfg, seed, scale=1.0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)     # peaked distributions: several confident positions per step
+    return TorchEngine(model)
+
+
+CASES = [(b, s) for b in (4, 8, 16) for s in (0, 1)]
+
+
+@pytest.mark.parametrize("block_size,model_seed", CASES)
+def test_spot_family_equals_standard_decoding(block_size, model_seed):
+    engine = engine_for(block_size, model_seed)
+    rng = np.random.default_rng(block_size * 10 + model_seed)
+    cases = fewer = 0
+    for prompt_len in (0, 5, 11):
+        prompt = rng.integers(0, 60, size=prompt_len)
+        for temperature in (0.0, 0.5, 1.0):
+            for seed in (0, 7):
+                for mode, base_name in (("static", "standard"), ("threshold", "threshold")):
+                    req = DecodeRequest(24, mode, 0.6, Sampling(temperature, seed=seed),
+                                        TreeBudget(8, min(6, block_size)))
+                    base = run_decoder(base_name, engine, prompt, req)
+                    for name in ("chain", "tree", "oracle"):
+                        got = run_decoder(name, engine, prompt, req)
+                        assert got.token_ids == base.token_ids, (name, mode, temperature, seed, prompt_len)
+                        assert got.stats.steps == base.stats.steps
+                        assert got.stats.target_passes <= base.stats.target_passes
+                        fewer += got.stats.target_passes < base.stats.target_passes
+                        cases += 1
+    assert cases == 3 * 3 * 2 * 2 * 3
+    assert fewer > cases // 4          # speculation really happens on these targets
+
+
+def test_oracle_accepts_every_node_of_its_chain():
+    engine = engine_for(8, 0)
+    req = DecodeRequest(32, sampling=Sampling(1.0, seed=3), budget=TreeBudget(8, 8))
+    gen = run_decoder("oracle", engine, np.arange(5), req)
+    # each round accepts min(depth, remaining steps - 1): at most one verify pass per block beyond the first pass
+    assert gen.stats.passes["verify"] <= gen.stats.blocks
+
+
+def test_independent_noise_is_still_exact():
+    engine = engine_for(8, 1)
+    for temperature in (0.5, 1.0):
+        req = DecodeRequest(24, sampling=Sampling(temperature, seed=5), budget=TreeBudget(8, 6),
+                            independent_noise=True)
+        base = run_decoder("standard", engine, np.arange(6), req)
+        assert run_decoder("chain", engine, np.arange(6), req).token_ids == base.token_ids
+
+
+def _ctx(rule: CommitRule) -> DecodeContext:
+    return DecodeContext(rule, Sampling(0.0), 9, DecodeStats())
+
+
+def test_a_proposal_committing_a_strict_subset_of_the_target_set_is_rejected():
+    """Threshold F commits positions {0, 1}; a child committing only {0} must not be accepted (SPEC §5)."""
+    rule = CommitRule(THRESHOLD, 0.5)
+    root = np.array([9, 9, 9, 9])
+    subset = np.array([1, 9, 9, 9])
+    exact = np.array([1, 2, 9, 9])
+    logits = np.full((4, 10), -10.0, dtype=np.float32)
+    logits[0, 1] = logits[1, 2] = 10.0      # confident at positions 0 and 1 only
+    logits[2:] = 0.0                        # positions 2, 3: flat, confidence 0.1
+    tree = [Node(root, -1, 0, 1), Node(subset, 0, 1, 2)]
+    tree[0].children = [1]
+    end, nxt = walk(tree, {0: logits, 1: logits}, _ctx(rule), block=0)
+    assert end == 0 and np.array_equal(nxt, exact)   # F(root) = exact, the subset child is not taken
+    tree.append(Node(exact, 0, 1, 2))
+    tree[0].children.append(2)
+    end, _ = walk(tree, {0: logits, 1: logits, 2: logits}, _ctx(rule), block=0)
+    assert end == 2
+
+
+class FixedProposer:
+    """Proposes the given (logp, child) lists by node depth (tests the tree builder alone)."""
+
+    def __init__(self, by_depth):
+        self.by_depth = by_depth
+        self.calls = 0
+
+    def propose(self, tree, nodes):
+        self.calls += 1
+        return [self.by_depth(tree[i]) for i in nodes]
+
+
+def test_tree_is_grown_best_first_under_budget_and_depth():
+    def cands(node):
+        masked = np.flatnonzero(node.state == 9)
+        out = []
+        for k, p in enumerate(masked[:3]):
+            child = node.state.copy()
+            child[p] = 1
+            out.append((np.log([0.7, 0.2, 0.1][k]), child))
+        return out
+    proposer = FixedProposer(cands)
+    tree = build_tree(np.full(6, 9), 1, proposer, budget=5, max_depth=3, mask_id=9)
+    assert len(tree) == 5
+    assert max(n.depth for n in tree) <= 3
+    # best-first: the chain of 0.7s (0.7, 0.49, 0.343) beats the 0.2 branch, the 0.2 sibling beats 0.7^4
+    logps = sorted(np.exp(n.logp) for n in tree[1:])
+    assert logps == pytest.approx(sorted([0.7, 0.49, 0.343, 0.2]))
+    assert proposer.calls <= 4
+    states = [tuple(n.state) for n in tree]
+    assert len(set(states)) == len(states)
+
+
+def test_bad_budgets_are_clear_errors():
+    engine = engine_for(8, 0)
+    for budget, match in ((TreeBudget(0, 4), "budget must be >= 1"), (TreeBudget(8, 9), "depth must be in 1..8")):
+        with pytest.raises(SpotError, match=match):
+            run_decoder("tree", engine, np.arange(4), DecodeRequest(8, budget=budget))
+    with pytest.raises(SpotError, match="needs a drafter"):
+        run_decoder("spot", engine, np.arange(4), DecodeRequest(8))
+    with pytest.raises(SpotError, match="unknown decoder"):
+        run_decoder("medusa", engine, np.arange(4), DecodeRequest(8))

@@ -1,0 +1,35 @@
+"""Tiny real-format checkpoints shared by the CLI tests (a random SDAR folder, a BPE tokenizer, a chat template)."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from spot.config import ModelConfig
+from spot.reference.model import random_model
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64, block_size=4, mask_token_id=63,
+                  stop_ids=(62,))
+LINES = ["the cat sat on the mat", "a dog ate the hat", "hello world of tiny models", "the end of the story"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}")
+
+
+def save_tiny_model(folder):
+    model = random_model(CFG, seed=4, scale=1.0)
+    with torch.no_grad():
+        model.lm_head.weight[CFG.mask_token_id] = 0.0   # greedy never writes the mask id (as a trained SDAR)
+    model.save_pretrained(folder)
+    return folder
+
+
+def save_tiny_tokenizer(folder):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(LINES, trainers.BpeTrainer(vocab_size=56, special_tokens=["[UNK]", "<|im_start|>",
+                                                                                       "<|im_end|>"]))
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
