@@ -26,6 +26,7 @@ from spot.runtime.tuning import choose_budget, measure_latency_curve
 
 STATIC_FAMILY = ("standard", "chain", "tree", "oracle", "spot")
 THRESHOLD_FAMILY = ("threshold", "spot-sets")
+ID_KEYS = ("ids", "prompt_ids", "token_ids")
 
 
 @dataclass
@@ -49,7 +50,8 @@ class Prompt:
 
 def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max_tokens: int | None = None
                  ) -> list[Prompt]:
-    """JSONL with {"id", "text"} (needs a tokenizer) or {"id", "ids": [...]} per line."""
+    """JSONL with {"id", "text"} (needs a tokenizer) or {"id", "ids": [...]} ("prompt_ids" / "token_ids" too, or a
+    bare list of ids) per line."""
     path = Path(path)
     if not path.is_file():
         raise SpotError(f"prompt file {path} does not exist", "pass a JSONL file with one {\"text\": ...} per line")
@@ -61,15 +63,16 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise SpotError(f"{path}:{n + 1} is not valid JSON ({e})") from None
-        if "ids" in rec:
-            ids = [int(i) for i in rec["ids"]]
-        elif "text" in rec:
+        if not isinstance(rec, dict):
+            rec = {"ids": rec}
+        ids = next((rec[k] for k in ID_KEYS if k in rec), None)
+        if ids is None and "text" in rec:
             if tokenizer is None:
-                raise SpotError(f"{path} holds text prompts but the model has no tokenizer",
+                raise SpotError(f"{path}:{n + 1} holds text but the model has no tokenizer",
                                 "give token ids in the JSONL ({\"ids\": [...]}) or use a model with tokenizer files")
             ids = tokenizer.encode(rec["text"])
-        else:
-            raise SpotError(f"{path}:{n + 1} has neither 'text' nor 'ids'")
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise SpotError(f"{path}:{n + 1}: expected an object with \"ids\" (a list of ints) or \"text\"")
         if max_tokens:
             ids = ids[:max_tokens]
         prompts.append(Prompt(str(rec.get("id", n)), ids, rec.get("text")))

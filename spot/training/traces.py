@@ -291,29 +291,9 @@ def collect_traces(engine: Engine, prompts: list[list[int]], plan: TracePlan = T
 
 # -- prompts ----------------------------------------------------------------------------------------------------
 def prompts_from_jsonl(path: str | Path, tokenizer=None) -> list[list[int]]:
-    """Prompts of a JSONL file: each line an object with "ids" (or "prompt_ids" / "token_ids") or "text"."""
-    path = Path(path)
-    if not path.is_file():
-        raise SpotError(f"prompt file {path} does not exist", "pass a JSONL file with one prompt per line")
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpotError(f"{path}:{n} is not valid JSON ({e})") from None
-        ids = next((obj[k] for k in ("ids", "prompt_ids", "token_ids") if k in obj), None) \
-            if isinstance(obj, dict) else obj
-        if ids is None and isinstance(obj, dict) and "text" in obj:
-            if tokenizer is None:
-                raise SpotError(f"{path}:{n} holds text but the model has no tokenizer",
-                                "give token ids (\"ids\": [...]) or use a model folder with tokenizer.json")
-            ids = tokenizer.encode(obj["text"])
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            raise SpotError(f"{path}:{n}: expected an object with \"ids\" (a list of ints) or \"text\"")
-        out.append(ids)
-    return out
+    """Prompt token ids of a JSONL file (spot.bench.load_prompts: "ids" / "prompt_ids" / "token_ids" or "text")."""
+    from spot.bench import load_prompts
+    return [p.ids for p in load_prompts(path, tokenizer)]
 
 
 def corpus_prompts(tokenizer, n: int, seed: int = 0, min_tokens: int = 64, max_tokens: int = 448,
