@@ -55,15 +55,6 @@ PLAN = TracePlan(temperatures=(0.0, 0.5, 1.0), rules=(STATIC, THRESHOLD), tau=0.
                  depth=4)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny models here run several times faster on one thread, above all on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def engine():
     return tiny_target()

@@ -30,15 +30,6 @@ TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hi
                    mask_token_id=127, stop_ids=(126,))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("qckpt") / "tiny-sdar"
