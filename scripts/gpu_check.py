@@ -329,10 +329,19 @@ def main(argv=None) -> int:
             from spot.engines.buckets import BucketPlan
             from spot.engines.kv_cache import StaticOrtEngine
             for dtype, tol in (("fp32", 1e-3), ("fp16", 2e-2)):
-                eng = OrtEngine(made["folders"][dtype], device="cuda")
+                eng = OrtEngine(made["folders"][dtype], device="cuda", sampler="host")
                 check_engine(rep, f"ort-cuda {dtype}", eng, cpu_ref, cfg, tol, cpu_tokens)
                 latency(rep, f"ort-cuda {dtype}", eng, cfg)
                 speedup(rep, f"ort-cuda {dtype}", eng, cfg)
+            # the device sampler: logits stay on the GPU (IOBinding into epilogue.onnx), tokens must not change
+            host = OrtEngine(made["folders"]["fp16"], device="cuda", sampler="host")
+            dev = OrtEngine(made["folders"]["fp16"], device="cuda", sampler="device")
+            for temp in (0.0, 1.0):
+                same = [decode(host, p, temp, "tree")[0].token_ids == decode(dev, p, temp, "tree")[0].token_ids
+                        for p in prompts(cfg)]
+                rep.check(f"ort-cuda fp16: device sampler == host sampler, tree decoder (T={temp})", all(same),
+                          identical=sum(same), of=len(same))
+            speedup(rep, "ort-cuda fp16 device sampler", dev, cfg)
             plan = BucketPlan.default(cfg.max_position_embeddings, cfg.block_size, 16, smallest=128)
             eng = StaticOrtEngine(made["folders"]["fp16"], plan, device="cuda")
             check_engine(rep, "ort-cuda-static fp16", eng, cpu_ref, cfg, 2e-2, cpu_tokens)

@@ -78,9 +78,12 @@ def find_drafter(path, model_dir):
 @click.option("--depth", type=int, default=8, show_default=True, help="Deepest tree node below the root (SPOT).")
 @click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
               help="drafter.onnx (or its folder). Default: the one beside the model, if any.")
+@click.option("--sampler", type=click.Choice(["auto", "host", "device"]), default="auto", show_default=True,
+              help="ort: sample with the export's epilogue graph next to the target (device: only small arrays reach "
+                   "the host) or with numpy on the logits (host). auto: device on cuda/trt, host on cpu.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + stats.")
 def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
-             max_new_tokens, backend, device, decoder, budget, depth, drafter_path, as_json):
+             max_new_tokens, backend, device, decoder, budget, depth, drafter_path, sampler, as_json):
     """Generate with one decoder. SPOT decoders give the same tokens as standard decoding, in fewer passes.
 
     \b
@@ -104,7 +107,7 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
     sampling = Sampling(temperature, top_k, top_p, seed)
     tokenizer = load_tokenizer(folder)
     ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
-    engine = open_engine(backend, folder, block_size, device)
+    engine = open_engine(backend, folder, block_size, device, sampler)
     drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
     request = DecodeRequest(max_new_tokens, mode, tau, sampling, TreeBudget(budget, depth))
     gen = run_decoder(decoder, engine, ids, request, drafter)
@@ -155,9 +158,12 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
 @click.option("--plan", "plan_device", default=None, metavar="DEVICE",
               help="Memory plan for orin-nano-8gb, orin-nx-16gb, agx-orin-32gb, agx-orin-64gb or <N>GB: printed "
                    "(and nothing exported) unless --out is given; with --out the export must fit.")
+@click.option("--epilogue-steps", type=int, default=None,
+              help="Future steps D of the device sampling epilogue (epilogue.onnx, used on GPU paths; the deepest "
+                   "SPOT tree it serves). Default: 8, or the block size if smaller. 0: no epilogue.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_size, dry_run, no_validate,
-           validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, quiet):
+           validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, epilogue_steps, quiet):
     """Export an SDAR checkpoint to an ONNX folder (SOURCE: a checkpoint folder or a preset: embedded,
     sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants)."""
     import json
@@ -172,7 +178,7 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     options = ExportOptions(dtype=dtype, opset=opset, max_nodes=max_nodes, max_context=max_context,
                             block_size=block_size, validate=not no_validate, validate_layers=validate_layers,
                             overwrite=overwrite, weights=weights, int4_block=int(int4_block),
-                            matmulnbits=ort_matmulnbits, plan=plan_device)
+                            matmulnbits=ort_matmulnbits, plan=plan_device, epilogue_steps=epilogue_steps)
     options.quant.check()
     progress = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
     if plan_only:

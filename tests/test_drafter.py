@@ -157,9 +157,9 @@ def test_trace_future_conf_is_the_stale_view_of_later_steps(engine):
     sampling, rule = Sampling(1.0, seed=5), CommitRule(STATIC)
     rec = TraceRecorder(0, rule, sampling, MASK, 8, VOCAB, depth=4)
 
-    def observe(block, step, state, logits, nxt):
-        seen.append((block, step, state.copy(), logits.copy()))
-        rec(block, step, state, logits, nxt)
+    def observe(block, step, state, outputs, nxt):
+        seen.append((block, step, state.copy(), outputs.host_logits().copy()))
+        rec(block, step, state, outputs, nxt)
 
     from spot.runtime.decode import generate
     generate(engine, prompts(1, seed=4)[0], max_new_tokens=8, rule=rule, sampling=sampling, observer=observe)

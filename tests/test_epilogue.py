@@ -5,7 +5,6 @@ x86-64 with FMA) and numpy's pairwise summation; the first tests check those bui
 """
 from __future__ import annotations
 
-import platform
 from fractions import Fraction
 
 import numpy as np
@@ -22,18 +21,8 @@ from spot.export.epilogue import (OUTPUTS, EpilogueSpec, build_epilogue, build_n
                                   reference_epilogue, reference_noise, run_epilogue)
 
 
-def _glibc_fma_x86() -> bool:
-    """numpy's exp/log are glibc's (>= 2.28) FMA variants: x86-64 Linux with an FMA CPU."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    libc, version = platform.libc_ver()
-    return (platform.machine() == "x86_64" and libc == "glibc" and " fma " in flags
-            and tuple(int(x) for x in version.split(".")[:2]) >= (2, 28))
-
-
-needs_glibc_fma = pytest.mark.skipif(not _glibc_fma_x86(), reason="the bit-exact reference is numpy on x86-64 glibc "
+needs_glibc_fma = pytest.mark.skipif(not xm.reference_platform(),
+                                     reason="the bit-exact reference is numpy on x86-64 glibc "
                                      ">= 2.28 with FMA (docs/noise.md); other libms round differently")
 
 V, B, D = 500, 8, 3

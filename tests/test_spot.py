@@ -15,6 +15,7 @@ from spot.errors import SpotError
 from spot.reference.model import random_model
 from spot.runtime.decode import DecodeContext, DecodeStats
 from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.outputs import HostOutputs
 from spot.runtime.spot import TreeBudget, walk
 from spot.runtime.step import THRESHOLD, CommitRule, Sampling
 from spot.runtime.tree import Node, build_tree
@@ -91,11 +92,14 @@ def test_a_proposal_committing_a_strict_subset_of_the_target_set_is_rejected():
     logits[2:] = 0.0                        # positions 2, 3: flat, confidence 0.1
     tree = [Node(root, -1, 0, 1), Node(subset, 0, 1, 2)]
     tree[0].children = [1]
-    end, nxt = walk(tree, {0: logits, 1: logits}, _ctx(rule), block=0)
+    ctx = _ctx(rule)
+    out = {i: HostOutputs(logits, tree[i].step, ctx.sampling, 0) for i in range(2)}
+    end, nxt = walk(tree, out, ctx)
     assert end == 0 and np.array_equal(nxt, exact)   # F(root) = exact, the subset child is not taken
     tree.append(Node(exact, 0, 1, 2))
     tree[0].children.append(2)
-    end, _ = walk(tree, {0: logits, 1: logits, 2: logits}, _ctx(rule), block=0)
+    out[2] = HostOutputs(logits, 2, ctx.sampling, 0)
+    end, _ = walk(tree, out, ctx)
     assert end == 2
 
 

@@ -18,6 +18,7 @@ from spot.export.manifest import load_manifest
 from spot.runtime.engine import Engine
 
 DEVICES = ("cpu", "cuda", "trt")
+SAMPLERS = ("auto", "host", "device")
 _GPU_HINT = ("install onnxruntime-gpu (x86_64: `pip install onnxruntime-gpu`; Jetson/aarch64: the JetPack wheel "
              "from NVIDIA's Jetson AI Lab index, PyPI has none) in place of onnxruntime, or use --device cpu")
 
@@ -86,13 +87,23 @@ def make_session(graph: Path, device: str, dtype: str, threads: int | None = Non
     return session
 
 
+def use_device_sampler(sampler: str, device: str, has_epilogue: bool) -> bool:
+    """--sampler: device = the epilogue graph samples next to the target (required); host = logits to numpy;
+    auto = device on GPU providers when the folder has an epilogue (on a CPU the exact float64 epilogue costs more
+    than the numpy step it replaces, and the logits are in host memory anyway)."""
+    if sampler not in SAMPLERS:
+        raise SpotError(f"unknown sampler {sampler!r}, expected one of {', '.join(SAMPLERS)}")
+    return sampler == "device" or (sampler == "auto" and device != "cpu" and has_epilogue)
+
+
 class OrtEngine(Engine):
-    """Engine over an exported folder. device: cpu | cuda | trt; threads: intra-op threads (None: ORT default)."""
+    """Engine over an exported folder. device: cpu | cuda | trt; threads: intra-op threads (None: ORT default);
+    sampler: auto | host | device (see use_device_sampler)."""
 
     name = "ort"
 
     def __init__(self, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",
-                 threads: int | None = None, verify: str = "quick"):
+                 threads: int | None = None, verify: str = "quick", sampler: str = "auto"):
         self.exported = load_manifest(model_dir, verify)
         super().__init__(self.exported.config, block_size or self.exported.block_size)
         self.device = device
@@ -102,23 +113,48 @@ class OrtEngine(Engine):
         cfg = self.config
         self._empty = np.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, 0, cfg.head_dim), self.dtype)
         self._k = self._v = self._empty
+        self.epilogue, self._future_steps = self._open_epilogue(sampler, threads)
 
     @staticmethod
-    def from_dir(model_dir, block_size: int | None = None, device: str = "cpu", threads: int | None = None):
-        return OrtEngine(model_dir, block_size, device, threads)
+    def from_dir(model_dir, block_size: int | None = None, device: str = "cpu", threads: int | None = None,
+                 sampler: str = "auto"):
+        return OrtEngine(model_dir, block_size, device, threads, sampler=sampler)
+
+    def _open_epilogue(self, sampler: str, threads: int | None):
+        graphs = self.exported.manifest["graphs"]
+        if not use_device_sampler(sampler, self.device, "epilogue" in graphs):
+            return None, None
+        if "epilogue" not in graphs:
+            raise SpotError(f"{self.exported.folder} has no sampling epilogue graph (needed by --sampler device)",
+                            "re-export it with spot-export (it writes epilogue.onnx unless --epilogue-steps 0), "
+                            "or use --sampler host")
+        if self.block_size != self.exported.block_size:
+            raise SpotError(f"the epilogue graph is built for blocks of {self.exported.block_size}, the engine "
+                            f"decodes blocks of {self.block_size}", "use the export's block size or --sampler host")
+        # TensorRT has neither float64 nor uint32 arithmetic: on --device trt the epilogue runs on the CUDA EP,
+        # on the same GPU, reading the target's logits where they are (docs/gpu-path.md)
+        session = make_session(self.exported.graph_path("epilogue"), "cpu" if self.device == "cpu" else "cuda",
+                               self.exported.dtype, threads)
+        return session, int(graphs["epilogue"]["future_steps"])
+
+    @property
+    def sampler_depth(self) -> int | None:
+        return self._future_steps
 
     @property
     def max_context(self) -> int:
         return min(self.exported.max_context, self.config.max_position_embeddings)
 
     # -- graph calls -------------------------------------------------------------------------------------------
-    def _run(self, outputs: list[str], ids: np.ndarray, bias: np.ndarray) -> list[np.ndarray]:
+    def _feeds(self, ids: np.ndarray, bias: np.ndarray) -> dict[str, np.ndarray]:
         """ids [N,S] at positions cached_len..cached_len+S-1 against the cache with additive mask bias [S,C+S]."""
         start = self._k.shape[2]
-        feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
-                 "position_ids": np.arange(start, start + ids.shape[1], dtype=np.int64),
-                 "attn_bias": bias, "past_k": self._k, "past_v": self._v}
-        return self.session.run(outputs, feeds)
+        return {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
+                "position_ids": np.arange(start, start + ids.shape[1], dtype=np.int64),
+                "attn_bias": bias, "past_k": self._k, "past_v": self._v}
+
+    def _run(self, outputs: list[str], ids: np.ndarray, bias: np.ndarray) -> list[np.ndarray]:
+        return self.session.run(outputs, self._feeds(ids, bias))
 
     def _reset(self) -> None:
         self._k = self._v = self._empty
@@ -133,12 +169,42 @@ class OrtEngine(Engine):
     def _step_bias(self) -> np.ndarray:
         return np.zeros((self.block_size, self._k.shape[2] + self.block_size), self.dtype)
 
-    def _block_logits(self, states: np.ndarray) -> np.ndarray:
-        if states.shape[0] > self.exported.max_nodes:
-            raise SpotError(f"{states.shape[0]} candidate states in one pass exceed the export's max_nodes "
+    def _check_nodes(self, n: int) -> None:
+        if n > self.exported.max_nodes:
+            raise SpotError(f"{n} candidate states in one pass exceed the export's max_nodes "
                             f"{self.exported.max_nodes}", "re-export with a larger --max-nodes or draft fewer nodes")
+
+    def _block_logits(self, states: np.ndarray) -> np.ndarray:
+        self._check_nodes(states.shape[0])
         (logits,) = self._run(["logits"], states, self._step_bias())
         return logits
+
+    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int) -> list:
+        """With the device sampler: the target's logits stay in an OrtValue on the device (IOBinding) and feed the
+        epilogue there; only its O(N x B x (D + 32)) outputs come back to the host."""
+        if self.epilogue is None:
+            return super()._block_outputs(states, steps, sampling, block)
+        from spot.export.epilogue import OUTPUTS, EpilogueResult, epilogue_scalars
+        from spot.runtime.outputs import sampled_outputs
+        self._check_nodes(states.shape[0])
+        kind = "cpu" if self.device == "cpu" else "cuda"
+        target = self.session.io_binding()
+        for name, value in self._feeds(states, self._step_bias()).items():
+            target.bind_cpu_input(name, value)
+        target.bind_output("logits", kind)
+        self.session.run_with_iobinding(target)
+        (logits,) = target.get_outputs()
+        epi = self.epilogue.io_binding()
+        epi.bind_ortvalue_input("logits", logits)
+        for name, value in epilogue_scalars(steps, sampling, block).items():
+            epi.bind_cpu_input(name, value)
+        for name in OUTPUTS:
+            epi.bind_output(name, "cpu")
+        self.epilogue.run_with_iobinding(epi)
+        result = EpilogueResult(*epi.copy_outputs_to_cpu())
+        if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
+            self._non_finite()
+        return sampled_outputs(result, steps)
 
     def _store(self, state: np.ndarray) -> None:
         new_k, new_v = self._run(["new_k", "new_v"], state[None], self._step_bias())

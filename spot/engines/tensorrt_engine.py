@@ -228,12 +228,13 @@ class TrtRunner:
 class TrtEngine(Engine):
     """Engine over a built TensorRT engine: static shapes (capacity x node buckets), device-resident KV cache.
     `block_logits` returns host logits (the Engine contract, for tests and the host step function);
-    `block_epilogue` keeps the logits on the device and returns only the epilogue's small outputs."""
+    `block_epilogue` keeps the logits on the device and returns only the epilogue's small outputs, and the decoders
+    use it (`block_outputs`) unless sampler_steps is None (then F samples on the host from copied logits)."""
 
     name = "tensorrt"
 
     def __init__(self, model_dir: str | Path, engine_file: str | Path | None = None,
-                 options: BuildOptions = BuildOptions()):
+                 options: BuildOptions = BuildOptions(), sampler_steps: int | None = 8):
         from spot.export.manifest import load_manifest
         _trt()
         torch = _torch_cuda()
@@ -249,6 +250,11 @@ class TrtEngine(Engine):
         self.kv_dtype = dt
         self.cache = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, self.plan.capacities[0],
                                    cfg.head_dim, dt, like=torch.empty(0, device="cuda"))
+        self._future_steps = sampler_steps
+
+    @property
+    def sampler_depth(self) -> int | None:
+        return self._future_steps
 
     @property
     def max_context(self) -> int:
@@ -289,15 +295,21 @@ class TrtEngine(Engine):
         from spot.export.epilogue import EpilogueResult, check_sampling
         from spot.reference.noise_torch import epilogue_torch
         check_sampling(sampling)
-        states = self._check_ids(states, "block states")
-        if states.ndim != 2 or states.shape[1] != self.block_size:
-            raise ValueError(f"block states: got shape {states.shape}, expected [N>=1, {self.block_size}]")
-        self._check_room(self.block_size)
+        states = self._check_states(states)
         logits = self.device_logits(states)
         out = epilogue_torch(logits, node_steps, sampling.seed, block, sampling.temperature, sampling.top_k,
                              future_steps)
-        return EpilogueResult(*(out[f].cpu().numpy() for f in ("token", "confidence", "future_tokens",
-                                                               "future_conf", "top_logprobs", "top_ids")))
+        result = EpilogueResult(*(out[f].cpu().numpy() for f in ("token", "confidence", "future_tokens",
+                                                                 "future_conf", "top_logprobs", "top_ids")))
+        if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
+            self._non_finite()
+        return result
+
+    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int) -> list:
+        if self._future_steps is None:
+            return super()._block_outputs(states, steps, sampling, block)
+        from spot.runtime.outputs import sampled_outputs
+        return sampled_outputs(self.block_epilogue(states, steps, sampling, block, self._future_steps), steps)
 
     def _store(self, state: np.ndarray) -> None:
         out = self._run(state[None], ["new_k", "new_v"])

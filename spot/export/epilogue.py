@@ -422,20 +422,56 @@ def save_epilogue(spec: EpilogueSpec, path: str | Path) -> Path:
     return path
 
 
-def add_to_folder(folder: str | Path, future_steps: int = 4, exact: bool = True) -> Path:
-    """Write epilogue.onnx into an exported folder (spot-export) and register it in its manifest as the
-    "epilogue" graph (vocabulary and block size from the manifest)."""
-    import onnx
+EPILOGUE_FILE = "epilogue.onnx"
+DEFAULT_FUTURE_STEPS = 8          # = the default tree depth of `spot generate` / `spot bench`
 
+
+def write_epilogue(folder: str | Path, vocab_size: int, block_size: int, future_steps: int,
+                   exact: bool = True) -> tuple[str, dict]:
+    """Save epilogue.onnx into `folder`; returns (file name, its manifest["graphs"]["epilogue"] entry)."""
+    spec = EpilogueSpec(vocab_size, block_size, future_steps, exact=exact)
+    model = build_epilogue(spec)
+    tmp = Path(folder) / (EPILOGUE_FILE + ".tmp")
+    tmp.write_bytes(model.SerializeToString())
+    tmp.replace(Path(folder) / EPILOGUE_FILE)
+    return EPILOGUE_FILE, {"file": EPILOGUE_FILE, "opset": OPSET, "future_steps": future_steps, "exact": exact,
+                           "inputs": list(INPUTS), "outputs": declared_output_shapes(model)}
+
+
+def validate_epilogue(folder: str | Path, vocab_size: int, block_size: int, future_steps: int,
+                      max_values: int = 2_000_000) -> dict:
+    """Run the saved epilogue on random logits of 2 states and require bit identity with the numpy runtime
+    (reference_epilogue). Only where numpy is the reference platform (x86-64 glibc with FMA, docs/noise.md),
+    and only up to max_values logits x steps (the exact float64 emulation is slow on a CPU)."""
+    n = 2
+    if not xm.reference_platform():
+        return {"checked": False, "why": "the bit-exact reference is numpy on x86-64 glibc >= 2.28 with FMA"}
+    if n * block_size * vocab_size * (future_steps + 1) > max_values:
+        return {"checked": False, "why": f"vocabulary x block x steps too large to check on the CPU at export "
+                                         f"(> {max_values} values); tests/test_epilogue.py checks the same graph"}
+    session = make_epilogue_session(str(Path(folder) / EPILOGUE_FILE))
+    logits = (np.random.default_rng(7).standard_normal((n, block_size, vocab_size)) * 4).astype(np.float32)
+    checked = []
+    for sampling in (Sampling(0.0, exclude_token=vocab_size - 1), Sampling(1.0, seed=11, exclude_token=vocab_size - 1)):
+        got = run_epilogue(session, logits, [0, 3], sampling, 1)
+        want = reference_epilogue(logits, [0, 3], sampling, 1, future_steps)
+        bad = [name for name in OUTPUTS if not np.array_equal(getattr(got, name), getattr(want, name))]
+        if bad:
+            raise RuntimeError(f"the sampling epilogue differs from the numpy runtime at temperature "
+                               f"{sampling.temperature} in {', '.join(bad)}: it must be bit-identical")
+        checked.append(sampling.temperature)
+    return {"checked": True, "temperatures": checked, "states": n}
+
+
+def add_to_folder(folder: str | Path, future_steps: int = 4, exact: bool = True) -> Path:
+    """Write epilogue.onnx into an existing exported folder (spot-export) and register it in its manifest as the
+    "epilogue" graph (vocabulary and block size from the manifest)."""
     from spot.export.manifest import add_files, load_manifest, write_manifest
     exported = load_manifest(folder)
-    spec = EpilogueSpec(exported.config.vocab_size, exported.block_size, future_steps, exact=exact)
-    name = "epilogue.onnx"
-    onnx.save(build_epilogue(spec), str(exported.folder / name))
+    name, entry = write_epilogue(exported.folder, exported.config.vocab_size, exported.block_size, future_steps,
+                                 exact)
     manifest = dict(exported.manifest)
-    manifest["graphs"] = {**manifest["graphs"], "epilogue": {
-        "file": name, "opset": OPSET, "future_steps": future_steps, "exact": exact, "inputs": list(INPUTS),
-        "outputs": {k: v for k, v in declared_output_shapes(onnx.load(str(exported.folder / name))).items()}}}
+    manifest["graphs"] = {**manifest["graphs"], "epilogue": entry}
     add_files(exported.folder, manifest, [name])
     write_manifest(exported.folder, manifest)
     return exported.folder / name
@@ -464,13 +500,20 @@ def check_sampling(sampling: Sampling) -> None:
 
 
 def epilogue_feeds(logits: np.ndarray, node_steps, sampling: Sampling, block: int) -> dict:
+    """Every input of the epilogue as host arrays: logits [N,B,V] float32 plus epilogue_scalars."""
+    return {"logits": np.ascontiguousarray(logits, dtype=np.float32),
+            **epilogue_scalars(node_steps, sampling, block)}
+
+
+def epilogue_scalars(node_steps, sampling: Sampling, block: int) -> dict:
+    """The inputs besides the logits (which an engine may bind on the device): node_steps [N] and the scalars."""
     check_sampling(sampling)
     steps = np.asarray(node_steps, dtype=np.int64).reshape(-1)
     if steps.size and (steps.min() < 0 or steps.max() > 0xFFFFFFFF):
         raise SpotError(f"node steps must be in [0, 2**32), got range [{steps.min()}, {steps.max()}]")
     if not 0 <= block <= 0xFFFFFFFF:
         raise SpotError(f"block index must be in [0, 2**32), got {block}")
-    return {"logits": np.ascontiguousarray(logits, dtype=np.float32), "node_steps": steps,
+    return {"node_steps": steps,
             "seed": np.array(sampling.seed, np.int64), "block": np.array(block, np.int64),
             "temperature": np.array(sampling.temperature, np.float64), "top_k": np.array(sampling.top_k, np.int64),
             "exclude_token": np.array(sampling.exclude_token, np.int64)}

@@ -26,6 +26,7 @@ ONNX node emitter in spot/export/epilogue.py); values are whatever the backend u
 """
 from __future__ import annotations
 
+import platform
 from decimal import Decimal, localcontext
 from functools import lru_cache
 
@@ -121,6 +122,22 @@ EXP_NEGLN2HIN = float.fromhex("-0x1.62e42fefa0000p-8")
 EXP_NEGLN2LON = float.fromhex("-0x1.cf79abc9e3b3ap-47")
 EXP_C2, EXP_C3, EXP_C4, EXP_C5 = (float.fromhex(h) for h in (
     "0x1.ffffffffffdbdp-2", "0x1.555555555543cp-3", "0x1.55555cf172b91p-5", "0x1.1111167a4d017p-7"))
+
+
+def reference_platform() -> bool:
+    """Whether numpy's exp/log here are glibc's (>= 2.28) FMA variants — x86-64 Linux on an FMA CPU — the platform
+    whose results this module reproduces bit for bit (docs/noise.md). Elsewhere libm may round differently."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    libc, version = platform.libc_ver()
+    try:
+        new_enough = tuple(int(x) for x in version.split(".")[:2]) >= (2, 28)
+    except ValueError:
+        return False
+    return platform.machine() == "x86_64" and libc == "glibc" and " fma " in flags and new_enough
 
 
 @lru_cache(maxsize=None)

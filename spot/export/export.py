@@ -27,6 +27,7 @@ from spot.config import ModelConfig, check_block_size, load_config
 from spot.errors import SpotError
 from spot.export.graph import (NP_DTYPES, TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset,
                                io_contract)
+from spot.export.epilogue import DEFAULT_FUTURE_STEPS, validate_epilogue, write_epilogue
 from spot.export.manifest import FORMAT, FORMAT_VERSION, add_files, write_manifest
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
@@ -63,6 +64,11 @@ class ExportOptions:
     int4_block: int = 128              # input features per int4 scale: 32 | 64 | 128
     matmulnbits: bool = False          # int4 as com.microsoft MatMulNBits (ONNX Runtime only)
     plan: str | None = None            # device whose memory plan is checked and recorded (spot.export.memory_plan)
+    epilogue_steps: int | None = None  # D of the sampling epilogue graph (GPU paths); 0 = none; default:
+                                       # DEFAULT_FUTURE_STEPS, or the block size when smaller
+
+    def epilogue_depth(self, block_size: int) -> int:
+        return min(DEFAULT_FUTURE_STEPS, block_size) if self.epilogue_steps is None else self.epilogue_steps
 
     @property
     def quant(self) -> QuantScheme:
@@ -91,6 +97,9 @@ def check_options(cfg: ModelConfig, options: ExportOptions) -> int:
     if not (cfg.block_size <= ctx <= cfg.max_position_embeddings) or ctx % cfg.block_size:
         raise SpotError(f"--max-context must be a multiple of the block size {cfg.block_size} in "
                         f"{cfg.block_size}..{cfg.max_position_embeddings}, got {ctx}")
+    if not 0 <= options.epilogue_depth(cfg.block_size) <= cfg.block_size:
+        raise SpotError(f"--epilogue-steps must be in 0..{cfg.block_size} (the block size), got "
+                        f"{options.epilogue_steps}", "it is the deepest SPOT tree the device sampler serves; 0 = none")
     return ctx
 
 
@@ -265,7 +274,7 @@ def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
 
 
 def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, source: Source, ckpt: Checkpoint,
-                   copied: list[str], validation: dict | None) -> dict:
+                   copied: list[str], validation: dict | None, extra_graphs: dict | None = None) -> dict:
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "exporter": {"name": "spot-export", "version": __version__, "revision": EXPORTER_REVISION},
@@ -280,7 +289,8 @@ def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, s
                               "weights_layout": "linear weights stored transposed [in, out] for MatMul; "
                                                 "norm weights float32; embed [V, H]"},
                    **({"drafter": {"file": "drafter.onnx", "manifest": "drafter.json"}}
-                      if "drafter.onnx" in copied else {})},
+                      if "drafter.onnx" in copied else {}),
+                   **(extra_graphs or {})},
         "tokenizer_files": [n for n in copied if not n.startswith("drafter.")],
         "validation": validation,
         "files": {},
@@ -334,14 +344,22 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
         for name in copied:
             shutil.copyfile(ckpt.dir / name, tmp / name)
         (tmp / "config.json").write_text(_hf_config_json(ckpt.dir, cfg))
+        extra_graphs, extra_files = {}, []
+        depth = options.epilogue_depth(cfg.block_size)
+        if depth:
+            progress(f"sampling epilogue graph (D = {depth} future steps)")
+            name, entry = write_epilogue(tmp, cfg.vocab_size, cfg.block_size, depth)
+            if options.validate:
+                entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, cfg.block_size, depth)
+            extra_graphs["epilogue"], extra_files = entry, [name]
         validation = None
         if options.validate:
             from spot.export.validate import validate_export  # needs torch: only when validating
             validation = validate_export(tmp, ckpt, graph, layout, options, progress)
-        manifest = build_manifest(cfg, options, max_context, source, ckpt, copied, validation)
+        manifest = build_manifest(cfg, options, max_context, source, ckpt, copied, validation, extra_graphs)
         add_weight_fields(manifest, cfg, options, max_context, graph)
         progress("hashing files")
-        add_files(tmp, manifest, [TARGET_FILE, DATA_FILE, "config.json", *copied])
+        add_files(tmp, manifest, [TARGET_FILE, DATA_FILE, "config.json", *copied, *extra_files])
         write_manifest(tmp, manifest)
         _publish(tmp, out, options.overwrite)
     except BaseException:

@@ -15,7 +15,7 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.runtime.engine import Engine
-from spot.runtime.step import CommitRule, Sampling, step_fn
+from spot.runtime.step import CommitRule, Sampling
 
 
 @dataclass
@@ -46,7 +46,8 @@ class DecodeContext:
     sampling: Sampling
     mask_id: int
     stats: DecodeStats
-    # observer(block, step, state [B], logits [B,V], next_state [B]) sees every standard step (traces, oracle)
+    # observer(block, step, state [B], outputs, next_state [B]) sees every standard step (traces, oracle);
+    # outputs is the pass's spot.runtime.outputs entry (outputs.host_logits() [B,V] where the logits are on the host)
     observer: Callable | None = None
 
 
@@ -57,11 +58,11 @@ def standard_block(engine: Engine, state: np.ndarray, block: int, ctx: DecodeCon
     """Standard decoding of one block: one target pass per commit step."""
     step = 0
     while (state == ctx.mask_id).any():
-        logits = engine.block_logits(state[None])[0]
+        (out,) = engine.block_outputs(state[None], [step], ctx.sampling, block)
         ctx.stats.passes["block"] += 1
-        nxt = step_fn(state, logits, ctx.mask_id, ctx.rule, ctx.sampling, block, step)
+        nxt = out.next_state(state, ctx.mask_id, ctx.rule)
         if ctx.observer is not None:
-            ctx.observer(block, step, state, logits, nxt)
+            ctx.observer(block, step, state, out, nxt)
         state = nxt
         step += 1
     ctx.stats.steps += step

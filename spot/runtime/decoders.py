@@ -43,7 +43,7 @@ def rule_for(decoder: str, req: DecodeRequest) -> CommitRule:
 
 def record_trajectories(trajectories: dict[int, list[np.ndarray]]):
     """An observer for generate() that stores each block's standard trajectory [s_0, s_1, ..., s_k]."""
-    def observe(block, step, state, logits, nxt):
+    def observe(block, step, state, outputs, nxt):
         traj = trajectories.setdefault(block, [state.copy()])
         traj.append(nxt.copy())
     return observe

@@ -11,6 +11,7 @@ import numpy as np
 
 from spot.config import ModelConfig
 from spot.errors import SpotError
+from spot.runtime.outputs import host_outputs
 
 
 class Engine(ABC):
@@ -38,19 +39,23 @@ class Engine(ABC):
 
     def block_logits(self, states: np.ndarray) -> np.ndarray:
         """Logits [N, B, V] float32 of N candidate states [N, B] of the block after the cache; stores nothing."""
-        states = self._check_ids(states, "block states")
-        if states.ndim != 2 or states.shape[1] != self.block_size or states.shape[0] < 1:
-            raise ValueError(f"block states: got shape {states.shape}, expected [N>=1, {self.block_size}]")
-        self._check_room(self.block_size)
-        logits = self._block_logits(states)
-        expected = (states.shape[0], self.block_size, self.config.vocab_size)
-        if logits.shape != expected:
-            raise RuntimeError(f"{self.name} returned logits of shape {logits.shape}, expected {expected}")
-        if not np.isfinite(logits).all():
-            raise SpotError(f"the {self.name} engine produced non-finite logits (NaN or inf) for the block at "
-                            f"position {self.cached_len}",
-                            "the weights or the export are broken, or fp16 overflowed: try --dtype fp32")
-        return logits
+        states = self._check_states(states)
+        return self._checked_logits(states)
+
+    def block_outputs(self, states: np.ndarray, steps, sampling, block: int) -> list:
+        """One target pass over N states [N, B] whose commit steps are steps [N]: per state, what the host loop
+        reads (spot.runtime.outputs). Host engines hand over the logits; an engine that samples on the device
+        overrides `_block_outputs` and returns the epilogue's small outputs instead."""
+        states = self._check_states(states)
+        steps = np.asarray(steps, dtype=np.int64).reshape(-1)
+        if steps.shape[0] != states.shape[0]:
+            raise ValueError(f"steps: got {steps.shape[0]} values, expected one per state ({states.shape[0]})")
+        return self._block_outputs(states, steps, sampling, block)
+
+    @property
+    def sampler_depth(self) -> int | None:
+        """How many future steps of coupled samples a pass provides: None = any (the logits are on the host)."""
+        return None
 
     def store(self, state: np.ndarray) -> None:
         """Append the K/V of a finished block state [B] to the cache."""
@@ -73,6 +78,27 @@ class Engine(ABC):
                             "the ids do not belong to this model's tokenizer")
         return ids
 
+    def _check_states(self, states) -> np.ndarray:
+        states = self._check_ids(states, "block states")
+        if states.ndim != 2 or states.shape[1] != self.block_size or states.shape[0] < 1:
+            raise ValueError(f"block states: got shape {states.shape}, expected [N>=1, {self.block_size}]")
+        self._check_room(self.block_size)
+        return states
+
+    def _checked_logits(self, states: np.ndarray) -> np.ndarray:
+        logits = self._block_logits(states)
+        expected = (states.shape[0], self.block_size, self.config.vocab_size)
+        if logits.shape != expected:
+            raise RuntimeError(f"{self.name} returned logits of shape {logits.shape}, expected {expected}")
+        if not np.isfinite(logits).all():
+            self._non_finite()
+        return logits
+
+    def _non_finite(self):
+        raise SpotError(f"the {self.name} engine produced non-finite logits (NaN or inf) for the block at "
+                        f"position {self.cached_len}",
+                        "the weights or the export are broken, or fp16 overflowed: try --dtype fp32")
+
     def _check_room(self, n: int) -> None:
         if self.cached_len + n > self.max_context:
             raise SpotError(f"context of {self.cached_len + n} tokens exceeds the engine's limit of "
@@ -91,6 +117,9 @@ class Engine(ABC):
 
     @abstractmethod
     def _block_logits(self, states: np.ndarray) -> np.ndarray: ...
+
+    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int) -> list:
+        return host_outputs(self._checked_logits(states), steps, sampling, block)
 
     @abstractmethod
     def _store(self, state: np.ndarray) -> None: ...

@@ -15,8 +15,6 @@ from spot.errors import SpotError
 from spot.runtime.decode import DecodeContext
 from spot.runtime.engine import Engine
 from spot.runtime.proposers import RoundInputs
-from spot.runtime.stale import StaleView
-from spot.runtime.step import step_fn
 from spot.runtime.tree import build_tree
 
 
@@ -32,17 +30,19 @@ class TreeBudget:
             raise SpotError(f"depth must be in 1..{block_size} (the block size), got {self.depth}")
 
 
-def walk(tree, node_logits: dict[int, np.ndarray], ctx: DecodeContext, block: int) -> tuple[int, np.ndarray]:
-    """From the root, follow the child equal to F of the node's fresh logits. Returns (end node, F(end node))."""
+def walk(tree, node_outputs: dict, ctx: DecodeContext) -> tuple[int, np.ndarray]:
+    """From the root, follow the child equal to F of the node's fresh outputs. Returns (end node, F(end node)).
+
+    node_outputs: tree index -> spot.runtime.outputs of that node's verify pass (incomplete nodes only)."""
     u = 0
     while True:
         node = tree[u]
-        nxt = step_fn(node.state, node_logits[u], ctx.mask_id, ctx.rule, ctx.sampling, block, node.step)
+        nxt = node_outputs[u].next_state(node.state, ctx.mask_id, ctx.rule)
         match = next((c for c in node.children if np.array_equal(tree[c].state, nxt)), None)
         if match is None:
             return u, nxt
         u = match
-        if u not in node_logits:          # a complete node: the block is finished there
+        if u not in node_outputs:          # a complete node: the block is finished there
             return u, tree[u].state
 
 
@@ -54,6 +54,11 @@ class SpotBlockDecoder:
 
     def __call__(self, engine: Engine, state: np.ndarray, block: int, ctx: DecodeContext) -> np.ndarray:
         self.budget.check(engine.block_size)
+        if engine.sampler_depth is not None and self.budget.depth > engine.sampler_depth:
+            raise SpotError(f"tree depth {self.budget.depth} exceeds the {engine.sampler_depth} future steps the "
+                            "engine's device sampling epilogue provides",
+                            f"use --depth <= {engine.sampler_depth}, or rebuild the epilogue with more steps "
+                            "(spot-export --epilogue-steps)")
         stats = ctx.stats
         extra = stats.extra
         accepted = extra.setdefault("accepted_per_verify", [])
@@ -61,21 +66,22 @@ class SpotBlockDecoder:
         extra.setdefault("draft_ms", 0.0)
         extra.setdefault("walk_ms", 0.0)
         extra.setdefault("target_ms", 0.0)   # verify passes only: the split host vs target per verify
-        logits = engine.block_logits(state[None])[0]
-        stats.passes["block"] += 1
         step = 0
-        root = step_fn(state, logits, ctx.mask_id, ctx.rule, ctx.sampling, block, step)
+        (current,) = engine.block_outputs(state[None], [step], ctx.sampling, block)
+        stats.passes["block"] += 1
+        root = current.next_state(state, ctx.mask_id, ctx.rule)
         while (root == ctx.mask_id).any():
             t0 = time.perf_counter()
-            stale = StaleView(logits, state == ctx.mask_id, ctx.sampling, block, self.independent_noise)
+            stale = current.stale(state == ctx.mask_id, self.independent_noise)
             self.proposer.begin_round(RoundInputs(stale, ctx.rule, ctx.mask_id, block), state, step)
             tree = build_tree(root, step + 1, self.proposer, self.budget.nodes, self.budget.depth, ctx.mask_id)
             incomplete = [i for i, n in enumerate(tree) if (n.state == ctx.mask_id).any()]
             t1 = time.perf_counter()
-            fresh = engine.block_logits(np.stack([tree[i].state for i in incomplete]))
+            fresh = engine.block_outputs(np.stack([tree[i].state for i in incomplete]),
+                                         [tree[i].step for i in incomplete], ctx.sampling, block)
             t2 = time.perf_counter()
             stats.passes["verify"] += 1
-            end, root = walk(tree, dict(zip(incomplete, fresh)), ctx, block)
+            end, root = walk(tree, dict(zip(incomplete, fresh)), ctx)
             t3 = time.perf_counter()
             extra["draft_ms"] += 1e3 * (t1 - t0)
             extra["target_ms"] += 1e3 * (t2 - t1)
@@ -84,6 +90,6 @@ class SpotBlockDecoder:
             extra["nodes_per_verify"].append(len(incomplete))
             state, step = tree[end].state, tree[end].step
             if end in incomplete:
-                logits = fresh[incomplete.index(end)]
+                current = fresh[incomplete.index(end)]
         stats.steps += step + 1 if (state == ctx.mask_id).any() else step
         return root

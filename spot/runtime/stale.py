@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from spot.errors import SpotError
 from spot.runtime.step import Sampling, sample_positions
 
 TOPK_FEATURES = 32
@@ -64,3 +65,29 @@ def topk_logprobs(logits: np.ndarray, temperature: float, k: int = TOPK_FEATURES
         pad = np.full(out.shape[:-1] + (TOPK_FEATURES - out.shape[-1],), -1e4)
         out = np.concatenate([out, pad], axis=-1)
     return out.astype(np.float32)
+
+
+class SampledStaleView:
+    """The StaleView interface over coupled samples the device epilogue already computed (spot.runtime.outputs).
+
+    future_tokens [D, B] int64, future_conf [D, B] float64: samples of the stale logits at steps first_step ..
+    first_step + D - 1 for every position; masked [B] bool: masks of s_m; top_logprobs [B, 32] float32."""
+
+    def __init__(self, future_tokens: np.ndarray, future_conf: np.ndarray, first_step: int, masked: np.ndarray,
+                 top_logprobs: np.ndarray):
+        self.future_tokens, self.future_conf = future_tokens, future_conf
+        self.first_step, self.masked, self._topk = first_step, np.asarray(masked, dtype=bool), top_logprobs
+
+    def coupled(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        j = step - self.first_step
+        depth = self.future_tokens.shape[0]
+        if not 0 <= j < depth:
+            raise SpotError(f"the device epilogue computed coupled samples for steps {self.first_step}.."
+                            f"{self.first_step + depth - 1}, got a request for step {step}",
+                            f"draft trees of depth <= {depth}, or rebuild the epilogue with more future steps "
+                            "(spot-export --epilogue-steps)")
+        return (np.where(self.masked, self.future_tokens[j], -1).astype(np.int64),
+                np.where(self.masked, self.future_conf[j], -np.inf))
+
+    def topk_logprobs(self) -> np.ndarray:
+        return self._topk

@@ -118,6 +118,13 @@ def step_fn(state: np.ndarray, logits: np.ndarray, mask_id: int, rule: CommitRul
     if masked.size == 0:
         return state
     tokens, conf = sample_positions(logits, masked, sampling, block, step)
+    return commit_samples(state, masked, tokens, conf, rule)
+
+
+def commit_samples(state: np.ndarray, masked: np.ndarray, tokens: np.ndarray, conf: np.ndarray,
+                   rule: CommitRule) -> np.ndarray:
+    """The commit half of F: state [B]; masked [K] its masked positions (ascending); tokens [K], conf [K] the
+    samples of F's step there (from sample_positions, or from the device epilogue, which equals it bit for bit)."""
     pick = select_commits(conf, rule)
     out = state.copy()
     out[masked[pick]] = tokens[pick]

@@ -100,7 +100,8 @@ class TraceRecorder:
         noise = None if self.noise is None else self.noise.rows(block, step, positions)
         return sample_with_noise(logits, positions, self.sampling, noise)
 
-    def __call__(self, block: int, step: int, state: np.ndarray, logits: np.ndarray, nxt: np.ndarray) -> None:
+    def __call__(self, block: int, step: int, state: np.ndarray, outputs, nxt: np.ndarray) -> None:
+        logits = outputs.host_logits()          # [B, V]: traces need the full distribution
         masked = np.flatnonzero(state == self.mask_id)
         b = state.shape[0]
         tokens, conf = self._sample(logits, masked, block, step)

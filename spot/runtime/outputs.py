@@ -1,0 +1,80 @@
+"""What one target pass gives the host loop, per block state: F's next state and the stale view a SPOT round
+drafts from. Two sources behind one interface, so every decoder runs on either:
+
+HostOutputs    the logits [B, V] reached the host (CPU engines): samples are computed lazily with numpy
+               (spot.runtime.step / spot.runtime.stale), only where the walk or the drafter needs them.
+SampledOutputs the sampling epilogue ran next to the target (spot.export.epilogue, GPU paths): the host received
+               O(B x (D + 32)) values per state — F's samples at the state's step, the coupled samples of the
+               next D steps, the top-32 log-probabilities — equal to the numpy ones bit for bit, never the logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from spot.errors import SpotError
+from spot.runtime.stale import SampledStaleView, StaleView
+from spot.runtime.step import CommitRule, Sampling, commit_samples, step_fn
+
+
+@dataclass(frozen=True)
+class HostOutputs:
+    """One state's logits on the host. logits [B, V] float32; step: the commit step F applies to this state."""
+
+    logits: np.ndarray
+    step: int
+    sampling: Sampling
+    block: int
+
+    def next_state(self, state: np.ndarray, mask_id: int, rule: CommitRule) -> np.ndarray:
+        return step_fn(state, self.logits, mask_id, rule, self.sampling, self.block, self.step)
+
+    def stale(self, masked: np.ndarray, independent_noise: bool = False) -> StaleView:
+        return StaleView(self.logits, masked, self.sampling, self.block, independent_noise)
+
+    def host_logits(self) -> np.ndarray:
+        return self.logits
+
+
+@dataclass(frozen=True)
+class SampledOutputs:
+    """One state's epilogue results (spot.export.epilogue.EpilogueResult row n).
+
+    token [B] int64, confidence [B] float64: F's sample at `step` for every position;
+    future_tokens [D, B] int64, future_conf [D, B] float64: coupled samples at steps step+1 .. step+D;
+    top_logprobs [B, 32] float32: the drafter's stale features."""
+
+    token: np.ndarray
+    confidence: np.ndarray
+    future_tokens: np.ndarray
+    future_conf: np.ndarray
+    top_logprobs: np.ndarray
+    step: int
+
+    def next_state(self, state: np.ndarray, mask_id: int, rule: CommitRule) -> np.ndarray:
+        masked = np.flatnonzero(state == mask_id)
+        if masked.size == 0:
+            return state
+        return commit_samples(state, masked, self.token[masked], self.confidence[masked], rule)
+
+    def stale(self, masked: np.ndarray, independent_noise: bool = False) -> SampledStaleView:
+        if independent_noise:
+            raise SpotError("the independent-noise ablation needs the logits on the host",
+                            "run it with the host sampler (--sampler host)")
+        return SampledStaleView(self.future_tokens, self.future_conf, self.step + 1, masked, self.top_logprobs)
+
+    def host_logits(self) -> np.ndarray:
+        raise SpotError("this decoder reads the full logits, but the engine samples on the device and returns "
+                        "only the epilogue's outputs", "use the host sampler (--sampler host) for it")
+
+
+def host_outputs(logits: np.ndarray, steps, sampling: Sampling, block: int) -> list[HostOutputs]:
+    """logits [N, B, V] of N states whose commit steps are steps [N] -> one HostOutputs per state."""
+    return [HostOutputs(logits[i], int(s), sampling, block) for i, s in enumerate(steps)]
+
+
+def sampled_outputs(result, steps) -> list[SampledOutputs]:
+    """An EpilogueResult of N states (spot.export.epilogue) whose node_steps were steps [N] -> one per state."""
+    return [SampledOutputs(result.token[i], result.confidence[i], result.future_tokens[i], result.future_conf[i],
+                           result.top_logprobs[i], int(s)) for i, s in enumerate(steps)]

@@ -1,0 +1,118 @@
+"""The device sampler: decoders fed by the export's epilogue graph (IOBinding, logits never reach numpy) give the same
+tokens and passes as the numpy host sampler, and a pass hands the host O(N x B x (D + 32)) values, never N x B x V.
+
+Runs on ORT CPU here; on a GPU the same code binds the logits on CUDA (scripts/gpu_check.sh)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from spot.config import ModelConfig
+from spot.engines.factory import open_engine
+from spot.engines.ort_engine import OrtEngine
+from spot.errors import SpotError
+from spot.export.export import ExportOptions, export_checkpoint
+from spot.export.presets import resolve_source
+from spot.reference.model import random_model
+from spot.runtime.decode import generate
+from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.outputs import SampledOutputs
+from spot.runtime.spot import TreeBudget
+from spot.runtime.step import CommitRule, Sampling
+
+pytest.importorskip("onnx")
+from spot.export import exact_math  # noqa: E402
+
+# peaked enough that threshold decoding commits several positions per step
+CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=256, block_size=8,
+                  mask_token_id=95, stop_ids=(94,))
+DEPTH = 4
+exact_platform = pytest.mark.skipif(not exact_math.reference_platform(),
+                                    reason="bit identity with numpy holds on x86-64 glibc with FMA (docs/noise.md)")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sampler")
+    ckpt = tmp / "ckpt"
+    random_model(CFG, seed=3).save_pretrained(ckpt)
+    with_epilogue = export_checkpoint(resolve_source(str(ckpt)), tmp / "onnx",
+                                      ExportOptions(dtype="fp32", epilogue_steps=DEPTH))
+    without = export_checkpoint(resolve_source(str(ckpt)), tmp / "onnx-plain",
+                                ExportOptions(dtype="fp32", epilogue_steps=0, validate=False))
+    return with_epilogue, without
+
+
+def _prompt(seed, n):
+    return np.random.default_rng(seed).integers(0, CFG.vocab_size - 2, size=n)
+
+
+def test_export_writes_and_validates_the_epilogue(folders):
+    manifest = json.loads((folders[0] / "manifest.json").read_text())
+    entry = manifest["graphs"]["epilogue"]
+    assert entry["future_steps"] == DEPTH and "epilogue.onnx" in manifest["files"]
+    assert entry["validation"]["checked"] == exact_math.reference_platform()
+    for name, dims in entry["outputs"].items():          # no output carries the vocabulary axis
+        assert CFG.vocab_size not in dims[1:], name
+    assert "epilogue" not in json.loads((folders[1] / "manifest.json").read_text())["graphs"]
+
+
+def test_a_device_pass_returns_small_arrays(folders):
+    engine = OrtEngine(folders[0], sampler="device", threads=1)
+    engine.prefill(_prompt(0, 8))
+    states = np.full((5, CFG.block_size), CFG.mask_token_id)
+    states[1:, 0] = [3, 4, 5, 6]
+    outs = engine.block_outputs(states, [0, 1, 1, 1, 1], Sampling(1.0, seed=2), block=1)
+    assert all(isinstance(o, SampledOutputs) for o in outs)
+    per_state = sum(getattr(outs[0], f).size for f in ("token", "confidence", "future_tokens", "future_conf",
+                                                      "top_logprobs"))
+    assert per_state == CFG.block_size * (2 + 2 * DEPTH + 32)
+    with pytest.raises(SpotError, match="samples on the device"):
+        outs[0].host_logits()
+
+
+@exact_platform
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("decoder,mode", [("standard", "static"), ("threshold", "static"), ("chain", "static"),
+                                          ("tree", "static"), ("tree", "threshold"), ("oracle", "static")])
+def test_device_sampler_decodes_like_the_host_sampler(folders, decoder, mode, temperature):
+    host = OrtEngine(folders[0], sampler="host", threads=1)
+    device = OrtEngine(folders[0], sampler="device", threads=1)
+    assert host.sampler_depth is None and device.sampler_depth == DEPTH
+    for i in range(3):
+        req = DecodeRequest(max_new_tokens=12, mode=mode, tau=0.3, sampling=Sampling(temperature, seed=40 + i),
+                            budget=TreeBudget(6, DEPTH))
+        prompt = _prompt(i, 5 + 3 * i)
+        a, b = run_decoder(decoder, host, prompt, req), run_decoder(decoder, device, prompt, req)
+        assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, i)
+        assert a.stats.steps == b.stats.steps
+
+
+def test_device_sampler_errors_are_clear(folders):
+    device = OrtEngine(folders[0], sampler="device", threads=1)
+    with pytest.raises(SpotError, match="exceeds the 4 future steps"):
+        run_decoder("tree", device, _prompt(0, 4), DecodeRequest(8, budget=TreeBudget(8, DEPTH + 1)))
+    with pytest.raises(SpotError, match="top-p"):
+        generate(device, _prompt(0, 4), max_new_tokens=4, sampling=Sampling(1.0, top_p=0.9))
+    with pytest.raises(SpotError, match="independent-noise ablation"):
+        run_decoder("tree", device, _prompt(0, 4), DecodeRequest(8, sampling=Sampling(1.0), budget=TreeBudget(6, DEPTH),
+                                                                independent_noise=True))
+    with pytest.raises(SpotError, match="no sampling epilogue graph"):
+        OrtEngine(folders[1], sampler="device")
+    with pytest.raises(SpotError, match="unknown sampler"):
+        OrtEngine(folders[0], sampler="gpu")
+    with pytest.raises(SpotError, match="needs the ort backend"):
+        open_engine("torch", folders[0], sampler="device")
+    # auto keeps the numpy sampler on a CPU (the exact float64 epilogue costs more than it saves there)
+    assert OrtEngine(folders[0], sampler="auto").sampler_depth is None
+
+
+def test_traces_need_the_host_sampler(folders):
+    from spot.training.traces import TraceRecorder
+    device = OrtEngine(folders[0], sampler="device", threads=1)
+    rec = TraceRecorder(0, CommitRule(), Sampling(1.0), CFG.mask_token_id, CFG.block_size, CFG.vocab_size, 2)
+    with pytest.raises(SpotError, match="--sampler host"):
+        generate(device, _prompt(1, 4), max_new_tokens=4, sampling=Sampling(1.0), observer=rec)
