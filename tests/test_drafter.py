@@ -3,6 +3,7 @@ SPOT-Sets (exactness against standard / threshold decoding) and the compatibilit
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from spot.reference.model import random_model
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.drafter import (DRAFTER_JSON, DRAFTER_ONNX, MAX_STALENESS, Drafter, DrafterProposer,
                                   drafter_inputs, node_inputs, target_identity)
+from spot.runtime.noise import NoiseCache, gumbel_rows
 from spot.runtime.proposers import RoundInputs
 from spot.runtime.spot import TreeBudget
 from spot.runtime.stale import StaleView
@@ -24,8 +26,7 @@ from spot.runtime.tree import Node
 from spot.training.drafter import (DrafterTrainSettings, OrderModel, batch_loss, calibrate_threshold,
                                    example_inputs, export_onnx, make_examples, parameter_count,
                                    predicted_sets, to_torch, train_drafter, train_order_model)
-from spot.training.traces import (NoiseCache, TracePlan, TraceRecorder, Traces, collect_traces, concat_traces,
-                                  sample_with_noise)
+from spot.training.traces import TracePlan, TraceRecorder, Traces, collect_traces, concat_traces
 
 VOCAB = 64
 MASK = VOCAB - 1
@@ -107,19 +108,26 @@ def test_node_features_shapes_dtypes_and_values():
 
 @pytest.mark.parametrize("sampling", [Sampling(0.5, seed=11), Sampling(1.0, seed=12),
                                       Sampling(1.0, top_k=5, seed=13), Sampling(0.7, top_p=0.8, seed=14)])
-def test_trace_sampling_is_bit_identical_to_stale_view(sampling):
+def test_cached_noise_samples_are_bit_identical(sampling):
+    """The decoders' and the traces' NoiseCache gives the samples of freshly computed noise, in any request order."""
     rng = np.random.default_rng(1)
     logits = (rng.normal(size=(8, VOCAB)) * 2).astype(np.float32)
     masked = np.zeros(8, bool)
     masked[[1, 3, 4, 7]] = True
-    stale = StaleView(logits, masked, sampling, block=5)
-    cache = NoiseCache(sampling.seed, 8, VOCAB)
+    fresh = StaleView(logits, masked, sampling, block=5)
+    cache = NoiseCache(sampling.seed, VOCAB)
+    cached = StaleView(logits, masked, sampling, block=5, noise=cache)
     pos = np.flatnonzero(masked)
-    for step in (0, 3, 9):
-        tokens, conf = sample_with_noise(logits, pos, sampling, cache.rows(5, step, pos))
-        ref_tokens, ref_conf = stale.coupled(step)
-        np.testing.assert_array_equal(tokens, ref_tokens[pos])
-        np.testing.assert_array_equal(conf, ref_conf[pos])
+    cache.rows(5, 3, pos[::-1][:2])                      # a partial row set first, in another order
+    for step in (0, 3, 9, 3):
+        for a, b in zip(cached.coupled(step), fresh.coupled(step)):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(cache.rows(5, step, pos[::-1]), gumbel_rows(sampling.seed, 5, step, pos[::-1],
+                                                                                  VOCAB))
+    cache.forget_before(4)
+    assert set(cache.steps) == {9}
+    cache.rows(6, 0, pos)                                # a new block drops the old one
+    assert set(cache.steps) == {0} and cache.block == 6
 
 
 # -- traces -----------------------------------------------------------------------------------------------------
@@ -164,7 +172,7 @@ def test_trace_future_conf_is_the_stale_view_of_later_steps(engine):
     from spot.runtime.decode import generate
     generate(engine, prompts(1, seed=4)[0], max_new_tokens=8, rule=rule, sampling=sampling, observer=observe)
     for i, (block, step, state, logits) in enumerate(seen):
-        stale = StaleView(logits, state == MASK, sampling, block)
+        stale = StaleView(logits, state == MASK, replace(sampling, exclude_token=MASK), block)   # F's sampling
         np.testing.assert_array_equal(rec.rows["topk"][i], stale.topk_logprobs())
         for k in range(1, 5):
             conf = stale.coupled(step + k)[1]

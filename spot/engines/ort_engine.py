@@ -179,11 +179,11 @@ class OrtEngine(Engine):
         (logits,) = self._run(["logits"], states, self._step_bias())
         return logits
 
-    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int) -> list:
+    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
         """With the device sampler: the target's logits stay in an OrtValue on the device (IOBinding) and feed the
         epilogue there; only its O(N x B x (D + 32)) outputs come back to the host."""
         if self.epilogue is None:
-            return super()._block_outputs(states, steps, sampling, block)
+            return super()._block_outputs(states, steps, sampling, block, noise)
         from spot.export.epilogue import OUTPUTS, EpilogueResult, epilogue_scalars
         from spot.runtime.outputs import sampled_outputs
         self._check_nodes(states.shape[0])

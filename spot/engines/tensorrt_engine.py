@@ -305,9 +305,9 @@ class TrtEngine(Engine):
             self._non_finite()
         return result
 
-    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int) -> list:
+    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
         if self._future_steps is None:
-            return super()._block_outputs(states, steps, sampling, block)
+            return super()._block_outputs(states, steps, sampling, block, noise)
         from spot.runtime.outputs import sampled_outputs
         return sampled_outputs(self.block_epilogue(states, steps, sampling, block, self._future_steps), steps)
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.runtime.engine import Engine
+from spot.runtime.noise import NoiseCache
 from spot.runtime.step import CommitRule, Sampling
 
 
@@ -46,6 +47,7 @@ class DecodeContext:
     sampling: Sampling
     mask_id: int
     stats: DecodeStats
+    noise: NoiseCache | None = None   # the target's Gumbel rows of the current block (T > 0), reused across passes
     # observer(block, step, state [B], outputs, next_state [B]) sees every standard step (traces, oracle);
     # outputs is the pass's spot.runtime.outputs entry (outputs.host_logits() [B,V] where the logits are on the host)
     observer: Callable | None = None
@@ -58,9 +60,11 @@ def standard_block(engine: Engine, state: np.ndarray, block: int, ctx: DecodeCon
     """Standard decoding of one block: one target pass per commit step."""
     step = 0
     while (state == ctx.mask_id).any():
-        (out,) = engine.block_outputs(state[None], [step], ctx.sampling, block)
+        (out,) = engine.block_outputs(state[None], [step], ctx.sampling, block, ctx.noise)
         ctx.stats.passes["block"] += 1
         nxt = out.next_state(state, ctx.mask_id, ctx.rule)
+        if ctx.noise is not None:       # standard decoding never revisits a step
+            ctx.noise.forget_before(step + 1)
         if ctx.observer is not None:
             ctx.observer(block, step, state, out, nxt)
         state = nxt
@@ -115,7 +119,8 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
     stop = set(cfg.stop_ids if stop_ids is None else stop_ids)
     stats = stats or DecodeStats()
     sampling = replace(sampling, exclude_token=cfg.mask_token_id)   # never commit the mask id itself
-    ctx = DecodeContext(rule, sampling, cfg.mask_token_id, stats, observer)
+    noise = NoiseCache(sampling.seed, cfg.vocab_size) if sampling.temperature > 0 else None
+    ctx = DecodeContext(rule, sampling, cfg.mask_token_id, stats, noise, observer)
     p = prompt.size
     n_blocks = -(-(p + max_new_tokens) // b)
     first = p // b

@@ -121,14 +121,17 @@ def resolve_paths(path: str | Path) -> tuple[Path, Path]:
 class Drafter:
     """An order model exported by `spot train-drafter`: drafter.onnx run by ONNX Runtime, facts from drafter.json."""
 
-    def __init__(self, onnx_path: Path, manifest: dict, threads: int = 1):
+    def __init__(self, onnx_path: Path, manifest: dict, threads: int | None = None):
         import onnxruntime as ort
 
         self.path = Path(onnx_path)
         self.manifest = manifest
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
+        if threads:   # default: ONNX Runtime's (one per physical core), like the target's session — the drafter
+            opts.intra_op_num_threads = threads      # runs between target passes, never beside one
         opts.inter_op_num_threads = 1
+        # no spin-waiting after a run: spinning drafter threads would steal the cores of the target pass that follows
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
         try:
             self.session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
@@ -147,7 +150,7 @@ class Drafter:
         self.tau = manifest.get("tau")     # the threshold rule's tau the membership head learned
 
     @staticmethod
-    def load(path: str | Path, threads: int = 1) -> "Drafter":
+    def load(path: str | Path, threads: int | None = None) -> "Drafter":
         onnx_path, json_path = resolve_paths(path)
         try:
             manifest = json.loads(json_path.read_text())
@@ -235,5 +238,5 @@ class DrafterProposer:
         return out
 
 
-def load_drafter(path: str | Path, threads: int = 1) -> Drafter:
+def load_drafter(path: str | Path, threads: int | None = None) -> Drafter:
     return Drafter.load(path, threads)

@@ -42,15 +42,16 @@ class Engine(ABC):
         states = self._check_states(states)
         return self._checked_logits(states)
 
-    def block_outputs(self, states: np.ndarray, steps, sampling, block: int) -> list:
+    def block_outputs(self, states: np.ndarray, steps, sampling, block: int, noise=None) -> list:
         """One target pass over N states [N, B] whose commit steps are steps [N]: per state, what the host loop
-        reads (spot.runtime.outputs). Host engines hand over the logits; an engine that samples on the device
-        overrides `_block_outputs` and returns the epilogue's small outputs instead."""
+        reads (spot.runtime.outputs). Host engines hand over the logits (sampled with the decode's NoiseCache
+        `noise` when given); an engine that samples on the device overrides `_block_outputs` and returns the
+        epilogue's small outputs instead."""
         states = self._check_states(states)
         steps = np.asarray(steps, dtype=np.int64).reshape(-1)
         if steps.shape[0] != states.shape[0]:
             raise ValueError(f"steps: got {steps.shape[0]} values, expected one per state ({states.shape[0]})")
-        return self._block_outputs(states, steps, sampling, block)
+        return self._block_outputs(states, steps, sampling, block, noise)
 
     @property
     def sampler_depth(self) -> int | None:
@@ -118,8 +119,8 @@ class Engine(ABC):
     @abstractmethod
     def _block_logits(self, states: np.ndarray) -> np.ndarray: ...
 
-    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int) -> list:
-        return host_outputs(self._checked_logits(states), steps, sampling, block)
+    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
+        return host_outputs(self._checked_logits(states), steps, sampling, block, noise)
 
     @abstractmethod
     def _store(self, state: np.ndarray) -> None: ...

@@ -72,3 +72,35 @@ def gumbel_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_s
     """Noise for every token at the given block positions: shape [len(positions), vocab_size], float64."""
     pos = np.asarray(positions, dtype=np.int64).reshape(-1, 1)
     return gumbel(seed, block, step, pos, np.arange(vocab_size, dtype=np.uint32)[None, :])
+
+
+class NoiseCache:
+    """Gumbel rows of the current block, computed once per (step, position) and reused.
+
+    A SPOT round samples the stale logits at steps m+1..m+D and the walk samples each accepted node at its own
+    step; consecutive rounds overlap in those steps, and gumbel(seed, block, step, position, .) never changes.
+    Rows are kept per position (masks only shrink within a block), so memory is what was asked for; callers drop
+    steps they have passed with forget_before."""
+
+    def __init__(self, seed: int, vocab_size: int):
+        self.seed, self.vocab_size = seed, vocab_size
+        self.block = -1
+        self.steps: dict[int, dict[int, np.ndarray]] = {}
+
+    def rows(self, block: int, step: int, positions: np.ndarray) -> np.ndarray:
+        """[K, V] float64 = gumbel_rows(seed, block, step, positions, V), from the cache where possible."""
+        if block != self.block:
+            self.block, self.steps = block, {}
+        table = self.steps.setdefault(step, {})
+        wanted = [int(p) for p in np.asarray(positions).reshape(-1)]
+        missing = [p for p in wanted if p not in table]
+        if missing:
+            for p, row in zip(missing, gumbel_rows(self.seed, block, step, np.array(missing), self.vocab_size)):
+                table[p] = row
+        if not wanted:
+            return np.empty((0, self.vocab_size))
+        return np.stack([table[p] for p in wanted])
+
+    def forget_before(self, step: int) -> None:
+        for s in [s for s in self.steps if s < step]:
+            del self.steps[s]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spot.errors import SpotError
+from spot.runtime.noise import NoiseCache
 from spot.runtime.stale import SampledStaleView, StaleView
 from spot.runtime.step import CommitRule, Sampling, commit_samples, step_fn
 
@@ -26,12 +27,13 @@ class HostOutputs:
     step: int
     sampling: Sampling
     block: int
+    noise: NoiseCache | None = None    # the decode's noise cache (None: rows computed on each use)
 
     def next_state(self, state: np.ndarray, mask_id: int, rule: CommitRule) -> np.ndarray:
-        return step_fn(state, self.logits, mask_id, rule, self.sampling, self.block, self.step)
+        return step_fn(state, self.logits, mask_id, rule, self.sampling, self.block, self.step, self.noise)
 
     def stale(self, masked: np.ndarray, independent_noise: bool = False) -> StaleView:
-        return StaleView(self.logits, masked, self.sampling, self.block, independent_noise)
+        return StaleView(self.logits, masked, self.sampling, self.block, independent_noise, self.noise)
 
     def host_logits(self) -> np.ndarray:
         return self.logits
@@ -69,9 +71,10 @@ class SampledOutputs:
                         "only the epilogue's outputs", "use the host sampler (--sampler host) for it")
 
 
-def host_outputs(logits: np.ndarray, steps, sampling: Sampling, block: int) -> list[HostOutputs]:
+def host_outputs(logits: np.ndarray, steps, sampling: Sampling, block: int,
+                 noise: NoiseCache | None = None) -> list[HostOutputs]:
     """logits [N, B, V] of N states whose commit steps are steps [N] -> one HostOutputs per state."""
-    return [HostOutputs(logits[i], int(s), sampling, block) for i, s in enumerate(steps)]
+    return [HostOutputs(logits[i], int(s), sampling, block, noise) for i, s in enumerate(steps)]
 
 
 def sampled_outputs(result, steps) -> list[SampledOutputs]:

@@ -67,7 +67,7 @@ class SpotBlockDecoder:
         extra.setdefault("walk_ms", 0.0)
         extra.setdefault("target_ms", 0.0)   # verify passes only: the split host vs target per verify
         step = 0
-        (current,) = engine.block_outputs(state[None], [step], ctx.sampling, block)
+        (current,) = engine.block_outputs(state[None], [step], ctx.sampling, block, ctx.noise)
         stats.passes["block"] += 1
         root = current.next_state(state, ctx.mask_id, ctx.rule)
         while (root == ctx.mask_id).any():
@@ -78,7 +78,7 @@ class SpotBlockDecoder:
             incomplete = [i for i, n in enumerate(tree) if (n.state == ctx.mask_id).any()]
             t1 = time.perf_counter()
             fresh = engine.block_outputs(np.stack([tree[i].state for i in incomplete]),
-                                         [tree[i].step for i in incomplete], ctx.sampling, block)
+                                         [tree[i].step for i in incomplete], ctx.sampling, block, ctx.noise)
             t2 = time.perf_counter()
             stats.passes["verify"] += 1
             end, root = walk(tree, dict(zip(incomplete, fresh)), ctx)
@@ -89,6 +89,8 @@ class SpotBlockDecoder:
             accepted.append(tree[end].depth)
             extra["nodes_per_verify"].append(len(incomplete))
             state, step = tree[end].state, tree[end].step
+            if ctx.noise is not None:   # later rounds sample steps > step only
+                ctx.noise.forget_before(step + 1)
             if end in incomplete:
                 current = fresh[incomplete.index(end)]
         stats.steps += step + 1 if (state == ctx.mask_id).any() else step

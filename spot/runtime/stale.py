@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from spot.errors import SpotError
+from spot.runtime.noise import NoiseCache
 from spot.runtime.step import Sampling, sample_positions
 
 TOPK_FEATURES = 32
@@ -23,11 +24,12 @@ class StaleView:
     """
 
     def __init__(self, logits: np.ndarray, masked: np.ndarray, sampling: Sampling, block: int,
-                 independent_noise: bool = False):
+                 independent_noise: bool = False, noise: NoiseCache | None = None):
         self.logits = logits
         self.positions = np.flatnonzero(masked)
         # independent_noise: the ablation of SPEC §7 — proposals drawn with noise unrelated to the target's
         self.sampling = replace(sampling, seed=sampling.seed ^ INDEPENDENT_SEED_XOR) if independent_noise else sampling
+        self.noise = None if independent_noise else noise       # the cache holds the target's noise only
         self.block = block
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._topk: np.ndarray | None = None
@@ -39,7 +41,7 @@ class StaleView:
             tokens = np.full(b, -1, dtype=np.int64)
             conf = np.full(b, -np.inf)
             if self.positions.size:
-                t, c = sample_positions(self.logits, self.positions, self.sampling, self.block, step)
+                t, c = sample_positions(self.logits, self.positions, self.sampling, self.block, step, self.noise)
                 tokens[self.positions], conf[self.positions] = t, c
             self._cache[step] = (tokens, conf)
         return self._cache[step]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spot.errors import SpotError
-from spot.runtime.noise import gumbel_rows
+from spot.runtime.noise import NoiseCache, gumbel_rows
 
 STATIC = "static"
 THRESHOLD = "threshold"
@@ -78,18 +78,20 @@ def filter_scaled_logits(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
 
 
 def sample_positions(logits: np.ndarray, positions: np.ndarray, sampling: Sampling, block: int,
-                     step: int) -> tuple[np.ndarray, np.ndarray]:
+                     step: int, noise: NoiseCache | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sample tokens and confidences at `positions` of one block state.
 
     logits: [B, V] float32, the target's logits of the state.  positions: [K] int, masked positions to sample.
+    noise: a NoiseCache of sampling.seed (same values, computed once), or None to compute the rows here.
     Returns tokens [K] int64 and confidences [K] float64 = softmax(L/T)[x] (unfiltered; softmax(L) at T = 0).
     """
     rows = logits[positions].astype(np.float64)
     t = sampling.temperature
     z = rows / t if t > 0 else rows
     if t > 0:
-        perturbed = filter_scaled_logits(z, sampling.top_k, sampling.top_p) + gumbel_rows(
-            sampling.seed, block, step, positions, logits.shape[-1])
+        g = (noise.rows(block, step, positions) if noise is not None
+             else gumbel_rows(sampling.seed, block, step, positions, logits.shape[-1]))
+        perturbed = filter_scaled_logits(z, sampling.top_k, sampling.top_p) + g
     else:
         perturbed = z.copy()
     if sampling.exclude_token >= 0:
@@ -112,12 +114,12 @@ def select_commits(conf: np.ndarray, rule: CommitRule) -> np.ndarray:
 
 
 def step_fn(state: np.ndarray, logits: np.ndarray, mask_id: int, rule: CommitRule, sampling: Sampling,
-            block: int, step: int) -> np.ndarray:
+            block: int, step: int, noise: NoiseCache | None = None) -> np.ndarray:
     """F_step(state): the next block state. state [B] int64 with mask_id at undecided positions; logits [B, V]."""
     masked = np.flatnonzero(state == mask_id)
     if masked.size == 0:
         return state
-    tokens, conf = sample_positions(logits, masked, sampling, block, step)
+    tokens, conf = sample_positions(logits, masked, sampling, block, step, noise)
     return commit_samples(state, masked, tokens, conf, rule)
 
 

@@ -14,15 +14,16 @@ block): the node's features are drafter_inputs(topk[t], state[t+k] == mask, futu
 are best / the committed set of row t + k.
 
 Noise: the coupled sample of step tau is needed by D consecutive rows, so the Gumbel rows of (block, tau) are
-computed once and reused; `sample_with_noise` repeats spot.runtime.step.sample_positions' arithmetic on them (a test
-checks bit equality with StaleView.coupled), and every row checks that its labels reproduce the committed set.
+computed once and reused (spot.runtime.noise.NoiseCache, as the decoders do); samples come from the runtime's own
+spot.runtime.step.sample_positions with F's sampling (the mask id excluded, as generate() does), and every row checks
+that its labels reproduce the committed set.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -32,9 +33,9 @@ from spot.errors import SpotError
 from spot.runtime.decode import generate
 from spot.runtime.drafter import target_identity
 from spot.runtime.engine import Engine
-from spot.runtime.noise import gumbel_rows
+from spot.runtime.noise import NoiseCache
 from spot.runtime.stale import TOPK_FEATURES, topk_logprobs
-from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling, filter_scaled_logits, select_commits
+from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling, sample_positions, select_commits
 
 TRACE_FORMAT = "spot-traces"
 TRACE_VERSION = 1
@@ -45,60 +46,18 @@ ROW_FIELDS = ("trace", "block", "step", "state", "committed", "best", "fresh_con
 TRACE_FIELDS = ("temperature", "rule", "tau", "seed", "prompt", "prompt_len", "generated")
 
 
-def sample_with_noise(logits: np.ndarray, positions: np.ndarray, sampling: Sampling,
-                      noise: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """sample_positions (spot.runtime.step) with precomputed Gumbel rows noise [K, V] float64 of `positions`.
-    Same operations in the same order, so tokens and confidences are bit-identical."""
-    rows = logits[positions].astype(np.float64)
-    t = sampling.temperature
-    z = rows / t if t > 0 else rows
-    if t > 0:
-        tokens = np.argmax(filter_scaled_logits(z, sampling.top_k, sampling.top_p) + noise, axis=-1)
-    else:
-        tokens = np.argmax(z, axis=-1)
-    zmax = z.max(axis=-1, keepdims=True)
-    e = np.exp(z - zmax)
-    conf = np.take_along_axis(e, tokens[:, None], axis=-1)[:, 0] / e.sum(axis=-1)
-    return tokens.astype(np.int64), conf
-
-
-class NoiseCache:
-    """Gumbel rows [B, V] of one block's steps, filled per position on demand (masks only shrink in a block)."""
-
-    def __init__(self, seed: int, block_size: int, vocab_size: int):
-        self.seed, self.block_size, self.vocab_size = seed, block_size, vocab_size
-        self.block = -1
-        self.steps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-    def rows(self, block: int, step: int, positions: np.ndarray) -> np.ndarray:
-        if block != self.block:
-            self.block, self.steps = block, {}
-        if step not in self.steps:
-            self.steps[step] = (np.empty((self.block_size, self.vocab_size)), np.zeros(self.block_size, bool))
-        table, have = self.steps[step]
-        missing = positions[~have[positions]]
-        if missing.size:
-            table[missing] = gumbel_rows(self.seed, block, step, missing, self.vocab_size)
-            have[missing] = True
-        return table[positions]
-
-    def forget_before(self, step: int) -> None:
-        for s in [s for s in self.steps if s < step]:
-            del self.steps[s]
-
-
 class TraceRecorder:
     """generate() observer that appends one trace row per standard step (see the module docstring)."""
 
     def __init__(self, trace_id: int, rule: CommitRule, sampling: Sampling, mask_id: int, block_size: int,
                  vocab_size: int, depth: int):
-        self.trace_id, self.rule, self.sampling, self.mask_id, self.depth = trace_id, rule, sampling, mask_id, depth
-        self.noise = NoiseCache(sampling.seed, block_size, vocab_size) if sampling.temperature > 0 else None
+        self.trace_id, self.rule, self.mask_id, self.depth = trace_id, rule, mask_id, depth
+        self.sampling = replace(sampling, exclude_token=mask_id)       # F's sampling (see generate())
+        self.noise = NoiseCache(sampling.seed, vocab_size) if sampling.temperature > 0 else None
         self.rows: dict[str, list] = {f: [] for f in ROW_FIELDS}
 
     def _sample(self, logits, positions, block, step):
-        noise = None if self.noise is None else self.noise.rows(block, step, positions)
-        return sample_with_noise(logits, positions, self.sampling, noise)
+        return sample_positions(logits, positions, self.sampling, block, step, self.noise)
 
     def __call__(self, block: int, step: int, state: np.ndarray, outputs, nxt: np.ndarray) -> None:
         logits = outputs.host_logits()          # [B, V]: traces need the full distribution
