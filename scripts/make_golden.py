@@ -36,16 +36,17 @@ TEMPERATURES = (0.0, 1.0)
 
 
 def case_options(decoder: str, temperature: float, seed: int, max_new_tokens: int, budget: int, depth: int,
-                 tau: float = 0.9, mode: str = STATIC) -> dict:
+                 tau: float = 0.9, mode: str = STATIC, top_k: int = 0, top_p: float = 1.0) -> dict:
     """One case's options, in the names of the C++ example program's flags."""
     return {"decoder": decoder, "temperature": temperature, "seed": seed, "tau": tau, "mode": mode,
-            "max_new_tokens": max_new_tokens, "budget": budget, "depth": depth}
+            "max_new_tokens": max_new_tokens, "budget": budget, "depth": depth, "top_k": top_k, "top_p": top_p}
 
 
 def run_case(engine, drafter, prompt_ids: list[int], opts: dict) -> dict:
     """Decode one case with the Python runtime; the fields the C++ host must reproduce, plus host timings."""
     req = DecodeRequest(max_new_tokens=opts["max_new_tokens"], mode=opts["mode"], tau=opts["tau"],
-                        sampling=Sampling(opts["temperature"], seed=opts["seed"]),
+                        sampling=Sampling(opts["temperature"], opts.get("top_k", 0), opts.get("top_p", 1.0),
+                                          opts["seed"]),
                         budget=TreeBudget(opts["budget"], opts["depth"]))
     gen = run_decoder(opts["decoder"], engine, prompt_ids, req, drafter)
     s = gen.stats

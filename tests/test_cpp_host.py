@@ -74,7 +74,8 @@ def cli(exe: Path, *args, stdin: str | None = None) -> subprocess.CompletedProce
 def request_line(opts: dict, prompt_ids: list[int]) -> str:
     return (f"--decoder {opts['decoder']} --temperature {opts['temperature']!r} --seed {opts['seed']} "
             f"--tau {opts['tau']!r} --mode {opts['mode']} --max-new-tokens {opts['max_new_tokens']} "
-            f"--budget {opts['budget']} --depth {opts['depth']} --prompt-ids {','.join(map(str, prompt_ids))}")
+            f"--budget {opts['budget']} --depth {opts['depth']} --top-k {opts.get('top_k', 0)} "
+            f"--top-p {opts.get('top_p', 1.0)!r} --prompt-ids {','.join(map(str, prompt_ids))}")
 
 
 def run_batch(exe: Path, folder: Path, drafter: Path | None, cases: list[dict]) -> list[dict]:
@@ -173,7 +174,10 @@ def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
                      case_options("tree", 1.0, 4, 24, 12, 6, mode=THRESHOLD),
                      case_options("tree", 0.0, 0, 24, 30, 8),
                      case_options("spot-sets", 1.0, 5, 24, 12, 6, tau=0.7),
-                     case_options("threshold", 1.0, 6, 24, 12, 6, tau=0.5)):
+                     case_options("threshold", 1.0, 6, 24, 12, 6, tau=0.5),
+                     case_options("standard", 1.0, 8, 24, 12, 6, top_k=5),
+                     case_options("spot", 0.7, 9, 24, 12, 6, top_p=0.8),
+                     case_options("spot-sets", 1.0, 10, 24, 12, 6, tau=0.5, top_k=20, top_p=0.6)):
             cases.append({"prompt": pi, "prompt_ids": prompt, **opts, "expected": run_case(engine, drafter, prompt,
                                                                                             opts)})
     assert {c["decoder"] for c in cases} == {"standard", "threshold", "chain", "tree", "spot", "spot-sets"}
@@ -273,7 +277,8 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     (["--decoder", "threshold", "--tau", "1.5"], INVALID_ARGUMENT, ["tau must be in [0, 1)"]),
     (["--max-new-tokens", "0"], INVALID_ARGUMENT, ["max_new_tokens must be >= 1"]),
     (["--max-new-tokens", "4000"], INVALID_ARGUMENT, ["more than the model's limit"]),
-    (["--top-k", "5"], UNSUPPORTED, ["top-k / top-p"]),
+    (["--top-k", "-1"], INVALID_ARGUMENT, ["top_k must be >= 0"]),
+    (["--top-p", "0"], INVALID_ARGUMENT, ["top_p must be in (0, 1]"]),
     (["--prompt-ids", "1,300,2"], INVALID_ARGUMENT, ["token id 300 is outside the vocabulary [0, 300)"]),
     (["--prompt-ids", "1,-4"], INVALID_ARGUMENT, ["outside the vocabulary"]),
     (["--prompt-ids", "5,299"], INVALID_ARGUMENT, ["mask token id 299"]),

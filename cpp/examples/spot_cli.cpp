@@ -11,7 +11,7 @@
 //   spot_cli noise < lines "seed block step position token"  -> "a b u g" (hex words, C99 hex floats)
 //
 // Exit status: 0 success; the spot_status code (1..7) of the first failure, with "spot_cli: error ..." on stderr;
-// 64 for a usage error. Top-k / top-p filtering is refused by the library (SPOT_ERR_UNSUPPORTED).
+// 64 for a usage error.
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>

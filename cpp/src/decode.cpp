@@ -340,7 +340,7 @@ const StaleView::Coupled& StaleView::coupled(uint32_t step) {
   if (rows_.empty()) {
     rows_.resize(positions_.size());
     for (size_t k = 0; k < positions_.size(); ++k)
-      scale_row(logits_ + positions_[k] * vocab_, vocab_, sampling_.temperature, rows_[k]);
+      scale_row(logits_ + positions_[k] * vocab_, vocab_, sampling_, rows_[k]);
   }
   Coupled c;
   c.tokens.assign(static_cast<size_t>(b_), -1);
@@ -695,6 +695,8 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
   sampling.temperature = req.temperature;
   sampling.seed = req.seed;
   sampling.exclude_token = cfg.mask_token_id;   // never commit the mask id itself
+  sampling.top_k = req.top_k;
+  sampling.top_p = req.top_p;
   NoiseRows noise(req.seed, cfg.vocab_size);
   BlockContext ctx{rule, sampling, cfg.mask_token_id, &gen.stats, &noise};
   const int64_t first = p / b;

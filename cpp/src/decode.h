@@ -148,6 +148,8 @@ struct DecodeRequest {
   double tau = 0.9;
   double temperature = 0.0;
   uint32_t seed = 0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
   int64_t budget = 16;
   int64_t depth = 8;
   std::optional<std::vector<int64_t>> stop_ids;

@@ -167,9 +167,6 @@ spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_pro
                                                                       std::to_string(o.top_k));
   if (!(o.top_p > 0.0 && o.top_p <= 1.0))
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1], got " + std::to_string(o.top_p));
-  if (o.top_k > 0 || o.top_p < 1.0)
-    return set_error(err, SPOT_ERR_UNSUPPORTED, "top-k / top-p filtering is not implemented in the C++ host "
-                                                "(use top_k 0 and top_p 1, or the Python runtime)");
   if (o.mode != SPOT_MODE_STATIC && o.mode != SPOT_MODE_THRESHOLD)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: unknown mode");
   if (o.stop_ids == nullptr && o.n_stop_ids > 0)
@@ -187,6 +184,8 @@ spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_pro
     req.tau = o.tau;
     req.temperature = o.temperature;
     req.seed = o.seed;
+    req.top_k = o.top_k;
+    req.top_p = o.top_p;
     req.budget = o.budget;
     req.depth = o.depth;
     if (o.stop_ids != nullptr) req.stop_ids = std::vector<int64_t>(o.stop_ids, o.stop_ids + o.n_stop_ids);

@@ -1,6 +1,8 @@
 #include "step.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 namespace spot {
@@ -97,7 +99,39 @@ const double* NoiseRows::row(uint32_t step, uint32_t position, std::vector<doubl
   return scratch.data();
 }
 
-void scale_row(const float* row, int64_t vocab, double temperature, ScaledRow& out) {
+void filter_row(const std::vector<double>& z, int64_t top_k, double top_p, std::vector<double>& out) {
+  const int64_t vocab = static_cast<int64_t>(z.size());
+  out = z;
+  if (top_k > 0 && top_k < vocab) {
+    std::vector<double> tmp = z;
+    std::nth_element(tmp.begin(), tmp.begin() + (top_k - 1), tmp.end(), std::greater<double>());
+    const double kth = tmp[static_cast<size_t>(top_k - 1)];
+    for (int64_t v = 0; v < vocab; ++v)
+      if (out[v] < kth) out[v] = kNegInf;
+  }
+  if (top_p < 1.0) {
+    std::vector<int64_t> order(static_cast<size_t>(vocab));
+    for (int64_t v = 0; v < vocab; ++v) order[v] = v;
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {   // numpy: lexsort((ids, -z))
+      return out[a] > out[b] || (out[a] == out[b] && a < b);
+    });
+    std::vector<double> p(static_cast<size_t>(vocab));
+    const double top = out[order[0]];
+    for (int64_t i = 0; i < vocab; ++i) p[i] = std::exp(out[order[i]] - top);
+    const double total = pairwise_sum(p.data(), vocab);
+    double cum = 0.0;                                     // np.cumsum(p / total): sequential
+    std::vector<bool> drop(static_cast<size_t>(vocab), false);
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (i > 0 && cum > top_p) drop[order[i]] = true;    // drop_sorted[i] = cum[i - 1] > p
+      cum += p[i] / total;
+    }
+    for (int64_t v = 0; v < vocab; ++v)
+      if (drop[v]) out[v] = kNegInf;
+  }
+}
+
+void scale_row(const float* row, int64_t vocab, const Sampling& sampling, ScaledRow& out) {
+  const double temperature = sampling.temperature;
   out.z.resize(static_cast<size_t>(vocab));
   double* z = out.z.data();
   for (int64_t v = 0; v < vocab; ++v)
@@ -109,15 +143,21 @@ void scale_row(const float* row, int64_t vocab, double temperature, ScaledRow& o
   for (int64_t v = 0; v < vocab; ++v) e[v] = std::exp(z[v] - zmax);
   out.zmax = zmax;
   out.denom = pairwise_sum(e.data(), vocab);
+  const bool filtering = (sampling.top_k > 0 && sampling.top_k < vocab) || sampling.top_p < 1.0;
+  if (temperature > 0 && filtering)
+    filter_row(out.z, sampling.top_k, sampling.top_p, out.z_sample);
+  else
+    out.z_sample.clear();
 }
 
 void sample_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t& token, double& conf) {
   const int64_t vocab = static_cast<int64_t>(r.z.size());
   const double* z = r.z.data();
+  const double* zs = r.z_sample.empty() ? z : r.z_sample.data();
   int64_t best = -1;
   double best_val = kNegInf;
   for (int64_t v = 0; v < vocab; ++v) {
-    double p = g ? z[v] + g[v] : z[v];
+    double p = g ? zs[v] + g[v] : zs[v];
     if (v == exclude) p = kNegInf;
     if (best < 0 || p > best_val) {
       best = v;
@@ -138,7 +178,7 @@ void sample_positions(const float* logits, int64_t vocab, const std::vector<int6
   std::vector<double> scratch, local_noise;
   for (size_t k = 0; k < positions.size(); ++k) {
     const int64_t pos = positions[k];
-    scale_row(logits + pos * vocab, vocab, t, row);
+    scale_row(logits + pos * vocab, vocab, sampling, row);
     const double* g = nullptr;
     if (t > 0) {
       if (noise != nullptr) {

@@ -27,6 +27,8 @@ struct Sampling {
   double temperature = 0.0;
   uint32_t seed = 0;
   int64_t exclude_token = -1;   // the mask id: never sampled (removed from the argmax only)
+  int64_t top_k = 0;            // 0 disables; filters the sample only, never the confidence (T > 0)
+  double top_p = 1.0;           // 1 disables; applied after top-k (T > 0)
 };
 
 struct CommitRule {
@@ -56,11 +58,17 @@ class NoiseRows {
 // sum(exp(z - max)) in numpy's order. A stale view samples the same rows at many steps: only the noise changes.
 struct ScaledRow {
   std::vector<double> z;
+  std::vector<double> z_sample;   // z after top-k / top-p filtering (-inf = filtered); empty: no filtering
   double zmax = 0.0;
   double denom = 0.0;
 };
-void scale_row(const float* row, int64_t vocab, double temperature, ScaledRow& out);
-// argmax of z + g (z when g is NULL) without `exclude` (ties: smallest id); conf = exp(z_x - max) / denom
+void scale_row(const float* row, int64_t vocab, const Sampling& sampling, ScaledRow& out);
+// Top-k then top-p filtering of one scaled row (spot.runtime.step.filter_scaled_logits): top-k keeps every value
+// >= the k-th largest (ties kept); top-p keeps the shortest prefix of the order (value descending, id ascending)
+// whose probability mass reaches p, the first token always.
+void filter_row(const std::vector<double>& z, int64_t top_k, double top_p, std::vector<double>& out);
+// argmax of z_sample + g (z + g without filtering; no g at T = 0) without `exclude` (ties: smallest id);
+// conf = exp(z_x - max) / denom from the unfiltered row
 void sample_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t& token, double& conf);
 
 // Sample tokens and confidences at `positions` of one state: logits [B, V] float32 (row-major).

@@ -74,8 +74,8 @@ typedef struct spot_generate_options {
   int budget;              /* tree/spot/spot-sets: nodes per verify pass (root included), >= 1 */
   int depth;               /* chain/tree/spot/spot-sets: deepest node below the root, 1..block size */
   spot_mode mode;          /* commit rule of chain and tree (standard/spot: static; threshold/spot-sets: threshold) */
-  int top_k;               /* must be 0: top-k filtering is not implemented in the C++ host */
-  double top_p;            /* must be 1: top-p filtering is not implemented in the C++ host */
+  int top_k;               /* >= 0; 0 disables top-k filtering (T > 0 only; confidences stay unfiltered) */
+  double top_p;            /* in (0, 1]; 1 disables top-p filtering (T > 0 only, after top-k) */
   const int64_t* stop_ids; /* NULL: the manifest's stop ids */
   size_t n_stop_ids;
 } spot_generate_options;
