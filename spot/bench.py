@@ -178,6 +178,23 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
                        "expected_speedup": choice.expected_speedup}}
 
 
+def check_tuned_budget(engine, prompts: list[Prompt], tune: dict, cfg: BenchConfig, decoder: str, drafter=None,
+                       progress: Callable[[str], None] | None = None) -> dict:
+    """Run `decoder` at the tuner's choice beside standard decoding, in the same run, on `prompts`: the tokens/s
+    ratio per temperature. The tuner's promise: never more than 5% slower than standard decoding (ratio >= 0.95;
+    when no tree pays on this device it picks 1 node, and only the host loop's overhead remains)."""
+    choice = TreeBudget(tune["choice"]["nodes"], tune["choice"]["depth"])
+    check = BenchConfig(("standard", decoder), cfg.temperatures, cfg.seeds, (choice,), cfg.max_new_tokens, cfg.tau,
+                        independent_noise_ablation=False)
+    rows = [r for r in run_bench(engine, prompts, check, drafter, progress)["rows"] if r["decoder"] == decoder]
+    ratios = {f"{r['temperature']:g}": round(r["speedup"], 4) for r in rows}
+    return {"budget": f"{choice.nodes}x{choice.depth}", "decoder": decoder, "prompts": len(prompts),
+            "tokens_per_s_ratio_to_standard": ratios,
+            "passes_reduction": {f"{r['temperature']:g}": round(r["passes_reduction"], 4) for r in rows},
+            "identical_share": {f"{r['temperature']:g}": r["identical_share"] for r in rows},
+            "within_5_percent": all(v >= 0.95 for v in ratios.values())}
+
+
 def markdown_table(result: dict) -> str:
     cols = [("variant", "variant", "{}"), ("T", "temperature", "{:g}"), ("passes/token", "passes_per_token", "{:.3f}"),
             ("passes reduction", "passes_reduction", "{:.2f}x"), ("steps/verify", "steps_per_verify", "{:.2f}"),
