@@ -87,33 +87,43 @@ def baseline_of(decoder: str) -> str:
     return "threshold" if decoder in THRESHOLD_FAMILY else "standard"
 
 
-def variants(cfg: BenchConfig) -> list[tuple[str, str, TreeBudget | None, bool]]:
-    """(label, decoder, budget, independent_noise) in run order; baselines first."""
+def variants(cfg: BenchConfig, other_drafters=()) -> list[tuple[str, str, TreeBudget | None, bool, str]]:
+    """(label, decoder, budget, independent_noise, drafter name) in run order; baselines first. spot / spot-sets
+    run once with the main drafter ("") and once per name in other_drafters (label "spot[name]@NxD")."""
     out = []
     for d in cfg.decoders:
         if d in ("standard", "threshold"):
-            out.append((d, d, None, False))
+            out.append((d, d, None, False, ""))
     for budget in cfg.budgets:
         for d in cfg.decoders:
             if d in ("standard", "threshold"):
                 continue
             tag = f"{d}@{budget.nodes}x{budget.depth}"
-            out.append((tag, d, budget, False))
+            out.append((tag, d, budget, False, ""))
             if cfg.independent_noise_ablation and d in ("chain", "spot"):
-                out.append((tag + "+indep", d, budget, True))
+                out.append((tag + "+indep", d, budget, True, ""))
+            if d in ("spot", "spot-sets"):
+                out.extend((f"{d}[{name}]@{budget.nodes}x{budget.depth}", d, budget, False, name)
+                           for name in other_drafters)
     return out
 
 
 def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
-              progress: Callable[[str], None] | None = None) -> dict:
-    """Run every variant on every (prompt, seed, temperature); returns the JSON-ready result."""
+              progress: Callable[[str], None] | None = None, other_drafters: dict | None = None) -> dict:
+    """Run every variant on every (prompt, seed, temperature); returns the JSON-ready result.
+
+    other_drafters: name -> Drafter, compared with `drafter` on the same engine (e.g. one recalibrated on a
+    quantized target)."""
+    other_drafters = other_drafters or {}
     needs_drafter = {"spot", "spot-sets"} & set(cfg.decoders)
     if needs_drafter and drafter is None:
         raise SpotError("the bench includes spot/spot-sets but no drafter was given",
                         "pass --drafter, or drop them with --decoders standard,chain,tree,oracle")
     runs: dict[tuple[str, float], list] = {}
     identical: dict[tuple[str, float], list[bool]] = {}
-    plan = variants(cfg)
+    plan = variants(cfg, tuple(other_drafters))
+    decoder_of = {label: decoder for label, decoder, *_ in plan}
+    drafter_of = {label: name for label, *_, name in plan}
     total = len(prompts) * len(cfg.seeds) * len(cfg.temperatures)
     done = 0
     t_start = time.perf_counter()
@@ -121,10 +131,10 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
         for seed in cfg.seeds:
             for temp in cfg.temperatures:
                 outputs = {}
-                for label, decoder, budget, indep in plan:
+                for label, decoder, budget, indep, name in plan:
                     req = DecodeRequest(cfg.max_new_tokens, tau=cfg.tau, sampling=Sampling(temp, seed=seed),
                                         budget=budget or TreeBudget(), independent_noise=indep)
-                    gen = run_decoder(decoder, engine, prompt.ids, req, drafter)
+                    gen = run_decoder(decoder, engine, prompt.ids, req, other_drafters[name] if name else drafter)
                     outputs[label] = gen
                     runs.setdefault((label, temp), []).append(gen)
                     base = outputs.get(baseline_of(decoder))
@@ -136,8 +146,10 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                     progress(f"[{done}/{total}] prompt {prompt.id} seed {seed} T={temp}  eta {eta:.0f}s")
     rows = []
     for (label, temp), gens in runs.items():
-        decoder = label.split("@")[0]
+        decoder = decoder_of[label]
         row = {"variant": label, "decoder": decoder, "temperature": temp, **summarize(gens)}
+        if drafter_of[label]:
+            row["drafter"] = drafter_of[label]
         base = summarize(runs[(baseline_of(decoder), temp)]) if (baseline_of(decoder), temp) in runs else None
         if base:
             row["passes_reduction"] = base["passes_per_token"] / row["passes_per_token"]

@@ -411,11 +411,14 @@ def _budgets(text: str):
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--tau", type=float, default=0.9, show_default=True)
 @click.option("--drafter", "drafter_path", default=None, help="drafter.onnx (default: beside the model).")
+@click.option("--compare-drafter", "compare_drafters", multiple=True, metavar="NAME=PATH",
+              help="Also run spot/spot-sets with this drafter (labelled spot[NAME]), e.g. one recalibrated on a "
+                   "quantized target. Repeatable.")
 @click.option("--tune/--no-tune", default=False, help="Also measure latency(N) and pick the tokens/s-optimal budget.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default="bench-report", show_default=True)
 @click.option("--plots/--no-plots", default=True, show_default=True)
 def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_tokens, decoders, temperatures, seeds,
-          budgets, max_new_tokens, tau, drafter_path, tune, report_dir, plots):
+          budgets, max_new_tokens, tau, drafter_path, compare_drafters, tune, report_dir, plots):
     """Every decoder side by side on a prompt set: passes per token, steps per verify, tokens/s, speed-up,
     identical-output share, acceptance by depth. Writes bench.json, bench.md and PNG plots to --report.
 
@@ -445,10 +448,17 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         prompts_path = Path(embedded_model_dir()) / "heldout_prompts.jsonl"
     prompts = load_prompts(prompts_path, tokenizer, limit, None)
     prompts = [type(p)(p.id, p.ids[-prompt_tokens:], p.text) for p in prompts]
-    drafter = find_drafter(drafter_path, folder) if {"spot", "spot-sets"} & set(names) else None
+    drafting = {"spot", "spot-sets"} & set(names)
+    drafter = find_drafter(drafter_path, folder) if drafting else None
+    others = {}
+    for spec in compare_drafters if drafting else ():
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise SpotError(f"--compare-drafter expects NAME=PATH, got {spec!r}")
+        others[name] = find_drafter(path, folder)
     cfg = BenchConfig(names, temps, seed_list, _budgets(budgets), max_new_tokens, tau)
     say = lambda line: click.echo(line, err=True)  # noqa: E731
-    result = run_bench(engine, prompts, cfg, drafter, progress=say)
+    result = run_bench(engine, prompts, cfg, drafter, progress=say, other_drafters=others)
     if tune:
         from spot.runtime.spot import TreeBudget
         cands = [TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16))]

@@ -64,11 +64,18 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
     pytest.importorskip("matplotlib")
     report = tmp_path / "report"
     r = run("bench", "--limit", "3", "--temperatures", "0,1", "--budgets", "6x3", "--max-new-tokens", "8",
-            "--tune", "--report", str(report))
+            "--tune", "--report", str(report), "--compare-drafter", f"again={as_embedded / 'drafter.onnx'}")
     assert r.exit_code == 0, r.output
     result = json.loads((report / "bench.json").read_text())
     variants = {row["variant"] for row in result["rows"]}
-    assert {"standard", "threshold", "spot@6x3", "spot-sets@6x3", "chain@6x3+indep"} <= variants
+    assert {"standard", "threshold", "spot@6x3", "spot-sets@6x3", "chain@6x3+indep", "spot[again]@6x3",
+            "spot-sets[again]@6x3"} <= variants
+    by = {(row["variant"], row["temperature"]): row for row in result["rows"]}
+    for name in ("spot", "spot-sets"):      # the same drafter again: the same trees, the same passes
+        for t in (0.0, 1.0):
+            again = by[(f"{name}[again]@6x3", t)]
+            assert again["decoder"] == name and again["drafter"] == "again"
+            assert again["target_passes"] == by[(f"{name}@6x3", t)]["target_passes"]
     for row in result["rows"]:
         if row["identical_share"] is not None:
             assert row["identical_share"] == 1.0, row["variant"]
@@ -87,6 +94,7 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
 
 
 ERRORS = [
+    (["bench", "--compare-drafter", "nopath"], "NAME=PATH"),
     (["generate", "--model", "/nonexistent/model", "--prompt-ids", "1,2"], "does not exist"),
     (["generate", "--prompt-ids", "1,2", "--decoder", "spot", "--drafter", "/nonexistent/d.onnx"], "does not exist"),
     (["generate", "--prompt-ids", "1,2", "--decoder", "tree", "--budget", "0"], "budget must be >= 1"),
