@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="spot-sweep-") as tmp:
         folder = args.exported or export_checkpoint(source, Path(tmp) / "onnx", ExportOptions(dtype="fp32"))
         from spot.tokenizer import load_tokenizer
-        prompts = load_prompts(Path(source.checkpoint) / "heldout_prompts.jsonl", load_tokenizer(folder), args.limit)
+        prompts = load_prompts(Path(source.checkpoint) / "heldout_prompts.jsonl", load_tokenizer(source.checkpoint),
+                               args.limit)
         prompts = [type(p)(p.id, p.ids[-args.prompt_tokens:], p.text) for p in prompts]
         results = []
         for block in (int(b) for b in args.block_sizes.split(",")):
@@ -92,9 +93,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from spot.errors import SpotError
-    try:
-        sys.exit(main())
-    except SpotError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    from spot.errors import run_script
+    run_script(main)

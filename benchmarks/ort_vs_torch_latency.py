@@ -70,9 +70,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from spot.errors import SpotError
-    try:
-        sys.exit(main())
-    except SpotError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    from spot.errors import run_script
+    run_script(main)

@@ -178,7 +178,7 @@ def memory_part(work: Path, shape: str, layers: int | None = None) -> dict:
 
 
 # -- main ---------------------------------------------------------------------------------------------------------
-def main(argv=None) -> dict:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=None, help="SDAR checkpoint folder (default: the embedded model)")
     ap.add_argument("--work", type=Path, default=None, help="Exports go here (default: a temporary folder)")
@@ -238,8 +238,9 @@ def main(argv=None) -> dict:
         args.out.write_text(text + "\n")
     if scratch is not None:
         scratch.cleanup()
-    return result
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    from spot.errors import run_script
+    run_script(main)

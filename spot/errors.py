@@ -11,3 +11,14 @@ class SpotError(Exception):
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+def run_script(main) -> None:
+    """Entry point of the scripts under benchmarks/ and scripts/: exit with main()'s status; a SpotError becomes one
+    `error:` line (and its hint) with exit status 2, as in the CLI."""
+    import sys
+    try:
+        sys.exit(main())
+    except SpotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
