@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import struct
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -21,24 +19,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from spot.checkpoint import SAFETENSORS_ITEMSIZE, write_safetensors_stream  # noqa: E402
 from spot.config import ModelConfig  # noqa: E402
 from spot.export.presets import PRESETS  # noqa: E402
 
 CHUNK_ELEMS = 4 * 1024 * 1024
-DTYPES = {"BF16": 2, "F16": 2, "F32": 4}
+DTYPES = SAFETENSORS_ITEMSIZE
 TINY = ModelConfig(vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
                    mask_token_id=1023, stop_ids=(1022,))
-
-
-def to_bytes(x: np.ndarray, dtype: str) -> bytes:
-    """float32 -> safetensors dtype bytes (bf16: round to nearest even, as spot.checkpoint.write_safetensors)."""
-    if dtype == "F32":
-        return x.astype(np.float32).tobytes()
-    if dtype == "F16":
-        return x.astype(np.float16).tobytes()
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
 
 
 def plan_shards(shapes: dict[str, tuple[int, ...]], dtype: str, shard_bytes: int) -> list[list[str]]:
@@ -56,32 +45,17 @@ def plan_shards(shapes: dict[str, tuple[int, ...]], dtype: str, shard_bytes: int
 
 
 def write_shard(path: Path, names: list[str], shapes: dict, dtype: str, rng: np.random.Generator) -> int:
-    """One safetensors file, header first, then each tensor generated and written in row chunks."""
-    header, offset = {}, 0
-    for name in names:
-        nbytes = int(np.prod(shapes[name])) * DTYPES[dtype]
-        header[name] = {"dtype": dtype, "shape": list(shapes[name]), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    hbytes = json.dumps(header).encode()
-    hbytes += b" " * (-len(hbytes) % 8)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(hbytes)))
-        f.write(hbytes)
-        for name in names:
-            shape = shapes[name]
-            if len(shape) == 1:
-                f.write(to_bytes(1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32), dtype))
-                continue
-            rows, cols = shape
-            step = max(1, CHUNK_ELEMS // cols)
-            for r0 in range(0, rows, step):
-                n = min(step, rows - r0)
-                f.write(to_bytes(rng.standard_normal((n, cols), dtype=np.float32) * np.float32(0.02), dtype))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    return offset
+    """One safetensors file, each tensor generated and written in row chunks (never whole in memory)."""
+    def chunks(name):
+        shape = shapes[name]
+        if len(shape) == 1:
+            yield 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
+            return
+        rows, cols = shape
+        step = max(1, CHUNK_ELEMS // cols)
+        for r0 in range(0, rows, step):
+            yield rng.standard_normal((min(step, rows - r0), cols), dtype=np.float32) * np.float32(0.02)
+    return write_safetensors_stream(path, {n: shapes[n] for n in names}, dtype, chunks)
 
 
 def config_json(cfg: ModelConfig, dtype: str) -> dict:

@@ -6,6 +6,7 @@ one tensor at a time (peak memory ~ the largest tensor, not the model).
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,33 +155,57 @@ class Checkpoint:
         return self.tensors["model.embed_tokens.weight"].dtype
 
 
-def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], dtype: str = "F32") -> None:
-    """Write a safetensors file atomically (temp file + rename). dtype: F32, F16 or BF16 (rounded to nearest even)."""
+SAFETENSORS_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+def encode_tensor(arr: np.ndarray, dtype: str) -> bytes:
+    """float32 values -> the bytes of a safetensors dtype: F32, F16, or BF16 rounded to nearest even."""
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if dtype == "F32":
+        return arr.tobytes()
+    if dtype == "F16":
+        return arr.astype(np.float16).tobytes()
+    if dtype == "BF16":
+        bits = arr.view(np.uint32).astype(np.uint64)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
+    raise ValueError(f"dtype {dtype}")
+
+
+def write_safetensors_stream(path: str | Path, shapes: dict[str, tuple[int, ...]], dtype: str, chunks) -> int:
+    """Write a safetensors file atomically (temp file, fsync, rename), one tensor at a time: chunks(name) yields
+    float32 arrays whose row-major concatenation is the tensor, so no tensor needs to be in memory whole.
+    Returns the bytes of tensor data."""
     path = Path(path)
-    header: dict = {}
-    blobs = []
-    offset = 0
-    for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if dtype == "F32":
-            data = arr.tobytes()
-        elif dtype == "F16":
-            data = arr.astype(np.float16).tobytes()
-        elif dtype == "BF16":
-            bits = arr.view(np.uint32).astype(np.uint64)
-            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-            data = rounded.tobytes()
-        else:
-            raise ValueError(f"dtype {dtype}")
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        nbytes = int(np.prod(shape, dtype=np.int64)) * SAFETENSORS_ITEMSIZE[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     hbytes = json.dumps(header).encode()
     hbytes += b" " * (-len(hbytes) % 8)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(hbytes)))
         f.write(hbytes)
-        for b in blobs:
-            f.write(b)
+        for name in shapes:
+            written = 0
+            for part in chunks(name):
+                data = encode_tensor(part, dtype)
+                f.write(data)
+                written += len(data)
+            start, end = header[name]["data_offsets"]
+            if written != end - start:
+                raise ValueError(f"tensor {name}: got {written} bytes, expected {end - start}")
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(path)
+    return offset
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], dtype: str = "F32") -> None:
+    """Write a safetensors file atomically (temp file + rename). dtype: F32, F16 or BF16 (rounded to nearest even)."""
+    if dtype not in SAFETENSORS_ITEMSIZE:
+        raise ValueError(f"dtype {dtype}")
+    arrays = {name: np.ascontiguousarray(arr, dtype=np.float32) for name, arr in tensors.items()}
+    write_safetensors_stream(path, {name: arr.shape for name, arr in arrays.items()}, dtype,
+                             lambda name: [arrays[name]])
