@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spot.config import ModelConfig
+from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError
 
 MANIFEST_NAME = "manifest.json"
@@ -29,14 +30,6 @@ QUICK_FULL_LIMIT = 64 * 1024 * 1024
 SAMPLE_COUNT = 16
 SAMPLE_BYTES = 64 * 1024
 VERIFY_LEVELS = ("quick", "full", "none")
-
-
-def sha256_file(path: Path, chunk: int = 4 * 1024 * 1024) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def sample_sha256(path: Path) -> str:
@@ -142,21 +135,12 @@ def load_manifest(folder: str | Path, verify: str = "quick") -> ExportedModel:
                 f"{folder}`, or use --backend torch" if (folder / "config.json").is_file() and not
                 any(folder.glob("*.onnx")) else "export a checkpoint with `spot-export` to get one")
         raise SpotError(f"{folder} is not an exported spot model folder (no {MANIFEST_NAME})", hint)
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SpotError(f"{path} is not valid JSON ({e})", "re-export the model") from None
-    if manifest.get("format") != FORMAT:
-        raise SpotError(f"{path} is not a spot export manifest (format {manifest.get('format')!r})",
-                        "re-export the model with spot-export")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise SpotError(f"{path} has format_version {manifest.get('format_version')!r}, this spot reads "
-                        f"{FORMAT_VERSION}", "re-export the model with this version of spot-export")
+    remedy = "re-export the model with this version of spot-export"
+    manifest = load_descriptor(path, FORMAT, FORMAT_VERSION, ("model", "dtype", "block_size", "max_nodes",
+                                                              "max_context", "graphs", "files"), remedy)
     try:
         config = ModelConfig.from_dict(manifest["model"])
-        for key in ("dtype", "block_size", "max_nodes", "max_context", "graphs", "files"):
-            manifest[key]  # noqa: B018  (presence check)
     except (KeyError, TypeError) as e:
-        raise SpotError(f"{path} lacks field {e}", "re-export the model with spot-export") from None
+        raise SpotError(f"{path} has an invalid model config ({e})", remedy) from None
     verify_files(folder, manifest["files"], verify)
     return ExportedModel(folder, manifest, config)

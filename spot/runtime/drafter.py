@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from spot.config import ModelConfig
+from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError
 from spot.runtime.proposers import RoundInputs, position_candidates, set_candidates
 from spot.runtime.stale import TOPK_FEATURES, StaleView
@@ -97,10 +98,6 @@ def target_identity(config: ModelConfig) -> dict:
     return ident
 
 
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 # -- the drafter ----------------------------------------------------------------------------------------------------
 def resolve_paths(path: str | Path) -> tuple[Path, Path]:
     """A folder holding drafter.onnx + drafter.json, or the .onnx file (manifest beside it) -> (onnx, json)."""
@@ -152,19 +149,8 @@ class Drafter:
     @staticmethod
     def load(path: str | Path, threads: int | None = None) -> "Drafter":
         onnx_path, json_path = resolve_paths(path)
-        try:
-            manifest = json.loads(json_path.read_text())
-        except json.JSONDecodeError as e:
-            raise SpotError(f"{json_path} is not valid JSON ({e})", "re-export the drafter") from None
-        if manifest.get("format") != FORMAT:
-            raise SpotError(f"{json_path} has format {manifest.get('format')!r}, expected {FORMAT!r}",
-                            "pass a drafter folder written by `spot train-drafter`")
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise SpotError(f"{json_path} has format_version {manifest.get('format_version')}, expected "
-                            f"{FORMAT_VERSION}", "re-export the drafter with this version of spot")
-        for key in ("block_size", "target", "onnx_sha256"):
-            if key not in manifest:
-                raise SpotError(f"{json_path} lacks {key!r}", "re-export the drafter with `spot train-drafter`")
+        manifest = load_descriptor(json_path, FORMAT, FORMAT_VERSION, ("block_size", "target", "onnx_sha256"),
+                                   "pass a drafter folder written by this version's `spot train-drafter`")
         digest = sha256_file(onnx_path)
         if digest != manifest["onnx_sha256"]:
             raise SpotError(f"{onnx_path} does not match its manifest (sha256 {digest[:12]}..., expected "

@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spot.descriptors import sha256_file
 from spot.errors import SpotError
 from spot.runtime.drafter import (DRAFTER_JSON, DRAFTER_ONNX, FORMAT, FORMAT_VERSION, INPUT_NAMES, MAX_BLOCK,
-                                  MAX_STALENESS, OUTPUT_NAMES, drafter_inputs, sha256_file)
+                                  MAX_STALENESS, OUTPUT_NAMES, drafter_inputs)
 from spot.runtime.stale import TOPK_FEATURES
 from spot.training.traces import RULE_CODES, Traces
 
