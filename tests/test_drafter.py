@@ -366,8 +366,15 @@ def test_broken_drafter_files_are_refused(drafter_dir, tmp_path):
     with pytest.raises(SpotError, match="does not match its manifest"):
         Drafter.load(tmp_path)
     (tmp_path / DRAFTER_JSON).write_text(json.dumps({"format": "something-else"}))
-    with pytest.raises(SpotError, match="format"):
+    with pytest.raises(SpotError, match="has format 'something-else', expected 'spot-drafter'"):
         Drafter.load(tmp_path / DRAFTER_ONNX)
+    good = json.loads((drafter_dir / DRAFTER_JSON).read_text())
+    for edited, message in (({**good, "format_version": 7}, "format_version 7"),
+                            ({k: v for k, v in good.items() if k != "target"}, "lacks field 'target'"),
+                            ("[1, 2", "not valid JSON")):
+        (tmp_path / DRAFTER_JSON).write_text(edited if isinstance(edited, str) else json.dumps(edited))
+        with pytest.raises(SpotError, match=message):
+            Drafter.load(tmp_path)
 
 
 def test_trace_and_training_inputs_are_checked(engine):

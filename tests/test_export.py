@@ -226,6 +226,22 @@ def test_quick_check_samples_large_files_and_full_check_reads_all(exported, tmp_
         load_manifest(folder, "quick")
 
 
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: "{not json", "is not valid JSON"),
+    (lambda m: {**m, "format": "onnx-zoo"}, "has format 'onnx-zoo', expected 'spot-exported-model'"),
+    (lambda m: {**m, "format_version": 99}, "has format_version 99, this spot reads 1"),
+    (lambda m: {k: v for k, v in m.items() if k != "max_nodes"}, "lacks field 'max_nodes'"),
+    (lambda m: {**m, "model": {"vocab_size": "many"}}, "invalid model config"),
+])
+def test_a_foreign_or_damaged_manifest_is_refused(exported, tmp_path, edit, message):
+    folder = _copy(exported, tmp_path)
+    edited = edit(json.loads((folder / "manifest.json").read_text()))
+    (folder / "manifest.json").write_text(edited if isinstance(edited, str) else json.dumps(edited))
+    with pytest.raises(SpotError, match=message) as e:
+        load_manifest(folder)
+    assert "re-export" in e.value.hint
+
+
 def test_not_an_exported_folder(ckpt, tmp_path):
     with pytest.raises(SpotError, match="not an exported spot model folder") as e:
         load_manifest(ckpt)
