@@ -91,6 +91,39 @@ def test_device_sampler_decodes_like_the_host_sampler(folders, decoder, mode, te
         assert a.stats.steps == b.stats.steps
 
 
+@exact_platform
+def test_spot_with_the_drafter_on_the_device_sampler(folders, tmp_path):
+    """The drafter reads the epilogue's top-32 log-probabilities and coupled confidences: the same trees, passes and
+    tokens as from host logits (spot and spot-sets)."""
+    import torch
+
+    from spot.runtime.drafter import load_drafter
+    from spot.runtime.step import STATIC, THRESHOLD
+    from spot.training.drafter import DrafterTrainSettings, train_drafter
+    from spot.training.traces import TracePlan, collect_traces
+    host = OrtEngine(folders[0], sampler="host", threads=1)
+    device = OrtEngine(folders[0], sampler="device", threads=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        plan = TracePlan(temperatures=(0.0, 1.0), rules=(STATIC, THRESHOLD), tau=0.3, seeds=1, max_new_tokens=16,
+                         depth=DEPTH)
+        traces = collect_traces(host, [_prompt(s, 6).tolist() for s in range(4)], plan)
+        train_drafter(traces, tmp_path / "drafter", DrafterTrainSettings(epochs=1, batch_size=64, log_every=10 ** 6),
+                      log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    drafter = load_drafter(tmp_path / "drafter", threads=1)
+    for decoder in ("spot", "spot-sets"):
+        for temperature in (0.0, 1.0):
+            req = DecodeRequest(max_new_tokens=16, tau=0.3, sampling=Sampling(temperature, seed=5),
+                                budget=TreeBudget(6, DEPTH))
+            a = run_decoder(decoder, host, _prompt(9, 7), req, drafter)
+            b = run_decoder(decoder, device, _prompt(9, 7), req, drafter)
+            assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, temperature)
+            assert a.stats.extra["accepted_per_verify"] == b.stats.extra["accepted_per_verify"]
+
+
 def test_device_sampler_errors_are_clear(folders):
     device = OrtEngine(folders[0], sampler="device", threads=1)
     with pytest.raises(SpotError, match="exceeds the 4 future steps"):
