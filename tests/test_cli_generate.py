@@ -5,7 +5,6 @@ import json
 import shutil
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from spot.assets import embedded_model_dir

@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import numpy as np
 
 from spot.config import ModelConfig
 from spot.errors import SpotError
