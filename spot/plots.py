@@ -34,17 +34,21 @@ def plot_report(result: dict, out: Path) -> list[Path]:
     variants = sorted({r["variant"] for r in rows}, key=lambda v: (v.split("@")[0] not in ("standard", "threshold"), v))
     written = []
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 0.35 * len(variants) + 2))
+    # one shared variant axis: the labels sit left of the first panel only, the legend below both
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.35 * len(variants) + 2.5), sharey=True)
     width = 0.8 / max(len(temps), 1)
     for ax, key, title in ((axes[0], "passes_per_token", "target passes per token (lower is better)"),
                            (axes[1], "tokens_per_s", "tokens/s end to end (higher is better)")):
         for j, t in enumerate(temps):
             vals = [next((r[key] for r in rows if r["variant"] == v and r["temperature"] == t), 0) for v in variants]
             ax.barh([i + j * width for i in range(len(variants))], vals, height=width, label=f"T={t:g}")
-        ax.set_yticks([i + 0.4 - width / 2 for i in range(len(variants))], variants)
-        ax.invert_yaxis()
         ax.set_title(title)
-        ax.legend()
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks([i + 0.4 - width / 2 for i in range(len(variants))], variants)
+    axes[0].invert_yaxis()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(temps), bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     written.append(_save(fig, out / "passes_and_speed.png"))
     plt.close(fig)
 
