@@ -68,11 +68,20 @@ def run_demo(prompt_index: int = 0, max_new_tokens: int = 64, temperature: float
     for decoder in ("standard", "spot"):
         progress(f"decoding with {decoder}")
         gen = run_decoder(decoder, engine, ids, req, drafter)
+        extra, verifies = gen.stats.extra, gen.stats.passes.get("verify", 0)
         results[decoder] = {"text": tokenizer.decode(gen.token_ids), "token_ids": gen.token_ids,
                             "target_passes": gen.stats.target_passes, "seconds": gen.stats.seconds,
-                            "tokens_per_s": len(gen.token_ids) / gen.stats.seconds}
+                            "tokens_per_s": len(gen.token_ids) / gen.stats.seconds,
+                            "verify_passes": verifies,
+                            "target_ms_per_verify": extra.get("target_ms", 0.0) / max(verifies, 1),
+                            "host_ms_per_verify": (extra.get("draft_ms", 0.0) + extra.get("walk_ms", 0.0))
+                            / max(verifies, 1)}
     std, spot = results["standard"], results["spot"]
+    ms_per_pass = 1e3 * std["seconds"] / std["target_passes"]     # standard decoding: everything per pass
     return {"prompt_file": name, "prompt": tokenizer.decode(ids), "folder": str(folder), **results,
             "identical": std["token_ids"] == spot["token_ids"],
             "passes_reduction": std["target_passes"] / spot["target_passes"],
-            "speedup": spot["tokens_per_s"] / std["tokens_per_s"]}
+            "speedup": spot["tokens_per_s"] / std["tokens_per_s"],
+            # where SPOT's time goes, in units of one standard pass
+            "verify_cost": spot["target_ms_per_verify"] / ms_per_pass,
+            "host_cost": spot["host_ms_per_verify"] / ms_per_pass}

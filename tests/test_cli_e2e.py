@@ -3,6 +3,7 @@ error paths (one `error:` line, a hint, exit 2, no traceback)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -50,6 +51,8 @@ def test_demo_shows_identical_outputs_and_caches_the_export(as_embedded, tmp_pat
     assert first.exit_code == 0, first.output
     assert "outputs IDENTICAL" in first.output and "fewer target passes" in first.output
     assert "exporting the embedded model" in first.output
+    speedup = float(re.search(r"wall-clock speed-up ([0-9.]+)x", first.output).group(1))
+    assert ("why: one verify pass of up to 6 states cost" in first.output) == (speedup < 1.0)
     second = run("demo", "--max-new-tokens", "8", "--temperature", "1.0", "--seed", "3", "--depth", "3")
     assert second.exit_code == 0 and "outputs IDENTICAL" in second.output, second.output
     assert "exporting the embedded model" not in second.output          # the cached export is reused
@@ -58,6 +61,14 @@ def test_demo_shows_identical_outputs_and_caches_the_export(as_embedded, tmp_pat
     (cached / "config.json").write_text((cached / "config.json").read_text() + " ")
     third = run("demo", "--max-new-tokens", "4", "--depth", "2")
     assert third.exit_code == 0 and "exporting again" in third.output
+
+
+def test_demo_reports_where_the_time_goes(as_embedded):
+    from spot.demo import run_demo
+    r = run_demo(max_new_tokens=8, nodes=6, depth=3)
+    assert r["identical"] and r["spot"]["verify_passes"] >= 1
+    assert r["verify_cost"] > 0 and r["host_cost"] > 0
+    assert r["spot"]["target_ms_per_verify"] > 0 and r["standard"]["verify_passes"] == 0
 
 
 def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
