@@ -6,8 +6,8 @@
 
 For each block size B, on the same exported folder and prompts, in one run:
   - latency(N) of one verify pass for N = 1..16 states (how far a pass is overhead-bound: latency(16)/latency(1));
-  - the budget tuner's choice (spot/runtime/tuning.py) and that budget run beside standard decoding
-    (tokens/s ratio, passes reduction, identical share), as `spot bench --tune` does;
+  - the budget tuner's choice per temperature (spot/runtime/tuning.py) and that budget run beside standard
+    decoding (tokens/s ratio, passes reduction, identical share), as `spot bench --tune` does;
   - fixed budgets 4x3 and 16x8 (depth capped at B) beside standard decoding.
 The training-free `tree` decoder is used (the shipped drafter is trained for B = 32 only; with --drafter-b32 the
 B = 32 row also runs `spot`). Prints progress to stderr and one JSON object to stdout (and --out).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spot.bench import BenchConfig, check_tuned_budget, load_prompts, run_bench, tune_budget  # noqa: E402
+from spot.bench import BenchConfig, load_prompts, run_bench, tune_by_temperature  # noqa: E402
 from spot.engines.ort_engine import OrtEngine  # noqa: E402
 from spot.export.export import ExportOptions, export_checkpoint  # noqa: E402
 from spot.export.presets import resolve_source  # noqa: E402
@@ -33,10 +33,8 @@ from spot.runtime.spot import TreeBudget  # noqa: E402
 def sweep_one(folder: Path, block: int, prompts, temps, decoder: str, drafter, max_new_tokens: int, say) -> dict:
     engine = OrtEngine(folder, block_size=block, sampler="host")
     cands = [TreeBudget(n, min(d, block)) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8))]
-    tune = tune_budget(engine, prompts[:2], temps[0], cands, drafter, decoder, node_counts=(1, 2, 4, 8, 16),
-                       progress=say)
-    cfg = BenchConfig((), tuple(temps), (0,), (), max_new_tokens)
-    at_choice = check_tuned_budget(engine, prompts, tune, cfg, decoder, drafter, progress=say)
+    tune = tune_by_temperature(engine, prompts, BenchConfig((), tuple(temps), (0,), (), max_new_tokens), cands,
+                               decoder, drafter, say, node_counts=(1, 2, 4, 8, 16))
     fixed = BenchConfig(("standard", decoder), tuple(temps), (0,), (TreeBudget(4, min(3, block)),
                                                                       TreeBudget(16, min(8, block))),
                         max_new_tokens, independent_noise_ablation=False)
@@ -44,7 +42,7 @@ def sweep_one(folder: Path, block: int, prompts, temps, decoder: str, drafter, m
     curve = tune["latency_ms"]
     return {"block_size": block, "decoder": decoder, "latency_ms": curve,
             "latency_16_over_1": round(curve[16] / curve[1], 2),
-            "tuned": {"choice": tune["choice"], **at_choice},
+            "tuned": {t: {"choice": v["choice"], **v["at_choice"]} for t, v in tune["by_temperature"].items()},
             "fixed": [{"variant": r["variant"], "temperature": r["temperature"],
                        "passes_reduction": round(r.get("passes_reduction", 1.0), 3),
                        "tokens_per_s_ratio": round(r.get("speedup", 1.0), 3),

@@ -166,14 +166,15 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
 
 def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: list[TreeBudget],
                 drafter=None, decoder: str = "spot", node_counts=(1, 2, 4, 8, 16, 32, 64),
-                progress: Callable[[str], None] | None = None) -> dict:
-    """Measure latency(N) on this engine and steps/verify per candidate budget on `prompts`; pick the budget with
-    the highest expected tokens/s (choose_budget)."""
+                progress: Callable[[str], None] | None = None, curve: dict | None = None) -> dict:
+    """Measure latency(N) on this engine (unless `curve` already holds it) and steps/verify per candidate budget on
+    `prompts` at `temperature`; pick the budget with the highest expected tokens/s (choose_budget). Acceptance
+    depends on the temperature, so a choice holds for the temperature it was measured at."""
     candidates = [b for b in candidates if b.depth <= engine.block_size]   # deeper trees cannot exist
-    prefix = prompts[0].ids
-    curve = measure_latency_curve(engine, np.asarray(prefix), sorted(set(node_counts) | {1}))
-    if progress:
-        progress("latency ms by nodes: " + ", ".join(f"{n}:{ms:.1f}" for n, ms in curve.items()))
+    if curve is None:
+        curve = measure_latency_curve(engine, np.asarray(prompts[0].ids), sorted(set(node_counts) | {1}))
+        if progress:
+            progress("latency ms by nodes: " + ", ".join(f"{n}:{ms:.1f}" for n, ms in curve.items()))
     spv, host = {}, {}
     for budget in candidates:
         gens = [run_decoder(decoder, engine, p.ids, DecodeRequest(48, sampling=Sampling(temperature), budget=budget),
@@ -184,7 +185,8 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
         if progress:
             progress(f"budget {budget.nodes}x{budget.depth}: {spv[(budget.nodes, budget.depth)]:.2f} steps/verify")
     choice = choose_budget(curve, spv, host)
-    return {"latency_ms": curve, "steps_per_verify": {f"{n}x{d}": v for (n, d), v in spv.items()},
+    return {"temperature": temperature, "latency_ms": curve,
+            "steps_per_verify": {f"{n}x{d}": v for (n, d), v in spv.items()},
             "host_ms": {f"{n}x{d}": v for (n, d), v in host.items()},
             "choice": {"nodes": choice.nodes, "depth": choice.depth,
                        "expected_speedup": choice.expected_speedup}}
@@ -192,12 +194,12 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
 
 def check_tuned_budget(engine, prompts: list[Prompt], tune: dict, cfg: BenchConfig, decoder: str, drafter=None,
                        progress: Callable[[str], None] | None = None) -> dict:
-    """Run `decoder` at the tuner's choice beside standard decoding, in the same run, on `prompts`: the tokens/s
-    ratio per temperature. The tuner's promise: never more than 5% slower than standard decoding (ratio >= 0.95;
-    when no tree pays on this device it picks 1 node, and only the host loop's overhead remains)."""
+    """Run `decoder` at the tuner's choice beside standard decoding, in the same run, on `prompts` at the tuned
+    temperature: the tokens/s ratio. The tuner's promise: never more than 5% slower than standard decoding (ratio
+    >= 0.95; when no tree pays on this device it picks 1 node, and only the host loop's overhead remains)."""
     choice = TreeBudget(tune["choice"]["nodes"], tune["choice"]["depth"])
-    check = BenchConfig(("standard", decoder), cfg.temperatures, cfg.seeds, (choice,), cfg.max_new_tokens, cfg.tau,
-                        independent_noise_ablation=False)
+    check = BenchConfig(("standard", decoder), (tune["temperature"],), cfg.seeds, (choice,), cfg.max_new_tokens,
+                        cfg.tau, independent_noise_ablation=False)
     rows = [r for r in run_bench(engine, prompts, check, drafter, progress)["rows"] if r["decoder"] == decoder]
     ratios = {f"{r['temperature']:g}": round(r["speedup"], 4) for r in rows}
     return {"budget": f"{choice.nodes}x{choice.depth}", "decoder": decoder, "prompts": len(prompts),
@@ -205,6 +207,24 @@ def check_tuned_budget(engine, prompts: list[Prompt], tune: dict, cfg: BenchConf
             "passes_reduction": {f"{r['temperature']:g}": round(r["passes_reduction"], 4) for r in rows},
             "identical_share": {f"{r['temperature']:g}": r["identical_share"] for r in rows},
             "within_5_percent": all(v >= 0.95 for v in ratios.values())}
+
+
+def tune_by_temperature(engine, prompts: list[Prompt], cfg: BenchConfig, candidates: list[TreeBudget], decoder: str,
+                        drafter=None, progress: Callable[[str], None] | None = None,
+                        node_counts=(1, 2, 4, 8, 16, 32, 64)) -> dict:
+    """One latency curve, then per bench temperature: the tuned budget (acceptance measured on 2 prompts) and that
+    budget checked beside standard decoding on every prompt (`at_choice`)."""
+    curve, by_t = None, {}
+    for t in cfg.temperatures:
+        tuned = tune_budget(engine, prompts[:2], t, candidates, drafter, decoder, node_counts, progress, curve)
+        curve = tuned.pop("latency_ms")
+        if progress:
+            progress(f"T={t:g}: tuned budget {tuned['choice']['nodes']}x{tuned['choice']['depth']}; checking it "
+                     "against standard decoding on every prompt")
+        tuned["at_choice"] = check_tuned_budget(engine, prompts, tuned, cfg, decoder, drafter, progress)
+        by_t[f"{t:g}"] = tuned
+    return {"latency_ms": curve, "decoder": decoder, "by_temperature": by_t,
+            "within_5_percent": all(v["at_choice"]["within_5_percent"] for v in by_t.values())}
 
 
 def markdown_table(result: dict) -> str:

@@ -435,8 +435,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     """
     from pathlib import Path
 
-    from spot.bench import (BenchConfig, check_tuned_budget, load_prompts, markdown_table, run_bench, tune_budget,
-                            write_report)
+    from spot.bench import BenchConfig, load_prompts, markdown_table, run_bench, tune_by_temperature, write_report
     from spot.runtime.decoders import DECODERS as ALL
 
     names = tuple(d.strip() for d in decoders.split(",") if d.strip())
@@ -468,12 +467,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     if tune:
         from spot.runtime.spot import TreeBudget
         cands = [TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16))]
-        decoder = "spot" if drafter is not None else "tree"
-        result["tune"] = tune_budget(engine, prompts[:2], temps[0], cands, drafter, decoder, progress=say)
-        say(f"tuned budget {result['tune']['choice']['nodes']}x{result['tune']['choice']['depth']}: checking it "
-            "against standard decoding on every prompt")
-        result["tune"]["at_choice"] = check_tuned_budget(engine, prompts, result["tune"], cfg, decoder, drafter,
-                                                         progress=say)
+        result["tune"] = tune_by_temperature(engine, prompts, cfg, cands, "spot" if drafter is not None else "tree",
+                                             drafter, progress=say)
     paths = write_report(result, report_dir, plots)
     click.echo(markdown_table(result))
     click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)

@@ -93,15 +93,16 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
     assert "| variant |" in (report / "bench.md").read_text()
     for png in ("passes_and_speed.png", "acceptance_by_depth.png", "latency_vs_nodes.png"):
         assert (report / png).stat().st_size > 1000
-    assert result["tune"]["choice"]["nodes"] >= 1
-    at_choice = result["tune"]["at_choice"]          # the tuned budget, checked beside standard decoding
-    n, d = result["tune"]["choice"]["nodes"], result["tune"]["choice"]["depth"]
-    assert at_choice["budget"] == f"{n}x{d}" and at_choice["decoder"] == "spot" and at_choice["prompts"] == 3
-    assert set(at_choice["tokens_per_s_ratio_to_standard"]) == {"0", "1"}
-    assert all(v == 1.0 for v in at_choice["identical_share"].values())
-    assert isinstance(at_choice["within_5_percent"], bool)
-    if n == 1:   # no speculation: exactly standard decoding's passes
-        assert all(v == 1.0 for v in at_choice["passes_reduction"].values())
+    tune = result["tune"]
+    assert set(tune["by_temperature"]) == {"0", "1"} and isinstance(tune["within_5_percent"], bool)
+    for t, tuned in tune["by_temperature"].items():     # per temperature: a choice, checked beside standard
+        n, d = tuned["choice"]["nodes"], tuned["choice"]["depth"]
+        at_choice = tuned["at_choice"]
+        assert n >= 1 and at_choice["budget"] == f"{n}x{d}" and at_choice["decoder"] == "spot"
+        assert at_choice["prompts"] == 3 and set(at_choice["tokens_per_s_ratio_to_standard"]) == {t}
+        assert at_choice["identical_share"] == {t: 1.0}
+        if n == 1:   # no speculation: exactly standard decoding's passes
+            assert at_choice["passes_reduction"] == {t: 1.0}
 
 
 ERRORS = [
