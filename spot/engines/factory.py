@@ -14,7 +14,8 @@ def open_engine(backend: str, model_dir: str | Path, block_size: int | None = No
                 sampler: str = "auto") -> Engine:
     """An engine over the checkpoint in `model_dir` decoding blocks of `block_size` (default: the config's).
 
-    sampler (ort only): where F's sampling runs — auto | host | device (spot.engines.ort_engine.use_device_sampler)."""
+    sampler (ort only): where F's sampling runs — auto | host | device
+    (spot.engines.ort_engine.use_device_sampler)."""
     if backend == "ort":  # an exported folder (spot-export), opened and checked by its manifest
         from spot.engines.ort_engine import OrtEngine
         if block_size is not None:
