@@ -175,6 +175,10 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
         curve = measure_latency_curve(engine, np.asarray(prompts[0].ids), sorted(set(node_counts) | {1}))
         if progress:
             progress("latency ms by nodes: " + ", ".join(f"{n}:{ms:.1f}" for n, ms in curve.items()))
+    standard = [run_decoder("standard", engine, p.ids, DecodeRequest(48, sampling=Sampling(temperature)))
+                for p in prompts]
+    standard_host = (sum(g.stats.extra.get("sample_ms", 0.0) for g in standard)
+                     / max(sum(g.stats.steps for g in standard), 1))
     spv, host = {}, {}
     for budget in candidates:
         gens = [run_decoder(decoder, engine, p.ids, DecodeRequest(48, sampling=Sampling(temperature), budget=budget),
@@ -184,8 +188,8 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
         host[(budget.nodes, budget.depth)] = s.get("draft_ms_per_verify", 0.0) + s.get("walk_ms_per_verify", 0.0)
         if progress:
             progress(f"budget {budget.nodes}x{budget.depth}: {spv[(budget.nodes, budget.depth)]:.2f} steps/verify")
-    choice = choose_budget(curve, spv, host)
-    return {"temperature": temperature, "latency_ms": curve,
+    choice = choose_budget(curve, spv, host, standard_host)
+    return {"temperature": temperature, "latency_ms": curve, "standard_host_ms_per_step": standard_host,
             "steps_per_verify": {f"{n}x{d}": v for (n, d), v in spv.items()},
             "host_ms": {f"{n}x{d}": v for (n, d), v in host.items()},
             "choice": {"nodes": choice.nodes, "depth": choice.depth,

@@ -145,3 +145,22 @@ def test_bad_budgets_are_clear_errors():
         run_decoder("spot", engine, np.arange(4), DecodeRequest(8))
     with pytest.raises(SpotError, match="unknown decoder"):
         run_decoder("medusa", engine, np.arange(4), DecodeRequest(8))
+
+
+def test_the_tuner_picks_the_budget_with_the_most_steps_per_second():
+    """Known answers: a compute-bound curve (4x3 costs 3x a pass) vs a memory-bound one (nearly flat)."""
+    from spot.runtime.tuning import choose_budget
+    compute_bound = {1: 4.0, 4: 12.0, 16: 44.0}
+    spv = {(4, 3): 2.4, (16, 8): 2.8}
+    host = {(4, 3): 8.0, (16, 8): 20.0}
+    # standard: 1 step / 4 ms = 0.25; 4x3: 2.4 / 20 = 0.12; 16x8: 2.8 / 64 -> no tree pays
+    assert (choose_budget(compute_bound, spv, host).nodes, choose_budget(compute_bound, spv, host).depth) == (1, 1)
+    # standard's own host sampling counts: 1 / (4 + 18) = 0.045 < 2.4 / 20 = 0.12 -> 4x3
+    c = choose_budget(compute_bound, spv, host, standard_host_ms=18.0)
+    assert (c.nodes, c.depth) == (4, 3) and c.expected_speedup == pytest.approx((2.4 / 20.0) / (1 / 22.0))
+    memory_bound = {1: 10.0, 4: 10.5, 16: 12.0}
+    # 4x3: 2.4 / (10.5 + 8) = 0.130; 16x8: 2.8 / (12 + 20) = 0.0875; standard: 1 / 10 = 0.1 -> 4x3
+    c = choose_budget(memory_bound, spv, host)
+    assert (c.nodes, c.depth) == (4, 3) and c.expected_speedup == pytest.approx((2.4 / 18.5) / 0.1)
+    c = choose_budget(memory_bound, spv, {})          # no host cost: the deepest tree's 2.8 / 12 wins
+    assert (c.nodes, c.depth) == (16, 8) and c.expected_speedup == pytest.approx(2.8 / 12.0 / 0.1)

@@ -2,7 +2,9 @@
 
 A verify pass over N nodes costs latency(N) (measured on the device: nearly flat where memory-bound, ~linear in N
 where compute-bound); it commits steps_per_verify(N, D) steps on average (measured from pass counts, hardware-free).
-Expected steps/s = steps_per_verify / (latency(N) + host_ms(N)); standard decoding is 1 / latency(1).
+Expected steps/s = steps_per_verify / (latency(N) + host_ms(N)); standard decoding is
+1 / (latency(1) + standard_host_ms): its own sampling on the host is not free either (at T > 0 it computes the
+noise of every masked position), and leaving it out would overrate standard decoding against small trees.
 """
 from __future__ import annotations
 
@@ -52,11 +54,14 @@ def interpolate_latency(curve: dict[int, float], nodes: int) -> float:
 
 
 def choose_budget(curve: dict[int, float], steps_per_verify: dict[tuple[int, int], float],
-                  host_ms: dict[tuple[int, int], float] | None = None) -> BudgetChoice:
+                  host_ms: dict[tuple[int, int], float] | None = None, standard_host_ms: float = 0.0) -> BudgetChoice:
     """Pick the (nodes, depth) with the highest expected steps/s; (1, 1) — no speculation — is always a candidate,
-    so the choice is never expected to be slower than standard decoding beyond the host overhead."""
+    so the choice is never expected to be slower than standard decoding beyond the host overhead.
+
+    curve: nodes -> ms of one pass; steps_per_verify, host_ms: (nodes, depth) -> steps per verify pass and host ms
+    per verify pass (drafter + tree + walk); standard_host_ms: standard decoding's host ms per step."""
     host_ms = host_ms or {}
-    standard = 1.0 / interpolate_latency(curve, 1)
+    standard = 1.0 / (interpolate_latency(curve, 1) + standard_host_ms)
     best = BudgetChoice(1, 1, standard, standard)
     for (n, d), spv in steps_per_verify.items():
         rate = spv / (interpolate_latency(curve, n) + host_ms.get((n, d), 0.0))
