@@ -1,7 +1,5 @@
 #include "decode.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +8,7 @@
 #include <set>
 
 #include "errors.h"
+#include "paths.h"
 #include "sha256.h"
 
 namespace spot {
@@ -44,25 +43,6 @@ double logaddexp(double x, double y) {
 // drafter.sigmoid: 0.5 * (1 + tanh(x / 2)). numpy evaluates tanh with its own SIMD kernel, glibc's tanh can differ
 // from it in the last bit; the values only order tree candidates (docs/cpp-host.md), never decide the output.
 double sigmoid(double x) { return 0.5 * (1.0 + std::tanh(0.5 * x)); }
-
-bool file_exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-bool dir_exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-std::string join(const std::string& a, const std::string& b) {
-  return (!a.empty() && a.back() == '/') ? a + b : a + "/" + b;
-}
-
-std::string parent_dir(const std::string& p) {
-  size_t slash = p.find_last_of('/');
-  return slash == std::string::npos ? "." : p.substr(0, slash);
-}
 
 std::vector<int64_t> child_with(const std::vector<int64_t>& state, const std::vector<int64_t>& positions,
                                 const std::vector<int64_t>& tokens) {
@@ -348,16 +328,9 @@ const StaleView::Coupled& StaleView::coupled(uint32_t step) {
   std::vector<double> scratch;
   for (size_t k = 0; k < positions_.size(); ++k) {
     const int64_t pos = positions_[k];
-    const double* g = nullptr;
-    if (noisy) {
-      if (noise_ != nullptr) {
-        g = noise_->row(step, static_cast<uint32_t>(pos), scratch);
-      } else {
-        scratch.resize(static_cast<size_t>(vocab_));
-        gumbel_row(sampling_.seed, block_, step, static_cast<uint32_t>(pos), vocab_, scratch.data());
-        g = scratch.data();
-      }
-    }
+    const double* g = noisy ? noise_row(noise_, sampling_.seed, block_, step, static_cast<uint32_t>(pos), vocab_,
+                                        scratch)
+                            : nullptr;
     sample_row(rows_[k], g, sampling_.exclude_token, c.tokens[pos], c.conf[pos]);
   }
   return cache_.emplace(key, std::move(c)).first->second;
@@ -482,17 +455,17 @@ std::vector<std::vector<Candidate>> ConfidenceOrderProposer::propose(const std::
 
 std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
   std::string onnx_path, json_path;
-  if (dir_exists(path_in)) {
+  if (is_dir(path_in)) {
     onnx_path = join(path_in, kDrafterOnnx);
     json_path = join(path_in, kDrafterJson);
   } else {
     onnx_path = path_in;
     json_path = join(parent_dir(path_in), kDrafterJson);
   }
-  if (!file_exists(onnx_path))
+  if (!is_file(onnx_path))
     fail(SPOT_ERR_NOT_FOUND, "drafter model " + onnx_path + " does not exist: train one with `spot train-drafter`, "
                                                             "or pass the folder that holds drafter.onnx");
-  if (!file_exists(json_path))
+  if (!is_file(json_path))
     fail(SPOT_ERR_NOT_FOUND, "drafter manifest " + json_path + " does not exist (it belongs beside drafter.onnx)");
   auto d = std::make_unique<Drafter>();
   d->path = onnx_path;

@@ -1,12 +1,11 @@
 #include "engine.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "errors.h"
+#include "paths.h"
 #include "sha256.h"
 
 namespace spot {
@@ -20,22 +19,6 @@ const char* kChangedHint = "the folder was modified or copied incompletely: copy
                            "spot-export";
 const std::vector<std::string> kInputs = {"input_ids", "position_ids", "attn_bias", "past_k", "past_v"};
 const std::vector<std::string> kOutputs = {"logits", "new_k", "new_v"};
-
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool is_file(const std::string& p, uint64_t* size = nullptr) {
-  struct stat st;
-  if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
-  if (size) *size = static_cast<uint64_t>(st.st_size);
-  return true;
-}
-
-std::string join(const std::string& a, const std::string& b) {
-  return (!a.empty() && a.back() == '/') ? a + b : a + "/" + b;
-}
 
 void verify_files(const std::string& folder, const Json& files, spot_verify level) {
   for (const auto& kv : files.members()) {

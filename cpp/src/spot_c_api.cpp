@@ -1,5 +1,4 @@
 // The C API of include/spot/spot.h: exceptions stop here and become (status, message).
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +10,7 @@
 #include "decode.h"
 #include "engine.h"
 #include "errors.h"
+#include "paths.h"
 #include "spot/spot.h"
 #include "step.h"
 
@@ -47,16 +47,6 @@ spot_status guarded(spot_error* err, F&& body) {
   } catch (...) {
     return set_error(err, SPOT_ERR_INTERNAL, "internal error (unknown exception)");
   }
-}
-
-bool dir_exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool file_exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 const char* kDecoderNames[] = {"standard", "threshold", "chain", "tree", "spot", "spot-sets"};
@@ -110,9 +100,9 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
     std::string drafter_dir;
     if (opts.drafter_dir != nullptr) {
       drafter_dir = opts.drafter_dir;
-      if (!dir_exists(drafter_dir) && !file_exists(drafter_dir))
+      if (!spot::is_dir(drafter_dir) && !spot::is_file(drafter_dir))
         spot::fail(SPOT_ERR_NOT_FOUND, "drafter folder " + drafter_dir + " does not exist");
-    } else if (file_exists(std::string(folder) + "/drafter.onnx")) {
+    } else if (spot::is_file(spot::join(folder, "drafter.onnx"))) {
       drafter_dir = folder;
     }
     if (!drafter_dir.empty()) {

@@ -99,6 +99,14 @@ const double* NoiseRows::row(uint32_t step, uint32_t position, std::vector<doubl
   return scratch.data();
 }
 
+const double* noise_row(NoiseRows* noise, uint32_t seed, uint32_t block, uint32_t step, uint32_t position,
+                        int64_t vocab, std::vector<double>& scratch) {
+  if (noise != nullptr) return noise->row(step, position, scratch);
+  scratch.resize(static_cast<size_t>(vocab));
+  gumbel_row(seed, block, step, position, vocab, scratch.data());
+  return scratch.data();
+}
+
 void filter_row(const std::vector<double>& z, int64_t top_k, double top_p, std::vector<double>& out) {
   const int64_t vocab = static_cast<int64_t>(z.size());
   out = z;
@@ -175,20 +183,12 @@ void sample_positions(const float* logits, int64_t vocab, const std::vector<int6
   tokens.assign(positions.size(), 0);
   conf.assign(positions.size(), 0.0);
   ScaledRow row;
-  std::vector<double> scratch, local_noise;
+  std::vector<double> scratch;
   for (size_t k = 0; k < positions.size(); ++k) {
     const int64_t pos = positions[k];
     scale_row(logits + pos * vocab, vocab, sampling, row);
-    const double* g = nullptr;
-    if (t > 0) {
-      if (noise != nullptr) {
-        g = noise->row(step, static_cast<uint32_t>(pos), scratch);
-      } else {
-        local_noise.resize(static_cast<size_t>(vocab));
-        gumbel_row(sampling.seed, block, step, static_cast<uint32_t>(pos), vocab, local_noise.data());
-        g = local_noise.data();
-      }
-    }
+    const double* g = t > 0 ? noise_row(noise, sampling.seed, block, step, static_cast<uint32_t>(pos), vocab, scratch)
+                            : nullptr;
     sample_row(row, g, sampling.exclude_token, tokens[k], conf[k]);
   }
 }

@@ -54,6 +54,11 @@ class NoiseRows {
   std::unordered_map<uint64_t, std::vector<double>> rows_;
 };
 
+// Gumbel noise of every token at one position and step: the block's cached row when `noise` is given, else computed
+// into `scratch` (whose storage the returned pointer may use).
+const double* noise_row(NoiseRows* noise, uint32_t seed, uint32_t block, uint32_t step, uint32_t position,
+                        int64_t vocab, std::vector<double>& scratch);
+
 // One logits row scaled for sampling: z = L / T (L at T = 0) in float64, its maximum and the softmax denominator
 // sum(exp(z - max)) in numpy's order. A stale view samples the same rows at many steps: only the noise changes.
 struct ScaledRow {

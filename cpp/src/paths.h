@@ -1,0 +1,33 @@
+// Filesystem helpers shared by the manifest reader, the drafter loader and the C API (POSIX stat, '/' paths).
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <string>
+
+namespace spot {
+
+inline bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// A regular file; its size in *size when given.
+inline bool is_file(const std::string& p, uint64_t* size = nullptr) {
+  struct stat st;
+  if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  if (size) *size = static_cast<uint64_t>(st.st_size);
+  return true;
+}
+
+inline std::string join(const std::string& a, const std::string& b) {
+  return (!a.empty() && a.back() == '/') ? a + b : a + "/" + b;
+}
+
+inline std::string parent_dir(const std::string& p) {
+  size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+}  // namespace spot
