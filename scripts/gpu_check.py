@@ -252,6 +252,15 @@ def epilogue_checks(rep: Report, cfg: ModelConfig, providers: list, tag: str, no
                   ms=round(ms, 2))
 
 
+def epilogue_cost(rep: Report):
+    """benchmarks/epilogue_cost.py on ORT CUDA at SDAR's vocabulary: certified vs exact-everywhere vs native."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from epilogue_cost import measure
+    result = measure(151936, 32, 4, 1, 3, ["CUDAExecutionProvider", "CPUExecutionProvider"], log=print)
+    rep.info("epilogue cost, ORT CUDA, V 151936, B 32, D 4, 1 state", **result)
+    rep.check("epilogue (ort-cuda, V 151936): certified == exact noise everywhere", result["certified_equals_exact"])
+
+
 def torch_epilogue_checks(rep: Report, cfg: ModelConfig):
     import torch
 
@@ -312,7 +321,7 @@ def main(argv=None) -> int:
         if quick:   # on GPU machines the CPU speed-up is not the point and costs a minute
             speedup(rep, "ort-cpu fp32", eng, cfg)
     rep.section("ONNX Runtime CPU", ort_cpu)
-    # the exact epilogue costs ~17 us per noise value on a CPU core: keep the CPU case small
+    # the epilogue's float64 work is slow on a CPU core (benchmarks/epilogue_cost.py): keep the CPU case small
     rep.section("epilogue on ORT CPU", lambda: epilogue_checks(rep, cfg, ["CPUExecutionProvider"], "ort-cpu",
                                                                 nodes=8 if quick else 2, future=3 if quick else 1))
 
@@ -349,6 +358,8 @@ def main(argv=None) -> int:
         rep.section("ONNX Runtime CUDA EP", ort_cuda)
         rep.section("epilogue on ORT CUDA EP", lambda: epilogue_checks(
             rep, cfg, ["CUDAExecutionProvider", "CPUExecutionProvider"], "ort-cuda"))
+        if not quick:
+            rep.section("epilogue cost on ORT CUDA EP, SDAR vocabulary", lambda: epilogue_cost(rep), min_left=90)
     if "TensorrtExecutionProvider" in env.get("ort_providers", []):
         def ort_trt():
             eng = OrtEngine(made["folders"]["fp16"], device="trt")

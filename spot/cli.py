@@ -210,7 +210,8 @@ def verify(folder, quick):
 @main.command("train-target")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output Hugging Face folder. Default: the package's embedded model folder.")
-@click.option("--steps", type=int, default=340, show_default=True, help="Optimizer steps (4 x 256 tokens each).")
+@click.option("--steps", type=int, default=None,
+              help="Optimizer steps (8 x 256 tokens each). Default: the embedded model's recipe (2800).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--minutes", type=float, default=None, help="Wall-clock cap; stops early and still writes the folder.")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
@@ -218,11 +219,11 @@ def verify(folder, quick):
 @click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation written into training_report.json.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def train_target_cmd(out, steps, seed, minutes, work_dir, no_eval, quiet):
-    """Train the embedded SDAR target on the Python standard library (block diffusion, BPE 4096, block 32)."""
+    """Train the embedded SDAR target on the Python standard library (block diffusion, BPE 2048, block 32)."""
     from pathlib import Path
 
     from spot.training.target import train_target
-    if steps < 1:
+    if steps is not None and steps < 1:
         raise SpotError(f"--steps must be >= 1, got {steps}")
     if out is None:
         out = Path(__file__).parent / "assets" / "embedded"

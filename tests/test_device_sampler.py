@@ -139,7 +139,7 @@ def test_device_sampler_errors_are_clear(folders):
         OrtEngine(folders[0], sampler="gpu")
     with pytest.raises(SpotError, match="needs the ort backend"):
         open_engine("torch", folders[0], sampler="device")
-    # auto keeps the numpy sampler on a CPU (the exact float64 epilogue costs more than it saves there)
+    # auto keeps the numpy sampler on a CPU (the epilogue's float64 work costs more than it saves there)
     assert OrtEngine(folders[0], sampler="auto").sampler_depth is None
 
 

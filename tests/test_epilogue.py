@@ -16,7 +16,7 @@ from spot.runtime.noise import gumbel
 from spot.runtime.step import Sampling
 
 onnx = pytest.importorskip("onnx")
-from spot.export.epilogue import (OUTPUTS, EpilogueSpec, build_epilogue, build_noise_graph,  # noqa: E402
+from spot.export.epilogue import (FALLBACK_OUTPUT, OUTPUTS, EpilogueSpec, epilogue_feeds, build_epilogue, build_noise_graph,  # noqa: E402
                                   check_sampling, declared_output_shapes, make_epilogue_session,
                                   reference_epilogue, reference_noise, run_epilogue)
 
@@ -131,6 +131,59 @@ def test_epilogue_is_bit_identical_to_numpy(session, temperature, top_k, exclude
         assert (got.future_tokens != got.token[:, None]).any()
 
 
+def _fallback_ran(session, logits, steps, sampling, block) -> bool:
+    return bool(session.run([FALLBACK_OUTPUT], epilogue_feeds(logits, steps, sampling, block))[0])
+
+
+@needs_glibc_fma
+@pytest.mark.parametrize("top_k", [0, 1, 2])
+def test_certified_sampling_runs_without_the_exact_noise_over_the_vocabulary(session, top_k):
+    """Random logits never need the fallback: the native-noise ranking plus two exactly re-scored candidates
+    settles every row (top-k 1 and 2 leave fewer finite scores than candidates + 1: still certified)."""
+    logits, steps = _logits(5), np.array([0, 3, 1, 6])
+    sampling = Sampling(temperature=0.9, top_k=top_k, seed=2024)
+    assert not _fallback_ran(session, logits, steps, sampling, 4)
+    got, want = run_epilogue(session, logits, steps, sampling, 4), reference_epilogue(logits, steps, sampling, 4, D)
+    for name in OUTPUTS:
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+
+
+@needs_glibc_fma
+def test_a_near_tie_fails_the_certificate_and_the_exact_noise_decides():
+    """Three tokens whose perturbed scores agree to < 5e-10 (built from the exact noise): the two exactly re-scored
+    candidates cannot rule out the third, so the certificate fails and the exact branch returns numpy's token."""
+    seed, block, step = 99, 2, 4
+    g = gumbel(seed, block, step, 0, np.arange(V, dtype=np.uint32))
+    # logits that cancel noise differences exactly enough: the gap between g_a - g_j and its float32 rounding
+    diff = g[:, None] - g[None, :]
+    gap = np.abs(diff - diff.astype(np.float32).astype(np.float64))
+    np.fill_diagonal(gap, 1.0)
+    partners = np.argsort(gap, axis=1)[:, :2]                  # each token's two best partners
+    a = int(np.argmin(gap[np.arange(V), partners[:, 1]]))
+    b, c = partners[a]
+    assert gap[a, b] < 5e-10 and gap[a, c] < 5e-10
+    logits = np.full((1, B, V), -60.0, np.float32)
+    logits[0, 0, [a, b, c]] = 0.0, np.float32(diff[a, b]), np.float32(diff[a, c])   # all three score ~ g_a
+    sampling = Sampling(temperature=1.0, seed=seed)
+    s = make_epilogue_session(build_epilogue(EpilogueSpec(V, B, 0)))
+    assert _fallback_ran(s, logits, [step], sampling, block)
+    got, want = run_epilogue(s, logits, [step], sampling, block), reference_epilogue(logits, [step], sampling, block, 0)
+    assert got.token[0, 0] in (a, b, c)
+    for name in OUTPUTS:
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+
+
+@needs_glibc_fma
+def test_forced_fallback_equals_the_certified_path():
+    """noise_margin = inf fails every certificate: the exact-noise branch alone must give the same outputs."""
+    forced = make_epilogue_session(build_epilogue(EpilogueSpec(V, B, D, noise_margin=float("inf"))))
+    logits, steps, sampling = _logits(6, n=2), np.array([2, 0]), Sampling(temperature=0.6, seed=8, top_k=7)
+    assert _fallback_ran(forced, logits, steps, sampling, 1)
+    got, want = run_epilogue(forced, logits, steps, sampling, 1), reference_epilogue(logits, steps, sampling, 1, D)
+    for name in OUTPUTS:
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+
+
 @needs_glibc_fma
 def test_epilogue_in_node_chunks_equals_one_call(session):
     logits, steps, sampling = _logits(1, n=5), np.arange(5), Sampling(temperature=0.7, seed=3)
@@ -158,7 +211,7 @@ def test_outputs_are_small_whatever_the_vocabulary():
     for vocab, d in ((500, 3), (151936, 6)):
         model = build_epilogue(EpilogueSpec(vocab, 32, d))
         shapes = declared_output_shapes(model)
-        assert set(shapes) == set(OUTPUTS)
+        assert set(shapes) == set(OUTPUTS) | {FALLBACK_OUTPUT} and shapes.pop(FALLBACK_OUTPUT) == []
         per_node = 0
         for name, dims in shapes.items():
             assert dims[0] == "N" and all(isinstance(x, int) for x in dims[1:]), (name, dims)
@@ -194,10 +247,12 @@ def test_spec_is_checked():
 
 
 @needs_glibc_fma
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_torch_twin_is_bit_identical_to_numpy(temperature):
+@pytest.mark.parametrize("temperature, forced_fallback", [(0.0, False), (0.8, False), (0.8, True)])
+def test_torch_twin_is_bit_identical_to_numpy(temperature, forced_fallback, monkeypatch):
     torch = pytest.importorskip("torch")
     from spot.reference.noise_torch import epilogue_torch
+    if forced_fallback:               # every certificate fails: the exact noise over V decides
+        monkeypatch.setattr("spot.export.epilogue.NATIVE_NOISE_MARGIN", float("inf"))
     logits = _logits(3, n=2)[:, :, :200].copy()
     sampling = Sampling(temperature=temperature, top_k=5, seed=77)
     threads = torch.get_num_threads()
@@ -234,3 +289,21 @@ def test_onnx_exp_and_log_match_numpy_including_subnormal_results():
         assert np.array_equal(ex, np.exp(x))
     assert np.array_equal(ly, np.log(y))
     assert (ex[(x < -708.4) & (x > -745)] < 2.0**-1022).all()        # subnormal results were exercised
+
+
+@needs_glibc_fma
+def test_cost_benchmark_runs_the_three_graphs_side_by_side(tmp_path):
+    """benchmarks/epilogue_cost.py (also what scripts/gpu_check.py runs on ORT CUDA at V 151936), tiny shape."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "epilogue_cost.py"
+    out = tmp_path / "cost.json"
+    proc = subprocess.run([sys.executable, str(script), "--vocab", "60", "--block", "4", "--future", "1", "--nodes",
+                           "2", "--repeats", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["certified_equals_exact"] and not result["certified_fell_back"]
+    assert set(result["ms_per_state"]) == {"certified", "exact_everywhere", "native"}
+    assert result["exact_over_certified"] > 0

@@ -89,8 +89,8 @@ def make_session(graph: Path, device: str, dtype: str, threads: int | None = Non
 
 def use_device_sampler(sampler: str, device: str, has_epilogue: bool) -> bool:
     """--sampler: device = the epilogue graph samples next to the target (required); host = logits to numpy;
-    auto = device on GPU providers when the folder has an epilogue (on a CPU the exact float64 epilogue costs more
-    than the numpy step it replaces, and the logits are in host memory anyway)."""
+    auto = device on GPU providers when the folder has an epilogue (on a CPU the epilogue's exact float64 softmax
+    over V costs more than the numpy step it replaces, and the logits are in host memory anyway)."""
     if sampler not in SAMPLERS:
         raise SpotError(f"unknown sampler {sampler!r}, expected one of {', '.join(SAMPLERS)}")
     return sampler == "device" or (sampler == "auto" and device != "cpu" and has_epilogue)

@@ -24,13 +24,21 @@ every position; the host sets non-masked ones to -inf (SPEC §3) and only reads 
 Top-p needs a full sort and a cumulative sum over V per row: not in the graph; `check_sampling` refuses it so a
 decoder with top-p < 1 keeps the numpy step function.
 
+Cost: the noise for every (state, step, position, token) uses the backend's native float64 Log (a few dozen
+integer and float ops per value); only CANDIDATES = 2 tokens per (state, step, position) are re-scored with the
+exact noise, and a certificate (the exact winner beats the next native score by more than NATIVE_NOISE_MARGIN
+plus 2**-40 relative) proves no other token can win. When any row fails it (a near-tie: ~1e-9 of rows; tests
+build one), an If node reruns the batch with the exact noise over the vocabulary and the `exact_fallback` output
+says so. The softmax (exp over V, numpy's pairwise sum) is exact once per (state, position), not per step.
+benchmarks/epilogue_cost.py: 23x faster than the exact noise everywhere at V 2048, B 32, D 8 on ORT CPU.
+
 Backends: ORT CPU (tested), ORT CUDA EP (same ops; float64 IEEE arithmetic is identical on the GPU, but the run
 there is part of scripts/gpu_check.sh and has not been done on this project's CI). TensorRT has neither uint32
 arithmetic nor float64: on a TensorRT deployment the target engine runs in TensorRT and this epilogue runs on the
-same device buffers through ORT's CUDA EP or the torch twin (spot.reference.noise_torch.epilogue_torch); see
-docs/gpu-path.md. The cost is float64 work of O(N x (D+1) x B x V x ~1750) operations (glibc's log emulated with
-Dekker products; `EpilogueSpec(exact=False)` uses the backend's Exp/Log/ReduceSum instead, ulp-level differences); peak memory grows with N x (D+1) x B x V x 8 bytes times a few live intermediates, so large
-vocabularies are run in node chunks (`run_epilogue(..., chunk=...)`).
+same device buffers through ORT's CUDA EP or the torch twin (spot.reference.noise_torch.epilogue_torch, the same
+certified sampling); see docs/gpu-path.md. `EpilogueSpec(exact=False)` uses the backend's Exp/Log/ReduceSum
+everywhere instead (ulp-level differences in the confidences). Peak memory grows with N x (D+1) x B x V x 8 bytes
+times a few live intermediates, so large vocabularies are run in node chunks (`run_epilogue(..., chunk=...)`).
 """
 from __future__ import annotations
 
@@ -46,10 +54,13 @@ from spot.runtime.noise import LANE_A, LANE_B, MIX_MUL_1, MIX_MUL_2, gumbel
 from spot.runtime.step import Sampling, sample_positions
 
 OPSET = 18
+CANDIDATES = 2                   # tokens per row re-scored with the exact noise (the certificate uses the next one)
+NATIVE_NOISE_MARGIN = 2.0 ** -30  # absolute bound on |native - exact| scores the certificate assumes (see below)
 TOP_K_LOGPROBS = 32              # = spot.runtime.stale.TOPK_FEATURES
 PAD_LOGPROB = -1e4               # stale.topk_logprobs' padding below 32 tokens
 INPUTS = ("logits", "node_steps", "seed", "block", "temperature", "top_k", "exclude_token")
 OUTPUTS = ("token", "confidence", "future_tokens", "future_conf", "top_logprobs", "top_ids")
+FALLBACK_OUTPUT = "exact_fallback"  # [] bool, a diagnostic: the certificate failed and the exact noise ran
 
 try:  # onnx is needed to build graphs, not to use the numpy reference functions
     from onnx import TensorProto, checker, helper, numpy_helper
@@ -77,6 +88,16 @@ class OnnxOps:
     def _name(self, hint: str) -> str:
         self._count += 1
         return f"{self.prefix}/{hint}_{self._count}"
+
+    def child(self, prefix: str) -> "OnnxOps":
+        """An emitter for a subgraph (If branch): own nodes, shared constants (outer-scope initializers)."""
+        sub = OnnxOps(prefix)
+        sub._consts, sub.initializers, sub._count = self._consts, self.initializers, self._count
+        return sub
+
+    def adopt(self, sub: "OnnxOps") -> None:
+        """Continue numbering after a child's names, so that no name repeats across the graph."""
+        self._count = max(self._count, sub._count)
 
     def op(self, op_type: str, *inputs: str, **attrs) -> str:
         out = self._name(op_type)
@@ -220,21 +241,68 @@ def _gumbel_from_words(o: OnnxOps, a: str, b: str, exact: bool) -> str:
     return o.mul(_log(o, o.mul(inner, o.f(-1.0)), exact), o.f(-1.0))              # -log(-log(u)), exact negations
 
 
-def _noise(o: OnnxOps, seed_u32: str, block_u32: str, steps_u32: str, block_size: int, vocab: int,
+def _noise(o: OnnxOps, seed_u32: str, block_u32: str, steps_u32: str, block_size: int, tokens_u32: str,
            exact: bool = True) -> str:
-    """Gumbel noise [N, S, B, V] float64 for steps_u32 [N, S] (uint32), positions 0..B-1, tokens 0..V-1."""
+    """Gumbel noise float64 for steps_u32 [N, S] (uint32), positions 0..B-1 and tokens_u32: either every token
+    ([V] -> noise [N, S, B, V]) or a few per row ([N, S, B, C] -> [N, S, B, C])."""
     steps = o.op("Unsqueeze", steps_u32, o.i([2, 3]))                               # [N,S,1,1]
     positions = o.u32(np.arange(block_size, dtype=np.uint32).reshape(block_size, 1))   # [B,1]
-    tokens = o.u32(np.arange(vocab, dtype=np.uint32))                              # [V]
-    # the per-(step, position) prefix is computed on [N,S,B,1]; only the last mix runs over V
+    # the per-(step, position) prefix is computed on [N,S,B,1]; only the last mix runs over the tokens
     words = []
     for lane in (LANE_A, LANE_B):
         h = o.mix32(o.op("BitwiseXor", seed_u32, o.u32(lane)))
         h = o.mix32(o.op("BitwiseXor", h, block_u32))
         h = o.mix32(o.op("BitwiseXor", h, steps))
         h = o.mix32(o.op("BitwiseXor", h, positions))                               # [N,S,B,1]
-        words.append(o.mix32(o.op("BitwiseXor", h, tokens)))                        # [N,S,B,V]
+        words.append(o.mix32(o.op("BitwiseXor", h, tokens_u32)))
     return _gumbel_from_words(o, words[0], words[1], exact)
+
+
+def _all_tokens(o: OnnxOps, vocab: int) -> str:
+    return o.u32(np.arange(vocab, dtype=np.uint32))                                # [V]
+
+
+def _argmax_sample(o: OnnxOps, z_filtered: str, noise_args: tuple, block_size: int, vocab: int,
+                   exact: bool) -> str:
+    """argmax over V of z_filtered [N,1,B,V] + gumbel [N,S,B,V] (first index on ties) -> tokens [N,S,B]."""
+    g = _noise(o, *noise_args, block_size, _all_tokens(o, vocab), exact)
+    return o.op("ArgMax", o.add(z_filtered, g), axis=-1, keepdims=0, select_last_index=0)
+
+
+def _certified_sample(o: OnnxOps, z_filtered: str, noise_args: tuple, block_size: int, vocab: int,
+                      margin: float) -> tuple[str, str]:
+    """The exact sample without the exact noise over V: rank every token by the backend's native Log noise,
+    re-score the best CANDIDATES exactly, and certify that no other token can win.
+
+    The native scores are within `margin` (+ a relative 2**-40) of the exact ones (any float64 log within 2**-40
+    relative error: ~4000 ulp), so when the exact winner among the candidates beats the next native score by more
+    than that, it is the exact argmax (ties to the smallest id among the candidates; a tie with a non-candidate
+    fails the certificate). Returns (tokens [N,S,B] int64, certified [] bool: every row passed)."""
+    g_native = _noise(o, *noise_args, block_size, _all_tokens(o, vocab), exact=False)
+    scores = o.add(z_filtered, g_native)                                             # [N,S,B,V]
+    n_cand = min(CANDIDATES, vocab)
+    n_top = min(CANDIDATES + 1, vocab)
+    top_vals, top_ids = o.op_multi("TopK", [scores, o.i([n_top])], 2, axis=-1, largest=1, sorted=1)
+    cand = o.op("Slice", top_ids, o.i([0]), o.i([n_cand]), o.i([-1]))               # [N,S,B,C]
+    g_exact = _noise(o, *noise_args, block_size, o.op("Cast", cand, to=TensorProto.UINT32), exact=True)
+    # z_filtered at the candidates: [N,1,B,V] -> gather along V with the candidates laid out [N,B,S*C]
+    z_rows = o.op("Squeeze", z_filtered, o.i([1]))                                  # [N,B,V]
+    cand_nbs = o.op("Transpose", cand, perm=[0, 2, 1, 3])                            # [N,B,S,C]
+    flat = o.op("Reshape", cand_nbs, o.i([0, 0, -1]))
+    z_cand = o.op("Reshape", o.op("GatherElements", z_rows, flat, axis=-1), o.op("Shape", cand_nbs))
+    exact_scores = o.add(o.op("Transpose", z_cand, perm=[0, 2, 1, 3]), g_exact)      # [N,S,B,C]
+    best = o.op("ReduceMax", exact_scores, o.i([-1]), keepdims=1)
+    big = o.i(np.iinfo(np.int64).max)
+    tokens = o.op("ReduceMin", o.where(o.eq(exact_scores, best), cand, big), o.i([-1]), keepdims=0)
+    if n_top == n_cand:                          # every token is a candidate: nothing to certify
+        return tokens, o.const(True, np.bool_)
+    runner_up = o.op("Squeeze", o.op("Slice", top_vals, o.i([n_cand]), o.i([n_top]), o.i([-1])), o.i([-1]))
+    bound = o.add(runner_up, o.add(o.f(margin), o.mul(o.abs(runner_up), o.f(2.0 ** -40))))
+    bound = o.where(o.op("IsInf", runner_up, detect_positive=0), runner_up, bound)   # filtered: -inf stays -inf
+    ok = o.gt(o.op("Squeeze", best, o.i([-1])), bound)                              # [N,S,B]; NaN fails
+    certified = o.op("Cast", o.op("ReduceMin", o.op("Cast", ok, to=TensorProto.INT32), keepdims=0),
+                     to=TensorProto.BOOL)                                            # an empty batch passes
+    return tokens, certified
 
 
 def _softmax_parts(o: OnnxOps, z: str, vocab: int, exact: bool = True) -> tuple[str, str, str]:
@@ -251,6 +319,14 @@ def _value_info(name: str, elem_type, shape):
     return helper.make_tensor_value_info(name, elem_type, shape)
 
 
+def _subgraph(o: OnnxOps, name: str, tokens: str, d: int, b: int, fallback: str | None = None):
+    """An If branch returning tokens [N, D+1, B] int64 (and the fallback flag [] bool)."""
+    outputs = [_value_info(tokens, TensorProto.INT64, ["N", d + 1, b])]
+    if fallback is not None:
+        outputs.append(_value_info(fallback, TensorProto.BOOL, []))
+    return helper.make_graph(o.nodes, name, [], outputs)
+
+
 @dataclass(frozen=True)
 class EpilogueSpec:
     """Build-time constants of one epilogue graph."""
@@ -260,6 +336,7 @@ class EpilogueSpec:
     future_steps: int               # D
     top_k_logprobs: int = TOP_K_LOGPROBS
     exact: bool = True              # False: the backend's own Exp/Log/ReduceSum (faster, ulp-level differences)
+    noise_margin: float = NATIVE_NOISE_MARGIN   # the certificate's bound (tests set inf to force the fallback)
 
     def __post_init__(self):
         if self.top_k_logprobs != TOP_K_LOGPROBS:
@@ -270,6 +347,8 @@ class EpilogueSpec:
                             f"{self.block_size}")
         if self.future_steps < 0:
             raise SpotError(f"future_steps (D) must be >= 0, got {self.future_steps}")
+        if not self.noise_margin > 0:
+            raise SpotError(f"noise_margin must be > 0, got {self.noise_margin}")
 
     @property
     def k(self) -> int:
@@ -299,30 +378,42 @@ def build_epilogue(spec: EpilogueSpec):
 
     steps = o.add(o.op("Unsqueeze", "node_steps", o.i([1])), o.i(np.arange(d + 1, dtype=np.int64)))  # [N,D+1]
     # then-branch (T > 0): argmax of the perturbed, filtered scaled logits at each of the D+1 steps
-    ob = OnnxOps("ep_sample")
-    ob._consts, ob.initializers = o._consts, o.initializers        # share constants with the main graph
-    ob._count = o._count
-    g = _noise(ob, ob.op("Cast", "seed", to=TensorProto.UINT32), ob.op("Cast", "block", to=TensorProto.UINT32),
-               ob.op("Cast", steps, to=TensorProto.UINT32), b, v, spec.exact)                  # [N,D+1,B,V]
-    perturbed = ob.add(ob.op("Unsqueeze", z_filtered, ob.i([1])), g)
-    sampled = ob.op("ArgMax", perturbed, axis=-1, keepdims=0, select_last_index=0)   # [N,D+1,B]
+    ob = o.child("ep_sample")
+    noise_args = (ob.op("Cast", "seed", to=TensorProto.UINT32), ob.op("Cast", "block", to=TensorProto.UINT32),
+                  ob.op("Cast", steps, to=TensorProto.UINT32))
+    z_rows = ob.op("Unsqueeze", z_filtered, ob.i([1]))                               # [N,1,B,V]
+    if spec.exact:
+        fast, certified = _certified_sample(ob, z_rows, noise_args, b, v, spec.noise_margin)
+        # a row the certificate cannot settle (a near-tie, ~1e-9 of rows) reruns the whole batch with exact noise
+        of, oe_ = ob.child("ep_fast"), ob.child("ep_exact")
+        of.nodes.append(helper.make_node("Identity", [fast], ["tokens_certified"]))
+        exact_tokens = _argmax_sample(oe_, z_rows, noise_args, b, v, exact=True)
+        oe_.nodes.append(helper.make_node("Identity", [exact_tokens], ["tokens_exact"]))
+        ob.adopt(of)
+        ob.adopt(oe_)
+        sampled = ob._name("If")
+        ob.nodes.append(helper.make_node(
+            "If", [certified], [sampled], name=sampled,
+            then_branch=_subgraph(of, "certified", "tokens_certified", d, b),
+            else_branch=_subgraph(oe_, "exact", "tokens_exact", d, b)))
+        fallback = ob.op("Not", certified)
+    else:
+        sampled = _argmax_sample(ob, z_rows, noise_args, b, v, exact=False)
+        fallback = ob.const(False, np.bool_)
     ob.nodes.append(helper.make_node("Identity", [sampled], ["tokens_sampled"]))
-    then_graph = helper.make_graph(ob.nodes, "sample", [],
-                                   [_value_info("tokens_sampled", TensorProto.INT64, ["N", d + 1, b])])
-    o._count = ob._count
+    ob.nodes.append(helper.make_node("Identity", [fallback], ["fallback_sampled"]))
+    o.adopt(ob)
     # else-branch (T = 0): argmax of the logits, the same at every step
-    oe = OnnxOps("ep_greedy")
-    oe._consts, oe.initializers = o._consts, o.initializers
-    oe._count = o._count
-    greedy = oe.op("Unsqueeze", oe.op("ArgMax", z_greedy, axis=-1, keepdims=0, select_last_index=0), oe.i([1]))
-    shape = oe.op("Concat", oe.op("Shape", "node_steps"), oe.i([d + 1, b]), axis=0)
-    oe.nodes.append(helper.make_node("Expand", [greedy, shape], ["tokens_greedy"]))
-    else_graph = helper.make_graph(oe.nodes, "greedy", [],
-                                   [_value_info("tokens_greedy", TensorProto.INT64, ["N", d + 1, b])])
-    o._count = oe._count
+    og = o.child("ep_greedy")
+    greedy = og.op("Unsqueeze", og.op("ArgMax", z_greedy, axis=-1, keepdims=0, select_last_index=0), og.i([1]))
+    shape = og.op("Concat", og.op("Shape", "node_steps"), og.i([d + 1, b]), axis=0)
+    og.nodes.append(helper.make_node("Expand", [greedy, shape], ["tokens_greedy"]))
+    og.nodes.append(helper.make_node("Identity", [og.const(False, np.bool_)], ["fallback_greedy"]))
+    o.adopt(og)
     tokens = o._name("If")
-    o.nodes.append(helper.make_node("If", [t_pos], [tokens], name=tokens, then_branch=then_graph,
-                                    else_branch=else_graph))
+    o.nodes.append(helper.make_node("If", [t_pos], [tokens, FALLBACK_OUTPUT], name=tokens,
+                                    then_branch=_subgraph(ob, "sample", "tokens_sampled", d, b, "fallback_sampled"),
+                                    else_branch=_subgraph(og, "greedy", "tokens_greedy", d, b, "fallback_greedy")))
 
     # confidence: e[x] / sum(e), as numpy's take_along_axis(e, x) / e.sum(-1)
     tok_nbs = o.op("Transpose", tokens, perm=[0, 2, 1])                             # [N,B,D+1]
@@ -357,7 +448,8 @@ def build_epilogue(spec: EpilogueSpec):
                _value_info("future_tokens", TensorProto.INT64, ["N", d, b]),
                _value_info("future_conf", TensorProto.DOUBLE, ["N", d, b]),
                _value_info("top_logprobs", TensorProto.FLOAT, ["N", b, TOP_K_LOGPROBS]),
-               _value_info("top_ids", TensorProto.INT64, ["N", b, TOP_K_LOGPROBS])]
+               _value_info("top_ids", TensorProto.INT64, ["N", b, TOP_K_LOGPROBS]),
+               _value_info(FALLBACK_OUTPUT, TensorProto.BOOL, [])]
     graph = helper.make_graph(o.nodes, "spot_sampling_epilogue", inputs, outputs, initializer=o.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="spot-edge", doc_string=__doc__.split("\n")[0])
@@ -372,7 +464,7 @@ def build_noise_graph(vocab_size: int, block_size: int, steps: int, exact: bool 
     o = OnnxOps("noise")
     st = o.add(o.op("Unsqueeze", "node_steps", o.i([1])), o.i(np.arange(steps, dtype=np.int64)))
     g = _noise(o, o.op("Cast", "seed", to=TensorProto.UINT32), o.op("Cast", "block", to=TensorProto.UINT32),
-               o.op("Cast", st, to=TensorProto.UINT32), block_size, vocab_size, exact)
+               o.op("Cast", st, to=TensorProto.UINT32), block_size, _all_tokens(o, vocab_size), exact)
     o.nodes.append(helper.make_node("Identity", [g], ["gumbel"]))
     inputs = [_value_info("node_steps", TensorProto.INT64, ["N"]), _value_info("seed", TensorProto.INT64, []),
               _value_info("block", TensorProto.INT64, [])]

@@ -185,6 +185,31 @@ TORCH = TorchOps()
 
 
 # -- the epilogue on torch tensors -------------------------------------------------------------------------------
+def certified_sample(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int) -> torch.Tensor:
+    """argmax_v zf[n,b,v] + gumbel(seed, block, steps[n,s], b, v) -> tokens [N,S,B], exactly, the way the ONNX
+    epilogue does it (spot.export.epilogue._certified_sample): rank with torch.log's noise, re-score the best
+    CANDIDATES with the exact noise, and fall back to the exact noise over V when a row is not certified."""
+    from spot.export.epilogue import CANDIDATES, NATIVE_NOISE_MARGIN
+    dev = zf.device
+    n, b, v = zf.shape
+    counters = (steps[:, :, None, None], torch.arange(b, device=dev)[None, None, :, None])
+    u = uniform(seed, block, *counters, torch.arange(v, device=dev)[None, None, None, :], device=dev)
+    scores = zf[:, None] + -torch.log(-torch.log(u))                               # [N,S,B,V]
+    top = torch.topk(scores, min(CANDIDATES + 1, v), dim=-1)
+    cand = top.indices[..., :CANDIDATES]
+    exact = torch.gather(zf[:, None].expand(scores.shape), -1, cand) + gumbel(seed, block, *counters, cand, device=dev)
+    best = exact.amax(dim=-1, keepdim=True)
+    tokens = torch.where(exact == best, cand, torch.iinfo(torch.int64).max).amin(dim=-1)
+    if v > CANDIDATES:
+        runner_up = top.values[..., CANDIDATES]
+        bound = runner_up + (NATIVE_NOISE_MARGIN + runner_up.abs() * 2.0 ** -40)
+        bound = torch.where(torch.isneginf(runner_up), runner_up, bound)
+        if not bool((best[..., 0] > bound).all()):       # a near-tie: the exact noise over the whole vocabulary
+            g = gumbel(seed, block, *counters, torch.arange(v, device=dev)[None, None, None, :], device=dev)
+            tokens = torch.argmax(zf[:, None] + g, dim=-1)                         # first maximum on ties
+    return tokens
+
+
 def epilogue_torch(logits: torch.Tensor, node_steps, seed: int, block: int, temperature: float, top_k: int,
                    future_steps: int, k: int = 32) -> dict[str, torch.Tensor]:
     """spot.export.epilogue's outputs from logits [N,B,V] float32 (any device): token [N,B], confidence [N,B],
@@ -205,9 +230,7 @@ def epilogue_torch(logits: torch.Tensor, node_steps, seed: int, block: int, temp
         if 0 < top_k < v:
             kth = torch.topk(z, top_k, dim=-1).values[..., top_k - 1:top_k]
             zf = torch.where(z < kth, torch.tensor(-math.inf, dtype=torch.float64, device=dev), z)
-        g = gumbel(seed, block, steps[:, :, None, None], torch.arange(b, device=dev)[None, None, :, None],
-                   torch.arange(v, device=dev)[None, None, None, :], device=dev)  # [N,D+1,B,V]
-        tokens = torch.argmax(zf[:, None] + g, dim=-1)                             # first maximum on ties
+        tokens = certified_sample(zf, steps, seed, block)
     else:
         tokens = torch.argmax(z, dim=-1)[:, None].expand(n, future_steps + 1, b)
     conf = torch.gather(e, -1, tokens.transpose(1, 2).contiguous()) / total[..., None]   # [N,B,D+1]
