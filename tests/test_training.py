@@ -116,3 +116,17 @@ def test_train_target_writes_a_folder_that_loads_and_generates(tmp_path):
                          progress=False, n_prompts=4, final_eval=False)
     assert again["history"] == report["history"]
     assert (out / "model.safetensors").read_bytes() == (tmp_path / "model2" / "model.safetensors").read_bytes()
+
+
+def test_the_default_recipe_is_the_shipped_models():
+    """`spot train-target` with no options reproduces the embedded model: its report's settings are the defaults."""
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+    folder = Path(__file__).resolve().parents[1] / "spot" / "assets" / "embedded"
+    report = json.loads((folder / "training_report.json").read_text())
+    assert report["settings"] == asdict(TrainSettings())
+    config = json.loads((folder / "config.json").read_text())
+    shipped = model_config(TrainSettings())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"], config["block_size"]) == (
+        shipped.hidden_size, shipped.num_hidden_layers, shipped.vocab_size, shipped.block_size)
