@@ -24,14 +24,15 @@ from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 from spot.runtime.tuning import choose_budget, measure_latency_curve
 
-STATIC_FAMILY = ("standard", "chain", "tree", "oracle", "spot")
+STATIC_FAMILY = ("standard", "chain", "tree", "oracle", "order-oracle", "spot")
 THRESHOLD_FAMILY = ("threshold", "spot-sets")
 ID_KEYS = ("ids", "prompt_ids", "token_ids")
 
 
 @dataclass
 class BenchConfig:
-    decoders: tuple[str, ...] = ("standard", "threshold", "chain", "tree", "oracle", "spot", "spot-sets")
+    decoders: tuple[str, ...] = ("standard", "threshold", "chain", "tree", "oracle", "order-oracle", "spot",
+                                  "spot-sets")
     temperatures: tuple[float, ...] = (0.0, 0.5, 1.0)
     seeds: tuple[int, ...] = (0,)
     budgets: tuple[TreeBudget, ...] = (TreeBudget(16, 8),)
@@ -118,7 +119,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
     needs_drafter = {"spot", "spot-sets"} & set(cfg.decoders)
     if needs_drafter and drafter is None:
         raise SpotError("the bench includes spot/spot-sets but no drafter was given",
-                        "pass --drafter, or drop them with --decoders standard,chain,tree,oracle")
+                        "pass --drafter, or drop them with --decoders standard,chain,tree,oracle,order-oracle")
     runs: dict[tuple[str, float], list] = {}
     identical: dict[tuple[str, float], list[bool]] = {}
     plan = variants(cfg, tuple(other_drafters))

@@ -73,7 +73,8 @@ def find_drafter(path, model_dir):
 @click.option("--device", default="cpu", show_default=True, help="Device of the backend (torch: cpu, cuda).")
 @click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
               help="standard/threshold: one pass per step; chain/tree: SPOT with the training-free order; "
-                   "spot/spot-sets: SPOT with the drafter; oracle: the diagnostic ceiling.")
+                   "spot/spot-sets: SPOT with the drafter; oracle / order-oracle: diagnostic ceilings (true "
+                   "states / true positions with the drafter's tokens).")
 @click.option("--budget", type=int, default=16, show_default=True, help="Tree nodes per verify pass (SPOT).")
 @click.option("--depth", type=int, default=8, show_default=True, help="Deepest tree node below the root (SPOT).")
 @click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
@@ -323,14 +324,21 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
 @click.option("--minutes", type=float, default=None, help="Wall-clock cap on training.")
 @click.option("--tau", type=float, default=None, help="Threshold the membership head learns. Default: the traces'.")
 @click.option("--threads", type=int, default=1, show_default=True)
+@click.option("--width", type=int, default=128, show_default=True, help="Order model width (reference: 128).")
+@click.option("--layers", type=int, default=3, show_default=True, help="Encoder layers (reference: 3).")
+@click.option("--heads", type=int, default=8, show_default=True, help="Attention heads (reference: 8).")
+@click.option("--ffn", type=int, default=512, show_default=True, help="FFN width (reference: 512).")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
-def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, seed, minutes, tau, threads, quiet):
+def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, seed, minutes, tau, threads, width,
+                      layers, heads, ffn, quiet):
     """Train the order model on traces, calibrate SPOT-Sets' threshold, export drafter.onnx + drafter.json."""
-    from spot.training.drafter import DrafterTrainSettings, train_drafter
+    from spot.training.drafter import DrafterTrainSettings, OrderModelConfig, train_drafter
     from spot.training.traces import Traces, concat_traces
 
     if epochs < 1 or batch_size < 1:
         raise SpotError(f"--epochs and --batch-size must be >= 1, got {epochs} and {batch_size}")
+    config = OrderModelConfig(d_model=width, heads=heads, ffn=ffn, layers=layers)
+    config.check()      # before loading the traces
     traces = concat_traces([Traces.load(p) for p in trace_files])
     heldout = concat_traces([Traces.load(p) for p in heldout_traces]) if heldout_traces else None
     if out is None:
@@ -340,7 +348,7 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
     settings = DrafterTrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, minutes=minutes,
                                     tau=traces.meta["tau"] if tau is None else tau, threads=threads)
     log = (lambda _: None) if quiet else click.echo
-    manifest = train_drafter(traces, out, settings, heldout, log=log)
+    manifest = train_drafter(traces, out, settings, heldout, log=log, config=config)
     acc = manifest["accuracy"].get("top1", {})
     click.echo(f"wrote {out}: {manifest['architecture']['parameters']} parameters, held-out next-commit top-1 "
                f"{acc.get('model')} (stale-confidence baseline {acc.get('baseline')}), member threshold "
@@ -411,7 +419,8 @@ def _budgets(text: str):
               help="JSONL of prompts ({\"text\"} or {\"ids\"}). Default: the embedded held-out set.")
 @click.option("--limit", type=int, default=10, show_default=True, help="Number of prompts.")
 @click.option("--prompt-tokens", type=int, default=128, show_default=True, help="Keep the last N prompt tokens.")
-@click.option("--decoders", default="standard,threshold,chain,tree,oracle,spot,spot-sets", show_default=True)
+@click.option("--decoders", default="standard,threshold,chain,tree,oracle,order-oracle,spot,spot-sets",
+              show_default=True)
 @click.option("--temperatures", default="0,0.5,1.0", show_default=True)
 @click.option("--seeds", default="0", show_default=True)
 @click.option("--budgets", default="16x8", show_default=True, help="Comma-separated NODESxDEPTH.")

@@ -23,7 +23,8 @@ from spot.runtime.spot import TreeBudget
 from spot.runtime.stale import StaleView
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 from spot.runtime.tree import Node
-from spot.training.drafter import (DrafterTrainSettings, OrderModel, batch_loss, calibrate_threshold,
+from spot.training.drafter import (DrafterTrainSettings, OrderModel, OrderModelConfig, batch_loss,
+                                   calibrate_threshold,
                                    example_inputs, export_onnx, make_examples, parameter_count,
                                    predicted_sets, to_torch, train_drafter, train_order_model)
 from spot.training.traces import TracePlan, TraceRecorder, Traces, collect_traces, concat_traces
@@ -403,9 +404,19 @@ def test_cli_traces_and_train_drafter(tmp_path):
     assert res.exit_code == 0, res.output
     assert "wrote" in res.output and (tmp_path / "t.npz").is_file()
     res = runner.invoke(main, ["train-drafter", "--traces", str(tmp_path / "t.npz"), "--epochs", "1",
-                               "--batch-size", "64", "--quiet"])
+                               "--batch-size", "64", "--width", "30", "--heads", "4"])
+    assert res.exit_code == 2 and "width 30 must be a multiple of its heads, got 4 heads" in res.output
+    assert not (tmp_path / "target" / DRAFTER_ONNX).exists()
+    # a drafter sized for a small target (docs/drafter.md): the shape is the one asked for, and recorded
+    res = runner.invoke(main, ["train-drafter", "--traces", str(tmp_path / "t.npz"), "--epochs", "1",
+                               "--batch-size", "64", "--width", "32", "--layers", "1", "--heads", "4", "--ffn", "64",
+                               "--quiet"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "target" / DRAFTER_ONNX).is_file() and (tmp_path / "target" / DRAFTER_JSON).is_file()
+    arch = json.loads((tmp_path / "target" / DRAFTER_JSON).read_text())["architecture"]
+    assert (arch["d_model"], arch["layers"], arch["heads"], arch["ffn"]) == (32, 1, 4, 64)
+    assert arch["parameters"] == parameter_count(OrderModel(OrderModelConfig(d_model=32, heads=4, ffn=64, layers=1)))
+    assert arch["parameters"] < 0.05e6
     drafter = Drafter.load(tmp_path / "target")
     drafter.check_compatible(TorchEngine(model))
     res = runner.invoke(main, ["traces", "--model", str(tmp_path / "target"), "--out", str(tmp_path / "u.npz")])

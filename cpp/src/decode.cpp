@@ -609,8 +609,8 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
   const double t_start = now_ms();
   const std::string& name = req.decoder;
   static const std::set<std::string> kNames = {"standard", "threshold", "chain", "tree", "spot", "spot-sets"};
-  if (name == "oracle")
-    fail(SPOT_ERR_UNSUPPORTED, "the oracle decoder (a diagnostic that needs a standard run first) is not in the "
+  if (name == "oracle" || name == "order-oracle")
+    fail(SPOT_ERR_UNSUPPORTED, "the " + name + " decoder (a diagnostic that needs a standard run first) is not in the "
                                "C++ host: use the Python runtime");
   if (!kNames.count(name))
     fail(SPOT_ERR_INVALID_ARGUMENT, "unknown decoder '" + name + "', expected one of standard, threshold, chain, "

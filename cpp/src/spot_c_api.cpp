@@ -231,9 +231,9 @@ spot_status spot_decoder_from_name(const char* name, spot_decoder* out, spot_err
       *out = static_cast<spot_decoder>(d);
       return ok(err);
     }
-  if (std::strcmp(name, "oracle") == 0)
-    return set_error(err, SPOT_ERR_UNSUPPORTED, "the oracle decoder is a Python-runtime diagnostic, not in the C++ "
-                                                "host");
+  if (std::strcmp(name, "oracle") == 0 || std::strcmp(name, "order-oracle") == 0)
+    return set_error(err, SPOT_ERR_UNSUPPORTED,
+                     std::string("the ") + name + " decoder is a Python-runtime diagnostic, not in the C++ host");
   return set_error(err, SPOT_ERR_INVALID_ARGUMENT, std::string("unknown decoder '") + name +
                                                        "', expected one of standard, threshold, chain, tree, spot, "
                                                        "spot-sets");

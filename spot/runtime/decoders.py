@@ -3,6 +3,8 @@
 standard / threshold: SPEC §3 with the static / threshold rule (one target pass per step).
 chain / tree: SPOT with the training-free stale-confidence order (branch 1 = FreeDave-style chain, branch k = tree).
 oracle: SPOT whose proposer reads the true standard trajectory (a diagnostic ceiling, costs a standard run first).
+order-oracle: the same, but only the true positions; tokens are the coupled stale samples like a drafter's (the
+  ceiling of any order model: spot -> order-oracle is the drafter's gap, order-oracle -> oracle the stale tokens').
 spot / spot-sets: SPOT with the learned order model (static rule / threshold rule with whole-set verification).
 standard, chain, tree, oracle and spot follow the commit rule given (static unless mode is threshold).
 """
@@ -15,11 +17,11 @@ import numpy as np
 from spot.errors import SpotError
 from spot.runtime.decode import Generation, generate, standard_block
 from spot.runtime.engine import Engine
-from spot.runtime.proposers import ConfidenceOrderProposer, OracleProposer
+from spot.runtime.proposers import ConfidenceOrderProposer, OracleProposer, OrderOracleProposer
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 
-DECODERS = ("standard", "threshold", "chain", "tree", "oracle", "spot", "spot-sets")
+DECODERS = ("standard", "threshold", "chain", "tree", "oracle", "order-oracle", "spot", "spot-sets")
 TREE_BRANCH = 4
 
 
@@ -63,11 +65,12 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
         budget = TreeBudget(req.budget.depth + 1, req.budget.depth)   # a chain: one node per depth
     elif name == "tree":
         proposer, budget = ConfidenceOrderProposer(branch=TREE_BRANCH), req.budget
-    elif name == "oracle":
+    elif name in ("oracle", "order-oracle"):
         trajectories: dict[int, list[np.ndarray]] = {}
         generate(engine, prompt_ids, block_decoder=standard_block, observer=record_trajectories(trajectories),
                  **common)
-        proposer, budget = OracleProposer(trajectories), req.budget
+        oracle = OracleProposer if name == "oracle" else OrderOracleProposer
+        proposer, budget = oracle(trajectories), req.budget
     else:
         if drafter is None:
             raise SpotError(f"decoder {name!r} needs a drafter (order model)",

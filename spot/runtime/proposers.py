@@ -5,7 +5,9 @@ the threshold rule (SPOT-Sets) a whole set; its tokens are the coupled samples o
 step. Proposers differ only in how they score positions:
 - ConfidenceOrderProposer: stale confidence of the coupled sample (training-free; branch 1 = `chain`, FreeDave-style).
 - DrafterProposer: the order model (spot.runtime.drafter) — `spot` / `spot-sets`.
-- OracleProposer: reads the true standard trajectory (diagnostic ceiling of the tree shape).
+- OracleProposer: reads the true standard trajectory, positions and tokens (diagnostic ceiling of the tree shape).
+- OrderOracleProposer: reads only the true positions; tokens are the coupled samples like every drafter's
+  (diagnostic ceiling of any order model: what remains is the stale tokens' disagreement with the fresh ones).
 No proposer sees fresh logits; exactness never depends on what they propose.
 """
 from __future__ import annotations
@@ -111,5 +113,20 @@ class OracleProposer:
             node = tree[i]
             t = node.step
             on_path = t + 1 < len(traj) and np.array_equal(traj[t], node.state)
-            out.append([(0.0, traj[t + 1].copy())] if on_path else [])
+            # off the true trajectory nothing below can be accepted
+            out.append([(0.0, self.child(node, traj[t], traj[t + 1]))] if on_path else [])
         return out
+
+    def child(self, node: Node, now: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+        """The proposal for an on-trajectory node (state == now [B]; standard decoding goes on to nxt [B])."""
+        return nxt.copy()
+
+
+class OrderOracleProposer(OracleProposer):
+    """Diagnostic: commits the positions standard decoding commits next (read from its trajectory) with the stale
+    view's coupled tokens, as every drafter does. An order model proposes exactly these children at best, so SPOT's
+    gap to this decoder is the drafter's, and this decoder's gap to `oracle` is the stale tokens': once a stale
+    sample differs from the fresh one, no order proposal is accepted."""
+
+    def child(self, node: Node, now: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+        return child_with(node.state, np.flatnonzero(nxt != now), self.round.stale.coupled(node.step)[0])

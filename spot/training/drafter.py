@@ -50,6 +50,15 @@ class OrderModelConfig:
     max_block: int = MAX_BLOCK
     max_staleness: int = MAX_STALENESS
 
+    def check(self) -> None:
+        """SpotError unless the shape can be built (the width splits evenly over the heads)."""
+        for name in ("d_model", "heads", "ffn", "layers"):
+            if getattr(self, name) < 1:
+                raise SpotError(f"drafter {name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.heads:
+            raise SpotError(f"drafter width {self.d_model} must be a multiple of its heads, got {self.heads} heads",
+                            "e.g. --width 64 --heads 4, or --width 128 --heads 8 (the reference shape)")
+
 
 class EncoderLayer(nn.Module):
     """Pre-norm self-attention + GELU FFN over the block positions; plain ops so the ONNX graph stays opset 17."""
@@ -245,7 +254,8 @@ def split_traces(traces: Traces, s: DrafterTrainSettings) -> tuple[np.ndarray, n
 
 
 def train_order_model(traces: Traces, train_ids: np.ndarray, s: DrafterTrainSettings,
-                      log: Callable[[str], None] = print, select: Examples | None = None) -> tuple[OrderModel, dict]:
+                      log: Callable[[str], None] = print, select: Examples | None = None,
+                      config: OrderModelConfig = OrderModelConfig()) -> tuple[OrderModel, dict]:
     """AdamW on the training traces' examples. With `select` (calibration examples), the model is scored on them
     at the start (= the stale-confidence baseline, thanks to the skips), every `select_every` steps and at the
     end, and the best-scoring weights are returned."""
@@ -253,7 +263,7 @@ def train_order_model(traces: Traces, train_ids: np.ndarray, s: DrafterTrainSett
     threads = torch.get_num_threads()
     torch.set_num_threads(s.threads)
     try:
-        return _train(traces, train_ids, s, log, select)
+        return _train(traces, train_ids, s, log, select, config)
     finally:
         torch.set_num_threads(threads)
 
@@ -269,13 +279,14 @@ def selection_score(model: OrderModel, traces: Traces, ex: Examples, tau: float)
 
 
 def _train(traces: Traces, train_ids: np.ndarray, s: DrafterTrainSettings, log: Callable[[str], None],
-           select: Examples | None) -> tuple[OrderModel, dict]:
+           select: Examples | None, config: OrderModelConfig) -> tuple[OrderModel, dict]:
     rng = np.random.default_rng(s.seed)
     ex = make_examples(traces, train_ids)
     if len(ex) == 0:
         raise SpotError("the training traces hold no teacher-forced examples",
                         "collect longer or more traces (each block needs at least two steps)")
-    model = OrderModel(OrderModelConfig(max_staleness=MAX_STALENESS), tau=s.tau)
+    config.check()
+    model = OrderModel(config, tau=s.tau)
     decayed = {n for n, p in model.named_parameters() if p.ndim >= 2 and "pos" not in n and "staleness" not in n}
     opt = torch.optim.AdamW([
         {"params": [p for n, p in model.named_parameters() if n in decayed], "weight_decay": s.weight_decay},
@@ -495,9 +506,12 @@ def write_drafter(model: OrderModel, out_dir: Path, manifest: dict, sample: dict
 
 
 def train_drafter(traces: Traces, out_dir: str | Path, settings: DrafterTrainSettings = DrafterTrainSettings(),
-                  heldout: Traces | None = None, log: Callable[[str], None] = print) -> dict:
-    """Train, calibrate, score and export; returns drafter.json's contents."""
+                  heldout: Traces | None = None, log: Callable[[str], None] = print,
+                  config: OrderModelConfig = OrderModelConfig()) -> dict:
+    """Train, calibrate, score and export; returns drafter.json's contents. `config`: the order model's shape
+    (default the reference 0.62M one; a target of a few M parameters wants a smaller one, docs/drafter.md)."""
     s = settings
+    config.check()
     if not 0.0 <= s.tau < 1.0:
         raise SpotError(f"tau must be in [0, 1), got {s.tau}")
     if traces.block_size > MAX_BLOCK:
@@ -508,7 +522,8 @@ def train_drafter(traces: Traces, out_dir: str | Path, settings: DrafterTrainSet
         held_ids = None
     # a few traces the model does not train on: weight selection and the light threshold calibration
     cal = limit_examples(make_examples(traces, calib_ids), s.eval_limit, s.seed + 1)
-    model, report = train_order_model(traces, train_ids, s, log, select=limit_examples(cal, 2000, s.seed + 3))
+    model, report = train_order_model(traces, train_ids, s, log, select=limit_examples(cal, 2000, s.seed + 3),
+                                       config=config)
     threshold, cal_acc = 0.5, None
     if len(cal):
         order, member = predict(model, traces, cal)
