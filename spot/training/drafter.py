@@ -1,11 +1,12 @@
 """The order model (SPEC §6) in torch: training on teacher-forced trace examples, membership-threshold calibration,
 held-out accuracy, and export to drafter.onnx + drafter.json for the runtime (spot.runtime.drafter).
 
-Model: pre-norm transformer encoder over the B block positions (3 layers, d 128, 8 heads, FFN 512, ~0.62M
-parameters). Per-position input: Linear([topk(32), masked, stale_conf, log(stale_conf + 1e-6), z, rel]) + learned
-position embedding (max block 64) + staleness embedding, where z and rel are the node's log stale confidences
-standardised over its masked positions (computed in the graph from the same four ONNX inputs). Heads: order logit (softmax over masked positions = P(next
-commit)) and membership logit (sigmoid = P(position in the next committed set), SPOT-Sets).
+Model: pre-norm transformer encoder over the B block positions (reference shape: 3 layers, d 128, 8 heads, FFN 512,
+~0.62M parameters; OrderModelConfig sizes it to small targets). Per-position input: Linear([topk(32), masked,
+stale_conf, log(stale_conf + 1e-6), z, rel]) + learned position embedding (max block 64) + staleness embedding,
+where z and rel are the node's log stale confidences standardised over its masked positions (computed in the graph
+from the same four ONNX inputs). Heads: order logit (softmax over masked positions = P(next commit)) and membership
+logit (sigmoid = P(position in the next committed set), SPOT-Sets).
 
 Labels of an example (stale row t, node row t+k): order = the static rule's commit at s_{t+k} (argmax fresh
 confidence); membership = {fresh conf > tau} at s_{t+k} for the trained tau. The threshold rule's set is that, or
