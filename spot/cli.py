@@ -337,8 +337,7 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
 
     if epochs < 1 or batch_size < 1:
         raise SpotError(f"--epochs and --batch-size must be >= 1, got {epochs} and {batch_size}")
-    config = OrderModelConfig(d_model=width, heads=heads, ffn=ffn, layers=layers)
-    config.check()      # before loading the traces
+    config = OrderModelConfig(d_model=width, heads=heads, ffn=ffn, layers=layers)   # checks the shape first
     traces = concat_traces([Traces.load(p) for p in trace_files])
     heldout = concat_traces([Traces.load(p) for p in heldout_traces]) if heldout_traces else None
     if out is None:

@@ -51,7 +51,7 @@ class OrderModelConfig:
     max_block: int = MAX_BLOCK
     max_staleness: int = MAX_STALENESS
 
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         """SpotError unless the shape can be built (the width splits evenly over the heads)."""
         for name in ("d_model", "heads", "ffn", "layers"):
             if getattr(self, name) < 1:
@@ -286,7 +286,6 @@ def _train(traces: Traces, train_ids: np.ndarray, s: DrafterTrainSettings, log: 
     if len(ex) == 0:
         raise SpotError("the training traces hold no teacher-forced examples",
                         "collect longer or more traces (each block needs at least two steps)")
-    config.check()
     model = OrderModel(config, tau=s.tau)
     decayed = {n for n, p in model.named_parameters() if p.ndim >= 2 and "pos" not in n and "staleness" not in n}
     opt = torch.optim.AdamW([
@@ -512,7 +511,6 @@ def train_drafter(traces: Traces, out_dir: str | Path, settings: DrafterTrainSet
     """Train, calibrate, score and export; returns drafter.json's contents. `config`: the order model's shape
     (default the reference 0.62M one; a target of a few M parameters wants a smaller one, docs/drafter.md)."""
     s = settings
-    config.check()
     if not 0.0 <= s.tau < 1.0:
         raise SpotError(f"tau must be in [0, 1), got {s.tau}")
     if traces.block_size > MAX_BLOCK:
