@@ -138,12 +138,13 @@ def test_a_proposal_committing_a_strict_subset_of_the_target_set_is_rejected():
 class FixedProposer:
     """Proposes the given (logp, child) lists by node depth (tests the tree builder alone)."""
 
-    def __init__(self, by_depth):
-        self.by_depth = by_depth
-        self.calls = 0
+    def __init__(self, by_depth, lookahead=0):
+        self.by_depth, self.lookahead = by_depth, lookahead
+        self.calls = self.nodes = 0
 
     def propose(self, tree, nodes):
         self.calls += 1
+        self.nodes += len(nodes)
         return [self.by_depth(tree[i]) for i in nodes]
 
 
@@ -166,6 +167,45 @@ def test_tree_is_grown_best_first_under_budget_and_depth():
     assert proposer.calls <= 4
     states = [tuple(n.state) for n in tree]
     assert len(set(states)) == len(states)
+
+
+def random_candidates(seed: int, mask_id: int, branch: int = 3):
+    """A proposer table: children of a node commit up to `branch` masked positions with pseudo-random
+    log-probabilities that depend only on the node's state: a dominant first child, as a confident drafter's
+    (the tree then grows a node per call without lookahead), and ties among the others (the tie-break)."""
+    def cands(node):
+        rng = np.random.default_rng([seed, *(int(v) for v in node.state)])
+        masked = np.flatnonzero(node.state == mask_id)
+        picks = rng.permutation(masked)[:branch]
+        logp = np.log([rng.choice([0.9, 0.8, 0.6])] + list(rng.choice([0.1, 0.05, 0.05], size=len(picks) - 1)))
+        out = []
+        for p, lp in zip(picks, logp):
+            child = node.state.copy()
+            child[p] = int(rng.integers(0, 5))
+            out.append((float(lp), child))
+        return out
+    return cands
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lookahead_changes_the_calls_not_the_tree(seed):
+    """Proposing ahead for queued candidates gives the same tree, node for node, in fewer proposer calls."""
+    budget, depth = [(16, 8), (32, 6), (64, 16), (5, 2)][seed % 4]
+    root = np.full(16, 9)
+    root[seed % 5] = 1
+    trees, calls, nodes = [], [], []
+    for lookahead in (0, 1, 4, 16, 100):
+        proposer = FixedProposer(random_candidates(seed, 9), lookahead)
+        tree = build_tree(root, 3, proposer, budget=budget, max_depth=depth, mask_id=9, lookahead=lookahead)
+        trees.append([(tuple(n.state), n.parent, n.depth, n.step, n.logp, n.children) for n in tree])
+        calls.append(proposer.calls)
+        nodes.append(proposer.nodes)
+    assert all(t == trees[0] for t in trees)
+    assert all(c <= calls[0] for c in calls)
+    if budget >= 16:                             # room for candidates queued beside the node expanded
+        assert calls[2] < calls[0]
+    assert all(n >= nodes[0] for n in nodes)     # what lookahead costs: nodes proposed for and never expanded
+    assert len(trees[0]) == budget
 
 
 def test_bad_budgets_are_clear_errors():

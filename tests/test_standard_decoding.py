@@ -365,3 +365,6 @@ def test_the_mask_id_is_never_committed_even_when_it_is_the_argmax():
     logits[0, 4] = 3.0
     tokens, conf = sample_positions(logits, np.array([0]), Sampling(exclude_token=4), 0, 0)
     assert tokens[0] == 0 and conf[0] == pytest.approx(1.0 / (4.0 + np.exp(3.0)))
+    for seed in range(20):   # sampled too: never the mask id, and the confidence is still the full softmax's
+        tokens, conf = sample_positions(logits, np.array([0]), Sampling(1.0, seed=seed, exclude_token=4), 0, 0)
+        assert tokens[0] != 4 and conf[0] == pytest.approx(1.0 / (4.0 + np.exp(3.0)))

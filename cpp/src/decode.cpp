@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "errors.h"
@@ -20,6 +21,7 @@ constexpr double kNpyLogE2 = 0.693147180559945309417232121458176568;   // numpy'
 constexpr float kMemberSharpness = 32.0f;                 // drafter.MEMBER_SHARPNESS
 constexpr int kTreeBranch = 4;                            // decoders.TREE_BRANCH
 constexpr int kDrafterBranch = 4;                         // drafter.DEFAULT_BRANCH
+constexpr int64_t kDrafterLookahead = 4;                  // drafter.DEFAULT_LOOKAHEAD
 const char* kDrafterOnnx = "drafter.onnx";
 const char* kDrafterJson = "drafter.json";
 const std::vector<std::string> kDrafterInputs = {"topk", "masked", "stale_conf", "staleness"};
@@ -377,8 +379,13 @@ std::vector<Node> build_tree(const std::vector<int64_t>& root_state, uint32_t ro
     std::vector<int64_t> state;
   };
   std::vector<Pending> store;   // candidate children referenced by heap entries of kind 1
-  auto can_expand = [&](int64_t i) { return tree[i].depth < max_depth && has_mask(tree[i].state, mask_id); };
-  if (can_expand(0)) heap_push(heap, {0.0, counter, 0, 0});
+  std::map<int64_t, std::vector<Candidate>> prefetched;   // candidate counter -> its proposals (tree.py's lookahead)
+  std::vector<int64_t> key_of = {-1};                     // tree index -> counter of the candidate it came from
+  const int64_t lookahead = proposer.lookahead();
+  auto expandable = [&](int64_t depth, const std::vector<int64_t>& state) {
+    return depth < max_depth && has_mask(state, mask_id);
+  };
+  if (expandable(0, root_state)) heap_push(heap, {0.0, counter, 0, 0});
   while (!heap.empty() && static_cast<int64_t>(tree.size()) < budget) {
     HeapEntry top = heap_pop(heap);
     if (top.kind == 0) {
@@ -391,24 +398,63 @@ std::vector<Node> build_tree(const std::vector<int64_t>& root_state, uint32_t ro
       }
       heap.swap(rest);
       heapify(heap);
-      std::vector<std::vector<Candidate>> cands = proposer.propose(tree, pending);
-      for (size_t j = 0; j < pending.size(); ++j) {
-        int64_t i = pending[j];
-        for (Candidate& c : cands[j]) {
+      std::vector<Node> batch;   // the nodes to propose for: pending ones not prefetched, then speculative ones
+      std::vector<int64_t> ask, extra;
+      for (int64_t i : pending)
+        if (!prefetched.count(key_of[static_cast<size_t>(i)])) {
+          ask.push_back(i);
+          batch.push_back(tree[static_cast<size_t>(i)]);
+        }
+      const int64_t limit = std::min(lookahead, budget - static_cast<int64_t>(tree.size()));
+      if (limit > 0 && !ask.empty()) {   // heapq.nsmallest over the queued candidates
+        std::vector<HeapEntry> queued;
+        for (const HeapEntry& h : heap)
+          if (h.kind == 1) queued.push_back(h);
+        const size_t n = std::min(queued.size(), static_cast<size_t>(limit));
+        std::partial_sort(queued.begin(), queued.begin() + static_cast<std::ptrdiff_t>(n), queued.end(), heap_less);
+        for (size_t j = 0; j < n; ++j) {
+          const Pending& c = store[static_cast<size_t>(queued[j].payload)];
+          const Node& p = tree[static_cast<size_t>(c.parent)];
+          if (prefetched.count(queued[j].counter) || !expandable(p.depth + 1, c.state)) continue;
+          extra.push_back(queued[j].counter);
+          batch.push_back({c.state, c.parent, p.depth + 1, p.step + 1, 0.0, {}});
+        }
+      }
+      std::vector<int64_t> index(batch.size());
+      for (size_t j = 0; j < index.size(); ++j) index[j] = static_cast<int64_t>(j);
+      std::vector<std::vector<Candidate>> answers;
+      if (!batch.empty()) answers = proposer.propose(batch, index);
+      std::map<int64_t, size_t> fresh;   // tree index -> its answer
+      for (size_t j = 0; j < ask.size(); ++j) fresh[ask[j]] = j;
+      for (size_t j = 0; j < extra.size(); ++j) prefetched[extra[j]] = std::move(answers[ask.size() + j]);
+      for (int64_t i : pending) {
+        std::vector<Candidate> cands;
+        auto f = fresh.find(i);
+        if (f != fresh.end()) {
+          cands = std::move(answers[f->second]);
+        } else {
+          auto it = prefetched.find(key_of[static_cast<size_t>(i)]);
+          cands = std::move(it->second);
+          prefetched.erase(it);
+        }
+        for (Candidate& c : cands) {
           ++counter;
           store.push_back({i, c.logp, std::move(c.state)});
-          heap_push(heap, {-(tree[i].logp + c.logp), counter, 1, static_cast<int64_t>(store.size() - 1)});
+          heap_push(heap, {-(tree[static_cast<size_t>(i)].logp + c.logp), counter, 1,
+                           static_cast<int64_t>(store.size() - 1)});
         }
       }
       continue;
     }
     Pending& c = store[static_cast<size_t>(top.payload)];
-    const Node& p = tree[c.parent];
-    Node child{std::move(c.state), c.parent, p.depth + 1, p.step + 1, p.logp + c.logp, {}};
+    const Node& p = tree[static_cast<size_t>(c.parent)];
+    const int64_t depth = p.depth + 1;
+    Node child{std::move(c.state), c.parent, depth, p.step + 1, p.logp + c.logp, {}};
     tree.push_back(std::move(child));
     const int64_t idx = static_cast<int64_t>(tree.size()) - 1;
-    tree[c.parent].children.push_back(idx);
-    if (can_expand(idx)) {
+    key_of.push_back(top.counter);
+    tree[static_cast<size_t>(c.parent)].children.push_back(idx);
+    if (expandable(depth, tree.back().state)) {
       ++counter;
       heap_push(heap, {top.neg, counter, 0, idx});
     }
@@ -640,7 +686,7 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
                                                              "with a drafter folder, or use a folder that ships "
                                                              "drafter.onnx + drafter.json");
       drafter->check_compatible(b, cfg);
-      proposer = std::make_unique<DrafterProposer>(*drafter, kDrafterBranch);
+      proposer = std::make_unique<DrafterProposer>(*drafter, kDrafterBranch, kDrafterLookahead);
     }
   }
   // generate(): the request checks of decode.check_request

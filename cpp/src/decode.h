@@ -74,6 +74,8 @@ class Proposer {
   virtual void begin_round(const RoundInputs& r) { round_ = r; }
   virtual std::vector<std::vector<Candidate>> propose(const std::vector<Node>& tree,
                                                       const std::vector<int64_t>& nodes) = 0;
+  // queued candidates build_tree proposes for ahead of time per call (tree.py's lookahead; the tree is unchanged)
+  virtual int64_t lookahead() const { return 0; }
 
  protected:
   RoundInputs round_{};
@@ -118,13 +120,16 @@ class Drafter {
 
 class DrafterProposer : public Proposer {
  public:
-  DrafterProposer(Drafter& drafter, int branch) : drafter_(drafter), branch_(branch) {}
+  DrafterProposer(Drafter& drafter, int branch, int64_t lookahead)
+      : drafter_(drafter), branch_(branch), lookahead_(lookahead) {}
   std::vector<std::vector<Candidate>> propose(const std::vector<Node>& tree,
                                               const std::vector<int64_t>& nodes) override;
+  int64_t lookahead() const override { return lookahead_; }
 
  private:
   Drafter& drafter_;
   int branch_;
+  int64_t lookahead_;
 };
 
 // -- decoding ------------------------------------------------------------------------------------------------------

@@ -24,12 +24,22 @@ U32_MAX = 0xFFFFFFFF
 
 def mix32(x: np.ndarray) -> np.ndarray:
     """Chris Wellons' lowbias32 integer hash (a bijection on uint32); multiplication wraps mod 2**32."""
+    return mix32_into(np.array(x, dtype=np.uint32))
+
+
+def mix32_into(x: np.ndarray) -> np.ndarray:
+    """mix32 computed in place in the uint32 array x (returned). Why: the noise of a step is K x V hashes, and
+    allocating each intermediate costs as much as the arithmetic."""
+    x = np.asarray(x, dtype=np.uint32)     # a fresh 0-d array when given a numpy scalar
+    t = np.empty_like(x)
     with np.errstate(over="ignore"):
-        x = x ^ (x >> np.uint32(16))
-        x = x * MIX_MUL_1
-        x = x ^ (x >> np.uint32(15))
-        x = x * MIX_MUL_2
-        return x ^ (x >> np.uint32(15))
+        for shift, mul in ((16, MIX_MUL_1), (15, MIX_MUL_2)):
+            np.right_shift(x, np.uint32(shift), out=t)
+            np.bitwise_xor(x, t, out=x)
+            np.multiply(x, mul, out=x)
+        np.right_shift(x, np.uint32(15), out=t)
+        np.bitwise_xor(x, t, out=x)
+    return x
 
 
 def _u32(value, name: str) -> np.ndarray:
@@ -43,29 +53,39 @@ def _u32(value, name: str) -> np.ndarray:
 
 def lane_prefix(lane: int, seed, block, step, position) -> np.ndarray:
     """The per-(seed, block, step, position) part of one lane; broadcasting over the arguments."""
-    h = mix32(_u32(seed, "seed") ^ np.uint32(lane))
-    h = mix32(h ^ _u32(block, "block"))
-    h = mix32(h ^ _u32(step, "step"))
-    return mix32(h ^ _u32(position, "position"))
+    h = mix32_into(_u32(seed, "seed") ^ np.uint32(lane))
+    h = mix32_into(h ^ _u32(block, "block"))
+    h = mix32_into(h ^ _u32(step, "step"))
+    return mix32_into(h ^ _u32(position, "position"))
 
 
 def uniform_from_words(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Two uint32 words -> float64 uniform in (0, 1) with 53 random bits."""
-    k = (a >> np.uint32(5)).astype(np.uint64) << np.uint64(26) | (b >> np.uint32(6)).astype(np.uint64)
-    return np.maximum(k.astype(np.float64), 0.5) * TWO_POW_M53
+    k = np.asarray(a >> np.uint32(5)).astype(np.uint64)
+    np.left_shift(k, np.uint64(26), out=k)
+    np.bitwise_or(k, (b >> np.uint32(6)).astype(np.uint64), out=k)
+    u = np.asarray(k.astype(np.float64))
+    np.maximum(u, 0.5, out=u)
+    np.multiply(u, TWO_POW_M53, out=u)
+    return u
 
 
 def uniform(seed, block, step, position, token) -> np.ndarray:
     """u(seed, block, step, position, token) in (0, 1), broadcasting over all five integer arguments."""
     tok = _u32(token, "token")
-    a = mix32(lane_prefix(LANE_A, seed, block, step, position) ^ tok)
-    b = mix32(lane_prefix(LANE_B, seed, block, step, position) ^ tok)
+    a = mix32_into(lane_prefix(LANE_A, seed, block, step, position) ^ tok)
+    b = mix32_into(lane_prefix(LANE_B, seed, block, step, position) ^ tok)
     return uniform_from_words(a, b)
 
 
 def gumbel(seed, block, step, position, token) -> np.ndarray:
     """Standard Gumbel(0, 1) noise as float64, broadcasting over all five integer arguments."""
-    return -np.log(-np.log(uniform(seed, block, step, position, token)))
+    u = np.asarray(uniform(seed, block, step, position, token))
+    g = np.empty_like(u)                   # -log(-log(u)), in place
+    np.log(u, out=g)
+    np.negative(g, out=g)
+    np.log(g, out=g)
+    return np.negative(g, out=g)
 
 
 def gumbel_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -69,6 +69,8 @@ def set_candidates(node: Node, member_p: np.ndarray, best: int, tokens: np.ndarr
 class ConfidenceOrderProposer:
     """Order positions by the stale confidence of their coupled sample (no learned model)."""
 
+    lookahead = 0      # per node numpy work: nothing to gain from larger batches
+
     def __init__(self, branch: int = 1, sharpness: float = 8.0):
         self.branch, self.sharpness = branch, sharpness
         self.round: RoundInputs | None = None
@@ -98,6 +100,8 @@ class OracleProposer:
     """Diagnostic: proposes the true next state, read from a standard decoding trajectory of the same request.
 
     trajectories: block index -> list of states [s_0, s_1, ..., s_k] of standard decoding (s_t before step t)."""
+
+    lookahead = 0
 
     def __init__(self, trajectories: dict[int, list[np.ndarray]]):
         self.trajectories = trajectories

@@ -47,7 +47,8 @@ def walk(tree, node_outputs: dict, ctx: DecodeContext) -> tuple[int, np.ndarray]
 
 
 class SpotBlockDecoder:
-    """Callable BlockDecoder; `proposer` has begin_round(RoundInputs, state, step) and propose(tree, nodes)."""
+    """Callable BlockDecoder; `proposer` has begin_round(RoundInputs, state, step), propose(tree, nodes) and
+    lookahead (spot.runtime.tree.build_tree)."""
 
     def __init__(self, proposer, budget: TreeBudget, independent_noise: bool = False):
         self.proposer, self.budget, self.independent_noise = proposer, budget, independent_noise
@@ -74,7 +75,8 @@ class SpotBlockDecoder:
             t0 = time.perf_counter()
             stale = current.stale(state == ctx.mask_id, self.independent_noise)
             self.proposer.begin_round(RoundInputs(stale, ctx.rule, ctx.mask_id, block), state, step)
-            tree = build_tree(root, step + 1, self.proposer, self.budget.nodes, self.budget.depth, ctx.mask_id)
+            tree = build_tree(root, step + 1, self.proposer, self.budget.nodes, self.budget.depth, ctx.mask_id,
+                              self.proposer.lookahead)
             incomplete = [i for i, n in enumerate(tree) if (n.state == ctx.mask_id).any()]
             t1 = time.perf_counter()
             fresh = engine.block_outputs(np.stack([tree[i].state for i in incomplete]),

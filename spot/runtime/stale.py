@@ -11,7 +11,7 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.runtime.noise import NoiseCache
-from spot.runtime.step import Sampling, sample_positions
+from spot.runtime.step import Sampling, ScaledRows, sample_scaled, scale_rows, step_gumbel
 
 TOPK_FEATURES = 32
 INDEPENDENT_SEED_XOR = 0x5BD1E995
@@ -33,18 +33,22 @@ class StaleView:
         self.block = block
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._topk: np.ndarray | None = None
+        self._rows: ScaledRows | None = None      # scaled once, sampled at each step
 
     def coupled(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """tokens [B] int64 (-1 where not masked in s_m) and confidences [B] float64 (-inf there) for `step`."""
-        if step not in self._cache:
+        key = step if self.sampling.temperature > 0 else 0      # greedy samples do not depend on the step
+        if key not in self._cache:
             b = self.logits.shape[0]
             tokens = np.full(b, -1, dtype=np.int64)
             conf = np.full(b, -np.inf)
             if self.positions.size:
-                t, c = sample_positions(self.logits, self.positions, self.sampling, self.block, step, self.noise)
-                tokens[self.positions], conf[self.positions] = t, c
-            self._cache[step] = (tokens, conf)
-        return self._cache[step]
+                if self._rows is None:
+                    self._rows = scale_rows(self.logits, self.positions, self.sampling)
+                g = step_gumbel(self.sampling, self.block, step, self.positions, self.logits.shape[-1], self.noise)
+                tokens[self.positions], conf[self.positions] = sample_scaled(self._rows, g)
+            self._cache[key] = (tokens, conf)
+        return self._cache[key]
 
     def topk_logprobs(self) -> np.ndarray:
         """[B, 32] float32: the largest log-probabilities of softmax(L/T) (softmax(L) at T = 0), descending."""
@@ -59,9 +63,10 @@ def topk_logprobs(logits: np.ndarray, temperature: float, k: int = TOPK_FEATURES
     if temperature > 0:
         z = z / temperature
     z = z - z.max(axis=-1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-    k = min(k, logp.shape[-1])
-    top = -np.partition(-logp, k - 1, axis=-1)[..., :k]
+    lse = np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    k = min(k, z.shape[-1])
+    # the k largest of z, then minus lse: the same values as the k largest of z - lse, subtracting k not V entries
+    top = -np.partition(-z, k - 1, axis=-1)[..., :k] - lse
     out = -np.sort(-top, axis=-1)
     if out.shape[-1] < TOPK_FEATURES:  # tiny vocabularies: pad with -inf-like floor
         pad = np.full(out.shape[:-1] + (TOPK_FEATURES - out.shape[-1],), -1e4)

@@ -77,6 +77,52 @@ def filter_scaled_logits(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     return z
 
 
+@dataclass(frozen=True)
+class ScaledRows:
+    """The step-independent half of sampling K positions of one state's logits, computed once per state.
+
+    base [K, V] float64: what the noise is added to (L/T filtered, at T = 0 L itself), the excluded token at -inf;
+    exp_shifted [K, V] float64 = exp(L/T - max) unfiltered, exp_sum [K] its row sums (the confidence's softmax).
+    A SPOT round samples the same stale logits at up to D future steps: each step then costs one noise addition
+    and one argmax, and at T = 0 nothing (the sample does not depend on the step)."""
+
+    base: np.ndarray
+    exp_shifted: np.ndarray
+    exp_sum: np.ndarray
+
+
+def scale_rows(logits: np.ndarray, positions: np.ndarray, sampling: Sampling) -> ScaledRows:
+    """logits [B, V] float32, positions [K] -> ScaledRows of those positions (float64, in the spec's order)."""
+    rows = logits[positions].astype(np.float64)
+    t = sampling.temperature
+    z = rows / t if t > 0 else rows
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    base = filter_scaled_logits(z, sampling.top_k, sampling.top_p) if t > 0 else z
+    if sampling.exclude_token >= 0:
+        base = base.copy()          # filtering may return z itself, and the confidence's softmax keeps the token
+        base[:, sampling.exclude_token] = -np.inf
+    return ScaledRows(base, e, e.sum(axis=-1))
+
+
+def sample_scaled(rows: ScaledRows, gumbel: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens [K] int64 and confidences [K] float64 of one step: argmax(base + gumbel) with the step's Gumbel rows
+    [K, V] float64 (None at T = 0: argmax(base)); confidence = softmax(L/T)[token], unfiltered."""
+    perturbed = rows.base if gumbel is None else rows.base + gumbel
+    tokens = np.argmax(perturbed, axis=-1)           # ties -> smallest id (first occurrence)
+    conf = np.take_along_axis(rows.exp_shifted, tokens[:, None], axis=-1)[:, 0] / rows.exp_sum
+    return tokens.astype(np.int64), conf
+
+
+def step_gumbel(sampling: Sampling, block: int, step: int, positions: np.ndarray, vocab_size: int,
+                noise: NoiseCache | None = None) -> np.ndarray | None:
+    """[K, V] float64 Gumbel rows of (seed, block, step, positions), None at T = 0 (greedy uses no noise)."""
+    if sampling.temperature <= 0:
+        return None
+    if noise is not None:
+        return noise.rows(block, step, positions)
+    return gumbel_rows(sampling.seed, block, step, positions, vocab_size)
+
+
 def sample_positions(logits: np.ndarray, positions: np.ndarray, sampling: Sampling, block: int,
                      step: int, noise: NoiseCache | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sample tokens and confidences at `positions` of one block state.
@@ -85,22 +131,8 @@ def sample_positions(logits: np.ndarray, positions: np.ndarray, sampling: Sampli
     noise: a NoiseCache of sampling.seed (same values, computed once), or None to compute the rows here.
     Returns tokens [K] int64 and confidences [K] float64 = softmax(L/T)[x] (unfiltered; softmax(L) at T = 0).
     """
-    rows = logits[positions].astype(np.float64)
-    t = sampling.temperature
-    z = rows / t if t > 0 else rows
-    if t > 0:
-        g = (noise.rows(block, step, positions) if noise is not None
-             else gumbel_rows(sampling.seed, block, step, positions, logits.shape[-1]))
-        perturbed = filter_scaled_logits(z, sampling.top_k, sampling.top_p) + g
-    else:
-        perturbed = z.copy()
-    if sampling.exclude_token >= 0:
-        perturbed[:, sampling.exclude_token] = -np.inf
-    tokens = np.argmax(perturbed, axis=-1)           # ties -> smallest id (first occurrence)
-    zmax = z.max(axis=-1, keepdims=True)
-    e = np.exp(z - zmax)
-    conf = np.take_along_axis(e, tokens[:, None], axis=-1)[:, 0] / e.sum(axis=-1)
-    return tokens.astype(np.int64), conf
+    return sample_scaled(scale_rows(logits, positions, sampling),
+                         step_gumbel(sampling, block, step, positions, logits.shape[-1], noise))
 
 
 def select_commits(conf: np.ndarray, rule: CommitRule) -> np.ndarray:
