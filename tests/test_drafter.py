@@ -14,12 +14,13 @@ from spot.config import ModelConfig
 from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
 from spot.reference.model import random_model
+from spot.runtime.decode import generate
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.drafter import (DRAFTER_JSON, DRAFTER_ONNX, MAX_STALENESS, Drafter, DrafterProposer,
                                   drafter_inputs, node_inputs, target_identity)
 from spot.runtime.noise import NoiseCache, gumbel_rows
 from spot.runtime.proposers import RoundInputs
-from spot.runtime.spot import TreeBudget
+from spot.runtime.spot import SpotBlockDecoder, TreeBudget
 from spot.runtime.stale import StaleView
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 from spot.runtime.tree import Node
@@ -341,6 +342,37 @@ def test_proposer_batches_nodes_into_one_call(drafter_dir, engine):
         assert all(((s != MASK) & (node.state == MASK)).sum() == 1 for s in states)
         assert len({s.tobytes() for s in states}) == 3
         assert [lp for lp, _ in cands] == sorted((lp for lp, _ in cands), reverse=True)
+
+
+def test_lookahead_saves_drafter_calls_with_the_same_trees(drafter_dir, engine):
+    """Decoding with the drafter's lookahead gives the same rounds (accepted steps and nodes per verify pass, so the
+    same trees) and tokens as without it, in fewer drafter calls. Relies on the drafter's ORT outputs not depending
+    on which other nodes share a call (checked here too)."""
+    drafter = Drafter.load(drafter_dir)
+    inputs = node_inputs(StaleView((np.random.default_rng(4).normal(size=(8, VOCAB)) * 3).astype(np.float32),
+                                   np.full(8, True), Sampling(1.0, seed=2), 0),
+                         [Node(np.full(8, MASK), -1, d, 1 + d) for d in range(5)], MASK)
+    together = drafter.run(inputs)
+    for k in range(5):
+        alone = drafter.run({name: v[k:k + 1] for name, v in inputs.items()})
+        assert all(np.array_equal(a[0], t[k]) for a, t in zip(alone, together))
+    calls = {}
+    for lookahead in (0, 4):
+        per_case = []
+        for i, prompt in enumerate(prompts(3, seed=21)):
+            for temperature in (0.0, 1.0):
+                proposer = DrafterProposer(drafter, lookahead=lookahead)
+                gen = generate(engine, prompt, max_new_tokens=20, sampling=Sampling(temperature, seed=i),
+                               block_decoder=SpotBlockDecoder(proposer, TreeBudget(12, 6)))
+                extra = gen.stats.extra
+                per_case.append((gen.token_ids, extra["accepted_per_verify"], extra["nodes_per_verify"]))
+                calls[lookahead] = calls.get(lookahead, 0) + proposer.calls
+        if lookahead:
+            assert per_case == without
+        without = per_case
+    assert calls[4] < calls[0]
+    with pytest.raises(SpotError, match="lookahead must be >= 0, got -1"):
+        DrafterProposer(drafter, lookahead=-1)
 
 
 # -- compatibility and bad input --------------------------------------------------------------------------------
