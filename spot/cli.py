@@ -12,6 +12,7 @@ import click
 from spot import __version__
 from spot.engines.factory import BACKENDS
 from spot.errors import SpotError
+from spot.demo import DEMO_TEMPERATURE
 from spot.runtime.decoders import DECODERS
 
 
@@ -357,7 +358,9 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
 @main.command()
 @click.option("--prompt-index", type=int, default=0, show_default=True, help="Which held-out prompt to decode.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--temperature", type=float, default=DEMO_TEMPERATURE, show_default=True,
+              help="Sampling temperature; SPOT's text is identical at any (0 = greedy, which loops on this small "
+                   "model).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--budget", type=int, default=16, show_default=True, help="Tree nodes per verify pass.")
 @click.option("--depth", type=int, default=8, show_default=True, help="Tree depth.")
@@ -368,7 +371,8 @@ def demo(prompt_index, max_new_tokens, temperature, seed, budget, depth):
     \b
     Example:
       spot demo
-      spot demo --temperature 1.0 --seed 3 --prompt-index 5
+      spot demo --temperature 0 --prompt-index 5
+      spot demo --temperature 1.0 --seed 3
     """
     from spot.demo import run_demo
 
