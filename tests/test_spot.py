@@ -172,7 +172,7 @@ def test_tree_is_grown_best_first_under_budget_and_depth():
 def random_candidates(seed: int, mask_id: int, branch: int = 3):
     """A proposer table: children of a node commit up to `branch` masked positions with pseudo-random
     log-probabilities that depend only on the node's state: a dominant first child, as a confident drafter's
-    (the tree then grows a node per call without lookahead), and ties among the others (the tie-break)."""
+    (the tree then grows about one node per call without lookahead), and ties among the others (the tie-break)."""
     def cands(node):
         rng = np.random.default_rng([seed, *(int(v) for v in node.state)])
         masked = np.flatnonzero(node.state == mask_id)
