@@ -37,9 +37,9 @@ MAX_BLOCK = 64            # learned position embedding size
 INPUT_NAMES = ("topk", "masked", "stale_conf", "staleness")
 OUTPUT_NAMES = ("order_logits", "member_logits")
 DEFAULT_BRANCH = 4
-# Queued candidates proposed for ahead of time in each drafter call (spot.runtime.tree.build_tree): an ORT call
-# costs ~2 nodes' compute on its own (0.56 ms for 1 node, +0.19 ms per node: embedded drafter, 2-core CPU), and
-# 4 halves the calls at 16 nodes for ~25% more nodes drafted.
+# Queued candidates proposed for ahead of time in each drafter call (spot.runtime.tree.build_tree): inside the
+# decode loop a call costs ~0.8 ms for one node and ~0.2 ms per further node (embedded drafter, 2-core CPU), i.e.
+# 3-4 nodes' compute on its own; 4 halves the calls at 16 nodes for ~27% more nodes drafted.
 DEFAULT_LOOKAHEAD = 4
 MEMBER_SHARPNESS = 32.0   # stale-confidence membership when the rule's tau is not the one the drafter learned
 # The target facts a drafter is tied to: its inputs are vocabulary-free, but its training distribution is one

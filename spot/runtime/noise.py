@@ -64,7 +64,7 @@ def uniform_from_words(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     k = np.asarray(a >> np.uint32(5)).astype(np.uint64)
     np.left_shift(k, np.uint64(26), out=k)
     np.bitwise_or(k, (b >> np.uint32(6)).astype(np.uint64), out=k)
-    u = np.asarray(k.astype(np.float64))
+    u = k.astype(np.float64)
     np.maximum(u, 0.5, out=u)
     np.multiply(u, TWO_POW_M53, out=u)
     return u
@@ -80,7 +80,7 @@ def uniform(seed, block, step, position, token) -> np.ndarray:
 
 def gumbel(seed, block, step, position, token) -> np.ndarray:
     """Standard Gumbel(0, 1) noise as float64, broadcasting over all five integer arguments."""
-    u = np.asarray(uniform(seed, block, step, position, token))
+    u = uniform(seed, block, step, position, token)
     g = np.empty_like(u)                   # -log(-log(u)), in place
     np.log(u, out=g)
     np.negative(g, out=g)
