@@ -7,12 +7,14 @@ Definition (bit-exact, shared by numpy, torch, C++ and the ONNX epilogue):
     a = lane(0x9E3779B9), b = lane(0x7F4A7C15)
     k = (a >> 5) * 2**26 + (b >> 6)              # 53 random bits, 0 <= k < 2**53
     u = max(k, 0.5) * 2**-53                     # in (0, 1); every value exact in float64
-    g = -log(-log(u))                            # float64
+    g = -log(-log(u))                            # float64, log = the C library's (glibc's) log
 All five arguments are integers in [0, 2**32). No state: the value depends only on the arguments.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from spot.runtime import libm
 
 MIX_MUL_1 = np.uint32(0x21F0AAAD)
 MIX_MUL_2 = np.uint32(0x735A2D97)
@@ -81,10 +83,9 @@ def uniform(seed, block, step, position, token) -> np.ndarray:
 def gumbel(seed, block, step, position, token) -> np.ndarray:
     """Standard Gumbel(0, 1) noise as float64, broadcasting over all five integer arguments."""
     u = uniform(seed, block, step, position, token)
-    g = np.empty_like(u)                   # -log(-log(u)), in place
-    np.log(u, out=g)
+    g = libm.log(u)                        # -log(-log(u)) in place, with the C library's log (spot.runtime.libm)
     np.negative(g, out=g)
-    np.log(g, out=g)
+    libm.log(g, out=g)
     return np.negative(g, out=g)
 
 

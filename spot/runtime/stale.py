@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from spot.errors import SpotError
+from spot.runtime import libm
 from spot.runtime.noise import NoiseCache
 from spot.runtime.step import Sampling, ScaledRows, sample_scaled, scale_rows, step_gumbel
 
@@ -63,7 +64,7 @@ def topk_logprobs(logits: np.ndarray, temperature: float, k: int = TOPK_FEATURES
     if temperature > 0:
         z = z / temperature
     z = z - z.max(axis=-1, keepdims=True)
-    lse = np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    lse = libm.log(libm.exp(z).sum(axis=-1, keepdims=True))
     k = min(k, z.shape[-1])
     # the k largest of z, then minus lse: the same values as the k largest of z - lse, subtracting k not V entries
     top = -np.partition(-z, k - 1, axis=-1)[..., :k] - lse

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spot.errors import SpotError
+from spot.runtime import libm
 from spot.runtime.noise import NoiseCache, gumbel_rows
 
 STATIC = "static"
@@ -67,7 +68,7 @@ def filter_scaled_logits(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     if top_p < 1.0:
         order = np.lexsort((np.broadcast_to(np.arange(z.shape[-1]), z.shape), -z), axis=-1)
         zs = np.take_along_axis(z, order, axis=-1)
-        p = np.exp(zs - zs[:, :1])
+        p = libm.exp(zs - zs[:, :1])
         cum = np.cumsum(p / p.sum(axis=-1, keepdims=True), axis=-1)
         drop_sorted = np.zeros_like(cum, dtype=bool)
         drop_sorted[:, 1:] = cum[:, :-1] > top_p
@@ -96,7 +97,8 @@ def scale_rows(logits: np.ndarray, positions: np.ndarray, sampling: Sampling) ->
     rows = logits[positions].astype(np.float64)
     t = sampling.temperature
     z = rows / t if t > 0 else rows
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    e = z - z.max(axis=-1, keepdims=True)
+    libm.exp(e, out=e)      # the C library's exp, as every backend computes it (spot.runtime.libm)
     base = filter_scaled_logits(z, sampling.top_k, sampling.top_p) if t > 0 else z
     if sampling.exclude_token >= 0:
         base = base.copy()          # filtering may return z itself, and the confidence's softmax keeps the token
