@@ -7,6 +7,7 @@ Each vector: the five counters -> the two hash words a, b, the 53-bit integer k,
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,7 @@ def vector(seed: int, block: int, step: int, position: int, token: int) -> dict:
     b = mix32(lane_prefix(LANE_B, seed, block, step, position) ^ tok)
     k = (int(a) >> 5) * 2**26 + (int(b) >> 6)
     u = float(uniform_from_words(np.asarray(a), np.asarray(b)))
-    g = float(-np.log(-np.log(u)))
+    g = -math.log(-math.log(u))          # the C library's log, as the definition says (not numpy's SIMD one)
     return {"seed": seed, "block": block, "step": step, "position": position, "token": token,
             "a": int(a), "b": int(b), "k": k, "u": u.hex(), "g": g.hex()}
 
