@@ -162,7 +162,18 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                        "seeds": list(cfg.seeds), "budgets": [[b.nodes, b.depth] for b in cfg.budgets],
                        "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts)},
             "engine": {"name": engine.name, "block_size": engine.block_size},
-            "rows": rows}
+            "host": host_facts(), "rows": rows}
+
+
+def host_facts() -> dict:
+    """Where the timings were taken: speed figures are this machine's, passes and exactness are not."""
+    import platform
+
+    import onnxruntime
+
+    from spot.runtime import libm
+    return {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "numpy": np.__version__, "onnxruntime": onnxruntime.__version__, "libm": libm.backend()}
 
 
 def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: list[TreeBudget],
@@ -249,6 +260,9 @@ def markdown_table(result: dict) -> str:
             v = row.get(key)
             cells.append(fmt.format(v) if v is not None else "")
         lines.append("| " + " | ".join(cells) + " |")
+    host = result.get("host")
+    if host:
+        lines.append("\nMeasured on " + ", ".join(f"{k} {v}" for k, v in host.items()))
     return "\n".join(lines) + "\n"
 
 

@@ -91,6 +91,7 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
         if row["identical_share"] is not None:
             assert row["identical_share"] == 1.0, row["variant"]
     assert "| variant |" in (report / "bench.md").read_text()
+    assert result["host"]["libm"] in ("ext", "numpy") and "Measured on" in (report / "bench.md").read_text()
     for png in ("passes_and_speed.png", "acceptance_by_depth.png", "latency_vs_nodes.png"):
         assert (report / png).stat().st_size > 1000
     tune = result["tune"]

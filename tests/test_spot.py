@@ -169,6 +169,71 @@ def test_tree_is_grown_best_first_under_budget_and_depth():
     assert len(set(states)) == len(states)
 
 
+def two_orders(node):
+    """Children commit one of the first two masked positions, equally likely: every pair of commits is reached
+    by both orders."""
+    out = []
+    for p in np.flatnonzero(node.state == 9)[:2]:
+        child = node.state.copy()
+        child[p] = 1
+        out.append((np.log(0.5), child))
+    return out
+
+
+def test_a_state_reached_by_two_commit_orders_is_one_node():
+    trees = {merge: build_tree(np.full(6, 9), 1, FixedProposer(two_orders), budget=8, max_depth=4, mask_id=9,
+                               merge=merge) for merge in (False, True)}
+    for merge, tree in trees.items():
+        assert len(tree) == 8
+        for i, node in enumerate(tree):
+            for c in node.children:      # every edge commits one position, one step further
+                assert tree[c].depth == node.depth + 1 and tree[c].step == node.step + 1
+                assert ((node.state == 9) & (tree[c].state != 9)).sum() == 1
+    distinct = {merge: len({(tuple(n.state), n.step) for n in tree}) for merge, tree in trees.items()}
+    assert distinct[True] == 8 > distinct[False]           # merged: 8 states verified, unmerged: duplicates
+    shared = [c for c in range(8) if sum(c in n.children for n in trees[True]) == 2]
+    assert shared                                          # a node with two parents
+
+
+def test_equal_states_at_different_steps_stay_apart():
+    """A threshold rule can reach a state in one step or in two; F and the noise differ by step, so these are two
+    nodes (merging them would walk on the wrong step's logits)."""
+    def cands(node):
+        masked = np.flatnonzero(node.state == 9)
+        both = node.state.copy()
+        both[masked[:2]] = 1
+        one = node.state.copy()
+        one[masked[0]] = 1
+        return [(np.log(0.6), both), (np.log(0.4), one)] if masked.size >= 2 else []
+    tree = build_tree(np.full(4, 9), 1, FixedProposer(cands), budget=6, max_depth=3, mask_id=9)
+    pairs = [(tuple(n.state), n.step) for n in tree]
+    assert len(set(pairs)) == len(pairs)
+    states = [tuple(n.state) for n in tree]
+    assert len(set(states)) < len(states)                  # the same state at two steps, kept twice
+
+
+def test_merged_trees_stay_exact_and_save_verify_rows(monkeypatch):
+    """On a real target at T = 0 commit orders collide; merged trees decode the standard tokens, and merging
+    happened (a node listed by two parents)."""
+    import spot.runtime.spot as spot_round
+    links = []
+
+    def counting(*args, **kwargs):
+        tree = build_tree(*args, **kwargs)
+        links.append(sum(len(n.children) for n in tree) - (len(tree) - 1))
+        return tree
+    monkeypatch.setattr(spot_round, "build_tree", counting)
+    engine = engine_for(8, 0)
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        prompt = rng.integers(0, 60, size=7)
+        for temperature in (0.0, 1.0):
+            req = DecodeRequest(24, "static", 0.6, Sampling(temperature, seed=3), TreeBudget(16, 6))
+            base = run_decoder("standard", engine, prompt, req)
+            assert run_decoder("tree", engine, prompt, req).token_ids == base.token_ids
+    assert sum(links) > 0
+
+
 def random_candidates(seed: int, mask_id: int, branch: int = 3):
     """A proposer table: children of a node commit up to `branch` masked positions with pseudo-random
     log-probabilities that depend only on the node's state: a dominant first child, as a confident drafter's

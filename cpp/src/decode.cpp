@@ -381,6 +381,8 @@ std::vector<Node> build_tree(const std::vector<int64_t>& root_state, uint32_t ro
   std::vector<Pending> store;   // candidate children referenced by heap entries of kind 1
   std::map<int64_t, std::vector<Candidate>> prefetched;   // candidate counter -> its proposals (tree.py's lookahead)
   std::vector<int64_t> key_of = {-1};                     // tree index -> counter of the candidate it came from
+  // (state, step) -> tree index: a state reached by two commit orders is one node with two parents (tree.py)
+  std::map<std::pair<std::vector<int64_t>, uint32_t>, int64_t> index_of = {{{root_state, root_step}, 0}};
   const int64_t lookahead = proposer.lookahead();
   auto expandable = [&](int64_t depth, const std::vector<int64_t>& state) {
     return depth < max_depth && has_mask(state, mask_id);
@@ -415,7 +417,9 @@ std::vector<Node> build_tree(const std::vector<int64_t>& root_state, uint32_t ro
         for (size_t j = 0; j < n; ++j) {
           const Pending& c = store[static_cast<size_t>(queued[j].payload)];
           const Node& p = tree[static_cast<size_t>(c.parent)];
-          if (prefetched.count(queued[j].counter) || !expandable(p.depth + 1, c.state)) continue;
+          if (prefetched.count(queued[j].counter) || index_of.count({c.state, p.step + 1}) ||
+              !expandable(p.depth + 1, c.state))
+            continue;   // proposed already, or to be linked to an existing node (never expanded again)
           extra.push_back(queued[j].counter);
           batch.push_back({c.state, c.parent, p.depth + 1, p.step + 1, 0.0, {}});
         }
@@ -449,6 +453,14 @@ std::vector<Node> build_tree(const std::vector<int64_t>& root_state, uint32_t ro
     Pending& c = store[static_cast<size_t>(top.payload)];
     const Node& p = tree[static_cast<size_t>(c.parent)];
     const int64_t depth = p.depth + 1;
+    auto known = index_of.find({c.state, p.step + 1});
+    if (known != index_of.end()) {   // reached before by another commit order: link it, verify it once
+      std::vector<int64_t>& siblings = tree[static_cast<size_t>(c.parent)].children;
+      if (std::find(siblings.begin(), siblings.end(), known->second) == siblings.end())
+        siblings.push_back(known->second);
+      continue;
+    }
+    index_of[{c.state, p.step + 1}] = static_cast<int64_t>(tree.size());
     Node child{std::move(c.state), c.parent, depth, p.step + 1, p.logp + c.logp, {}};
     tree.push_back(std::move(child));
     const int64_t idx = static_cast<int64_t>(tree.size()) - 1;

@@ -1,7 +1,7 @@
 """Draft trees for a SPOT round: nodes are full block states; best-first growth under a node budget and a depth.
 
 The builder asks a proposer for each node's candidate children (log-probability, child state) and grows the tree in
-order of path probability. Candidates of many nodes are requested in one batch: a node's children are only needed
+order of path probability; a state reached by two commit orders is one node with two parents (verified once). Candidates of many nodes are requested in one batch: a node's children are only needed
 once the node's own path probability (an upper bound on its children's) reaches the top of the queue, and then every
 pending node is expanded together — exact best-first order. With a lookahead the same call also proposes for the
 best queued candidates before they enter the tree (most do): the tree is unchanged, the drafter is called about
@@ -36,14 +36,19 @@ class Proposer(Protocol):
 
 
 def build_tree(root_state: np.ndarray, root_step: int, proposer: Proposer, budget: int, max_depth: int,
-               mask_id: int, lookahead: int = 0) -> list[Node]:
+               mask_id: int, lookahead: int = 0, merge: bool = True) -> list[Node]:
     """Grow a tree of at most `budget` nodes (root included) and depth <= max_depth, best path probability first.
     Nodes without masks get no children (the block is complete there).
 
     lookahead: per proposer call, also propose for up to this many of the best queued candidate children that could
     still enter the tree (their proposals are kept until they do). The tree is the same for any lookahead; a
-    proposer with a per-call cost (one ONNX Runtime call) makes fewer, larger calls."""
+    proposer with a per-call cost (one ONNX Runtime call) makes fewer, larger calls.
+    merge: a candidate whose (state, step) is already a node — the same commits reached in another order — is
+    linked to that node instead of added (a node may then have several parents; the walk only follows children).
+    Its logits would be the same, so verifying it twice wastes a slot of the budget that a new state can use.
+    Equal states at different steps stay apart: F and the noise depend on the step."""
     tree = [Node(root_state, -1, 0, root_step)]
+    index_of = {(root_state.tobytes(), root_step): 0}
     counter = 0
     heap: list = []  # (-logp, tiebreak, kind, payload): kind 0 = node awaiting expansion, 1 = candidate child
     prefetched: dict[int, list] = {}    # candidate tiebreak -> its proposals, computed before it entered the tree
@@ -58,7 +63,8 @@ def build_tree(root_state: np.ndarray, root_step: int, proposer: Proposer, budge
         out = []
         for _, tiebreak, _, (parent, logp, child) in cands:
             p = tree[parent]
-            if tiebreak not in prefetched and expandable(p.depth + 1, child):
+            merged = merge and (child.tobytes(), p.step + 1) in index_of     # will be linked, not expanded
+            if tiebreak not in prefetched and not merged and expandable(p.depth + 1, child):
                 out.append((tiebreak, Node(child, parent, p.depth + 1, p.step + 1)))
         return out
 
@@ -84,6 +90,14 @@ def build_tree(root_state: np.ndarray, root_step: int, proposer: Proposer, budge
             continue
         parent, logp, child = payload
         p = tree[parent]
+        if merge:
+            key = (child.tobytes(), p.step + 1)
+            known = index_of.get(key)
+            if known is not None:       # reached before by another commit order: link it, verify it once
+                if known not in p.children:
+                    p.children.append(known)
+                continue
+            index_of[key] = len(tree)
         tree.append(Node(child, parent, p.depth + 1, p.step + 1, p.logp + logp))
         key_of[len(tree) - 1] = tiebreak
         p.children.append(len(tree) - 1)
