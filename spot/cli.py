@@ -355,6 +355,57 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
                f"{manifest['member_threshold']}")
 
 
+@main.command("calibrate-drafter")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Target folder (checkpoint, or exported with --backend ort). Default: the embedded model.")
+@click.option("--drafter", "drafter_path", default=None,
+              help="Drafter folder or drafter.onnx to calibrate (its drafter.json is updated). Default: --model's.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="JSONL training prompts ({\"ids\": [...]} or {\"text\": ...}); never the held-out ones.")
+@click.option("--corpus-prompts", type=int, default=12, show_default=True,
+              help="Without --prompts: N prompts cut from the TRAIN split of the embedded model's corpus.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the corpus prompt draw.")
+@click.option("--temperatures", default="0,1", show_default=True, help="Sampling temperatures decoded.")
+@click.option("--candidates", default="0.5,1,2,3", show_default=True, help="Order temperatures tried.")
+@click.option("--budget", default="16x8", show_default=True, help="Tree budget (nodes x depth).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--dry-run", is_flag=True, help="Measure and print; do not write drafter.json.")
+def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file, corpus_prompts, seed, temperatures,
+                          candidates, budget, max_new_tokens, dry_run):
+    """Pick the drafter's order temperature by target passes on training prompts (writes drafter.json).
+
+    \b
+    Example (the embedded model, exported):
+      spot calibrate-drafter --model ~/.cache/spot/embedded-fp32-onnx --backend ort --drafter spot/assets/embedded
+    """
+    import json
+
+    from spot.training.calibration import calibrate_order_temperature, write_order_temperature
+    from spot.training.traces import corpus_prompts as draw_prompts, prompts_from_jsonl
+
+    budgets = _budgets(budget)
+    if len(budgets) != 1:
+        raise SpotError(f"--budget takes one tree budget such as 16x8, got {budget!r}")
+    temps, cands = _float_list(temperatures, "--temperatures"), _float_list(candidates, "--candidates")
+    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device)
+    drafter = find_drafter(drafter_path, folder)
+    if prompts_file is not None:
+        prompts = prompts_from_jsonl(prompts_file, tokenizer)
+    elif tokenizer is None:
+        raise SpotError(f"--corpus-prompts needs the model's tokenizer, and {folder} has none",
+                        "pass --prompts FILE.jsonl with token ids")
+    else:
+        prompts = draw_prompts(tokenizer, corpus_prompts, seed)
+    result = calibrate_order_temperature(engine, drafter, prompts, temps, cands, budgets[0], max_new_tokens,
+                                         progress=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(result, indent=2))
+    if not dry_run:
+        path = write_order_temperature(drafter.path, result["order_temperature"], result["calibration"])
+        click.echo(f"wrote order_temperature {result['order_temperature']:g} into {path}")
+
+
 @main.command()
 @click.option("--prompt-index", type=int, default=0, show_default=True, help="Which held-out prompt to decode.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)

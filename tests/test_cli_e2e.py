@@ -118,6 +118,9 @@ ERRORS = [
     (["bench", "--prompts", "/nonexistent.jsonl", "--decoders", "standard"], "does not exist"),
     (["export", "/nonexistent/ckpt"], ""),
     (["verify", "/nonexistent/folder"], ""),
+    (["calibrate-drafter", "--budget", "16x8,64x16"], "takes one tree budget"),
+    (["calibrate-drafter", "--candidates", "1,0"], "expected a number > 0"),
+    (["calibrate-drafter", "--drafter", "/nonexistent/d"], "does not exist"),
 ]
 
 

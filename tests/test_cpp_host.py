@@ -326,8 +326,12 @@ def test_embedded_golden(spot_cli, tmp_path_factory):
     if golden["drafter"] is not None:
         if not (drafter_dir / "drafter.json").is_file():
             pytest.skip("the embedded model's drafter is not built yet")
-        if json.loads((drafter_dir / "drafter.json").read_text())["onnx_sha256"] != golden["drafter"]["onnx_sha256"]:
+        manifest = json.loads((drafter_dir / "drafter.json").read_text())
+        if manifest["onnx_sha256"] != golden["drafter"]["onnx_sha256"]:
             pytest.skip(f"the golden file was made for another embedded drafter: {regenerate}")
+        # the same model recalibrated (spot calibrate-drafter) proposes other trees: pass counts change
+        assert manifest.get("order_temperature", 1.0) == golden["drafter"].get("order_temperature", 1.0), \
+            f"the golden file was made with another drafter order temperature: {regenerate}"
     cases = golden["cases"]
     results = run_batch(spot_cli, out, drafter_dir if golden["drafter"] else None, cases)
     bad = mismatches(cases, results)

@@ -465,3 +465,69 @@ def test_spot_sets_with_another_tau_stays_exact(drafter_dir, engine):
             ref = run_decoder("threshold", engine, prompt, req)
             got = run_decoder("spot-sets", engine, prompt, req, drafter=drafter)
             assert got.token_ids == ref.token_ids and got.stats.steps == ref.stats.steps
+
+
+# -- order temperature (light per-target calibration) -------------------------------------------------------------
+def test_order_temperature_divides_the_order_logits(drafter_dir):
+    """Children's log-probabilities are log_softmax(order / T_o) over the masked positions; ranks are unchanged."""
+    base = Drafter.load(drafter_dir)
+    rng = np.random.default_rng(4)
+    logits = (rng.normal(size=(8, VOCAB)) * 3).astype(np.float32)
+    state = np.full(8, MASK)
+    state[[0, 5]] = [3, 4]
+    stale = StaleView(logits, state == MASK, Sampling(0.0), 0)
+    inputs = node_inputs(stale, [Node(state, -1, 0, 1)], MASK, base.max_staleness)
+    order = base.run(inputs)[0][0].astype(np.float64)
+    masked = state == MASK
+    got = {}
+    for t_o in (1.0, 2.5):
+        proposer = DrafterProposer(base.with_order_temperature(t_o), branch=6)
+        proposer.begin_round(RoundInputs(stale, CommitRule(STATIC), MASK, 0), state, 0)
+        (cands,) = proposer.propose([Node(state, -1, 0, 1)], [0])
+        z = order[masked] / t_o
+        want = np.sort(z - z.max() - np.log(np.exp(z - z.max()).sum()))[::-1]
+        np.testing.assert_allclose([lp for lp, _ in cands], want, rtol=0, atol=1e-12)
+        got[t_o] = [c.tobytes() for _, c in cands]
+    assert got[1.0] == got[2.5]
+
+
+@pytest.mark.parametrize("value", [0, -1.0, "warm", None, float("nan")])
+def test_bad_order_temperature_is_a_clear_error(drafter_dir, tmp_path, value):
+    for name in (DRAFTER_ONNX, DRAFTER_JSON):
+        (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
+    manifest = json.loads((tmp_path / DRAFTER_JSON).read_text())
+    manifest["order_temperature"] = value
+    (tmp_path / DRAFTER_JSON).write_text(json.dumps(manifest))
+    with pytest.raises(SpotError, match="order_temperature is .*expected a number > 0"):
+        Drafter.load(tmp_path)
+
+
+def test_order_temperature_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp_path):
+    from spot.training.calibration import (best_order_temperature, calibrate_order_temperature,
+                                           write_order_temperature)
+    for name in (DRAFTER_ONNX, DRAFTER_JSON):
+        (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
+    drafter = Drafter.load(tmp_path)
+    budget, ps = TreeBudget(8, 4), prompts(3, seed=5)
+    result = calibrate_order_temperature(engine, drafter, ps, [0.0, 1.0], [0.25, 1.0, 4.0], budget, 16)
+    passes = result["calibration"]["target_passes"]
+    # each figure is what `spot` decodes with that order temperature, and the best is the smallest
+    req = DecodeRequest(max_new_tokens=16, sampling=Sampling(1.0, seed=0), budget=budget)
+    at_4 = sum(run_decoder("spot", engine, p, req, drafter=drafter.with_order_temperature(4.0)).stats.target_passes
+               for p in ps)
+    req0 = replace(req, sampling=Sampling(0.0))
+    at_4 += sum(run_decoder("spot", engine, p, req0, drafter=drafter.with_order_temperature(4.0)).stats.target_passes
+                for p in ps)
+    assert passes["4"] == at_4
+    assert passes[f"{result['order_temperature']:g}"] == min(passes.values())
+    sha = json.loads((tmp_path / DRAFTER_JSON).read_text())["onnx_sha256"]
+    write_order_temperature(tmp_path, result["order_temperature"], result["calibration"])
+    reloaded = Drafter.load(tmp_path)
+    assert reloaded.order_temperature == result["order_temperature"]
+    assert reloaded.manifest["onnx_sha256"] == sha and reloaded.manifest["order_calibration"]["prompts"] == 3
+    assert not list(tmp_path.glob("*.partial"))
+    assert best_order_temperature({0.5: 10, 1.0: 10, 3.0: 9}) == 3.0
+    assert best_order_temperature({0.5: 10, 1.0: 10, 3.0: 10}) == 1.0   # ties: the least change
+    assert best_order_temperature({0.5: 10, 3.0: 10}) == 0.5            # |log 0.5| < |log 3|
+    with pytest.raises(SpotError, match="expected a number > 0"):
+        calibrate_order_temperature(engine, drafter, ps, [0.0], [1.0, 0.0], budget, 16)

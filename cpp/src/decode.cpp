@@ -107,13 +107,13 @@ std::vector<Candidate> set_candidates(const Node& node, const std::vector<double
   return out;
 }
 
-// drafter.masked_log_softmax over one row: log-softmax of the masked positions, -inf elsewhere
-std::vector<double> masked_log_softmax(const float* logits, const std::vector<bool>& masked) {
+// drafter.masked_log_softmax over one row: log-softmax of logits / temperature at the masked positions, -inf elsewhere
+std::vector<double> masked_log_softmax(const float* logits, const std::vector<bool>& masked, double temperature) {
   const size_t b = masked.size();
   std::vector<double> z(b), e(b), out(b);
   double zmax = kNegInf;
   for (size_t i = 0; i < b; ++i) {
-    z[i] = masked[i] ? static_cast<double>(logits[i]) : kNegInf;
+    z[i] = masked[i] ? static_cast<double>(logits[i]) / temperature : kNegInf;
     if (z[i] > zmax) zmax = z[i];
   }
   if (!std::isfinite(zmax)) zmax = 0.0;
@@ -549,6 +549,12 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
     if (const Json* t = m.find("member_threshold"); t && !t->is_null()) d->member_threshold = t->number();
     if (const Json* t = m.find("max_staleness"); t && !t->is_null()) d->max_staleness = t->integer();
     if (const Json* t = m.find("tau"); t && !t->is_null()) d->tau = t->number();
+    if (const Json* t = m.find("order_temperature"); t && !t->is_null()) {
+      d->order_temperature = t->number();
+      if (!std::isfinite(d->order_temperature) || d->order_temperature <= 0)
+        fail(SPOT_ERR_CORRUPT, "order_temperature is " + std::to_string(d->order_temperature) +
+                                   ", expected a number > 0 (1 = the order model's own logits)");
+    }
     const std::string digest = sha256_file(onnx_path);
     if (digest != m.at("onnx_sha256").str())
       fail(SPOT_ERR_CORRUPT, onnx_path + " does not match its manifest (sha256 " + digest.substr(0, 12) +
@@ -640,7 +646,7 @@ std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<N
     const StaleView::Coupled& c = r.stale->coupled(node.step);
     std::vector<bool> mrow(static_cast<size_t>(b));
     for (int64_t p = 0; p < b; ++p) mrow[p] = masked[j * b + p] > 0;
-    std::vector<double> logq = masked_log_softmax(order.data() + j * b, mrow);
+    std::vector<double> logq = masked_log_softmax(order.data() + j * b, mrow, drafter_.order_temperature);
     if (!r.rule.threshold) {
       out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, branch_));
       continue;

@@ -111,6 +111,7 @@ class Drafter {
   int64_t max_staleness = 32;
   double member_threshold = 0.5;
   double member_offset = 0.0;
+  double order_temperature = 1.0;   // drafter.json: divides the order logits (spot calibrate-drafter)
   std::optional<double> tau;
   Json target;
 

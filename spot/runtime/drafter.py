@@ -10,10 +10,12 @@ Training (spot.training.drafter) builds its inputs with `drafter_inputs` too, so
 
 Outputs: order_logits [K, B] (softmax over masked positions = P(next commit)) and member_logits [K, B]
 (sigmoid = P(position in the next committed set), SPOT-Sets). The membership threshold calibrated at training is
-folded in here so that `set_candidates`' 0.5 cut equals the calibrated one.
+folded in here so that `set_candidates`' 0.5 cut equals the calibrated one; the order temperature calibrated per
+target (drafter.json `order_temperature`, `spot calibrate-drafter`) divides the order logits.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from pathlib import Path
@@ -23,6 +25,7 @@ import numpy as np
 from spot.config import ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError
+from spot.runtime import libm
 from spot.runtime.proposers import RoundInputs, position_candidates, set_candidates
 from spot.runtime.stale import TOPK_FEATURES, StaleView
 from spot.runtime.step import STATIC
@@ -41,6 +44,9 @@ DEFAULT_BRANCH = 4
 # decode loop a call costs ~0.8 ms for one node and ~0.2 ms per further node (embedded drafter, 2-core CPU), i.e.
 # 3-4 nodes' compute on its own; 4 halves the calls at 16 nodes for ~27% more nodes drafted.
 DEFAULT_LOOKAHEAD = 4
+# Divides the order logits before the softmax that ranks and weighs tree children (a light per-target calibration:
+# `spot calibrate-drafter` picks it by target passes on training prompts; 1 = the model's own logits).
+ORDER_TEMPERATURE = "order_temperature"
 MEMBER_SHARPNESS = 32.0   # stale-confidence membership when the rule's tau is not the one the drafter learned
 # The target facts a drafter is tied to: its inputs are vocabulary-free, but its training distribution is one
 # target's (block size is checked separately, against the engine's block size).
@@ -77,16 +83,29 @@ def node_inputs(stale: StaleView, nodes: list[Node], mask_id: int,
     return drafter_inputs(stale.topk_logprobs(), masked, conf, staleness, max_staleness)
 
 
-def masked_log_softmax(logits: np.ndarray, masked: np.ndarray) -> np.ndarray:
-    """logits [..., B], masked [..., B] bool -> log-softmax over the masked positions (-inf elsewhere)."""
-    z = np.where(masked, logits.astype(np.float64), -np.inf)
+def masked_log_softmax(logits: np.ndarray, masked: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """logits [..., B], masked [..., B] bool -> log-softmax of logits / temperature over the masked positions (-inf
+    elsewhere). float64 with the C library's exp/log (spot.runtime.libm), as the C++ host computes it."""
+    z = np.where(masked, logits.astype(np.float64) / temperature, -np.inf)
     zmax = z.max(axis=-1, keepdims=True)
     zmax = np.where(np.isfinite(zmax), zmax, 0.0)
-    return z - zmax - np.log(np.exp(z - zmax).sum(axis=-1, keepdims=True))
+    return z - zmax - libm.log(libm.exp(z - zmax).sum(axis=-1, keepdims=True))
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(x, dtype=np.float64)))
+
+
+def check_order_temperature(value, path) -> float:
+    """drafter.json's order_temperature: a finite number > 0 (SpotError naming the file otherwise)."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        t = float("nan")
+    if not np.isfinite(t) or t <= 0:
+        raise SpotError(f"drafter {path}: {ORDER_TEMPERATURE} is {value!r}, expected a number > 0",
+                        "fix drafter.json (1 = the order model's own logits) or rerun `spot calibrate-drafter`")
+    return t
 
 
 def logit(p: float) -> float:
@@ -149,6 +168,7 @@ class Drafter:
         self.member_offset = logit(self.member_threshold)
         self.max_staleness = int(manifest.get("max_staleness", MAX_STALENESS))
         self.tau = manifest.get("tau")     # the threshold rule's tau the membership head learned
+        self.order_temperature = check_order_temperature(manifest.get(ORDER_TEMPERATURE, 1.0), self.path)
 
     @staticmethod
     def load(path: str | Path, threads: int | None = None) -> "Drafter":
@@ -175,6 +195,12 @@ class Drafter:
                                 f"engine's model, expected {self.target[f]}",
                                 "use the drafter shipped with this model, or train one with `spot traces` + "
                                 "`spot train-drafter`")
+
+    def with_order_temperature(self, temperature: float) -> "Drafter":
+        """The same model (and ORT session) with another order temperature (spot.training.calibration)."""
+        other = copy.copy(self)
+        other.order_temperature = check_order_temperature(temperature, self.path)
+        return other
 
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """One ORT call: order_logits [K, B], member_logits [K, B] float32."""
@@ -214,7 +240,7 @@ class DrafterProposer:
         order, member = self.drafter.run(inputs)
         self.calls += 1
         masked = inputs["masked"] > 0
-        logq_all = masked_log_softmax(order, masked)      # [K, B], one numpy pass for every node
+        logq_all = masked_log_softmax(order, masked, self.drafter.order_temperature)   # [K, B], every node
         out = []
         for j, node in enumerate(chosen):
             tokens = r.stale.coupled(node.step)[0]
