@@ -42,8 +42,8 @@ double logaddexp(double x, double y) {
   return tmp;
 }
 
-// drafter.sigmoid: 0.5 * (1 + tanh(x / 2)). numpy evaluates tanh with its own SIMD kernel, glibc's tanh can differ
-// from it in the last bit; the values only order tree candidates (docs/cpp-host.md), never decide the output.
+// drafter.sigmoid: 0.5 * (1 + tanh(x / 2)); the Python runtime calls the C library's tanh too (spot.runtime.libm),
+// so both hosts weigh tree candidates alike. The values only order tree candidates, never decide the output.
 double sigmoid(double x) { return 0.5 * (1.0 + std::tanh(0.5 * x)); }
 
 std::vector<int64_t> child_with(const std::vector<int64_t>& state, const std::vector<int64_t>& positions,

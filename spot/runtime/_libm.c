@@ -1,7 +1,8 @@
-/* The C library's float64 log and exp over contiguous buffers: spot.runtime.libm's fast exact backend.
+/* The C library's float64 log, exp, log1p and tanh over contiguous buffers: spot.runtime.libm's fast backend.
  *
  * Why a C loop: the noise and the softmax are defined with glibc's scalar log/exp (docs/noise.md). numpy calls
  * them only where it has no SIMD kernel of its own; on AVX-512 CPUs its own kernels differ in the last bit.
+ * log1p and tanh weigh tree candidates; with the C library's values the C++ host builds the same trees.
  * Nothing here does arithmetic, so compiler flags cannot change a result: each element is one libm call. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,13 +31,19 @@ static PyObject *apply(PyObject *args, double (*fn)(double)) {
 
 static double call_log(double x) { return log(x); }
 static double call_exp(double x) { return exp(x); }
+static double call_log1p(double x) { return log1p(x); }
+static double call_tanh(double x) { return tanh(x); }
 
 static PyObject *log_into(PyObject *self, PyObject *args) { return apply(args, call_log); }
 static PyObject *exp_into(PyObject *self, PyObject *args) { return apply(args, call_exp); }
+static PyObject *log1p_into(PyObject *self, PyObject *args) { return apply(args, call_log1p); }
+static PyObject *tanh_into(PyObject *self, PyObject *args) { return apply(args, call_tanh); }
 
 static PyMethodDef methods[] = {
     {"log_into", log_into, METH_VARARGS, "log_into(src, dst): dst[i] = log(src[i]), contiguous float64 buffers"},
     {"exp_into", exp_into, METH_VARARGS, "exp_into(src, dst): dst[i] = exp(src[i]), contiguous float64 buffers"},
+    {"log1p_into", log1p_into, METH_VARARGS, "log1p_into(src, dst): dst[i] = log1p(src[i])"},
+    {"tanh_into", tanh_into, METH_VARARGS, "tanh_into(src, dst): dst[i] = tanh(src[i])"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +94,9 @@ def masked_log_softmax(logits: np.ndarray, masked: np.ndarray, temperature: floa
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(x, dtype=np.float64)))
+    """0.5 (1 + tanh(x / 2)) with the C library's tanh (numpy's SIMD tanh differs in the last bit from the C++
+    host's, which could reorder near-tied tree candidates)."""
+    return 0.5 * (1.0 + libm.tanh(0.5 * np.asarray(x, dtype=np.float64)))
 
 
 def check_order_temperature(value, path) -> float:
@@ -110,7 +113,7 @@ def check_order_temperature(value, path) -> float:
 
 def logit(p: float) -> float:
     p = min(max(float(p), 1e-6), 1 - 1e-6)
-    return float(np.log(p) - np.log1p(-p))
+    return math.log(p) - math.log1p(-p)         # the C library's, as the C++ host computes member_offset
 
 
 # -- target identity ------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spot.runtime import libm
 from spot.runtime.stale import StaleView
 from spot.runtime.step import STATIC, CommitRule
 from spot.runtime.tree import Node
@@ -61,7 +62,7 @@ def set_candidates(node: Node, member_p: np.ndarray, best: int, tokens: np.ndarr
             sets.append(flipped)
     out = []
     for s in sets:
-        logp = float(np.where(s, np.log(p), np.log1p(-p)).sum())
+        logp = float(np.where(s, libm.log(p), libm.log1p(-p)).sum())    # the C library's, as the C++ host
         out.append((max(logp, LOG_FLOOR * len(masked)), child_with(node.state, masked[s], tokens)))
     return out
 
@@ -86,11 +87,11 @@ class ConfidenceOrderProposer:
             tokens, conf = r.stale.coupled(node.step)
             masked = node.state == r.mask_id
             if r.rule.kind == STATIC:
-                score = np.where(masked, self.sharpness * np.log(np.maximum(conf, 1e-30)), -np.inf)
+                score = np.where(masked, self.sharpness * libm.log(np.maximum(conf, 1e-30)), -np.inf)
                 logq = score - np.logaddexp.reduce(score[masked])
                 out.append(position_candidates(node, logq, tokens, r.mask_id, self.branch))
             else:
-                member = 1.0 / (1.0 + np.exp(-self.sharpness * 4 * (conf - r.rule.tau)))
+                member = 1.0 / (1.0 + libm.exp(-self.sharpness * 4 * (conf - r.rule.tau)))
                 best = int(np.argmax(np.where(masked, conf, -np.inf)))
                 out.append(set_candidates(node, member, best, tokens, r.mask_id, self.branch))
         return out
