@@ -45,6 +45,7 @@ DEFAULT_BRANCH = 4
 # decode loop a call costs ~0.8 ms for one node and ~0.2 ms per further node (embedded drafter, 2-core CPU), i.e.
 # 3-4 nodes' compute on its own; 4 halves the calls at 16 nodes for ~27% more nodes drafted.
 DEFAULT_LOOKAHEAD = 4
+DRAFTER_THREADS = 1
 # Divides the order logits before the softmax that ranks and weighs tree children (a light per-target calibration:
 # `spot calibrate-drafter` picks it by target passes on training prompts; 1 = the model's own logits).
 ORDER_TEMPERATURE = "order_temperature"
@@ -150,8 +151,10 @@ class Drafter:
         self.path = Path(onnx_path)
         self.manifest = manifest
         opts = ort.SessionOptions()
-        if threads:   # default: ONNX Runtime's (one per physical core), like the target's session — the drafter
-            opts.intra_op_num_threads = threads      # runs between target passes, never beside one
+        # one thread by default, as the C++ host: a call covers a few nodes x B positions, too little work to split,
+        # and waking a second thread costs more than it saves (AVX-512 CPU, 16x8: 4.3 -> 3.5 ms of ORT per round
+        # at T = 0, 4.1 -> 3.0 at T = 1; benchmarks/host_split.py, 4 alternating runs each)
+        opts.intra_op_num_threads = threads or DRAFTER_THREADS
         opts.inter_op_num_threads = 1
         # no spin-waiting after a run: spinning drafter threads would steal the cores of the target pass that follows
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
