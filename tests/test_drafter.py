@@ -18,7 +18,7 @@ from spot.runtime.decode import generate
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.drafter import (DRAFTER_JSON, DRAFTER_ONNX, MAX_STALENESS, Drafter, DrafterProposer,
                                   drafter_inputs, node_inputs, target_identity)
-from spot.runtime.noise import NoiseCache, gumbel_rows
+from spot.runtime.noise import NoiseCache, gumbel_rows, native_rows
 from spot.runtime.proposers import RoundInputs
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget
 from spot.runtime.stale import StaleView
@@ -124,8 +124,10 @@ def test_cached_noise_samples_are_bit_identical(sampling):
     for step in (0, 3, 9, 3):
         for a, b in zip(cached.coupled(step), fresh.coupled(step)):
             np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(cache.rows(5, step, pos[::-1]), gumbel_rows(sampling.seed, 5, step, pos[::-1],
-                                                                                  VOCAB))
+        rows = cache.rows(5, step, pos[::-1])
+        np.testing.assert_array_equal(rows.native, native_rows(sampling.seed, 5, step, pos[::-1], VOCAB).native)
+        np.testing.assert_array_equal(rows.exact_rows(np.arange(4)), gumbel_rows(sampling.seed, 5, step, pos[::-1],
+                                                                                 VOCAB))
     cache.forget_before(4)
     assert set(cache.steps) == {9}
     cache.rows(6, 0, pos)                                # a new block drops the old one

@@ -13,9 +13,9 @@ from spot.config import ModelConfig
 from spot.engines.torch_engine import TorchEngine
 from spot.reference.model import SDARModel, block_causal_bias, random_model
 from spot.runtime.decode import generate
-from spot.runtime.noise import gumbel_rows
-from spot.runtime.step import (STATIC, THRESHOLD, CommitRule, Sampling, filter_scaled_logits, sample_positions,
-                               select_commits, step_fn)
+from spot.runtime.noise import NATIVE_NOISE_ERROR, NoiseRows, gumbel_rows, row_prefixes
+from spot.runtime.step import (STATIC, THRESHOLD, CommitRule, Sampling, certified_argmax, filter_scaled_logits,
+                               sample_positions, select_commits, step_fn)
 
 MASK = 63
 
@@ -368,3 +368,41 @@ def test_the_mask_id_is_never_committed_even_when_it_is_the_argmax():
     for seed in range(20):   # sampled too: never the mask id, and the confidence is still the full softmax's
         tokens, conf = sample_positions(logits, np.array([0]), Sampling(1.0, seed=seed, exclude_token=4), 0, 0)
         assert tokens[0] != 4 and conf[0] == pytest.approx(1.0 / (4.0 + np.exp(3.0)))
+
+
+# -- certified sampling from native noise rows -----------------------------------------------------------------------
+def rows_for(seed: int, k: int, v: int, error: float = 0.0):
+    """NoiseRows of k positions whose native values are the exact ones moved by up to `error` (a worse native log
+    than any real one: the certificate must still give the exact argmax)."""
+    positions = np.arange(k)
+    exact = gumbel_rows(seed, 2, 5, positions, v)
+    jitter = np.random.default_rng(seed).uniform(-error, error, exact.shape)
+    return NoiseRows(exact + jitter, *row_prefixes(seed, 2, 5, positions)), exact
+
+
+@pytest.mark.parametrize("error", [0.0, NATIVE_NOISE_ERROR / 2, NATIVE_NOISE_ERROR])
+def test_certified_argmax_is_the_exact_argmax(error, monkeypatch):
+    rng = np.random.default_rng(7)
+    k, v = 64, 300
+    noise, exact = rows_for(11, k, v, error)
+    base = rng.normal(size=(k, v)) * 3
+    base[::3, rng.integers(0, v, size=(k + 2) // 3)] = -np.inf            # filtered / excluded tokens
+    # near-ties at the scale of the native error: the runner-up's exact score within 1e-12 .. 1e-8 of the winner's
+    winner = np.argmax(base + exact, axis=-1)
+    for r in range(0, k, 2):
+        other = (winner[r] + 1 + r) % v
+        gap = 10.0 ** rng.uniform(-12, -8) * rng.choice([-1, 1])
+        base[r, other] = base[r, winner[r]] + exact[r, winner[r]] - exact[r, other] + gap
+    fallbacks = []
+    exact_rows = NoiseRows.exact_rows
+    monkeypatch.setattr(NoiseRows, "exact_rows", lambda self, rows: fallbacks.append(len(rows)) or
+                        exact_rows(self, rows))
+    assert np.array_equal(certified_argmax(base, noise), np.argmax(base + exact, axis=-1))
+    assert sum(fallbacks) >= k // 4            # the near-ties went through the exact rows
+
+
+def test_certified_argmax_without_near_ties_uses_only_the_winners_exact_values(monkeypatch):
+    noise, exact = rows_for(3, 32, 2048)
+    base = np.random.default_rng(3).normal(size=(32, 2048)) * 2
+    monkeypatch.setattr(NoiseRows, "exact_rows", lambda self, rows: pytest.fail("no row needs the exact noise"))
+    assert np.array_equal(certified_argmax(base, noise), np.argmax(base + exact, axis=-1))

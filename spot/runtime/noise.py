@@ -74,29 +74,79 @@ def uniform_from_words(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def uniform(seed, block, step, position, token) -> np.ndarray:
     """u(seed, block, step, position, token) in (0, 1), broadcasting over all five integer arguments."""
+    return uniform_from_prefixes(lane_prefix(LANE_A, seed, block, step, position),
+                                 lane_prefix(LANE_B, seed, block, step, position), token)
+
+
+def uniform_from_prefixes(prefix_a: np.ndarray, prefix_b: np.ndarray, token) -> np.ndarray:
+    """u from the two lanes' per-(seed, block, step, position) prefixes and the token, broadcasting."""
     tok = _u32(token, "token")
-    a = mix32_into(lane_prefix(LANE_A, seed, block, step, position) ^ tok)
-    b = mix32_into(lane_prefix(LANE_B, seed, block, step, position) ^ tok)
-    return uniform_from_words(a, b)
+    return uniform_from_words(mix32_into(prefix_a ^ tok), mix32_into(prefix_b ^ tok))
+
+
+def gumbel_from_uniform(u: np.ndarray, log=libm.log) -> np.ndarray:
+    """-log(-log(u)) in place. `log` is the definition's (the C library's, spot.runtime.libm) unless a caller asks
+    for the native one (NoiseRows)."""
+    g = log(u)
+    np.negative(g, out=g)
+    log(g, out=g)
+    return np.negative(g, out=g)
 
 
 def gumbel(seed, block, step, position, token) -> np.ndarray:
     """Standard Gumbel(0, 1) noise as float64, broadcasting over all five integer arguments."""
-    u = uniform(seed, block, step, position, token)
-    g = libm.log(u)                        # -log(-log(u)) in place, with the C library's log (spot.runtime.libm)
-    np.negative(g, out=g)
-    libm.log(g, out=g)
-    return np.negative(g, out=g)
+    return gumbel_from_uniform(uniform(seed, block, step, position, token))
 
 
-def gumbel_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int) -> np.ndarray:
+def row_prefixes(seed: int, block: int, step: int, positions) -> tuple[np.ndarray, np.ndarray]:
+    """The two lanes' prefixes [K] uint32 of (seed, block, step) at `positions` [K]."""
+    pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+    return lane_prefix(LANE_A, seed, block, step, pos), lane_prefix(LANE_B, seed, block, step, pos)
+
+
+def gumbel_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int, log=libm.log) -> np.ndarray:
     """Noise for every token at the given block positions: shape [len(positions), vocab_size], float64."""
-    pos = np.asarray(positions, dtype=np.int64).reshape(-1, 1)
-    return gumbel(seed, block, step, pos, np.arange(vocab_size, dtype=np.uint32)[None, :])
+    prefix_a, prefix_b = row_prefixes(seed, block, step, positions)
+    vocab = np.arange(vocab_size, dtype=np.uint32)[None, :]
+    return gumbel_from_uniform(uniform_from_prefixes(prefix_a[:, None], prefix_b[:, None], vocab), log)
+
+
+# |native - exact| Gumbel value bound that sampling's certificate assumes (spot.runtime.step.sample_scaled). A log
+# within 2**-40 relative of the C library's (libm.fast_log checks numpy's) gives at most ~2**-38 here: -log(u) is
+# off by a relative 2**-40, which shifts log(-log(u)) by 2**-40 absolute, plus the outer log's own 37 * 2**-40.
+NATIVE_NOISE_ERROR = 2.0 ** -30
+
+
+class NoiseRows:
+    """Gumbel rows [K, V] of K positions at one (seed, block, step) for sampling: `native` computed with
+    libm.fast_log (numpy's own log where it is accurate: SIMD on AVX-512 CPUs), within NATIVE_NOISE_ERROR of the
+    definition; exact values on demand from the rows' lane prefixes prefix_a, prefix_b [K] uint32. Sampling needs
+    only the argmax of (scaled logits + noise), which the native rows and the winner's exact value certify
+    (spot.runtime.step.certified_argmax)."""
+
+    def __init__(self, native: np.ndarray, prefix_a: np.ndarray, prefix_b: np.ndarray):
+        self.native, self.prefix_a, self.prefix_b = native, prefix_a, prefix_b
+
+    def exact_at(self, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """[M] float64: the definition's noise of (row, token) pairs."""
+        return gumbel_from_uniform(uniform_from_prefixes(self.prefix_a[rows], self.prefix_b[rows], tokens))
+
+    def exact_rows(self, rows: np.ndarray) -> np.ndarray:
+        """[M, V] float64: the definition's rows (the rare rows whose argmax the native rows cannot certify)."""
+        vocab = np.arange(self.native.shape[-1], dtype=np.uint32)[None, :]
+        return gumbel_from_uniform(uniform_from_prefixes(self.prefix_a[rows, None], self.prefix_b[rows, None], vocab))
+
+
+def native_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int) -> NoiseRows:
+    """NoiseRows of (seed, block, step) at `positions` [K]."""
+    prefix_a, prefix_b = row_prefixes(seed, block, step, positions)
+    vocab = np.arange(vocab_size, dtype=np.uint32)[None, :]
+    native = gumbel_from_uniform(uniform_from_prefixes(prefix_a[:, None], prefix_b[:, None], vocab), libm.fast_log)
+    return NoiseRows(native, prefix_a, prefix_b)
 
 
 class NoiseCache:
-    """Gumbel rows of the current block, computed once per (step, position) and reused.
+    """Native Gumbel rows (NoiseRows) of the current block, computed once per (step, position) and reused.
 
     A SPOT round samples the stale logits at steps m+1..m+D and the walk samples each accepted node at its own
     step; consecutive rounds overlap in those steps, and gumbel(seed, block, step, position, .) never changes.
@@ -108,19 +158,22 @@ class NoiseCache:
         self.block = -1
         self.steps: dict[int, dict[int, np.ndarray]] = {}
 
-    def rows(self, block: int, step: int, positions: np.ndarray) -> np.ndarray:
-        """[K, V] float64 = gumbel_rows(seed, block, step, positions, V), from the cache where possible."""
+    def rows(self, block: int, step: int, positions: np.ndarray) -> NoiseRows:
+        """native_rows(seed, block, step, positions, V), from the cache where possible."""
         if block != self.block:
             self.block, self.steps = block, {}
-        table = self.steps.setdefault(step, {})
+        table = self.steps.setdefault(step, {})     # position -> (native row [V], prefix_a, prefix_b)
         wanted = [int(p) for p in np.asarray(positions).reshape(-1)]
         missing = [p for p in wanted if p not in table]
         if missing:
-            for p, row in zip(missing, gumbel_rows(self.seed, block, step, np.array(missing), self.vocab_size)):
-                table[p] = row
+            fresh = native_rows(self.seed, block, step, np.array(missing), self.vocab_size)
+            for j, p in enumerate(missing):
+                table[p] = (fresh.native[j], fresh.prefix_a[j], fresh.prefix_b[j])
         if not wanted:
-            return np.empty((0, self.vocab_size))
-        return np.stack([table[p] for p in wanted])
+            return NoiseRows(np.empty((0, self.vocab_size)), np.empty(0, np.uint32), np.empty(0, np.uint32))
+        rows = [table[p] for p in wanted]
+        return NoiseRows(np.stack([r[0] for r in rows]), np.array([r[1] for r in rows], dtype=np.uint32),
+                         np.array([r[2] for r in rows], dtype=np.uint32))
 
     def forget_before(self, step: int) -> None:
         for s in [s for s in self.steps if s < step]:

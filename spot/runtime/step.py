@@ -11,7 +11,7 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.runtime import libm
-from spot.runtime.noise import NoiseCache, gumbel_rows
+from spot.runtime.noise import NATIVE_NOISE_ERROR, NoiseCache, NoiseRows, native_rows
 
 STATIC = "static"
 THRESHOLD = "threshold"
@@ -106,23 +106,45 @@ def scale_rows(logits: np.ndarray, positions: np.ndarray, sampling: Sampling) ->
     return ScaledRows(base, e, e.sum(axis=-1))
 
 
-def sample_scaled(rows: ScaledRows, gumbel: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def sample_scaled(rows: ScaledRows, gumbel: NoiseRows | None) -> tuple[np.ndarray, np.ndarray]:
     """Tokens [K] int64 and confidences [K] float64 of one step: argmax(base + gumbel) with the step's Gumbel rows
-    [K, V] float64 (None at T = 0: argmax(base)); confidence = softmax(L/T)[token], unfiltered."""
-    perturbed = rows.base if gumbel is None else rows.base + gumbel
-    tokens = np.argmax(perturbed, axis=-1)           # ties -> smallest id (first occurrence)
+    (None at T = 0: argmax(base)); confidence = softmax(L/T)[token], unfiltered."""
+    if gumbel is None:
+        tokens = np.argmax(rows.base, axis=-1)       # ties -> smallest id (first occurrence)
+    else:
+        tokens = certified_argmax(rows.base, gumbel)
     conf = np.take_along_axis(rows.exp_shifted, tokens[:, None], axis=-1)[:, 0] / rows.exp_sum
     return tokens.astype(np.int64), conf
 
 
+def certified_argmax(base: np.ndarray, gumbel: NoiseRows) -> np.ndarray:
+    """argmax_v(base + g) [K] with g the definition's noise (ties: smallest id), from the native rows.
+
+    The native winner t of base + native is the exact winner when its exact score beats every other native score
+    by more than the native rows' error and the two sums' rounding: exact_v <= native_v + NATIVE_NOISE_ERROR +
+    ulp for every v. Rows that fail (near-ties, ~1e-9 of them) are sampled again with the exact rows."""
+    k = np.arange(base.shape[0])
+    perturbed = base + gumbel.native
+    tokens = np.argmax(perturbed, axis=-1)
+    exact_top = base[k, tokens] + gumbel.exact_at(k, tokens)
+    perturbed[k, tokens] = -np.inf
+    second = perturbed.max(axis=-1)
+    finite = np.where(np.isfinite(second), np.abs(second), 0.0)     # second is -inf when one token can win
+    margin = NATIVE_NOISE_ERROR + finite * 2.0 ** -50
+    doubtful = np.flatnonzero(~(exact_top > second + margin))
+    if doubtful.size:
+        tokens[doubtful] = np.argmax(base[doubtful] + gumbel.exact_rows(doubtful), axis=-1)
+    return tokens
+
+
 def step_gumbel(sampling: Sampling, block: int, step: int, positions: np.ndarray, vocab_size: int,
-                noise: NoiseCache | None = None) -> np.ndarray | None:
-    """[K, V] float64 Gumbel rows of (seed, block, step, positions), None at T = 0 (greedy uses no noise)."""
+                noise: NoiseCache | None = None) -> NoiseRows | None:
+    """Gumbel rows of (seed, block, step, positions) [K, V], None at T = 0 (greedy uses no noise)."""
     if sampling.temperature <= 0:
         return None
     if noise is not None:
         return noise.rows(block, step, positions)
-    return gumbel_rows(sampling.seed, block, step, positions, vocab_size)
+    return native_rows(sampling.seed, block, step, positions, vocab_size)
 
 
 def sample_positions(logits: np.ndarray, positions: np.ndarray, sampling: Sampling, block: int,
