@@ -50,12 +50,12 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.export import exact_math as xm
-from spot.runtime.noise import LANE_A, LANE_B, MIX_MUL_1, MIX_MUL_2, gumbel
+from spot.runtime.noise import LANE_A, LANE_B, MIX_MUL_1, MIX_MUL_2, NATIVE_NOISE_ERROR, gumbel
 from spot.runtime.step import Sampling, sample_positions
 
 OPSET = 18
 CANDIDATES = 2                   # tokens per row re-scored with the exact noise (the certificate uses the next one)
-NATIVE_NOISE_MARGIN = 2.0 ** -30  # absolute bound on |native - exact| scores the certificate assumes (see below)
+NATIVE_NOISE_MARGIN = NATIVE_NOISE_ERROR  # bound on |native - exact| scores the certificate assumes (see below)
 TOP_K_LOGPROBS = 32              # = spot.runtime.stale.TOPK_FEATURES
 PAD_LOGPROB = -1e4               # stale.topk_logprobs' padding below 32 tokens
 INPUTS = ("logits", "node_steps", "seed", "block", "temperature", "top_k", "exclude_token")
