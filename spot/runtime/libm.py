@@ -37,7 +37,8 @@ def _probe_values() -> dict[str, np.ndarray]:
     n = PROBE_SIZE // 4
     return {
         "log": np.concatenate([rng.random(n), -np.log1p(-rng.random(n)) * 8, np.exp(rng.uniform(-700, 700, n)),
-                               rng.random(n) * 2.0 ** -40, KNOWN_LOG_MISMATCHES]),
+                               rng.random(n) * 2.0 ** -40, 1 - np.arange(1, 1001) * 2.0 ** -53,
+                               1 - rng.random(1000) * 2.0 ** -20, KNOWN_LOG_MISMATCHES]),
         "exp": np.concatenate([-rng.random(2 * n) * 745, rng.standard_normal(n) * 30, -rng.random(n) * 2.0 ** -30,
                                KNOWN_EXP_MISMATCHES]),
         "log1p": np.concatenate([-rng.random(2 * n), rng.random(n) * 2.0 ** -30 - 2.0 ** -31,
