@@ -1,12 +1,11 @@
 """exp, log and sum that equal the numpy runtime's float64 results bit for bit, written once for numpy, torch and ONNX.
 
-Why: the numpy runtime (spot.runtime.noise / step) computes `-log(-log(u))`, `exp(z - max)` and `e.sum(-1)` with
-the C library's log/exp (spot.runtime.libm: glibc's, whatever SIMD kernels numpy has) and numpy's pairwise
-summation. ONNX Runtime's float64 Exp/Log (Eigen polynomials)
-differ from glibc in about 25% of inputs by 1-2 ulp, torch uses SLEEF, and ReduceSum adds in another order, so an
-epilogue built from those ops cannot match the runtime bit for bit. This module re-states the exact algorithms as
-sequences of IEEE float64 +, -, *, comparisons, table lookups and exact integer ops, which every backend evaluates
-identically:
+Why: the numpy runtime (spot.runtime.noise / step) computes `-log(-log(u))`, `exp(z - max)` and `e.sum(-1)` with the
+C library's log/exp (spot.runtime.libm: glibc's, whatever SIMD kernels numpy has) and numpy's pairwise summation.
+ONNX Runtime's float64 Exp/Log (Eigen polynomials) differ from glibc in about 25% of inputs by 1-2 ulp, torch uses
+SLEEF, and ReduceSum adds in another order, so an epilogue built from those ops cannot match the runtime bit for
+bit. This module re-states the exact algorithms as sequences of IEEE float64 +, -, *, comparisons, table lookups and
+exact integer ops, which every backend evaluates identically:
 - `glibc_exp`, `glibc_log`: glibc >= 2.28's exp/log (the Arm Optimized Routines algorithms, tables below) as built
   for x86-64 CPUs with FMA (the `__exp_fma`/`__log_fma` ifunc variants, compiled with fp contraction, which is what
   the runtime calls on this project's CI machine). Every fused multiply-add that GCC forms there is emulated exactly
@@ -14,9 +13,9 @@ identically:
 - `pairwise_sum`: numpy's `pairwise_sum` (8 accumulators over blocks of <= 128, halves rounded to multiples of 8).
 Domains (all that the sampling epilogue needs): `glibc_log` for positive normal finite x; `glibc_exp` for finite
 x (x <= -1024 gives 0, x >= 1024 inf); `pairwise_sum` for finite non-negative terms.
-Known limit: the reference is the C library of x86-64 glibc with FMA. On CPUs without FMA glibc runs its non-FMA variants,
-which differ from these in ~0.05% of exp results by 1 ulp; aarch64 glibc (Jetson) rounds exp's reduction index
-with ties away from zero; both only matter when comparing the runtime across machines (docs/noise.md).
+Known limit: the reference is the C library of x86-64 glibc with FMA. On CPUs without FMA glibc runs its non-FMA
+variants, which differ from these in ~0.05% of exp results by 1 ulp; aarch64 glibc (Jetson) rounds exp's reduction
+index with ties away from zero; both only matter when comparing the runtime across machines (docs/noise.md).
 
 Tables and coefficients: Arm Optimized Routines math/log_data.c and exp_data.c (Copyright (c) 2018 Arm Limited,
 MIT / Apache-2.0), identical to glibc's __log_data/__exp_data. The exp table is regenerated here from its

@@ -104,14 +104,18 @@ def row_prefixes(seed: int, block: int, step: int, positions) -> tuple[np.ndarra
     return lane_prefix(LANE_A, seed, block, step, pos), lane_prefix(LANE_B, seed, block, step, pos)
 
 
-def gumbel_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int, log=libm.log) -> np.ndarray:
-    """Noise for every token at the given block positions: shape [len(positions), vocab_size], float64."""
-    prefix_a, prefix_b = row_prefixes(seed, block, step, positions)
+def rows_from_prefixes(prefix_a: np.ndarray, prefix_b: np.ndarray, vocab_size: int, log=libm.log) -> np.ndarray:
+    """[K, vocab_size] float64: the noise of every token for the rows whose lane prefixes are prefix_a, prefix_b [K]."""
     vocab = np.arange(vocab_size, dtype=np.uint32)[None, :]
     return gumbel_from_uniform(uniform_from_prefixes(prefix_a[:, None], prefix_b[:, None], vocab), log)
 
 
-# |native - exact| Gumbel value bound that sampling's certificate assumes (spot.runtime.step.sample_scaled). A log
+def gumbel_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Noise for every token at the given block positions: shape [len(positions), vocab_size], float64."""
+    return rows_from_prefixes(*row_prefixes(seed, block, step, positions), vocab_size)
+
+
+# |native - exact| Gumbel value bound that sampling's certificate assumes (spot.runtime.step.certified_argmax). A log
 # within 2**-40 relative of the C library's (libm.fast_log checks numpy's) gives at most ~2**-38 here: -log(u) is
 # off by a relative 2**-40, which shifts log(-log(u)) by 2**-40 absolute, plus the outer log's own 37 * 2**-40.
 NATIVE_NOISE_ERROR = 2.0 ** -30
@@ -133,16 +137,13 @@ class NoiseRows:
 
     def exact_rows(self, rows: np.ndarray) -> np.ndarray:
         """[M, V] float64: the definition's rows (the rare rows whose argmax the native rows cannot certify)."""
-        vocab = np.arange(self.native.shape[-1], dtype=np.uint32)[None, :]
-        return gumbel_from_uniform(uniform_from_prefixes(self.prefix_a[rows, None], self.prefix_b[rows, None], vocab))
+        return rows_from_prefixes(self.prefix_a[rows], self.prefix_b[rows], self.native.shape[-1])
 
 
 def native_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int) -> NoiseRows:
     """NoiseRows of (seed, block, step) at `positions` [K]."""
     prefix_a, prefix_b = row_prefixes(seed, block, step, positions)
-    vocab = np.arange(vocab_size, dtype=np.uint32)[None, :]
-    native = gumbel_from_uniform(uniform_from_prefixes(prefix_a[:, None], prefix_b[:, None], vocab), libm.fast_log)
-    return NoiseRows(native, prefix_a, prefix_b)
+    return NoiseRows(rows_from_prefixes(prefix_a, prefix_b, vocab_size, libm.fast_log), prefix_a, prefix_b)
 
 
 class NoiseCache:

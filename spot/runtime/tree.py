@@ -3,10 +3,9 @@
 The builder asks a proposer for each node's candidate children (log-probability, child state) and grows the tree in
 order of path probability; a state reached by two commit orders is one node with two parents (verified once).
 Candidates of many nodes are requested in one batch: a node's children are only needed once the node's own path
-probability (an upper bound on its children's) reaches the top of the queue, and then every pending node is
-expanded together — exact best-first order. With a lookahead the same call also proposes for the
-best queued candidates before they enter the tree (most do): the tree is unchanged, the drafter is called about
-half as often at 16 nodes.
+probability (an upper bound on its children's) reaches the top of the queue, and then every pending node is expanded
+together — exact best-first order. With a lookahead the same call also proposes for the best queued candidates
+before they enter the tree (most do): the tree is unchanged, the drafter is called about half as often at 16 nodes.
 """
 from __future__ import annotations
 
