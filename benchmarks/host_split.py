@@ -4,10 +4,11 @@ the rest of drafting (features, candidates, tree), the walk — beside the targe
 
     python benchmarks/host_split.py --model ~/.cache/spot/embedded-fp32-onnx --drafter spot/assets/embedded
     python benchmarks/host_split.py --model DIR --lookahead 0,4 --temperatures 0,1 --prompts 4
+    python benchmarks/host_split.py --model DIR --runner-up-weights 0,0.17     # runner-up children's cost
 
 Timers wrap the runtime's own functions (no profiler overhead); decoding itself is unchanged. Prints one JSON line
-per (lookahead, temperature): milliseconds per verify pass for each part, drafter calls and nodes per pass, and
-host / target.
+per (lookahead, runner-up weight, temperature): milliseconds per verify pass for each part, drafter calls and nodes
+per pass, verify passes, and host / target.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ def instrument() -> None:
     timed(stale_module, "scale_rows", "coupled_sampling")
     timed(stale_module, "step_gumbel", "coupled_sampling")
     timed(stale_module, "sample_scaled", "coupled_sampling")
+    timed(stale_module, "top2_scaled", "coupled_sampling")
     run = drafter_module.Drafter.run
 
     def counted_run(self, inputs):
@@ -72,6 +74,8 @@ def main() -> None:
     ap.add_argument("--decoder", default="spot")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--lookahead", default="4", help="drafter lookahead values to compare, e.g. 0,4")
+    ap.add_argument("--runner-up-weights", default=None,
+                    help="runner-up weights to compare, e.g. 0,0.17 (default: the drafter's own)")
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=4, help="first N held-out prompts of the embedded model")
@@ -83,31 +87,40 @@ def main() -> None:
     drafter = drafter_module.load_drafter(args.drafter or args.model)
     prompts = load_prompts(Path(embedded_model_dir()) / "heldout_prompts.jsonl", load_tokenizer(args.model),
                            limit=args.prompts, max_tokens=200)
+    weights = [float(w) for w in args.runner_up_weights.split(",")] if args.runner_up_weights else \
+        [drafter.runner_up_weight]
     for lookahead in (int(v) for v in args.lookahead.split(",")):
-        drafter.proposer = lambda branch=drafter_module.DEFAULT_BRANCH, la=lookahead: \
-            drafter_module.DrafterProposer(drafter, branch, la)
-        for temperature in (float(t) for t in args.temperatures.split(",")):
-            SECONDS.clear()
-            COUNTS.clear()
-            stats, rounds = Counter(), 0
-            for p in prompts:
-                req = DecodeRequest(max_new_tokens=args.max_new_tokens, sampling=Sampling(temperature, seed=0),
-                                    budget=TreeBudget(args.budget, args.depth))
-                extra = run_decoder(args.decoder, engine, p.ids, req, drafter=drafter).stats.extra
-                for k in ("draft_ms", "walk_ms", "target_ms"):
-                    stats[k] += extra[k]
-                rounds += len(extra["accepted_per_verify"])
-            parts = {k: 1e3 * v / rounds for k, v in SECONDS.items()}
-            parts["features_candidates_tree"] = stats["draft_ms"] / rounds - sum(parts.values())
-            parts["walk"] = stats["walk_ms"] / rounds
-            host = (stats["draft_ms"] + stats["walk_ms"]) / rounds
-            print(json.dumps({"lookahead": lookahead, "temperature": temperature, "verify_passes": rounds,
-                              "ms_per_verify": {k: round(v, 2) for k, v in parts.items()},
-                              "host_ms": round(host, 2), "target_ms": round(stats["target_ms"] / rounds, 2),
-                              "host_over_target": round(host * rounds / stats["target_ms"], 3),
-                              "drafter_calls_per_verify": round(COUNTS["drafter_calls"] / rounds, 2),
-                              "drafter_nodes_per_verify": round(COUNTS["drafter_nodes"] / rounds, 2)}), flush=True)
+        for weight in weights:
+            variant = drafter.with_settings(runner_up_weight=weight)
+            variant.proposer = lambda branch=drafter_module.DEFAULT_BRANCH, la=lookahead, v=variant: \
+                drafter_module.DrafterProposer(v, branch, la)
+            for temperature in (float(t) for t in args.temperatures.split(",")):
+                row = measure(engine, variant, prompts, args, temperature)
+                print(json.dumps({"lookahead": lookahead, "runner_up_weight": weight, "temperature": temperature,
+                                  **row}), flush=True)
 
+
+def measure(engine, drafter, prompts, args, temperature: float) -> dict:
+    """Decode the prompts; per verify pass: ms by part, host and target ms, drafter calls and nodes."""
+    SECONDS.clear()
+    COUNTS.clear()
+    stats, rounds = Counter(), 0
+    for p in prompts:
+        req = DecodeRequest(max_new_tokens=args.max_new_tokens, sampling=Sampling(temperature, seed=0),
+                            budget=TreeBudget(args.budget, args.depth))
+        extra = run_decoder(args.decoder, engine, p.ids, req, drafter=drafter).stats.extra
+        for k in ("draft_ms", "walk_ms", "target_ms"):
+            stats[k] += extra[k]
+        rounds += len(extra["accepted_per_verify"])
+    parts = {k: 1e3 * v / rounds for k, v in SECONDS.items()}
+    parts["features_candidates_tree"] = stats["draft_ms"] / rounds - sum(parts.values())
+    parts["walk"] = stats["walk_ms"] / rounds
+    host = (stats["draft_ms"] + stats["walk_ms"]) / rounds
+    return {"verify_passes": rounds, "ms_per_verify": {k: round(v, 2) for k, v in parts.items()},
+            "host_ms": round(host, 2), "target_ms": round(stats["target_ms"] / rounds, 2),
+            "host_over_target": round(host * rounds / stats["target_ms"], 3),
+            "drafter_calls_per_verify": round(COUNTS["drafter_calls"] / rounds, 2),
+            "drafter_nodes_per_verify": round(COUNTS["drafter_nodes"] / rounds, 2)}
 
 if __name__ == "__main__":
     main()

@@ -369,12 +369,15 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the corpus prompt draw.")
 @click.option("--temperatures", default="0,1", show_default=True, help="Sampling temperatures decoded.")
 @click.option("--candidates", default="0.5,1,2,3", show_default=True, help="Order temperatures tried.")
+@click.option("--runner-up-weights", default="0,0.1,0.17,0.3", show_default=True,
+              help="Runner-up child weights tried (at the chosen order temperature); 0 = none.")
 @click.option("--budget", default="16x8", show_default=True, help="Tree budget (nodes x depth).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Measure and print; do not write drafter.json.")
 def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file, corpus_prompts, seed, temperatures,
-                          candidates, budget, max_new_tokens, dry_run):
-    """Pick the drafter's order temperature by target passes on training prompts (writes drafter.json).
+                          candidates, runner_up_weights, budget, max_new_tokens, dry_run):
+    """Pick the drafter's order temperature and runner-up weight by target passes on training prompts (writes
+    drafter.json).
 
     \b
     Example (the embedded model, exported):
@@ -382,13 +385,14 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     """
     import json
 
-    from spot.training.calibration import calibrate_order_temperature, write_order_temperature
+    from spot.training.calibration import calibrate_drafter, write_calibration
     from spot.training.traces import corpus_prompts as draw_prompts, prompts_from_jsonl
 
     budgets = _budgets(budget)
     if len(budgets) != 1:
         raise SpotError(f"--budget takes one tree budget such as 16x8, got {budget!r}")
     temps, cands = _float_list(temperatures, "--temperatures"), _float_list(candidates, "--candidates")
+    weights = _float_list(runner_up_weights, "--runner-up-weights")
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device)
     drafter = find_drafter(drafter_path, folder)
     if prompts_file is not None:
@@ -398,12 +402,13 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
                         "pass --prompts FILE.jsonl with token ids")
     else:
         prompts = draw_prompts(tokenizer, corpus_prompts, seed)
-    result = calibrate_order_temperature(engine, drafter, prompts, temps, cands, budgets[0], max_new_tokens,
-                                         progress=lambda line: click.echo(line, err=True))
+    result = calibrate_drafter(engine, drafter, prompts, temps, cands, weights, budgets[0], max_new_tokens,
+                               progress=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(result, indent=2))
     if not dry_run:
-        path = write_order_temperature(drafter.path, result["order_temperature"], result["calibration"])
-        click.echo(f"wrote order_temperature {result['order_temperature']:g} into {path}")
+        path = write_calibration(drafter.path, result)
+        click.echo(f"wrote order_temperature {result['order_temperature']:g} and runner_up_weight "
+                   f"{result['runner_up_weight']:g} into {path}")
 
 
 @main.command()

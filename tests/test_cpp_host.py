@@ -22,7 +22,7 @@ from spot.engines.ort_engine import OrtEngine
 from spot.export.export import ExportOptions, export_checkpoint
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
-from spot.runtime.drafter import load_drafter
+from spot.runtime.drafter import DEFAULT_RUNNER_UP_WEIGHT, load_drafter
 from spot.runtime.step import STATIC, THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,6 +190,28 @@ def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
                                                      for r in spot_cases)
 
 
+def test_runner_up_weight_is_read_from_drafter_json(spot_cli, tiny, tmp_path):
+    """drafter.json's runner_up_weight (0 = none, 1 = heavy) changes the trees in both hosts the same way."""
+    from spot.runtime.drafter import Drafter
+    folder, drafter_dir, engine, _ = tiny
+    prompts = random_prompts(2, seed=12)
+    passes = {}
+    for w in (0.0, 1.0):
+        d = tmp_path / f"w{w:g}"
+        shutil.copytree(drafter_dir, d)
+        manifest = json.loads((d / "drafter.json").read_text())
+        manifest["runner_up_weight"] = w
+        (d / "drafter.json").write_text(json.dumps(manifest))
+        drafter = Drafter.load(d)
+        cases = [{"prompt": pi, "prompt_ids": prompt, **opts, "expected": run_case(engine, drafter, prompt, opts)}
+                 for pi, prompt in enumerate(prompts)
+                 for opts in (case_options("spot", 0.0, 0, 24, 12, 6), case_options("spot", 1.0, 3, 24, 12, 6))]
+        bad = mismatches(cases, run_batch(spot_cli, folder, d, cases))
+        assert not bad, f"runner_up_weight {w}: " + "\n".join(bad)
+        passes[w] = [c["expected"]["passes"] for c in cases]
+    assert passes[0.0] != passes[1.0]       # the weight reached the trees
+
+
 def test_fp16_export_matches(spot_cli, tiny, tmp_path):
     """An fp16 export: the host's K/V cache holds float16 bits, and decoding still equals the Python runtime."""
     _, drafter_dir, _, drafter = tiny
@@ -265,6 +287,9 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     other_target = edited("target", lambda m: m["target"].update(vocab_size=4096))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", other_target, *ids), INCOMPATIBLE,
            "another target", "vocab_size")
+    bad_weight = edited("weight", lambda m: m.update(runner_up_weight=1.5))
+    _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", bad_weight, *ids), CORRUPT,
+           "runner_up_weight is 1.5", "expected a number in [0, 1]")
     swapped = edited("swapped", lambda m: m.update(onnx_sha256="0" * 64))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", swapped, *ids), CORRUPT, "does not match")
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", tmp_path / "none", *ids), NOT_FOUND)
@@ -332,6 +357,9 @@ def test_embedded_golden(spot_cli, tmp_path_factory):
         # the same model recalibrated (spot calibrate-drafter) proposes other trees: pass counts change
         assert manifest.get("order_temperature", 1.0) == golden["drafter"].get("order_temperature", 1.0), \
             f"the golden file was made with another drafter order temperature: {regenerate}"
+        assert manifest.get("runner_up_weight", DEFAULT_RUNNER_UP_WEIGHT) == \
+            golden["drafter"].get("runner_up_weight", 0.0), \
+            f"the golden file was made with another drafter runner-up weight: {regenerate}"
     cases = golden["cases"]
     results = run_batch(spot_cli, out, drafter_dir if golden["drafter"] else None, cases)
     bad = mismatches(cases, results)

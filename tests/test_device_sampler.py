@@ -113,7 +113,9 @@ def test_spot_with_the_drafter_on_the_device_sampler(folders, tmp_path):
                       log=lambda _: None)
     finally:
         torch.set_num_threads(threads)
-    drafter = load_drafter(tmp_path / "drafter", threads=1)
+    # the epilogue returns the coupled samples, not their runner-ups: runner-up children exist on host logits only
+    with_runner_ups = load_drafter(tmp_path / "drafter", threads=1)
+    drafter = with_runner_ups.with_settings(runner_up_weight=0)
     for decoder in ("spot", "spot-sets"):
         for temperature in (0.0, 1.0):
             req = DecodeRequest(max_new_tokens=16, tau=0.3, sampling=Sampling(temperature, seed=5),
@@ -122,6 +124,8 @@ def test_spot_with_the_drafter_on_the_device_sampler(folders, tmp_path):
             b = run_decoder(decoder, device, _prompt(9, 7), req, drafter)
             assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, temperature)
             assert a.stats.extra["accepted_per_verify"] == b.stats.extra["accepted_per_verify"]
+            c = run_decoder(decoder, device, _prompt(9, 7), req, with_runner_ups)
+            assert c.token_ids == a.token_ids and c.stats.passes == b.stats.passes
 
 
 def test_device_sampler_errors_are_clear(folders):

@@ -329,7 +329,7 @@ def test_proposer_batches_nodes_into_one_call(drafter_dir, engine):
     rng = np.random.default_rng(2)
     logits = (rng.normal(size=(8, VOCAB)) * 3).astype(np.float32)
     state = np.full(8, MASK)
-    stale = StaleView(logits, state == MASK, Sampling(1.0, seed=1), 0)
+    stale = StaleView(logits, state == MASK, Sampling(1.0, seed=1), 0)      # the mask id may be sampled here
     proposer.begin_round(RoundInputs(stale, CommitRule(STATIC), MASK, 0), state, 0)
     tree = [Node(state, -1, 0, 1)]
     for p in range(1, 4):
@@ -339,10 +339,10 @@ def test_proposer_batches_nodes_into_one_call(drafter_dir, engine):
     out = proposer.propose(tree, [0, 1, 2, 3])
     assert calls == [4]
     for node, cands in zip(tree, out):
-        assert len(cands) == 3
+        assert 3 <= len(cands) <= 6         # three positions, each with its runner-up unless that is the mask id
         states = [c for _, c in cands]
         assert all(((s != MASK) & (node.state == MASK)).sum() == 1 for s in states)
-        assert len({s.tobytes() for s in states}) == 3
+        assert len({s.tobytes() for s in states}) == len(cands)
         assert [lp for lp, _ in cands] == sorted((lp for lp, _ in cands), reverse=True)
 
 
@@ -483,7 +483,7 @@ def test_order_temperature_divides_the_order_logits(drafter_dir):
     masked = state == MASK
     got = {}
     for t_o in (1.0, 2.5):
-        proposer = DrafterProposer(base.with_order_temperature(t_o), branch=6)
+        proposer = DrafterProposer(base.with_settings(order_temperature=t_o, runner_up_weight=0), branch=6)
         proposer.begin_round(RoundInputs(stale, CommitRule(STATIC), MASK, 0), state, 0)
         (cands,) = proposer.propose([Node(state, -1, 0, 1)], [0])
         z = order[masked] / t_o
@@ -504,32 +504,190 @@ def test_bad_order_temperature_is_a_clear_error(drafter_dir, tmp_path, value):
         Drafter.load(tmp_path)
 
 
-def test_order_temperature_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp_path):
-    from spot.training.calibration import (best_order_temperature, calibrate_order_temperature,
-                                           write_order_temperature)
+def test_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp_path):
+    from spot.training.calibration import (best_order_temperature, best_runner_up_weight, calibrate_drafter,
+                                           write_calibration)
     for name in (DRAFTER_ONNX, DRAFTER_JSON):
         (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
     drafter = Drafter.load(tmp_path)
     budget, ps = TreeBudget(8, 4), prompts(3, seed=5)
-    result = calibrate_order_temperature(engine, drafter, ps, [0.0, 1.0], [0.25, 1.0, 4.0], budget, 16)
-    passes = result["calibration"]["target_passes"]
-    # each figure is what `spot` decodes with that order temperature, and the best is the smallest
-    req = DecodeRequest(max_new_tokens=16, sampling=Sampling(1.0, seed=0), budget=budget)
-    at_4 = sum(run_decoder("spot", engine, p, req, drafter=drafter.with_order_temperature(4.0)).stats.target_passes
-               for p in ps)
-    req0 = replace(req, sampling=Sampling(0.0))
-    at_4 += sum(run_decoder("spot", engine, p, req0, drafter=drafter.with_order_temperature(4.0)).stats.target_passes
-                for p in ps)
-    assert passes["4"] == at_4
-    assert passes[f"{result['order_temperature']:g}"] == min(passes.values())
+    result = calibrate_drafter(engine, drafter, ps, [0.0, 1.0], [0.25, 1.0, 4.0], [0.0, 0.5], budget, 16)
+    record = result["calibration"]
+    passes, weights = record["target_passes"], record["runner_up_target_passes"]
+
+    def decoded(**settings):   # what `spot` decodes with those settings, over the prompts at T = 0 and 1
+        candidate = drafter.with_settings(**settings)
+        return sum(run_decoder("spot", engine, p, DecodeRequest(max_new_tokens=16, sampling=Sampling(t, seed=0),
+                                                                budget=budget), drafter=candidate).stats.target_passes
+                   for t in (0.0, 1.0) for p in ps)
+    # each figure is a decode with that setting: T_o at the drafter's runner-up weight, then weights at the best T_o
+    assert passes["4"] == decoded(order_temperature=4.0)
+    assert record["runner_up_weight_at"] == drafter.runner_up_weight
+    best_t = result["order_temperature"]
+    assert passes[f"{best_t:g}"] == min(passes.values())
+    assert weights["0.5"] == decoded(order_temperature=best_t, runner_up_weight=0.5)
+    assert weights[f"{result['runner_up_weight']:g}"] == min(weights.values())
     sha = json.loads((tmp_path / DRAFTER_JSON).read_text())["onnx_sha256"]
-    write_order_temperature(tmp_path, result["order_temperature"], result["calibration"])
+    write_calibration(tmp_path, result)
     reloaded = Drafter.load(tmp_path)
-    assert reloaded.order_temperature == result["order_temperature"]
+    assert reloaded.order_temperature == best_t and reloaded.runner_up_weight == result["runner_up_weight"]
     assert reloaded.manifest["onnx_sha256"] == sha and reloaded.manifest["order_calibration"]["prompts"] == 3
     assert not list(tmp_path.glob("*.partial"))
     assert best_order_temperature({0.5: 10, 1.0: 10, 3.0: 9}) == 3.0
     assert best_order_temperature({0.5: 10, 1.0: 10, 3.0: 10}) == 1.0   # ties: the least change
     assert best_order_temperature({0.5: 10, 3.0: 10}) == 0.5            # |log 0.5| < |log 3|
+    assert best_runner_up_weight({0.0: 10, 0.1: 9, 0.3: 9}) == 0.1      # ties: the fewest runner-up children
     with pytest.raises(SpotError, match="expected a number > 0"):
-        calibrate_order_temperature(engine, drafter, ps, [0.0], [1.0, 0.0], budget, 16)
+        calibrate_drafter(engine, drafter, ps, [0.0], [1.0, 0.0], [0.0], budget, 16)
+    with pytest.raises(SpotError, match=r"expected a number in \[0, 1\]"):
+        calibrate_drafter(engine, drafter, ps, [0.0], [1.0], [0.0, 2.0], budget, 16)
+
+
+# -- runner-up children -------------------------------------------------------------------------------------------
+def brute_runner_up(logits, positions, sampling, block, step):
+    """The second-best of (filtered L/T + the definition's noise) per position, and the score gap, in plain numpy."""
+    from spot.runtime.step import filter_scaled_logits
+    z = logits[positions].astype(np.float64)
+    if sampling.temperature > 0:
+        z = filter_scaled_logits(z / sampling.temperature, sampling.top_k, sampling.top_p)
+        z = z + gumbel_rows(sampling.seed, block, step, positions, logits.shape[-1])
+    z[:, sampling.exclude_token] = -np.inf
+    order = np.argsort(-z, axis=-1, kind="stable")
+    top, second = z[np.arange(len(positions)), order[:, 0]], z[np.arange(len(positions)), order[:, 1]]
+    return order[:, 1], np.where(np.isfinite(second), top - second, np.inf)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(0.0, exclude_token=MASK), Sampling(1.0, seed=3, exclude_token=MASK),
+                                      Sampling(0.7, seed=4, top_k=2, exclude_token=MASK),
+                                      Sampling(1.0, seed=5, top_p=0.3, exclude_token=MASK)])
+def test_runner_up_is_the_second_best_coupled_sample(sampling):
+    rng = np.random.default_rng(7)
+    logits = (rng.normal(size=(8, VOCAB)) * 2).astype(np.float32)
+    logits[2, 10] = logits[2, 11] = logits[2].max() + 1.0        # a tie: the smaller id wins, the other is second
+    masked = np.ones(8, bool)
+    masked[5] = False
+    stale = StaleView(logits, masked, sampling, block=3, noise=NoiseCache(sampling.seed, VOCAB))
+    positions = np.flatnonzero(masked)
+    stale.runner_ups_wanted = True         # step 4: sampled together with the coupled samples
+    for step in (1, 4):
+        if step == 1:
+            stale.runner_up(step)          # before the coupled samples: sampled on its own
+        want_tokens, want_gap = brute_runner_up(logits, positions, sampling, 3, step)
+        tokens, gap = stale.runner_up(step)
+        assert tokens[5] == -1 and gap[5] == np.inf
+        tokens, gap = tokens[positions], gap[positions]
+        finite = np.isfinite(want_gap)
+        np.testing.assert_array_equal(tokens[finite], want_tokens[finite])
+        np.testing.assert_array_equal(gap, want_gap)                  # exact: the definition's noise
+        assert (tokens != stale.coupled(step)[0][positions]).all()
+        plain = StaleView(logits, masked, sampling, block=3)          # the same winners without runner-ups
+        np.testing.assert_array_equal(plain.coupled(step)[0], stale.coupled(step)[0])
+        np.testing.assert_array_equal(plain.coupled(step)[1], stale.coupled(step)[1])
+    if sampling.temperature == 0:
+        assert tokens[2] == 11 and gap[2] == 0.0
+    if sampling.top_k == 2:                 # one token left besides the winner: finite gaps everywhere
+        assert np.isfinite(gap).all()
+    if sampling.top_p < 0.5:                # top-p keeps only the winner on peaked rows: no runner-up there
+        assert np.isinf(gap).any()
+
+
+def test_position_candidates_add_runner_up_children():
+    from spot.runtime.proposers import LOG_FLOOR, position_candidates
+    state = np.array([MASK, 7, MASK, MASK, MASK])
+    logq = np.array([np.log(0.5), -np.inf, np.log(0.3), np.log(0.15), np.log(0.05)])
+    tokens = np.array([10, -1, 20, 30, 40])
+    alt = (np.array([11, -1, 21, 31, 41]), np.array([np.log(0.2), -np.inf, -np.inf, np.log(0.5), -200.0]))
+    node = Node(state, -1, 0, 1)
+    plain = position_candidates(node, logq, tokens, MASK, 3)
+    assert [c[p] for (_, c), p in zip(plain, (0, 2, 3))] == [10, 20, 30]
+    got = position_candidates(node, logq, tokens, MASK, 3, alt)
+    # runner-up children of the top-3 positions whose weight is finite, all sorted by log-probability (stable)
+    want = [(np.log(0.5), 0, 10), (np.log(0.3), 2, 20), (np.log(0.15), 3, 30), (np.log(0.5) + np.log(0.2), 0, 11),
+            (np.log(0.15) + np.log(0.5), 3, 31)]
+    want.sort(key=lambda w: -w[0])
+    assert len(got) == len(want)
+    for (lp, child), (wlp, pos, tok) in zip(got, want):
+        assert lp == pytest.approx(wlp, abs=1e-12)
+        expected = state.copy()
+        expected[pos] = tok
+        np.testing.assert_array_equal(child, expected)
+    floor = position_candidates(node, logq, tokens, MASK, 4, alt)       # position 4: weight floored, not dropped
+    assert floor[-1][0] == LOG_FLOOR and floor[-1][1][4] == 41
+
+
+def test_drafter_runner_up_children_weigh_the_score_gap(drafter_dir):
+    base = Drafter.load(drafter_dir)
+    assert base.runner_up_weight == 0.17                # the default when drafter.json does not set it
+    rng = np.random.default_rng(4)
+    logits = (rng.normal(size=(8, VOCAB)) * 3).astype(np.float32)
+    state = np.full(8, MASK)
+    state[[0, 5]] = [3, 4]
+    sampling = Sampling(1.0, seed=2, exclude_token=MASK)
+    stale = StaleView(logits, state == MASK, sampling, 0)
+    node = Node(state, -1, 0, 1)
+    by_weight = {}
+    for w in (0.0, 0.3):
+        proposer = DrafterProposer(base.with_settings(runner_up_weight=w), branch=3)
+        proposer.begin_round(RoundInputs(stale, CommitRule(STATIC), MASK, 0), state, 0)
+        (cands,) = proposer.propose([node], [0])
+        by_weight[w] = cands
+    tokens, _ = stale.coupled(1)
+    second, gap = stale.runner_up(1)
+    plain = {int(np.flatnonzero(c != state)[0]): lp for lp, c in by_weight[0.0]}
+    assert len(plain) == 3 and all(c[np.flatnonzero(c != state)[0]] in tokens for _, c in by_weight[0.0])
+    alternatives = [(lp, c) for lp, c in by_weight[0.3] if c[np.flatnonzero(c != state)[0]] != tokens[c != state]]
+    assert len(by_weight[0.3]) == 6 and len(alternatives) == 3
+    for lp, c in alternatives:
+        (p,) = np.flatnonzero(c != state)
+        assert c[p] == second[p]
+        assert lp == pytest.approx(plain[p] + np.log(0.3) - gap[p], abs=1e-12)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, "many", None, float("nan")])
+def test_bad_runner_up_weight_is_a_clear_error(drafter_dir, tmp_path, value):
+    for name in (DRAFTER_ONNX, DRAFTER_JSON):
+        (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
+    manifest = json.loads((tmp_path / DRAFTER_JSON).read_text())
+    manifest["runner_up_weight"] = value
+    (tmp_path / DRAFTER_JSON).write_text(json.dumps(manifest))
+    with pytest.raises(SpotError, match=r"runner_up_weight is .*expected a number in \[0, 1\]"):
+        Drafter.load(tmp_path)
+
+
+def test_runner_up_children_are_accepted_and_stay_exact(drafter_dir, engine, monkeypatch):
+    """With a heavy runner-up weight, runner-up children enter the trees and the walk ends on some of them; every
+    output still equals standard decoding, and the trees differ from those without runner-ups."""
+    from spot.runtime import spot as spot_module
+    runner_up_states = set()
+    real_propose = DrafterProposer.propose
+
+    def propose(self, tree, nodes):
+        answers = real_propose(self, tree, nodes)
+        for i, cands in zip(nodes, answers):
+            coupled = self.round.stale.coupled(tree[i].step)[0]
+            for _, child in cands:
+                (p,) = np.flatnonzero(child != tree[i].state)
+                if child[p] != coupled[p]:
+                    runner_up_states.add((child.tobytes(), tree[i].step + 1))
+        return answers
+    ends = []
+    real_walk = spot_module.walk
+
+    def walk(tree, outputs, ctx):
+        end, nxt = real_walk(tree, outputs, ctx)
+        ends.append((tree[end].state.tobytes(), tree[end].step) in runner_up_states)
+        return end, nxt
+    monkeypatch.setattr(DrafterProposer, "propose", propose)
+    monkeypatch.setattr(spot_module, "walk", walk)
+    base = Drafter.load(drafter_dir)
+    rows = {0.0: [], 1.0: []}
+    for i, prompt in enumerate(prompts(4, seed=31)):
+        for temperature in (0.0, 1.0):
+            req = DecodeRequest(max_new_tokens=20, sampling=Sampling(temperature, seed=i), budget=TreeBudget(10, 4))
+            ref = run_decoder("standard", engine, prompt, req)
+            for w in rows:
+                got = run_decoder("spot", engine, prompt, req, drafter=base.with_settings(runner_up_weight=w))
+                assert got.token_ids == ref.token_ids, (prompt, temperature, w)
+                rows[w].append(got.stats.extra["nodes_per_verify"] + got.stats.extra["accepted_per_verify"])
+    assert sum(ends) > 0, "no round ended on a runner-up child"
+    assert rows[0.0] != rows[1.0]

@@ -53,16 +53,33 @@ std::vector<int64_t> child_with(const std::vector<int64_t>& state, const std::ve
   return child;
 }
 
-// proposers.position_candidates: one child per top-`branch` masked position of logq [B]
+// proposers.runner_up_alternatives: log weights log(weight) - gap [B] of the runner-up tokens (empty: none)
+std::vector<double> runner_up_log_weights(const StaleView::RunnerUp& r, double weight) {
+  std::vector<double> out(r.gap.size());
+  const double log_weight = std::log(weight);
+  for (size_t p = 0; p < r.gap.size(); ++p) out[p] = log_weight - r.gap[p];
+  return out;
+}
+
+// proposers.position_candidates: one child per top-`branch` masked position of logq [B], each followed by the child
+// committing its runner-up token when runner_up_tokens is given (weight logq + log weight, skipped at -inf or when
+// the token is the mask id);
+// best first, stable
 std::vector<Candidate> position_candidates(const Node& node, const std::vector<double>& logq,
-                                           const std::vector<int64_t>& tokens, int64_t mask_id, int branch) {
+                                           const std::vector<int64_t>& tokens, int64_t mask_id, int branch,
+                                           const std::vector<int64_t>* runner_up_tokens = nullptr,
+                                           const std::vector<double>* runner_up_log_weight = nullptr) {
   std::vector<int64_t> masked = masked_positions(node.state, mask_id);
   std::stable_sort(masked.begin(), masked.end(), [&](int64_t a, int64_t b) { return -logq[a] < -logq[b]; });
   std::vector<Candidate> out;
   for (size_t i = 0; i < masked.size() && i < static_cast<size_t>(branch); ++i) {
     int64_t p = masked[i];
     out.push_back({std::max(logq[p], kLogFloor), child_with(node.state, {p}, tokens)});
+    if (runner_up_tokens != nullptr && (*runner_up_log_weight)[p] > kNegInf && (*runner_up_tokens)[p] != mask_id)
+      out.push_back({std::max(logq[p] + (*runner_up_log_weight)[p], kLogFloor),
+                     child_with(node.state, {p}, *runner_up_tokens)});
   }
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) { return -a.logp < -b.logp; });
   return out;
 }
 
@@ -338,6 +355,26 @@ const StaleView::Coupled& StaleView::coupled(uint32_t step) {
   return cache_.emplace(key, std::move(c)).first->second;
 }
 
+const StaleView::RunnerUp& StaleView::runner_up(uint32_t step) {
+  const bool noisy = sampling_.temperature > 0;
+  const uint32_t key = noisy ? step : 0;
+  auto it = runner_up_.find(key);
+  if (it != runner_up_.end()) return it->second;
+  const Coupled& c = coupled(step);   // also scales the rows
+  RunnerUp r;
+  r.tokens.assign(static_cast<size_t>(b_), -1);
+  r.gap.assign(static_cast<size_t>(b_), std::numeric_limits<double>::infinity());
+  std::vector<double> scratch;
+  for (size_t k = 0; k < positions_.size(); ++k) {
+    const int64_t pos = positions_[k];
+    const double* g = noisy ? noise_row(noise_, sampling_.seed, block_, step, static_cast<uint32_t>(pos), vocab_,
+                                        scratch)
+                            : nullptr;
+    runner_up_row(rows_[k], g, sampling_.exclude_token, c.tokens[pos], r.tokens[pos], r.gap[pos]);
+  }
+  return runner_up_.emplace(key, std::move(r)).first->second;
+}
+
 const std::vector<float>& StaleView::topk_logprobs() {
   if (topk_.empty()) topk_ = spot::topk_logprobs(logits_, b_, vocab_, sampling_.temperature);
   return topk_;
@@ -555,6 +592,12 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
         fail(SPOT_ERR_CORRUPT, "order_temperature is " + std::to_string(d->order_temperature) +
                                    ", expected a number > 0 (1 = the order model's own logits)");
     }
+    if (const Json* t = m.find("runner_up_weight"); t && !t->is_null()) {
+      d->runner_up_weight = t->number();
+      if (!(d->runner_up_weight >= 0 && d->runner_up_weight <= 1))
+        fail(SPOT_ERR_CORRUPT, "runner_up_weight is " + std::to_string(d->runner_up_weight) +
+                                   ", expected a number in [0, 1] (0 = no runner-up children)");
+    }
     const std::string digest = sha256_file(onnx_path);
     if (digest != m.at("onnx_sha256").str())
       fail(SPOT_ERR_CORRUPT, onnx_path + " does not match its manifest (sha256 " + digest.substr(0, 12) +
@@ -648,7 +691,13 @@ std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<N
     for (int64_t p = 0; p < b; ++p) mrow[p] = masked[j * b + p] > 0;
     std::vector<double> logq = masked_log_softmax(order.data() + j * b, mrow, drafter_.order_temperature);
     if (!r.rule.threshold) {
-      out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, branch_));
+      if (drafter_.runner_up_weight > 0) {
+        const StaleView::RunnerUp& up = r.stale->runner_up(node.step);
+        const std::vector<double> log_weight = runner_up_log_weights(up, drafter_.runner_up_weight);
+        out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, branch_, &up.tokens, &log_weight));
+      } else {
+        out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, branch_));
+      }
       continue;
     }
     const int64_t best = first_argmax(logq);   // where the threshold rule falls back to one commit

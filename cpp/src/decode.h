@@ -27,6 +27,11 @@ class StaleView {
     std::vector<double> conf;      // [B], -inf there
   };
   const Coupled& coupled(uint32_t step);
+  struct RunnerUp {
+    std::vector<int64_t> tokens;   // [B] second-best coupled sample, -1 where s_m is not masked
+    std::vector<double> gap;       // [B] score(coupled sample) - score(runner-up), inf there or where none exists
+  };
+  const RunnerUp& runner_up(uint32_t step);
   const std::vector<float>& topk_logprobs();   // [B, 32]
 
   double temperature() const { return sampling_.temperature; }
@@ -39,6 +44,7 @@ class StaleView {
   uint32_t block_;
   NoiseRows* noise_;
   std::map<uint32_t, Coupled> cache_;
+  std::map<uint32_t, RunnerUp> runner_up_;
   std::vector<ScaledRow> rows_;         // per masked position of s_m, scaled once per round
   std::vector<float> topk_;
 };
@@ -112,6 +118,7 @@ class Drafter {
   double member_threshold = 0.5;
   double member_offset = 0.0;
   double order_temperature = 1.0;   // drafter.json: divides the order logits (spot calibrate-drafter)
+  double runner_up_weight = 0.17;   // drafter.json: weight of runner-up token children (drafter.py's default)
   std::optional<double> tau;
   Json target;
 

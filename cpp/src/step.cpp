@@ -176,6 +176,25 @@ void sample_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t& t
   conf = std::exp(z[best] - r.zmax) / r.denom;   // the same exp numpy takes of that entry of exp(z - max)
 }
 
+void runner_up_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t winner, int64_t& token,
+                   double& gap) {
+  const int64_t vocab = static_cast<int64_t>(r.z.size());
+  const double* zs = r.z_sample.empty() ? r.z.data() : r.z_sample.data();
+  int64_t best = -1;
+  double best_val = kNegInf;
+  for (int64_t v = 0; v < vocab; ++v) {
+    double p = g ? zs[v] + g[v] : zs[v];
+    if (v == exclude || v == winner) p = kNegInf;
+    if (best < 0 || p > best_val) {
+      best = v;
+      best_val = p;
+    }
+  }
+  token = best;
+  const double top = g ? zs[winner] + g[winner] : zs[winner];
+  gap = std::isfinite(best_val) ? top - best_val : std::numeric_limits<double>::infinity();
+}
+
 void sample_positions(const float* logits, int64_t vocab, const std::vector<int64_t>& positions,
                       const Sampling& sampling, uint32_t block, uint32_t step, NoiseRows* noise,
                       std::vector<int64_t>& tokens, std::vector<double>& conf) {

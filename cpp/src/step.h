@@ -76,6 +76,11 @@ void filter_row(const std::vector<double>& z, int64_t top_k, double top_p, std::
 // conf = exp(z_x - max) / denom from the unfiltered row
 void sample_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t& token, double& conf);
 
+// step.runner_up_scaled for one row: the argmax of the same scores without `exclude` and `winner` (ties: smallest
+// id), and gap = score(winner) - score(runner-up) (inf when the runner-up's score is -inf)
+void runner_up_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t winner, int64_t& token,
+                   double& gap);
+
 // Sample tokens and confidences at `positions` of one state: logits [B, V] float32 (row-major).
 // tokens[k], conf[k] for positions[k]: conf = softmax(L/T)[x] (softmax(L) at T = 0), float64.
 void sample_positions(const float* logits, int64_t vocab, const std::vector<int64_t>& positions,

@@ -4,7 +4,8 @@ standard / threshold: SPEC §3 with the static / threshold rule (one target pass
 chain / tree: SPOT with the training-free stale-confidence order (branch 1 = FreeDave-style chain, branch k = tree).
 oracle: SPOT whose proposer reads the true standard trajectory (a diagnostic ceiling, costs a standard run first).
 order-oracle: the same, but only the true positions; tokens are the coupled stale samples like a drafter's (the
-  ceiling of any order model: spot -> order-oracle is the drafter's gap, order-oracle -> oracle the stale tokens').
+  ceiling of any order model proposing the stale winners: spot -> order-oracle is the drafter's gap, order-oracle ->
+  oracle the stale tokens'; spot's runner-up children win back part of the latter).
 spot / spot-sets: SPOT with the learned order model (static rule / threshold rule with whole-set verification).
 standard, chain, tree, oracle and spot follow the commit rule given (static unless mode is threshold).
 """

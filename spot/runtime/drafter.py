@@ -27,7 +27,7 @@ from spot.config import ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError
 from spot.runtime import libm
-from spot.runtime.proposers import RoundInputs, position_candidates, set_candidates
+from spot.runtime.proposers import RoundInputs, position_candidates, runner_up_alternatives, set_candidates
 from spot.runtime.stale import TOPK_FEATURES, StaleView
 from spot.runtime.step import STATIC
 from spot.runtime.tree import Node
@@ -49,6 +49,11 @@ DRAFTER_THREADS = 1
 # Divides the order logits before the softmax that ranks and weighs tree children (a light per-target calibration:
 # `spot calibrate-drafter` picks it by target passes on training prompts; 1 = the model's own logits).
 ORDER_TEMPERATURE = "order_temperature"
+# Weight of the runner-up children (spot.runtime.proposers.runner_up_alternatives): a child committing a position's
+# second-best coupled token, weighted weight * exp(-score gap). 0 turns them off. The default is the embedded
+# target's calibration (`spot calibrate-drafter`, training prompts; docs/drafter.md).
+RUNNER_UP_WEIGHT = "runner_up_weight"
+DEFAULT_RUNNER_UP_WEIGHT = 0.17
 MEMBER_SHARPNESS = 32.0   # stale-confidence membership when the rule's tau is not the one the drafter learned
 # The target facts a drafter is tied to: its inputs are vocabulary-free, but its training distribution is one
 # target's (block size is checked separately, against the engine's block size).
@@ -98,6 +103,18 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     """0.5 (1 + tanh(x / 2)) with the C library's tanh (numpy's SIMD tanh differs in the last bit from the C++
     host's, which could reorder near-tied tree candidates)."""
     return 0.5 * (1.0 + libm.tanh(0.5 * np.asarray(x, dtype=np.float64)))
+
+
+def check_runner_up_weight(value, path) -> float:
+    """drafter.json's runner_up_weight: a finite number in [0, 1] (SpotError naming the file otherwise)."""
+    try:
+        w = float(value)
+    except (TypeError, ValueError):
+        w = float("nan")
+    if not 0.0 <= w <= 1.0:         # nan fails too
+        raise SpotError(f"drafter {path}: {RUNNER_UP_WEIGHT} is {value!r}, expected a number in [0, 1]",
+                        "fix drafter.json (0 = no runner-up children) or rerun `spot calibrate-drafter`")
+    return w
 
 
 def check_order_temperature(value, path) -> float:
@@ -175,6 +192,8 @@ class Drafter:
         self.max_staleness = int(manifest.get("max_staleness", MAX_STALENESS))
         self.tau = manifest.get("tau")     # the threshold rule's tau the membership head learned
         self.order_temperature = check_order_temperature(manifest.get(ORDER_TEMPERATURE, 1.0), self.path)
+        self.runner_up_weight = check_runner_up_weight(manifest.get(RUNNER_UP_WEIGHT, DEFAULT_RUNNER_UP_WEIGHT),
+                                                       self.path)
 
     @staticmethod
     def load(path: str | Path, threads: int | None = None) -> "Drafter":
@@ -202,10 +221,15 @@ class Drafter:
                                 "use the drafter shipped with this model, or train one with `spot traces` + "
                                 "`spot train-drafter`")
 
-    def with_order_temperature(self, temperature: float) -> "Drafter":
-        """The same model (and ORT session) with another order temperature (spot.training.calibration)."""
+    def with_settings(self, order_temperature: float | None = None,
+                      runner_up_weight: float | None = None) -> "Drafter":
+        """The same model (and ORT session) with another order temperature and/or runner-up weight
+        (spot.training.calibration); None keeps this drafter's."""
         other = copy.copy(self)
-        other.order_temperature = check_order_temperature(temperature, self.path)
+        if order_temperature is not None:
+            other.order_temperature = check_order_temperature(order_temperature, self.path)
+        if runner_up_weight is not None:
+            other.runner_up_weight = check_runner_up_weight(runner_up_weight, self.path)
         return other
 
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -220,7 +244,8 @@ class Drafter:
 class DrafterProposer:
     """SPOT / SPOT-Sets proposer: all nodes requested at once go through ONE drafter call.
 
-    static rule: log-softmax of the order logits over masked positions, one child per top-`branch` position;
+    static rule: log-softmax of the order logits over masked positions, one child per top-`branch` position, plus
+    its runner-up token's child (drafter.json `runner_up_weight`; none where the stale view has no runner-ups);
     threshold rule: the predicted set {sigmoid(member) > calibrated threshold} (else the top order position) and
     `branch - 1` variants flipping the least certain positions; for a tau other than the one the drafter learned,
     membership comes from the stale confidence instead. Tokens: the coupled samples of the node's step."""
@@ -236,6 +261,8 @@ class DrafterProposer:
 
     def begin_round(self, round_inputs: RoundInputs, state: np.ndarray, step: int) -> None:
         self.round = round_inputs
+        if round_inputs.rule.kind == STATIC and self.drafter.runner_up_weight > 0:
+            round_inputs.stale.runner_ups_wanted = True     # sampled with the coupled samples, in one pass
 
     def propose(self, tree: list[Node], nodes: list[int]) -> list[list[tuple[float, np.ndarray]]]:
         if not nodes:
@@ -252,7 +279,8 @@ class DrafterProposer:
             tokens = r.stale.coupled(node.step)[0]
             logq = logq_all[j]
             if r.rule.kind == STATIC:
-                out.append(position_candidates(node, logq, tokens, r.mask_id, self.branch))
+                runner_up = runner_up_alternatives(r.stale, node.step, self.drafter.runner_up_weight)
+                out.append(position_candidates(node, logq, tokens, r.mask_id, self.branch, runner_up))
             else:
                 best = int(np.argmax(logq))        # where the threshold rule falls back to one commit
                 if self.drafter.tau is None or abs(r.rule.tau - self.drafter.tau) < 1e-9:

@@ -4,13 +4,17 @@ A child commits what the proposer predicts F will commit at its parent: under th
 the threshold rule (SPOT-Sets) a whole set; its tokens are the coupled samples of the stale logits for the parent's
 step. Proposers differ only in how they score positions:
 - ConfidenceOrderProposer: stale confidence of the coupled sample (training-free; branch 1 = `chain`, FreeDave-style).
-- DrafterProposer: the order model (spot.runtime.drafter) — `spot` / `spot-sets`.
+- DrafterProposer: the order model (spot.runtime.drafter) — `spot` / `spot-sets`; under the static rule it also
+  proposes each position's runner-up coupled token (runner_up_alternatives), weighted by how narrowly it lost.
 - OracleProposer: reads the true standard trajectory, positions and tokens (diagnostic ceiling of the tree shape).
 - OrderOracleProposer: reads only the true positions; tokens are the coupled samples like every drafter's
-  (diagnostic ceiling of any order model: what remains is the stale tokens' disagreement with the fresh ones).
+  (diagnostic ceiling of any order model proposing stale winners: what remains is the stale tokens' disagreement
+  with the fresh ones, which DrafterProposer's runner-up children partly recover).
 No proposer sees fresh logits; exactness never depends on what they propose.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -35,12 +39,39 @@ def child_with(state: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> 
     return child
 
 
-def position_candidates(node: Node, logq: np.ndarray, tokens: np.ndarray, mask_id: int,
-                        branch: int) -> list[tuple[float, np.ndarray]]:
-    """Static rule: one child per top-`branch` masked position. logq [B] log P(next commit = i), tokens [B]."""
+def position_candidates(node: Node, logq: np.ndarray, tokens: np.ndarray, mask_id: int, branch: int,
+                        runner_up: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[float, np.ndarray]]:
+    """Static rule: one child per top-`branch` masked position. logq [B] log P(next commit = i), tokens [B].
+
+    runner_up: (tokens [B], log weights [B]) from runner_up_alternatives, or None: each of those positions also gets
+    the child committing its runner-up token, weighted logq + log weight (skipped where the weight is -inf or the
+    token is the mask id: that child would equal its parent; decoders exclude the mask id from sampling anyway).
+    Children are returned best first (stable: a position's main child before its runner-up)."""
     masked = np.flatnonzero(node.state == mask_id)
     order = masked[np.argsort(-logq[masked], kind="stable")][:branch]
-    return [(float(max(logq[p], LOG_FLOOR)), child_with(node.state, np.array([p]), tokens)) for p in order]
+    out = []
+    for p in order:
+        out.append((float(max(logq[p], LOG_FLOOR)), child_with(node.state, np.array([p]), tokens)))
+        if runner_up is not None and runner_up[1][p] > -np.inf and runner_up[0][p] != mask_id:
+            child = node.state.copy()
+            child[p] = runner_up[0][p]
+            out.append((float(max(logq[p] + runner_up[1][p], LOG_FLOOR)), child))
+    out.sort(key=lambda c: -c[0])           # stable
+    return out
+
+
+def runner_up_alternatives(stale, step: int, weight: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """The runner-up coupled tokens [B] of `step` and their log weights [B] = log(weight) - gap, or None (weight 0,
+    or a stale view without runner-ups). The target's fresh sample is the stale runner-up mostly where the stale
+    winner won by little: exp(-gap) is the stale probability ratio runner-up / winner at T = 0, and the
+    perturbed-score ratio at T > 0; `weight` (drafter.json `runner_up_weight`) scales it."""
+    if weight <= 0:
+        return None
+    found = stale.runner_up(step)
+    if found is None:
+        return None
+    tokens, gap = found
+    return tokens, math.log(weight) - gap
 
 
 def set_candidates(node: Node, member_p: np.ndarray, best: int, tokens: np.ndarray, mask_id: int,
@@ -129,9 +160,9 @@ class OracleProposer:
 
 class OrderOracleProposer(OracleProposer):
     """Diagnostic: commits the positions standard decoding commits next (read from its trajectory) with the stale
-    view's coupled tokens, as every drafter does. An order model proposes exactly these children at best, so SPOT's
-    gap to this decoder is the drafter's, and this decoder's gap to `oracle` is the stale tokens': once a stale
-    sample differs from the fresh one, no order proposal is accepted."""
+    view's coupled tokens. An order model proposing stale winners proposes exactly these children at best, so
+    SPOT's gap to this decoder is the drafter's, and this decoder's gap to `oracle` is the stale tokens': once a
+    stale sample differs from the fresh one, no such proposal is accepted (SPOT's runner-up children recover some)."""
 
     def child(self, node: Node, now: np.ndarray, nxt: np.ndarray) -> np.ndarray:
         return child_with(node.state, np.flatnonzero(nxt != now), self.round.stale.coupled(node.step)[0])

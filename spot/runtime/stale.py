@@ -12,7 +12,8 @@ import numpy as np
 from spot.errors import SpotError
 from spot.runtime import libm
 from spot.runtime.noise import NoiseCache
-from spot.runtime.step import Sampling, ScaledRows, sample_scaled, scale_rows, step_gumbel
+from spot.runtime.step import (Sampling, ScaledRows, confidence, sample_scaled, scale_rows, step_gumbel,
+                               top2_scaled)
 
 TOPK_FEATURES = 32
 INDEPENDENT_SEED_XOR = 0x5BD1E995
@@ -33,6 +34,8 @@ class StaleView:
         self.noise = None if independent_noise else noise       # the cache holds the target's noise only
         self.block = block
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._runner_up: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.runner_ups_wanted = False      # set by a proposer that will ask: sampled with the coupled samples
         self._topk: np.ndarray | None = None
         self._rows: ScaledRows | None = None      # scaled once, sampled at each step
 
@@ -40,16 +43,35 @@ class StaleView:
         """tokens [B] int64 (-1 where not masked in s_m) and confidences [B] float64 (-inf there) for `step`."""
         key = step if self.sampling.temperature > 0 else 0      # greedy samples do not depend on the step
         if key not in self._cache:
-            b = self.logits.shape[0]
-            tokens = np.full(b, -1, dtype=np.int64)
-            conf = np.full(b, -np.inf)
-            if self.positions.size:
-                if self._rows is None:
-                    self._rows = scale_rows(self.logits, self.positions, self.sampling)
-                g = step_gumbel(self.sampling, self.block, step, self.positions, self.logits.shape[-1], self.noise)
-                tokens[self.positions], conf[self.positions] = sample_scaled(self._rows, g)
-            self._cache[key] = (tokens, conf)
+            self._sample(step, key, self.runner_ups_wanted)
         return self._cache[key]
+
+    def runner_up(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The second-best coupled sample for `step`: tokens [B] int64 (-1 where not masked in s_m) and the score
+        gap [B] float64 to the coupled sample (inf there, and where no other token can be sampled)."""
+        key = step if self.sampling.temperature > 0 else 0
+        if key not in self._runner_up:
+            self._sample(step, key, True)
+        return self._runner_up[key]
+
+    def _sample(self, step: int, key: int, with_runner_up: bool) -> None:
+        b = self.logits.shape[0]
+        tokens = np.full(b, -1, dtype=np.int64)
+        conf = np.full(b, -np.inf)
+        second = np.full(b, -1, dtype=np.int64)
+        gap = np.full(b, np.inf)
+        if self.positions.size:
+            if self._rows is None:
+                self._rows = scale_rows(self.logits, self.positions, self.sampling)
+            g = step_gumbel(self.sampling, self.block, step, self.positions, self.logits.shape[-1], self.noise)
+            if with_runner_up:      # both ranks in one pass over the rows (the same winners as sample_scaled)
+                won, second[self.positions], gap[self.positions] = top2_scaled(self._rows.base, g)
+                tokens[self.positions], conf[self.positions] = won, confidence(self._rows, won)
+            else:
+                tokens[self.positions], conf[self.positions] = sample_scaled(self._rows, g)
+        self._cache.setdefault(key, (tokens, conf))
+        if with_runner_up:
+            self._runner_up[key] = (second, gap)
 
     def topk_logprobs(self) -> np.ndarray:
         """[B, 32] float32: the largest log-probabilities of softmax(L/T) (softmax(L) at T = 0), descending."""
@@ -97,6 +119,10 @@ class SampledStaleView:
                             "(spot-export --epilogue-steps)")
         return (np.where(self.masked, self.future_tokens[j], -1).astype(np.int64),
                 np.where(self.masked, self.future_conf[j], -np.inf))
+
+    def runner_up(self, step: int) -> None:
+        """The epilogue returns winners only: no runner-up proposals on this path (docs/drafter.md)."""
+        return None
 
     def topk_logprobs(self) -> np.ndarray:
         return self._topk

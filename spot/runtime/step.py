@@ -113,28 +113,74 @@ def sample_scaled(rows: ScaledRows, gumbel: NoiseRows | None) -> tuple[np.ndarra
         tokens = np.argmax(rows.base, axis=-1)       # ties -> smallest id (first occurrence)
     else:
         tokens = certified_argmax(rows.base, gumbel)
-    conf = np.take_along_axis(rows.exp_shifted, tokens[:, None], axis=-1)[:, 0] / rows.exp_sum
-    return tokens.astype(np.int64), conf
+    return tokens.astype(np.int64), confidence(rows, tokens)
+
+
+def confidence(rows: ScaledRows, tokens: np.ndarray) -> np.ndarray:
+    """[K] float64 softmax(L/T)[token] of each row (unfiltered)."""
+    return np.take_along_axis(rows.exp_shifted, tokens[:, None], axis=-1)[:, 0] / rows.exp_sum
+
+
+def _certified_best(base: np.ndarray, gumbel: NoiseRows, perturbed: np.ndarray):
+    """The native argmax of perturbed [K, V] (= base + native noise, already -inf where excluded), its exact score,
+    whether that is certified the exact argmax — its exact score beats every other native score by more than the
+    native rows' error and the two sums' rounding (exact_v <= native_v + NATIVE_NOISE_ERROR + ulp for every v) —
+    and the best native score left (-inf: no other token). Sets the chosen entries of `perturbed` to -inf, so a
+    second call certifies the runner-up."""
+    k = np.arange(base.shape[0])
+    tokens = np.argmax(perturbed, axis=-1)
+    exact = base[k, tokens] + gumbel.exact_at(k, tokens)
+    perturbed[k, tokens] = -np.inf
+    below = perturbed.max(axis=-1)
+    finite = np.where(np.isfinite(below), np.abs(below), 0.0)      # below is -inf when one token can win
+    certified = exact > below + NATIVE_NOISE_ERROR + finite * 2.0 ** -50
+    return tokens, exact, certified, below
 
 
 def certified_argmax(base: np.ndarray, gumbel: NoiseRows) -> np.ndarray:
     """argmax_v(base + g) [K] with g the definition's noise (ties: smallest id), from the native rows.
 
-    The native winner t of base + native is the exact winner when its exact score beats every other native score
-    by more than the native rows' error and the two sums' rounding: exact_v <= native_v + NATIVE_NOISE_ERROR +
-    ulp for every v. Rows that fail (near-ties, ~1e-9 of them) are sampled again with the exact rows."""
-    k = np.arange(base.shape[0])
-    perturbed = base + gumbel.native
-    tokens = np.argmax(perturbed, axis=-1)
-    exact_top = base[k, tokens] + gumbel.exact_at(k, tokens)
-    perturbed[k, tokens] = -np.inf
-    second = perturbed.max(axis=-1)
-    finite = np.where(np.isfinite(second), np.abs(second), 0.0)     # second is -inf when one token can win
-    margin = NATIVE_NOISE_ERROR + finite * 2.0 ** -50
-    doubtful = np.flatnonzero(~(exact_top > second + margin))
+    Certified as in _certified_best; rows that fail (near-ties, ~1e-9 of them) are sampled again with the exact
+    rows."""
+    tokens, _, certified, _ = _certified_best(base, gumbel, base + gumbel.native)
+    doubtful = np.flatnonzero(~certified)
     if doubtful.size:
         tokens[doubtful] = np.argmax(base[doubtful] + gumbel.exact_rows(doubtful), axis=-1)
     return tokens
+
+
+def top2_scaled(base: np.ndarray, gumbel: NoiseRows | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The winner and the runner-up of each row's scores base + g (base alone at T = 0: gumbel None), g the
+    definition's noise: tokens [K] int64 (= sample_scaled's), runner-ups [K] int64 (the argmax without the winner;
+    ties: smallest id) and gap [K] float64 = score(winner) - score(runner-up) >= 0, inf where no other token can be
+    sampled (filtered or excluded). base [K, V]: ScaledRows.base. With native noise both ranks are certified
+    (_certified_best); rows where either fails are ranked again with the exact rows."""
+    k = np.arange(base.shape[0])
+    if gumbel is None:
+        tokens = np.argmax(base, axis=-1)
+        top = base[k, tokens]
+        others = base.copy()
+        others[k, tokens] = -np.inf
+        second = np.argmax(others, axis=-1)
+        below = others[k, second]
+    else:
+        perturbed = base + gumbel.native
+        tokens, top, sure_top, left = _certified_best(base, gumbel, perturbed)
+        second, below, sure_second, _ = _certified_best(base, gumbel, perturbed)
+        none = ~np.isfinite(left)           # no runner-up: -inf in base, so in native and exact scores alike
+        below[none] = -np.inf
+        sure_second |= none
+        redo = np.flatnonzero(~(sure_top & sure_second))
+        if redo.size:
+            scores = base[redo] + gumbel.exact_rows(redo)
+            r = np.arange(redo.size)
+            tokens[redo] = np.argmax(scores, axis=-1)
+            top[redo] = scores[r, tokens[redo]]
+            scores[r, tokens[redo]] = -np.inf
+            second[redo] = np.argmax(scores, axis=-1)
+            below[redo] = scores[r, second[redo]]
+    gap = np.where(np.isfinite(below), top - below, np.inf)
+    return tokens.astype(np.int64), second.astype(np.int64), gap
 
 
 def step_gumbel(sampling: Sampling, block: int, step: int, positions: np.ndarray, vocab_size: int,
