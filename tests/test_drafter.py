@@ -493,14 +493,16 @@ def test_order_temperature_divides_the_order_logits(drafter_dir):
     assert got[1.0] == got[2.5]
 
 
-@pytest.mark.parametrize("value", [0, -1.0, "warm", None, float("nan")])
-def test_bad_order_temperature_is_a_clear_error(drafter_dir, tmp_path, value):
+@pytest.mark.parametrize("field, value, expected", [
+    *(("order_temperature", v, "expected a number > 0") for v in (0, -1.0, "warm", None, float("nan"))),
+    *(("runner_up_weight", v, r"expected a number in \[0, 1\]") for v in (-0.1, 1.5, "many", None, float("nan")))])
+def test_bad_tree_settings_are_clear_errors(drafter_dir, tmp_path, field, value, expected):
     for name in (DRAFTER_ONNX, DRAFTER_JSON):
         (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
     manifest = json.loads((tmp_path / DRAFTER_JSON).read_text())
-    manifest["order_temperature"] = value
+    manifest[field] = value
     (tmp_path / DRAFTER_JSON).write_text(json.dumps(manifest))
-    with pytest.raises(SpotError, match="order_temperature is .*expected a number > 0"):
+    with pytest.raises(SpotError, match=f"{field} is .*{expected}"):
         Drafter.load(tmp_path)
 
 
@@ -641,17 +643,6 @@ def test_drafter_runner_up_children_weigh_the_score_gap(drafter_dir):
         (p,) = np.flatnonzero(c != state)
         assert c[p] == second[p]
         assert lp == pytest.approx(plain[p] + np.log(0.3) - gap[p], abs=1e-12)
-
-
-@pytest.mark.parametrize("value", [-0.1, 1.5, "many", None, float("nan")])
-def test_bad_runner_up_weight_is_a_clear_error(drafter_dir, tmp_path, value):
-    for name in (DRAFTER_ONNX, DRAFTER_JSON):
-        (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
-    manifest = json.loads((tmp_path / DRAFTER_JSON).read_text())
-    manifest["runner_up_weight"] = value
-    (tmp_path / DRAFTER_JSON).write_text(json.dumps(manifest))
-    with pytest.raises(SpotError, match=r"runner_up_weight is .*expected a number in \[0, 1\]"):
-        Drafter.load(tmp_path)
 
 
 def test_runner_up_children_are_accepted_and_stay_exact(drafter_dir, engine, monkeypatch):

@@ -331,47 +331,47 @@ StaleView::StaleView(const float* logits, int64_t block_size, int64_t vocab, con
     : logits_(logits), b_(block_size), vocab_(vocab), positions_(masked_positions(state, mask_id)),
       sampling_(sampling), block_(block), noise_(noise) {}
 
-const StaleView::Coupled& StaleView::coupled(uint32_t step) {
-  const bool noisy = sampling_.temperature > 0;
-  const uint32_t key = noisy ? step : 0;   // at T = 0 no step differs: argmax and softmax of the same rows
-  auto it = cache_.find(key);
-  if (it != cache_.end()) return it->second;
+void StaleView::each_row(uint32_t step, const std::function<void(size_t, int64_t, const double*)>& visit) {
   if (rows_.empty()) {
     rows_.resize(positions_.size());
     for (size_t k = 0; k < positions_.size(); ++k)
       scale_row(logits_ + positions_[k] * vocab_, vocab_, sampling_, rows_[k]);
   }
-  Coupled c;
-  c.tokens.assign(static_cast<size_t>(b_), -1);
-  c.conf.assign(static_cast<size_t>(b_), kNegInf);
+  const bool noisy = sampling_.temperature > 0;
   std::vector<double> scratch;
   for (size_t k = 0; k < positions_.size(); ++k) {
     const int64_t pos = positions_[k];
     const double* g = noisy ? noise_row(noise_, sampling_.seed, block_, step, static_cast<uint32_t>(pos), vocab_,
                                         scratch)
                             : nullptr;
-    sample_row(rows_[k], g, sampling_.exclude_token, c.tokens[pos], c.conf[pos]);
+    visit(k, pos, g);
   }
+}
+
+const StaleView::Coupled& StaleView::coupled(uint32_t step) {
+  const uint32_t key = sampling_.temperature > 0 ? step : 0;   // at T = 0 no step differs: argmax and softmax of
+  auto it = cache_.find(key);                                   // the same rows
+  if (it != cache_.end()) return it->second;
+  Coupled c;
+  c.tokens.assign(static_cast<size_t>(b_), -1);
+  c.conf.assign(static_cast<size_t>(b_), kNegInf);
+  each_row(step, [&](size_t k, int64_t pos, const double* g) {
+    sample_row(rows_[k], g, sampling_.exclude_token, c.tokens[pos], c.conf[pos]);
+  });
   return cache_.emplace(key, std::move(c)).first->second;
 }
 
 const StaleView::RunnerUp& StaleView::runner_up(uint32_t step) {
-  const bool noisy = sampling_.temperature > 0;
-  const uint32_t key = noisy ? step : 0;
+  const uint32_t key = sampling_.temperature > 0 ? step : 0;
   auto it = runner_up_.find(key);
   if (it != runner_up_.end()) return it->second;
-  const Coupled& c = coupled(step);   // also scales the rows
+  const Coupled& c = coupled(step);
   RunnerUp r;
   r.tokens.assign(static_cast<size_t>(b_), -1);
   r.gap.assign(static_cast<size_t>(b_), std::numeric_limits<double>::infinity());
-  std::vector<double> scratch;
-  for (size_t k = 0; k < positions_.size(); ++k) {
-    const int64_t pos = positions_[k];
-    const double* g = noisy ? noise_row(noise_, sampling_.seed, block_, step, static_cast<uint32_t>(pos), vocab_,
-                                        scratch)
-                            : nullptr;
+  each_row(step, [&](size_t k, int64_t pos, const double* g) {
     runner_up_row(rows_[k], g, sampling_.exclude_token, c.tokens[pos], r.tokens[pos], r.gap[pos]);
-  }
+  });
   return runner_up_.emplace(key, std::move(r)).first->second;
 }
 
