@@ -176,6 +176,9 @@ def host_facts() -> dict:
             "numpy": np.__version__, "onnxruntime": onnxruntime.__version__, "libm": libm.backend()}
 
 
+TUNE_NEW_TOKENS = 48       # tokens decoded per prompt while the tuner measures acceptance
+
+
 def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: list[TreeBudget],
                 drafter=None, decoder: str = "spot", node_counts=(1, 2, 4, 8, 16, 32, 64),
                 progress: Callable[[str], None] | None = None, curve: dict | None = None) -> dict:
@@ -187,14 +190,15 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
         curve = measure_latency_curve(engine, np.asarray(prompts[0].ids), sorted(set(node_counts) | {1}))
         if progress:
             progress("latency ms by nodes: " + ", ".join(f"{n}:{ms:.1f}" for n, ms in curve.items()))
-    standard = [run_decoder("standard", engine, p.ids, DecodeRequest(48, sampling=Sampling(temperature)))
+    standard = [run_decoder("standard", engine, p.ids, DecodeRequest(TUNE_NEW_TOKENS, sampling=Sampling(temperature)))
                 for p in prompts]
     standard_host = (sum(g.stats.extra.get("sample_ms", 0.0) for g in standard)
                      / max(sum(g.stats.steps for g in standard), 1))
     spv, host = {}, {}
     for budget in candidates:
-        gens = [run_decoder(decoder, engine, p.ids, DecodeRequest(48, sampling=Sampling(temperature), budget=budget),
-                            drafter) for p in prompts]
+        gens = [run_decoder(decoder, engine, p.ids,
+                            DecodeRequest(TUNE_NEW_TOKENS, sampling=Sampling(temperature), budget=budget), drafter)
+                for p in prompts]
         s = summarize(gens)
         spv[(budget.nodes, budget.depth)] = s.get("steps_per_verify", 1.0)
         host[(budget.nodes, budget.depth)] = s.get("draft_ms_per_verify", 0.0) + s.get("walk_ms_per_verify", 0.0)
@@ -225,21 +229,46 @@ def check_tuned_budget(engine, prompts: list[Prompt], tune: dict, cfg: BenchConf
             "within_5_percent": all(v >= 0.95 for v in ratios.values())}
 
 
+TRAIN_SPLIT = "corpus train split"
+
+
+def tuning_prompts(tokenizer, fallback: list[Prompt], n: int = 2, max_tokens: int = 128) -> tuple[list[Prompt], str]:
+    """Prompts on which the tuner measures acceptance, and where they come from: cut from the embedded corpus's
+    TRAIN split (spot.training.traces.corpus_prompts; 64-128 tokens, then their last max_tokens) — never the prompts
+    a benchmark then judges the choice on — or, for a model without a tokenizer to encode them, the first n of
+    `fallback`."""
+    if tokenizer is not None and max_tokens > 0:
+        from spot.training.traces import corpus_prompts
+        try:
+            drawn = corpus_prompts(tokenizer, n, seed=0, min_tokens=64, max_tokens=128)
+        except SpotError:          # no corpus on this interpreter
+            drawn = []
+        if len(drawn) == n:
+            return [Prompt(f"train-{i}", ids[-max_tokens:]) for i, ids in enumerate(drawn)], TRAIN_SPLIT
+    return fallback[:n], "benchmark prompts (no tokenizer to cut training prompts with)"
+
+
+def tuning_room(engine, max_tokens: int = 128) -> int:
+    """The longest tuning prompt the engine's context holds with TUNE_NEW_TOKENS more (block-rounded)."""
+    return min(max_tokens, engine.max_context - TUNE_NEW_TOKENS - engine.block_size)
+
+
 def tune_by_temperature(engine, prompts: list[Prompt], cfg: BenchConfig, candidates: list[TreeBudget], decoder: str,
                         drafter=None, progress: Callable[[str], None] | None = None,
-                        node_counts=(1, 2, 4, 8, 16, 32, 64)) -> dict:
-    """One latency curve, then per bench temperature: the tuned budget (acceptance measured on 2 prompts) and that
-    budget checked beside standard decoding on every prompt (`at_choice`)."""
+                        node_counts=(1, 2, 4, 8, 16, 32, 64), tokenizer=None) -> dict:
+    """One latency curve, then per bench temperature: the tuned budget (acceptance measured on 2 tuning_prompts)
+    and that budget checked beside standard decoding on every benchmark prompt (`at_choice`)."""
+    tuning, source = tuning_prompts(tokenizer, prompts, max_tokens=tuning_room(engine))
     curve, by_t = None, {}
     for t in cfg.temperatures:
-        tuned = tune_budget(engine, prompts[:2], t, candidates, drafter, decoder, node_counts, progress, curve)
+        tuned = tune_budget(engine, tuning, t, candidates, drafter, decoder, node_counts, progress, curve)
         curve = tuned.pop("latency_ms")
         if progress:
             progress(f"T={t:g}: tuned budget {tuned['choice']['nodes']}x{tuned['choice']['depth']}; checking it "
                      "against standard decoding on every prompt")
         tuned["at_choice"] = check_tuned_budget(engine, prompts, tuned, cfg, decoder, drafter, progress)
         by_t[f"{t:g}"] = tuned
-    return {"latency_ms": curve, "decoder": decoder, "by_temperature": by_t,
+    return {"latency_ms": curve, "decoder": decoder, "tuning_prompts": source, "by_temperature": by_t,
             "within_5_percent": all(v["at_choice"]["within_5_percent"] for v in by_t.values())}
 
 

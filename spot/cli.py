@@ -537,7 +537,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         from spot.runtime.spot import TreeBudget
         cands = [TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16))]
         result["tune"] = tune_by_temperature(engine, prompts, cfg, cands, "spot" if drafter is not None else "tree",
-                                             drafter, progress=say)
+                                             drafter, progress=say, tokenizer=tokenizer)
     paths = write_report(result, report_dir, plots)
     click.echo(markdown_table(result))
     click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
@@ -548,7 +548,9 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True)
-@click.option("--limit", type=int, default=2, show_default=True, help="Prompts used to measure acceptance.")
+@click.option("--limit", type=int, default=2, show_default=True,
+              help="Prompts used to measure acceptance (cut from the corpus train split; the embedded model's "
+                   "held-out prompts only for a model without a tokenizer).")
 @click.option("--drafter", "drafter_path", default=None)
 def tune(model_dir, backend, device, temperature, limit, drafter_path):
     """Measure verify latency vs node count on this engine and pick the tokens/s-optimal tree budget.
@@ -558,15 +560,19 @@ def tune(model_dir, backend, device, temperature, limit, drafter_path):
       spot tune --model out/embedded-fp32-onnx --backend ort
     """
     import json
-    from pathlib import Path
 
-    from spot.assets import embedded_model_dir
-    from spot.bench import load_prompts, tune_budget
+    from spot.bench import tune_budget, tuning_prompts, tuning_room
     from spot.runtime.spot import TreeBudget
 
+    if limit < 1:
+        raise SpotError(f"--limit must be >= 1, got {limit}")
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device)
-    prompts = load_prompts(Path(embedded_model_dir()) / "heldout_prompts.jsonl", tokenizer, limit)
-    prompts = [type(p)(p.id, p.ids[-128:], p.text) for p in prompts]
+    prompts, source = tuning_prompts(tokenizer, [], limit, max_tokens=tuning_room(engine))
+    if not prompts:
+        raise SpotError(f"spot tune cuts its prompts from the embedded corpus's train split with the model's "
+                        f"tokenizer, and {folder} has none", "use a model folder with tokenizer files, or "
+                        "`spot bench --tune --prompts FILE.jsonl` with token ids")
+    click.echo(f"measuring acceptance on {len(prompts)} prompts from the {source}", err=True)
     drafter = None
     try:
         drafter = find_drafter(drafter_path, folder)

@@ -96,6 +96,7 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
         assert (report / png).stat().st_size > 1000
     tune = result["tune"]
     assert set(tune["by_temperature"]) == {"0", "1"} and isinstance(tune["within_5_percent"], bool)
+    assert tune["tuning_prompts"] == "corpus train split"       # never the held-out prompts it is judged on
     for t, tuned in tune["by_temperature"].items():     # per temperature: a choice, checked beside standard
         n, d = tuned["choice"]["nodes"], tuned["choice"]["depth"]
         at_choice = tuned["at_choice"]
@@ -121,6 +122,8 @@ ERRORS = [
     (["calibrate-drafter", "--budget", "16x8,64x16"], "takes one tree budget"),
     (["calibrate-drafter", "--candidates", "1,0"], "expected a number > 0"),
     (["calibrate-drafter", "--drafter", "/nonexistent/d"], "does not exist"),
+    (["calibrate-drafter", "--runner-up-weights", "0,2"], "expected a number in [0, 1]"),
+    (["tune", "--limit", "0"], "--limit must be >= 1"),
 ]
 
 
@@ -140,3 +143,22 @@ def test_mismatched_drafter_is_refused(as_embedded, tmp_path):
     (other / "config.json").write_text(json.dumps({**cfg, "block_size": 8}))
     r = run("generate", "--model", str(other), "--prompt-ids", "1,2", "--decoder", "spot")
     assert r.exit_code == 2 and "block size" in r.output
+
+
+def test_tuning_prompts_come_from_the_corpus_train_split():
+    """The tuner measures acceptance on training text, never on the held-out prompts a benchmark judges it on."""
+    from spot.bench import Prompt, tuning_prompts
+    from spot.tokenizer import load_tokenizer
+    from spot.training import corpus
+    tokenizer = load_tokenizer(spot.assets.embedded_model_dir())      # the shipped byte-level BPE: decodes exactly
+    prompts, source = tuning_prompts(tokenizer, [], n=3)
+    assert source == "corpus train split" and len(prompts) == 3
+    train, _ = corpus.split_corpus()     # (held-out files may share a line or two with train files: codec tables)
+    for p in prompts:
+        assert 64 <= len(p.ids) <= 128
+        assert any(tokenizer.decode(p.ids) in f.text for f in train)
+    short, _ = tuning_prompts(tokenizer, [], n=3, max_tokens=20)        # cut to what the engine's context holds
+    assert [q.ids for q in short] == [q.ids[-20:] for q in prompts]
+    fallback = [Prompt("a", [1, 2, 3]), Prompt("b", [4, 5]), Prompt("c", [6])]
+    prompts, source = tuning_prompts(None, fallback, n=2)
+    assert prompts == fallback[:2] and "no tokenizer" in source
