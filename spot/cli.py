@@ -549,8 +549,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--limit", type=int, default=2, show_default=True,
-              help="Prompts used to measure acceptance (cut from the corpus train split; the embedded model's "
-                   "held-out prompts only for a model without a tokenizer).")
+              help="Prompts used to measure acceptance (cut from the embedded corpus's train split with the "
+                   "model's tokenizer).")
 @click.option("--drafter", "drafter_path", default=None)
 def tune(model_dir, backend, device, temperature, limit, drafter_path):
     """Measure verify latency vs node count on this engine and pick the tokens/s-optimal tree budget.

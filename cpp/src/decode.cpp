@@ -53,7 +53,7 @@ std::vector<int64_t> child_with(const std::vector<int64_t>& state, const std::ve
   return child;
 }
 
-// proposers.runner_up_alternatives: log weights log(weight) - gap [B] of the runner-up tokens (empty: none)
+// proposers.runner_up_alternatives: log weights log(weight) - gap [B] of the runner-up tokens (-inf: none there)
 std::vector<double> runner_up_log_weights(const StaleView::RunnerUp& r, double weight) {
   std::vector<double> out(r.gap.size());
   const double log_weight = std::log(weight);
@@ -63,8 +63,7 @@ std::vector<double> runner_up_log_weights(const StaleView::RunnerUp& r, double w
 
 // proposers.position_candidates: one child per top-`branch` masked position of logq [B], each followed by the child
 // committing its runner-up token when runner_up_tokens is given (weight logq + log weight, skipped at -inf or when
-// the token is the mask id);
-// best first, stable
+// the token is the mask id); best first, stable
 std::vector<Candidate> position_candidates(const Node& node, const std::vector<double>& logq,
                                            const std::vector<int64_t>& tokens, int64_t mask_id, int branch,
                                            const std::vector<int64_t>* runner_up_tokens = nullptr,

@@ -23,9 +23,6 @@ from spot.runtime.drafter import DRAFTER_JSON, ORDER_TEMPERATURE, RUNNER_UP_WEIG
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 
-DEFAULT_CANDIDATES = (0.5, 1.0, 2.0, 3.0)
-DEFAULT_RUNNER_UP_CANDIDATES = (0.0, 0.1, 0.17, 0.3)
-
 
 def passes_by_setting(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float], name: str,
                       candidates: list[float], budget: TreeBudget, max_new_tokens: int = 64,
