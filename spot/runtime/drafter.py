@@ -105,28 +105,28 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + libm.tanh(0.5 * np.asarray(x, dtype=np.float64)))
 
 
-def check_runner_up_weight(value, path) -> float:
-    """drafter.json's runner_up_weight: a finite number in [0, 1] (SpotError naming the file otherwise)."""
+def _checked_setting(name: str, value, path, valid, expected: str, hint: str) -> float:
+    """A drafter.json tree setting as a float, or a SpotError naming the field and the file."""
     try:
-        w = float(value)
+        v = float(value)
     except (TypeError, ValueError):
-        w = float("nan")
-    if not 0.0 <= w <= 1.0:         # nan fails too
-        raise SpotError(f"drafter {path}: {RUNNER_UP_WEIGHT} is {value!r}, expected a number in [0, 1]",
-                        "fix drafter.json (0 = no runner-up children) or rerun `spot calibrate-drafter`")
-    return w
+        v = float("nan")
+    if not (np.isfinite(v) and valid(v)):
+        raise SpotError(f"drafter {path}: {name} is {value!r}, expected {expected}",
+                        f"fix drafter.json ({hint}) or rerun `spot calibrate-drafter`")
+    return v
+
+
+def check_runner_up_weight(value, path) -> float:
+    """drafter.json's runner_up_weight: a number in [0, 1]."""
+    return _checked_setting(RUNNER_UP_WEIGHT, value, path, lambda w: 0.0 <= w <= 1.0, "a number in [0, 1]",
+                            "0 = no runner-up children")
 
 
 def check_order_temperature(value, path) -> float:
-    """drafter.json's order_temperature: a finite number > 0 (SpotError naming the file otherwise)."""
-    try:
-        t = float(value)
-    except (TypeError, ValueError):
-        t = float("nan")
-    if not np.isfinite(t) or t <= 0:
-        raise SpotError(f"drafter {path}: {ORDER_TEMPERATURE} is {value!r}, expected a number > 0",
-                        "fix drafter.json (1 = the order model's own logits) or rerun `spot calibrate-drafter`")
-    return t
+    """drafter.json's order_temperature: a finite number > 0."""
+    return _checked_setting(ORDER_TEMPERATURE, value, path, lambda t: t > 0, "a number > 0",
+                            "1 = the order model's own logits")
 
 
 def logit(p: float) -> float:

@@ -53,9 +53,8 @@ def position_candidates(node: Node, logq: np.ndarray, tokens: np.ndarray, mask_i
     for p in order:
         out.append((float(max(logq[p], LOG_FLOOR)), child_with(node.state, np.array([p]), tokens)))
         if runner_up is not None and runner_up[1][p] > -np.inf and runner_up[0][p] != mask_id:
-            child = node.state.copy()
-            child[p] = runner_up[0][p]
-            out.append((float(max(logq[p] + runner_up[1][p], LOG_FLOOR)), child))
+            out.append((float(max(logq[p] + runner_up[1][p], LOG_FLOOR)),
+                        child_with(node.state, np.array([p]), runner_up[0])))
     out.sort(key=lambda c: -c[0])           # stable
     return out
 
