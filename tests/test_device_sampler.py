@@ -68,8 +68,8 @@ def test_a_device_pass_returns_small_arrays(folders):
     outs = engine.block_outputs(states, [0, 1, 1, 1, 1], Sampling(1.0, seed=2), block=1)
     assert all(isinstance(o, SampledOutputs) for o in outs)
     per_state = sum(getattr(outs[0], f).size for f in ("token", "confidence", "future_tokens", "future_conf",
-                                                      "top_logprobs"))
-    assert per_state == CFG.block_size * (2 + 2 * DEPTH + 32)
+                                                      "top_logprobs", "future_runner_up", "future_gap"))
+    assert per_state == CFG.block_size * (2 + 4 * DEPTH + 32)
     with pytest.raises(SpotError, match="samples on the device"):
         outs[0].host_logits()
 
@@ -113,19 +113,65 @@ def test_spot_with_the_drafter_on_the_device_sampler(folders, tmp_path):
                       log=lambda _: None)
     finally:
         torch.set_num_threads(threads)
-    # the epilogue returns the coupled samples, not their runner-ups: runner-up children exist on host logits only
+    # with and without runner-up children (the epilogue returns the coupled samples' runner-ups too)
     with_runner_ups = load_drafter(tmp_path / "drafter", threads=1)
-    drafter = with_runner_ups.with_settings(runner_up_weight=0)
-    for decoder in ("spot", "spot-sets"):
-        for temperature in (0.0, 1.0):
-            req = DecodeRequest(max_new_tokens=16, tau=0.3, sampling=Sampling(temperature, seed=5),
-                                budget=TreeBudget(6, DEPTH))
-            a = run_decoder(decoder, host, _prompt(9, 7), req, drafter)
-            b = run_decoder(decoder, device, _prompt(9, 7), req, drafter)
-            assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, temperature)
-            assert a.stats.extra["accepted_per_verify"] == b.stats.extra["accepted_per_verify"]
-            c = run_decoder(decoder, device, _prompt(9, 7), req, with_runner_ups)
-            assert c.token_ids == a.token_ids and c.stats.passes == b.stats.passes
+    assert with_runner_ups.runner_up_weight > 0
+    for drafter in (with_runner_ups, with_runner_ups.with_settings(runner_up_weight=0)):
+        for decoder in ("spot", "spot-sets"):
+            for temperature in (0.0, 1.0):
+                req = DecodeRequest(max_new_tokens=16, tau=0.3, sampling=Sampling(temperature, seed=5),
+                                    budget=TreeBudget(6, DEPTH))
+                a = run_decoder(decoder, host, _prompt(9, 7), req, drafter)
+                b = run_decoder(decoder, device, _prompt(9, 7), req, drafter)
+                assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, temperature)
+                assert a.stats.extra["accepted_per_verify"] == b.stats.extra["accepted_per_verify"]
+                assert a.stats.extra["nodes_per_verify"] == b.stats.extra["nodes_per_verify"]
+
+
+@exact_platform
+def test_runner_ups_from_the_epilogue_equal_the_host_ones_and_old_epilogues_still_decode(folders, tmp_path):
+    """The device stale view serves the same runner-ups and gaps as the host one; an epilogue exported before
+    runner-ups (no future_runner_up / future_gap outputs) gives stale views without them, and decodes the same
+    tokens."""
+    import onnx
+
+    from spot.export.manifest import add_files, load_manifest, write_manifest
+    host = OrtEngine(folders[0], sampler="host", threads=1)
+    device = OrtEngine(folders[0], sampler="device", threads=1)
+    states = np.full((2, CFG.block_size), CFG.mask_token_id)
+    states[1, :3] = [3, 4, 5]
+    masked = states[1] == CFG.mask_token_id
+    for temperature in (0.0, 1.0):
+        sampling = Sampling(temperature, seed=2, exclude_token=CFG.mask_token_id)
+        for engine in (host, device):
+            engine.prefill(_prompt(0, 8))
+        want = host.block_outputs(states, [0, 2], sampling, block=1)[1].stale(masked)
+        got = device.block_outputs(states, [0, 2], sampling, block=1)[1].stale(masked)
+        for step in range(3, 3 + DEPTH):
+            w_tokens, w_gap = want.runner_up(step)
+            g_tokens, g_gap = got.runner_up(step)
+            np.testing.assert_array_equal(g_gap, w_gap)
+            np.testing.assert_array_equal(g_tokens, w_tokens)
+            assert (g_tokens[~masked] == -1).all() and np.isfinite(g_gap[masked]).all()
+    # an older export: the same folder with the runner-up outputs removed from its epilogue
+    import shutil
+    old = tmp_path / "old-epilogue"
+    shutil.copytree(folders[0], old)
+    model = onnx.load(str(old / "epilogue.onnx"))
+    kept = [o for o in model.graph.output if o.name not in ("future_runner_up", "future_gap")]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
+    onnx.save(model, str(old / "epilogue.onnx"))
+    manifest = dict(load_manifest(old, "none").manifest)
+    add_files(old, manifest, ["epilogue.onnx"])
+    write_manifest(old, manifest)
+    legacy = OrtEngine(old, sampler="device", threads=1)
+    legacy.prefill(_prompt(0, 8))
+    (out,) = legacy.block_outputs(states[:1], [0], Sampling(1.0, seed=2), block=1)
+    assert out.future_runner_up is None and out.stale(states[0] == CFG.mask_token_id).runner_up(1) is None
+    req = DecodeRequest(max_new_tokens=12, sampling=Sampling(1.0, seed=3), budget=TreeBudget(6, DEPTH))
+    assert run_decoder("tree", legacy, _prompt(2, 6), req).token_ids == \
+        run_decoder("tree", host, _prompt(2, 6), req).token_ids
 
 
 def test_device_sampler_errors_are_clear(folders):

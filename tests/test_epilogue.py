@@ -140,37 +140,42 @@ def _fallback_ran(session, logits, steps, sampling, block) -> bool:
 @needs_glibc_fma
 @pytest.mark.parametrize("top_k", [0, 1, 2])
 def test_certified_sampling_runs_without_the_exact_noise_over_the_vocabulary(session, top_k):
-    """Random logits never need the fallback: the native-noise ranking plus two exactly re-scored candidates
-    settles every row (top-k 1 and 2 leave fewer finite scores than candidates + 1: still certified)."""
+    """Random logits never need the fallback: the native-noise ranking plus three exactly re-scored candidates
+    settles every row's winner and runner-up (top-k 1 and 2 leave fewer finite scores than candidates + 1: still
+    certified; top-k 1 leaves no runner-up)."""
     logits, steps = _logits(5), np.array([0, 3, 1, 6])
     sampling = Sampling(temperature=0.9, top_k=top_k, seed=2024)
     assert not _fallback_ran(session, logits, steps, sampling, 4)
     got, want = run_epilogue(session, logits, steps, sampling, 4), reference_epilogue(logits, steps, sampling, 4, D)
     for name in OUTPUTS:
         assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    assert ((got.future_runner_up == -1) == (top_k == 1)).all() and (np.isinf(got.future_gap) == (top_k == 1)).all()
 
 
 @needs_glibc_fma
 def test_a_near_tie_fails_the_certificate_and_the_exact_noise_decides():
-    """Three tokens whose perturbed scores agree to < 5e-10 (built from the exact noise): the two exactly re-scored
-    candidates cannot rule out the third, so the certificate fails and the exact branch returns numpy's token."""
+    """Four tokens whose perturbed scores agree to < 5e-10 (built from the exact noise), at the first future step:
+    the three exactly re-scored candidates cannot rule out the fourth for the runner-up, so the certificate fails
+    and the exact branch returns numpy's winner and runner-up."""
     seed, block, step = 99, 2, 4
     g = gumbel(seed, block, step, 0, np.arange(V, dtype=np.uint32))
     # logits that cancel noise differences exactly enough: the gap between g_a - g_j and its float32 rounding
     diff = g[:, None] - g[None, :]
     gap = np.abs(diff - diff.astype(np.float32).astype(np.float64))
     np.fill_diagonal(gap, 1.0)
-    partners = np.argsort(gap, axis=1)[:, :2]                  # each token's two best partners
-    a = int(np.argmin(gap[np.arange(V), partners[:, 1]]))
-    b, c = partners[a]
-    assert gap[a, b] < 5e-10 and gap[a, c] < 5e-10
+    partners = np.argsort(gap, axis=1)[:, :3]                  # each token's three best partners
+    a = int(np.argmin(gap[np.arange(V), partners[:, 2]]))
+    tied = [a, *partners[a]]
+    assert (gap[a, partners[a]] < 5e-10).all()
     logits = np.full((1, B, V), -60.0, np.float32)
-    logits[0, 0, [a, b, c]] = 0.0, np.float32(diff[a, b]), np.float32(diff[a, c])   # all three score ~ g_a
+    logits[0, 0, tied] = [0.0, *(np.float32(diff[a, j]) for j in partners[a])]    # all four score ~ g_a
     sampling = Sampling(temperature=1.0, seed=seed)
-    s = make_epilogue_session(build_epilogue(EpilogueSpec(V, B, 0)))
-    assert _fallback_ran(s, logits, [step], sampling, block)
-    got, want = run_epilogue(s, logits, [step], sampling, block), reference_epilogue(logits, [step], sampling, block, 0)
-    assert got.token[0, 0] in (a, b, c)
+    s = make_epilogue_session(build_epilogue(EpilogueSpec(V, B, 1)))
+    assert _fallback_ran(s, logits, [step - 1], sampling, block)
+    got = run_epilogue(s, logits, [step - 1], sampling, block)
+    want = reference_epilogue(logits, [step - 1], sampling, block, 1)
+    assert got.future_tokens[0, 0, 0] in tied and got.future_runner_up[0, 0, 0] in tied
+    assert 0 <= got.future_gap[0, 0, 0] < 2e-9
     for name in OUTPUTS:
         assert np.array_equal(getattr(got, name), getattr(want, name)), name
 
@@ -219,7 +224,7 @@ def test_outputs_are_small_whatever_the_vocabulary():
             assert dims[0] == "N" and all(isinstance(x, int) for x in dims[1:]), (name, dims)
             assert vocab not in dims[1:], name
             per_node += int(np.prod(dims[1:]))
-        assert per_node == 32 * (2 + 2 * d + 2 * 32)     # token, conf, 2 x future, 2 x top-32
+        assert per_node == 32 * (2 + 4 * d + 2 * 32)     # token, conf, 4 x future (+ runner-ups), 2 x top-32
 
 
 def test_native_math_variant_is_close_but_not_exact():
@@ -249,19 +254,21 @@ def test_spec_is_checked():
 
 
 @needs_glibc_fma
-@pytest.mark.parametrize("temperature, forced_fallback", [(0.0, False), (0.8, False), (0.8, True)])
-def test_torch_twin_is_bit_identical_to_numpy(temperature, forced_fallback, monkeypatch):
+@pytest.mark.parametrize("temperature, forced_fallback, exclude_argmax", [(0.0, False, True), (0.8, False, False),
+                                                                        (0.8, True, True), (0.8, False, True)])
+def test_torch_twin_is_bit_identical_to_numpy(temperature, forced_fallback, exclude_argmax, monkeypatch):
     torch = pytest.importorskip("torch")
     from spot.reference.noise_torch import epilogue_torch
     if forced_fallback:               # every certificate fails: the exact noise over V decides
         monkeypatch.setattr("spot.export.epilogue.NATIVE_NOISE_MARGIN", float("inf"))
     logits = _logits(3, n=2)[:, :, :200].copy()
-    sampling = Sampling(temperature=temperature, top_k=5, seed=77)
+    exclude = int(logits[0, 0].argmax()) if exclude_argmax else -1      # the mask id may be a row's argmax
+    sampling = Sampling(temperature=temperature, top_k=5, seed=77, exclude_token=exclude)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)          # small tensors on a shared 2-core CI machine
     try:
         with torch.inference_mode():
-            got = epilogue_torch(torch.from_numpy(logits), [1, 4], 77, 3, temperature, 5, 2)
+            got = epilogue_torch(torch.from_numpy(logits), [1, 4], 77, 3, temperature, 5, 2, exclude)
     finally:
         torch.set_num_threads(threads)
     want = reference_epilogue(logits, [1, 4], sampling, 3, 2)

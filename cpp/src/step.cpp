@@ -190,9 +190,10 @@ void runner_up_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t
       best_val = p;
     }
   }
-  token = best;
   const double top = g ? zs[winner] + g[winner] : zs[winner];
-  gap = std::isfinite(best_val) ? top - best_val : std::numeric_limits<double>::infinity();
+  const bool some = std::isfinite(best_val);  // no other token can be sampled: no runner-up
+  token = some ? best : -1;
+  gap = some ? top - best_val : std::numeric_limits<double>::infinity();
 }
 
 void sample_positions(const float* logits, int64_t vocab, const std::vector<int64_t>& positions,

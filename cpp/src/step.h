@@ -76,8 +76,8 @@ void filter_row(const std::vector<double>& z, int64_t top_k, double top_p, std::
 // conf = exp(z_x - max) / denom from the unfiltered row
 void sample_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t& token, double& conf);
 
-// step.runner_up_scaled for one row: the argmax of the same scores without `exclude` and `winner` (ties: smallest
-// id), and gap = score(winner) - score(runner-up) (inf when the runner-up's score is -inf)
+// step.top2_scaled's runner-up for one row: the argmax of the same scores without `exclude` and `winner` (ties:
+// smallest id), and gap = score(winner) - score(runner-up) (token -1 and gap inf when no other token can be sampled)
 void runner_up_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t winner, int64_t& token,
                    double& gap);
 

@@ -198,10 +198,12 @@ class OrtEngine(Engine):
         epi.bind_ortvalue_input("logits", logits)
         for name, value in epilogue_scalars(steps, sampling, block).items():
             epi.bind_cpu_input(name, value)
-        for name in OUTPUTS:
+        # an epilogue exported before runner-ups lacks their outputs: its trees get winners only (still exact)
+        names = [o.name for o in self.epilogue.get_outputs() if o.name in OUTPUTS]
+        for name in names:
             epi.bind_output(name, "cpu")
         self.epilogue.run_with_iobinding(epi)
-        result = EpilogueResult(*epi.copy_outputs_to_cpu())
+        result = EpilogueResult(**dict(zip(names, epi.copy_outputs_to_cpu())))
         if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
             self._non_finite()
         return sampled_outputs(result, steps)

@@ -292,15 +292,14 @@ class TrtEngine(Engine):
     def block_epilogue(self, states: np.ndarray, node_steps, sampling, block: int, future_steps: int):
         """The sampling epilogue on the device logits (spot.reference.noise_torch.epilogue_torch): returns
         spot.export.epilogue.EpilogueResult with O(N x B x (D + 32)) values copied to the host."""
-        from spot.export.epilogue import EpilogueResult, check_sampling
+        from spot.export.epilogue import OUTPUTS, EpilogueResult, check_sampling
         from spot.reference.noise_torch import epilogue_torch
         check_sampling(sampling)
         states = self._check_states(states)
         logits = self.device_logits(states)
         out = epilogue_torch(logits, node_steps, sampling.seed, block, sampling.temperature, sampling.top_k,
-                             future_steps)
-        result = EpilogueResult(*(out[f].cpu().numpy() for f in ("token", "confidence", "future_tokens",
-                                                                 "future_conf", "top_logprobs", "top_ids")))
+                             future_steps, sampling.exclude_token)
+        result = EpilogueResult(*(out[f].cpu().numpy() for f in OUTPUTS))
         if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
             self._non_finite()
         return result

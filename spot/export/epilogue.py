@@ -11,26 +11,28 @@ those logits, returns only O(N x B x (D + 32)) values:
            exclude_token [] int64      a token never sampled (the mask id), -1 = none; kept in the softmax
   outputs  token [N,B] int64, confidence [N,B] float64        F's sample at step t_n, every position i
            future_tokens [N,D,B] int64, future_conf [N,D,B]   coupled samples of the same logits, steps t_n+1..t_n+D
+           future_runner_up [N,D,B] int64, future_gap [N,D,B] float64   their runner-ups and score gaps
+                                       (spot.runtime.step.top2_scaled: -1 / inf where no other token can be sampled)
            top_logprobs [N,B,32] float32, top_ids [N,B,32] int64  the 32 largest log softmax(L/T) (softmax(L) at
                                        T = 0), descending: the drafter's stale features (spot.runtime.stale);
                                        vocabularies under 32 pad with -1e4 and id -1 as stale.topk_logprobs does
 
-Exactness: token/confidence equal `spot.runtime.step.sample_positions` (top-p = 1), and the top-32 equal
-`spot.runtime.stale.topk_logprobs`, bit for bit on ONNX Runtime's CPU provider (reference: numpy on x86-64 glibc
-with FMA, docs/noise.md), because every float64 operation is the one numpy performs: the counter-based noise of spot.runtime.noise
-in uint32 integer ops (Mul, BitShift, BitwiseXor: opset 18), glibc's log/exp and numpy's pairwise sum restated as
-plain IEEE operations (spot.export.exact_math), and ArgMax/TopK with first-index ties. Confidences are given for
-every position; the host sets non-masked ones to -inf (SPEC §3) and only reads the positions it needs.
-Top-p needs a full sort and a cumulative sum over V per row: not in the graph; `check_sampling` refuses it so a
-decoder with top-p < 1 keeps the numpy step function.
+Exactness: token/confidence equal `spot.runtime.step.sample_positions` (top-p = 1), the runner-ups and gaps
+`spot.runtime.step.top2_scaled`, and the top-32 `spot.runtime.stale.topk_logprobs`, bit for bit on ONNX Runtime's
+CPU provider (reference: numpy on x86-64 glibc with FMA, docs/noise.md), because every float64 operation is the one
+numpy performs: the counter-based noise of spot.runtime.noise in uint32 integer ops (Mul, BitShift, BitwiseXor:
+opset 18), glibc's log/exp and numpy's pairwise sum restated as plain IEEE operations (spot.export.exact_math), and
+ArgMax/TopK with first-index ties. Confidences are given for every position; the host sets non-masked ones to -inf
+(SPEC §3) and only reads the positions it needs. Top-p needs a full sort and a cumulative sum over V per row: not in
+the graph; `check_sampling` refuses it so a decoder with top-p < 1 keeps the numpy step function.
 
-Cost: the noise for every (state, step, position, token) uses the backend's native float64 Log (a few dozen
-integer and float ops per value); only CANDIDATES = 2 tokens per (state, step, position) are re-scored with the
-exact noise, and a certificate (the exact winner beats the next native score by more than NATIVE_NOISE_MARGIN
-plus 2**-40 relative) proves no other token can win. When any row fails it (a near-tie: ~1e-9 of rows; tests
-build one), an If node reruns the batch with the exact noise over the vocabulary and the `exact_fallback` output
-says so. The softmax (exp over V, numpy's pairwise sum) is exact once per (state, position), not per step.
-benchmarks/epilogue_cost.py: 23x faster than the exact noise everywhere at V 2048, B 32, D 8 on ORT CPU.
+Cost: the noise for every (state, step, position, token) uses the backend's native float64 Log (a few dozen integer
+and float ops per value); only CANDIDATES = 3 tokens per (state, step, position) are re-scored with the exact noise,
+and a certificate (the exact runner-up beats the next native score by more than NATIVE_NOISE_MARGIN plus 2**-40
+relative) proves no other token can reach the top two. When any row fails it (a near-tie: ~1e-9 of rows; tests build
+one), an If node reruns the batch with the exact noise over the vocabulary and the `exact_fallback` output says so.
+The softmax (exp over V, numpy's pairwise sum) is exact once per (state, position), not per step.
+benchmarks/epilogue_cost.py: ~20x faster than the exact noise everywhere at V 2048, B 32, D 8 on ORT CPU.
 
 Backends: ORT CPU (tested), ORT CUDA EP (same ops; float64 IEEE arithmetic is identical on the GPU, but the run
 there is part of scripts/gpu_check.sh and has not been done on this project's CI). TensorRT has neither uint32
@@ -51,15 +53,17 @@ import numpy as np
 from spot.errors import SpotError
 from spot.export import exact_math as xm
 from spot.runtime.noise import LANE_A, LANE_B, MIX_MUL_1, MIX_MUL_2, NATIVE_NOISE_ERROR, gumbel
-from spot.runtime.step import Sampling, sample_positions
+from spot.runtime.step import Sampling, confidence, scale_rows, step_gumbel, top2_scaled
 
 OPSET = 18
-CANDIDATES = 2                   # tokens per row re-scored with the exact noise (the certificate uses the next one)
+CANDIDATES = 3                   # tokens per row re-scored with the exact noise (the certificate uses the next one)
 NATIVE_NOISE_MARGIN = NATIVE_NOISE_ERROR  # bound on |native - exact| scores the certificate assumes (see below)
 TOP_K_LOGPROBS = 32              # = spot.runtime.stale.TOPK_FEATURES
 PAD_LOGPROB = -1e4               # stale.topk_logprobs' padding below 32 tokens
 INPUTS = ("logits", "node_steps", "seed", "block", "temperature", "top_k", "exclude_token")
-OUTPUTS = ("token", "confidence", "future_tokens", "future_conf", "top_logprobs", "top_ids")
+# the last two are absent from epilogues exported before runner-ups (their trees keep the winners only)
+OUTPUTS = ("token", "confidence", "future_tokens", "future_conf", "top_logprobs", "top_ids", "future_runner_up",
+           "future_gap")
 FALLBACK_OUTPUT = "exact_fallback"  # [] bool, a diagnostic: the certificate failed and the exact noise ran
 
 try:  # onnx is needed to build graphs, not to use the numpy reference functions
@@ -262,22 +266,41 @@ def _all_tokens(o: OnnxOps, vocab: int) -> str:
     return o.u32(np.arange(vocab, dtype=np.uint32))                                # [V]
 
 
-def _argmax_sample(o: OnnxOps, z_filtered: str, noise_args: tuple, block_size: int, vocab: int,
-                   exact: bool) -> str:
-    """argmax over V of z_filtered [N,1,B,V] + gumbel [N,S,B,V] (first index on ties) -> tokens [N,S,B]."""
+def _top2_dense(o: OnnxOps, scores: str, vocab: int) -> tuple[str, str, str]:
+    """Winner, runner-up and gap over the last axis of scores [..., V] (spot.runtime.step.top2_scaled's semantics):
+    tokens = argmax (first index on ties), runner-up = argmax without the winner, gap = their score difference;
+    runner-up -1 and gap inf where no other token is finite (filtered or excluded)."""
+    tokens = o.op("ArgMax", scores, axis=-1, keepdims=0, select_last_index=0)
+    is_winner = o.eq(o.i(np.arange(vocab, dtype=np.int64)), o.op("Unsqueeze", tokens, o.i([-1])))
+    rest = o.where(is_winner, o.f(-math.inf), scores)
+    second = o.op("ArgMax", rest, axis=-1, keepdims=0, select_last_index=0)
+    return tokens, *_runner_up_or_none(o, o.op("ReduceMax", scores, o.i([-1]), keepdims=0), second,
+                                       o.op("ReduceMax", rest, o.i([-1]), keepdims=0))
+
+
+def _runner_up_or_none(o: OnnxOps, best: str, second: str, best2: str) -> tuple[str, str]:
+    """(runner-up, gap): -1 and inf where the runner-up's score best2 is -inf, else second and best - best2."""
+    none = o.op("IsInf", best2, detect_positive=0)
+    return o.where(none, o.i(-1), second), o.where(none, o.f(math.inf), o.sub(best, best2))
+
+
+def _sampled_top2(o: OnnxOps, z_filtered: str, noise_args: tuple, block_size: int, vocab: int,
+                  exact: bool) -> tuple[str, str, str]:
+    """_top2_dense of z_filtered [N,1,B,V] + gumbel [N,S,B,V] (exact or native) -> tokens, runner-ups, gaps [N,S,B]."""
     g = _noise(o, *noise_args, block_size, _all_tokens(o, vocab), exact)
-    return o.op("ArgMax", o.add(z_filtered, g), axis=-1, keepdims=0, select_last_index=0)
+    return _top2_dense(o, o.add(z_filtered, g), vocab)
 
 
-def _certified_sample(o: OnnxOps, z_filtered: str, noise_args: tuple, block_size: int, vocab: int,
-                      margin: float) -> tuple[str, str]:
-    """The exact sample without the exact noise over V: rank every token by the backend's native Log noise,
-    re-score the best CANDIDATES exactly, and certify that no other token can win.
+def _certified_top2(o: OnnxOps, z_filtered: str, noise_args: tuple, block_size: int, vocab: int,
+                    margin: float) -> tuple[str, str, str, str]:
+    """The exact winner and runner-up without the exact noise over V: rank every token by the backend's native Log
+    noise, re-score the best CANDIDATES exactly, and certify that no other token can reach the top two.
 
     The native scores are within `margin` (+ a relative 2**-40) of the exact ones (any float64 log within 2**-40
-    relative error: ~4000 ulp), so when the exact winner among the candidates beats the next native score by more
-    than that, it is the exact argmax (ties to the smallest id among the candidates; a tie with a non-candidate
-    fails the certificate). Returns (tokens [N,S,B] int64, certified [] bool: every row passed)."""
+    relative error: ~4000 ulp), so when the exact runner-up among the candidates beats the next native score by
+    more than that, the candidates hold the exact top two (ties to the smallest id among the candidates; a tie with
+    a non-candidate fails the certificate). Returns (tokens, runner-ups, gaps [N,S,B] as _top2_dense, certified []
+    bool: every row passed)."""
     g_native = _noise(o, *noise_args, block_size, _all_tokens(o, vocab), exact=False)
     scores = o.add(z_filtered, g_native)                                             # [N,S,B,V]
     n_cand = min(CANDIDATES, vocab)
@@ -291,18 +314,25 @@ def _certified_sample(o: OnnxOps, z_filtered: str, noise_args: tuple, block_size
     flat = o.op("Reshape", cand_nbs, o.i([0, 0, -1]))
     z_cand = o.op("Reshape", o.op("GatherElements", z_rows, flat, axis=-1), o.op("Shape", cand_nbs))
     exact_scores = o.add(o.op("Transpose", z_cand, perm=[0, 2, 1, 3]), g_exact)      # [N,S,B,C]
-    best = o.op("ReduceMax", exact_scores, o.i([-1]), keepdims=1)
+    # winner: the best exact score, smallest id on ties; runner-up: the same among the other candidates
     big = o.i(np.iinfo(np.int64).max)
+    best = o.op("ReduceMax", exact_scores, o.i([-1]), keepdims=1)
     tokens = o.op("ReduceMin", o.where(o.eq(exact_scores, best), cand, big), o.i([-1]), keepdims=0)
+    others = o.op("Not", o.eq(cand, o.op("Unsqueeze", tokens, o.i([-1]))))
+    rest = o.where(others, exact_scores, o.f(-math.inf))
+    best2 = o.op("ReduceMax", rest, o.i([-1]), keepdims=1)
+    second = o.op("ReduceMin", o.where(o.and_(others, o.eq(rest, best2)), cand, big), o.i([-1]), keepdims=0)
+    best2 = o.op("Squeeze", best2, o.i([-1]))
+    second, gap = _runner_up_or_none(o, o.op("Squeeze", best, o.i([-1])), second, best2)
     if n_top == n_cand:                          # every token is a candidate: nothing to certify
-        return tokens, o.const(True, np.bool_)
-    runner_up = o.op("Squeeze", o.op("Slice", top_vals, o.i([n_cand]), o.i([n_top]), o.i([-1])), o.i([-1]))
-    bound = o.add(runner_up, o.add(o.f(margin), o.mul(o.abs(runner_up), o.f(2.0 ** -40))))
-    bound = o.where(o.op("IsInf", runner_up, detect_positive=0), runner_up, bound)   # filtered: -inf stays -inf
-    ok = o.gt(o.op("Squeeze", best, o.i([-1])), bound)                              # [N,S,B]; NaN fails
+        return tokens, second, gap, o.const(True, np.bool_)
+    following = o.op("Squeeze", o.op("Slice", top_vals, o.i([n_cand]), o.i([n_top]), o.i([-1])), o.i([-1]))
+    bound = o.add(following, o.add(o.f(margin), o.mul(o.abs(following), o.f(2.0 ** -40))))
+    # every other token filtered (-inf natively, so exactly): the candidates hold whatever top two there is
+    ok = o.op("Or", o.gt(best2, bound), o.op("IsInf", following, detect_positive=0))   # [N,S,B]; NaN fails
     certified = o.op("Cast", o.op("ReduceMin", o.op("Cast", ok, to=TensorProto.INT32), keepdims=0),
                      to=TensorProto.BOOL)                                            # an empty batch passes
-    return tokens, certified
+    return tokens, second, gap, certified
 
 
 def _softmax_parts(o: OnnxOps, z: str, vocab: int, exact: bool = True) -> tuple[str, str, str]:
@@ -319,12 +349,29 @@ def _value_info(name: str, elem_type, shape):
     return helper.make_tensor_value_info(name, elem_type, shape)
 
 
-def _subgraph(o: OnnxOps, name: str, tokens: str, d: int, b: int, fallback: str | None = None):
-    """An If branch returning tokens [N, D+1, B] int64 (and the fallback flag [] bool)."""
-    outputs = [_value_info(tokens, TensorProto.INT64, ["N", d + 1, b])]
+BRANCH_OUTPUTS = (("tokens", "INT64"), ("runner_up", "INT64"), ("gap", "DOUBLE"))
+
+
+def _branch(o: OnnxOps, name: str, values, d: int, b: int, fallback: str | None = None):
+    """An If branch returning tokens, runner-ups [N, D+1, B] int64 and gaps [N, D+1, B] float64 (values, in that
+    order), and the fallback flag [] bool when given."""
+    outputs = []
+    for (role, elem), value in zip(BRANCH_OUTPUTS, values):
+        out = f"{name}/{role}"
+        o.nodes.append(helper.make_node("Identity", [value], [out]))
+        outputs.append(_value_info(out, getattr(TensorProto, elem), ["N", d + 1, b]))
     if fallback is not None:
-        outputs.append(_value_info(fallback, TensorProto.BOOL, []))
+        o.nodes.append(helper.make_node("Identity", [fallback], [f"{name}/fallback"]))
+        outputs.append(_value_info(f"{name}/fallback", TensorProto.BOOL, []))
     return helper.make_graph(o.nodes, name, [], outputs)
+
+
+def _if(o: OnnxOps, cond: str, then_branch, else_branch, extra: tuple = ()) -> list[str]:
+    """An If node with BRANCH_OUTPUTS (+ extra output names) -> the output names."""
+    outs = [o._name(f"If_{role}") for role, _ in BRANCH_OUTPUTS] + list(extra)
+    o.nodes.append(helper.make_node("If", [cond], outs, name=outs[0], then_branch=then_branch,
+                                    else_branch=else_branch))
+    return outs
 
 
 @dataclass(frozen=True)
@@ -377,43 +424,32 @@ def build_epilogue(spec: EpilogueSpec):
     z_greedy = o.where(excluded, o.f(-math.inf), z)
 
     steps = o.add(o.op("Unsqueeze", "node_steps", o.i([1])), o.i(np.arange(d + 1, dtype=np.int64)))  # [N,D+1]
-    # then-branch (T > 0): argmax of the perturbed, filtered scaled logits at each of the D+1 steps
+    # then-branch (T > 0): winner and runner-up of the perturbed, filtered scaled logits at each of the D+1 steps
     ob = o.child("ep_sample")
     noise_args = (ob.op("Cast", "seed", to=TensorProto.UINT32), ob.op("Cast", "block", to=TensorProto.UINT32),
                   ob.op("Cast", steps, to=TensorProto.UINT32))
     z_rows = ob.op("Unsqueeze", z_filtered, ob.i([1]))                               # [N,1,B,V]
     if spec.exact:
-        fast, certified = _certified_sample(ob, z_rows, noise_args, b, v, spec.noise_margin)
+        *fast, certified = _certified_top2(ob, z_rows, noise_args, b, v, spec.noise_margin)
         # a row the certificate cannot settle (a near-tie, ~1e-9 of rows) reruns the whole batch with exact noise
         of, oe_ = ob.child("ep_fast"), ob.child("ep_exact")
-        of.nodes.append(helper.make_node("Identity", [fast], ["tokens_certified"]))
-        exact_tokens = _argmax_sample(oe_, z_rows, noise_args, b, v, exact=True)
-        oe_.nodes.append(helper.make_node("Identity", [exact_tokens], ["tokens_exact"]))
+        exact_top2 = _sampled_top2(oe_, z_rows, noise_args, b, v, exact=True)
         ob.adopt(of)
         ob.adopt(oe_)
-        sampled = ob._name("If")
-        ob.nodes.append(helper.make_node(
-            "If", [certified], [sampled], name=sampled,
-            then_branch=_subgraph(of, "certified", "tokens_certified", d, b),
-            else_branch=_subgraph(oe_, "exact", "tokens_exact", d, b)))
+        sampled = _if(ob, certified, _branch(of, "certified", fast, d, b), _branch(oe_, "exact", exact_top2, d, b))
         fallback = ob.op("Not", certified)
     else:
-        sampled = _argmax_sample(ob, z_rows, noise_args, b, v, exact=False)
+        sampled = _sampled_top2(ob, z_rows, noise_args, b, v, exact=False)
         fallback = ob.const(False, np.bool_)
-    ob.nodes.append(helper.make_node("Identity", [sampled], ["tokens_sampled"]))
-    ob.nodes.append(helper.make_node("Identity", [fallback], ["fallback_sampled"]))
     o.adopt(ob)
-    # else-branch (T = 0): argmax of the logits, the same at every step
+    # else-branch (T = 0): winner and runner-up of the logits, the same at every step
     og = o.child("ep_greedy")
-    greedy = og.op("Unsqueeze", og.op("ArgMax", z_greedy, axis=-1, keepdims=0, select_last_index=0), og.i([1]))
     shape = og.op("Concat", og.op("Shape", "node_steps"), og.i([d + 1, b]), axis=0)
-    og.nodes.append(helper.make_node("Expand", [greedy, shape], ["tokens_greedy"]))
-    og.nodes.append(helper.make_node("Identity", [og.const(False, np.bool_)], ["fallback_greedy"]))
+    greedy = [og.op("Expand", og.op("Unsqueeze", x, og.i([1])), shape) for x in _top2_dense(og, z_greedy, v)]
     o.adopt(og)
-    tokens = o._name("If")
-    o.nodes.append(helper.make_node("If", [t_pos], [tokens, FALLBACK_OUTPUT], name=tokens,
-                                    then_branch=_subgraph(ob, "sample", "tokens_sampled", d, b, "fallback_sampled"),
-                                    else_branch=_subgraph(og, "greedy", "tokens_greedy", d, b, "fallback_greedy")))
+    tokens, runner_up, gap, _ = _if(o, t_pos, _branch(ob, "sample", sampled, d, b, fallback),
+                                    _branch(og, "greedy", greedy, d, b, og.const(False, np.bool_)),
+                                    extra=(FALLBACK_OUTPUT,))
 
     # confidence: e[x] / sum(e), as numpy's take_along_axis(e, x) / e.sum(-1)
     tok_nbs = o.op("Transpose", tokens, perm=[0, 2, 1])                             # [N,B,D+1]
@@ -424,6 +460,8 @@ def build_epilogue(spec: EpilogueSpec):
     future = o.i(np.arange(1, d + 1, dtype=np.int64))
     o.nodes.append(helper.make_node("Gather", [tokens, future], ["future_tokens"], axis=1))
     o.nodes.append(helper.make_node("Gather", [conf, future], ["future_conf"], axis=1))
+    o.nodes.append(helper.make_node("Gather", [runner_up, future], ["future_runner_up"], axis=1))
+    o.nodes.append(helper.make_node("Gather", [gap, future], ["future_gap"], axis=1))
 
     # top-32 log softmax(z): (z_top - max) - log(sum exp(z - max)), sharing the confidence's sum
     top_vals, top_ids = o.op_multi("TopK", [z, o.i([k])], 2, axis=-1, largest=1, sorted=1)
@@ -449,6 +487,8 @@ def build_epilogue(spec: EpilogueSpec):
                _value_info("future_conf", TensorProto.DOUBLE, ["N", d, b]),
                _value_info("top_logprobs", TensorProto.FLOAT, ["N", b, TOP_K_LOGPROBS]),
                _value_info("top_ids", TensorProto.INT64, ["N", b, TOP_K_LOGPROBS]),
+               _value_info("future_runner_up", TensorProto.INT64, ["N", d, b]),
+               _value_info("future_gap", TensorProto.DOUBLE, ["N", d, b]),
                _value_info(FALLBACK_OUTPUT, TensorProto.BOOL, [])]
     graph = helper.make_graph(o.nodes, "spot_sampling_epilogue", inputs, outputs, initializer=o.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
@@ -578,10 +618,15 @@ class EpilogueResult:
     future_conf: np.ndarray      # [N,D,B] float64
     top_logprobs: np.ndarray     # [N,B,32] float32
     top_ids: np.ndarray          # [N,B,32] int64 (-1 in the padding of vocabularies under 32)
+    # the runner-up coupled samples of steps t_n+1 .. t_n+D (spot.runtime.step.top2_scaled): [N,D,B] int64 (-1 where
+    # none) and the score gaps to the winners [N,D,B] float64 (inf there); None from an epilogue exported without
+    future_runner_up: np.ndarray | None = None
+    future_gap: np.ndarray | None = None
 
     @staticmethod
     def concat(parts: list["EpilogueResult"]) -> "EpilogueResult":
-        return EpilogueResult(*(np.concatenate([getattr(p, f) for p in parts], axis=0) for f in OUTPUTS))
+        return EpilogueResult(*(None if getattr(parts[0], f) is None else
+                                np.concatenate([getattr(p, f) for p in parts], axis=0) for f in OUTPUTS))
 
 
 def check_sampling(sampling: Sampling) -> None:
@@ -651,18 +696,23 @@ def top_logprobs(logits: np.ndarray, temperature: float, k: int = TOP_K_LOGPROBS
 
 def reference_epilogue(logits: np.ndarray, node_steps, sampling: Sampling, block: int, future_steps: int,
                        k: int = TOP_K_LOGPROBS) -> EpilogueResult:
-    """The epilogue computed with spot.runtime.step.sample_positions, one node and step at a time."""
+    """The epilogue computed with the runtime's own sampling (spot.runtime.step: scale_rows, then top2_scaled, whose
+    winners are sample_positions'), one node and step at a time."""
     check_sampling(sampling)
-    n, b, _ = logits.shape
+    n, b, v = logits.shape
     steps = np.asarray(node_steps, dtype=np.int64)
     positions = np.arange(b)
-    tok = np.zeros((n, future_steps + 1, b), np.int64)
-    conf = np.zeros((n, future_steps + 1, b), np.float64)
+    shape = (n, future_steps + 1, b)
+    tok, second = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+    conf, gap = np.zeros(shape, np.float64), np.zeros(shape, np.float64)
     for j in range(n):
+        rows = scale_rows(logits[j], positions, sampling)
         for s in range(future_steps + 1):
-            tok[j, s], conf[j, s] = sample_positions(logits[j], positions, sampling, block, int(steps[j]) + s)
+            g = step_gumbel(sampling, block, int(steps[j]) + s, positions, v)
+            tok[j, s], second[j, s], gap[j, s] = top2_scaled(rows.base, g)
+            conf[j, s] = confidence(rows, tok[j, s])
     lp, ids = top_logprobs(logits, sampling.temperature, k)
-    return EpilogueResult(tok[:, 0], conf[:, 0], tok[:, 1:], conf[:, 1:], lp, ids)
+    return EpilogueResult(tok[:, 0], conf[:, 0], tok[:, 1:], conf[:, 1:], lp, ids, second[:, 1:], gap[:, 1:])
 
 
 def reference_noise(node_steps, seed: int, block: int, steps: int, block_size: int, vocab: int) -> np.ndarray:

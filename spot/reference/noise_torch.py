@@ -185,9 +185,23 @@ TORCH = TorchOps()
 
 
 # -- the epilogue on torch tensors -------------------------------------------------------------------------------
-def certified_sample(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int) -> torch.Tensor:
-    """argmax_v zf[n,b,v] + gumbel(seed, block, steps[n,s], b, v) -> tokens [N,S,B], exactly, the way the ONNX
-    epilogue does it (spot.export.epilogue._certified_sample): rank with torch.log's noise, re-score the best
+def top2_dense(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Winner, runner-up and gap over the last axis of scores [..., V] as spot.runtime.step.top2_scaled: first
+    maxima on ties; runner-up -1 and gap inf where no other token is finite."""
+    tokens = torch.argmax(scores, dim=-1)                                          # first maximum on ties
+    rest = scores.scatter(-1, tokens[..., None], -math.inf)
+    best = torch.gather(scores, -1, tokens[..., None])[..., 0]
+    return (tokens, *_runner_up_or_none(best, torch.argmax(rest, dim=-1), rest.amax(dim=-1)))
+
+
+def _runner_up_or_none(best, second, best2) -> tuple[torch.Tensor, torch.Tensor]:
+    none = torch.isneginf(best2)
+    return torch.where(none, -1, second), torch.where(none, math.inf, best - best2)
+
+
+def certified_top2(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int) -> tuple[torch.Tensor, ...]:
+    """Winner, runner-up and gap [N,S,B] of zf[n,b,v] + gumbel(seed, block, steps[n,s], b, v), exactly, the way the
+    ONNX epilogue does it (spot.export.epilogue._certified_top2): rank with torch.log's noise, re-score the best
     CANDIDATES with the exact noise, and fall back to the exact noise over V when a row is not certified."""
     from spot.export.epilogue import CANDIDATES, NATIVE_NOISE_MARGIN
     dev = zf.device
@@ -198,22 +212,30 @@ def certified_sample(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: in
     top = torch.topk(scores, min(CANDIDATES + 1, v), dim=-1)
     cand = top.indices[..., :CANDIDATES]
     exact = torch.gather(zf[:, None].expand(scores.shape), -1, cand) + gumbel(seed, block, *counters, cand, device=dev)
+    big = torch.iinfo(torch.int64).max
     best = exact.amax(dim=-1, keepdim=True)
-    tokens = torch.where(exact == best, cand, torch.iinfo(torch.int64).max).amin(dim=-1)
+    tokens = torch.where(exact == best, cand, big).amin(dim=-1)
+    others = cand != tokens[..., None]
+    rest = torch.where(others, exact, -math.inf)
+    best2 = rest.amax(dim=-1, keepdim=True)
+    second = torch.where(others & (rest == best2), cand, big).amin(dim=-1)
+    second, gap = _runner_up_or_none(best[..., 0], second, best2[..., 0])
     if v > CANDIDATES:
-        runner_up = top.values[..., CANDIDATES]
-        bound = runner_up + (NATIVE_NOISE_MARGIN + runner_up.abs() * 2.0 ** -40)
-        bound = torch.where(torch.isneginf(runner_up), runner_up, bound)
-        if not bool((best[..., 0] > bound).all()):       # a near-tie: the exact noise over the whole vocabulary
+        following = top.values[..., CANDIDATES]
+        bound = following + (NATIVE_NOISE_MARGIN + following.abs() * 2.0 ** -40)
+        if not bool(((best2[..., 0] > bound) | torch.isneginf(following)).all()):
+            # a near-tie: the exact noise over the whole vocabulary
             g = gumbel(seed, block, *counters, torch.arange(v, device=dev)[None, None, None, :], device=dev)
-            tokens = torch.argmax(zf[:, None] + g, dim=-1)                         # first maximum on ties
-    return tokens
+            return top2_dense(zf[:, None] + g)
+    return tokens, second, gap
 
 
 def epilogue_torch(logits: torch.Tensor, node_steps, seed: int, block: int, temperature: float, top_k: int,
-                   future_steps: int, k: int = 32) -> dict[str, torch.Tensor]:
+                   future_steps: int, exclude_token: int = -1, k: int = 32) -> dict[str, torch.Tensor]:
     """spot.export.epilogue's outputs from logits [N,B,V] float32 (any device): token [N,B], confidence [N,B],
-    future_tokens/future_conf [N,D,B], top_logprobs [N,B,32] float32, top_ids [N,B,32]. Top-p is host-only."""
+    future_tokens/future_conf/future_runner_up/future_gap [N,D,B], top_logprobs [N,B,32] float32, top_ids
+    [N,B,32]. exclude_token (the mask id; -1 = none) never wins an argmax but stays in the softmax. Top-p is
+    host-only."""
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     dev = logits.device
@@ -225,14 +247,16 @@ def epilogue_torch(logits: torch.Tensor, node_steps, seed: int, block: int, temp
     total = xm.pairwise_sum(TORCH, e, v)
     steps = torch.as_tensor(node_steps, dtype=torch.int64, device=dev)[:, None] + torch.arange(
         future_steps + 1, device=dev)                                              # [N,D+1]
+    excluded = torch.arange(v, device=dev) == exclude_token
     if temperature > 0:
         zf = z
         if 0 < top_k < v:
             kth = torch.topk(z, top_k, dim=-1).values[..., top_k - 1:top_k]
-            zf = torch.where(z < kth, torch.tensor(-math.inf, dtype=torch.float64, device=dev), z)
-        tokens = certified_sample(zf, steps, seed, block)
+            zf = torch.where(z < kth, -math.inf, z)
+        sampled = certified_top2(torch.where(excluded, -math.inf, zf), steps, seed, block)
     else:
-        tokens = torch.argmax(z, dim=-1)[:, None].expand(n, future_steps + 1, b)
+        sampled = [x[:, None].expand(n, future_steps + 1, b) for x in top2_dense(torch.where(excluded, -math.inf, z))]
+    tokens, runner_up, gap = sampled
     conf = torch.gather(e, -1, tokens.transpose(1, 2).contiguous()) / total[..., None]   # [N,B,D+1]
     conf = conf.transpose(1, 2)
     # the 32 largest log softmax(z) (the drafter's features), ids by value descending then id ascending
@@ -244,4 +268,5 @@ def epilogue_torch(logits: torch.Tensor, node_steps, seed: int, block: int, temp
         order = torch.nn.functional.pad(order, (0, k - kk), value=-1)
     return {"token": tokens[:, 0].contiguous(), "confidence": conf[:, 0].contiguous(),
             "future_tokens": tokens[:, 1:].contiguous(), "future_conf": conf[:, 1:].contiguous(),
-            "top_logprobs": logp, "top_ids": order}
+            "top_logprobs": logp, "top_ids": order,
+            "future_runner_up": runner_up[:, 1:].contiguous(), "future_gap": gap[:, 1:].contiguous()}

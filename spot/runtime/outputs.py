@@ -5,7 +5,8 @@ HostOutputs    the logits [B, V] reached the host (CPU engines): samples are com
                (spot.runtime.step / spot.runtime.stale), only where the walk or the drafter needs them.
 SampledOutputs the sampling epilogue ran next to the target (spot.export.epilogue, GPU paths): the host received
                O(B x (D + 32)) values per state — F's samples at the state's step, the coupled samples of the
-               next D steps, the top-32 log-probabilities — equal to the numpy ones bit for bit, never the logits.
+               next D steps and their runner-ups, the top-32 log-probabilities — equal to the numpy ones bit for
+               bit, never the logits.
 """
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ class SampledOutputs:
 
     token [B] int64, confidence [B] float64: F's sample at `step` for every position;
     future_tokens [D, B] int64, future_conf [D, B] float64: coupled samples at steps step+1 .. step+D;
-    top_logprobs [B, 32] float32: the drafter's stale features."""
+    top_logprobs [B, 32] float32: the drafter's stale features;
+    future_runner_up [D, B] int64, future_gap [D, B] float64: the coupled samples' runner-ups and score gaps (None
+    from an epilogue exported without them)."""
 
     token: np.ndarray
     confidence: np.ndarray
@@ -53,6 +56,8 @@ class SampledOutputs:
     future_conf: np.ndarray
     top_logprobs: np.ndarray
     step: int
+    future_runner_up: np.ndarray | None = None
+    future_gap: np.ndarray | None = None
 
     def next_state(self, state: np.ndarray, mask_id: int, rule: CommitRule) -> np.ndarray:
         masked = np.flatnonzero(state == mask_id)
@@ -64,7 +69,8 @@ class SampledOutputs:
         if independent_noise:
             raise SpotError("the independent-noise ablation needs the logits on the host",
                             "run it with the host sampler (--sampler host)")
-        return SampledStaleView(self.future_tokens, self.future_conf, self.step + 1, masked, self.top_logprobs)
+        return SampledStaleView(self.future_tokens, self.future_conf, self.step + 1, masked, self.top_logprobs,
+                                self.future_runner_up, self.future_gap)
 
     def host_logits(self) -> np.ndarray:
         raise SpotError("this decoder reads the full logits, but the engine samples on the device and returns "
@@ -79,5 +85,7 @@ def host_outputs(logits: np.ndarray, steps, sampling: Sampling, block: int,
 
 def sampled_outputs(result, steps) -> list[SampledOutputs]:
     """An EpilogueResult of N states (spot.export.epilogue) whose node_steps were steps [N] -> one per state."""
+    runner_up, gap = result.future_runner_up, result.future_gap
     return [SampledOutputs(result.token[i], result.confidence[i], result.future_tokens[i], result.future_conf[i],
-                           result.top_logprobs[i], int(s)) for i, s in enumerate(steps)]
+                           result.top_logprobs[i], int(s), None if runner_up is None else runner_up[i],
+                           None if gap is None else gap[i]) for i, s in enumerate(steps)]

@@ -102,14 +102,19 @@ class SampledStaleView:
     """The StaleView interface over coupled samples the device epilogue already computed (spot.runtime.outputs).
 
     future_tokens [D, B] int64, future_conf [D, B] float64: samples of the stale logits at steps first_step ..
-    first_step + D - 1 for every position; masked [B] bool: masks of s_m; top_logprobs [B, 32] float32."""
+    first_step + D - 1 for every position; masked [B] bool: masks of s_m; top_logprobs [B, 32] float32;
+    future_runner_up [D, B] int64, future_gap [D, B] float64: their runner-ups and score gaps, or None (an epilogue
+    exported without them: no runner-up proposals)."""
 
     def __init__(self, future_tokens: np.ndarray, future_conf: np.ndarray, first_step: int, masked: np.ndarray,
-                 top_logprobs: np.ndarray):
+                 top_logprobs: np.ndarray, future_runner_up: np.ndarray | None = None,
+                 future_gap: np.ndarray | None = None):
         self.future_tokens, self.future_conf = future_tokens, future_conf
+        self.future_runner_up, self.future_gap = future_runner_up, future_gap
         self.first_step, self.masked, self._topk = first_step, np.asarray(masked, dtype=bool), top_logprobs
+        self.runner_ups_wanted = False      # StaleView's flag; the epilogue computed them either way
 
-    def coupled(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    def _row(self, step: int) -> int:
         j = step - self.first_step
         depth = self.future_tokens.shape[0]
         if not 0 <= j < depth:
@@ -117,12 +122,20 @@ class SampledStaleView:
                             f"{self.first_step + depth - 1}, got a request for step {step}",
                             f"draft trees of depth <= {depth}, or rebuild the epilogue with more future steps "
                             "(spot-export --epilogue-steps)")
+        return j
+
+    def coupled(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        j = self._row(step)
         return (np.where(self.masked, self.future_tokens[j], -1).astype(np.int64),
                 np.where(self.masked, self.future_conf[j], -np.inf))
 
-    def runner_up(self, step: int) -> None:
-        """The epilogue returns winners only: no runner-up proposals on this path (docs/drafter.md)."""
-        return None
+    def runner_up(self, step: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """As StaleView.runner_up, from the epilogue's outputs; None where the epilogue has none."""
+        if self.future_runner_up is None:
+            return None
+        j = self._row(step)
+        return (np.where(self.masked, self.future_runner_up[j], -1).astype(np.int64),
+                np.where(self.masked, self.future_gap[j], np.inf))
 
     def topk_logprobs(self) -> np.ndarray:
         return self._topk

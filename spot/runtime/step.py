@@ -152,8 +152,8 @@ def certified_argmax(base: np.ndarray, gumbel: NoiseRows) -> np.ndarray:
 def top2_scaled(base: np.ndarray, gumbel: NoiseRows | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The winner and the runner-up of each row's scores base + g (base alone at T = 0: gumbel None), g the
     definition's noise: tokens [K] int64 (= sample_scaled's), runner-ups [K] int64 (the argmax without the winner;
-    ties: smallest id) and gap [K] float64 = score(winner) - score(runner-up) >= 0, inf where no other token can be
-    sampled (filtered or excluded). base [K, V]: ScaledRows.base. With native noise both ranks are certified
+    ties: smallest id) and gap [K] float64 = score(winner) - score(runner-up) >= 0; runner-up -1 and gap inf where
+    no other token can be sampled (filtered or excluded). base [K, V]: ScaledRows.base. With native noise both ranks are certified
     (_certified_best); rows where either fails are ranked again with the exact rows."""
     k = np.arange(base.shape[0])
     if gumbel is None:
@@ -179,8 +179,8 @@ def top2_scaled(base: np.ndarray, gumbel: NoiseRows | None) -> tuple[np.ndarray,
             scores[r, tokens[redo]] = -np.inf
             second[redo] = np.argmax(scores, axis=-1)
             below[redo] = scores[r, second[redo]]
-    gap = np.where(np.isfinite(below), top - below, np.inf)
-    return tokens.astype(np.int64), second.astype(np.int64), gap
+    some = np.isfinite(below)
+    return tokens.astype(np.int64), np.where(some, second, -1).astype(np.int64), np.where(some, top - below, np.inf)
 
 
 def step_gumbel(sampling: Sampling, block: int, step: int, positions: np.ndarray, vocab_size: int,
