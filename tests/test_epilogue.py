@@ -213,6 +213,30 @@ def test_tiny_vocabulary_and_no_future_steps():
         assert np.array_equal(getattr(got, name), getattr(want, name)), name
 
 
+@needs_glibc_fma
+@pytest.mark.parametrize("vocab", [2, 3, 4])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_vocabularies_at_most_the_candidates(vocab, temperature):
+    """V <= CANDIDATES + 1: every token re-scored, or one left to certify against; with the mask id excluded a
+    2-token vocabulary has no runner-up anywhere (-1, inf)."""
+    s = make_epilogue_session(build_epilogue(EpilogueSpec(vocab_size=vocab, block_size=4, future_steps=2)))
+    logits = (np.random.default_rng(vocab).standard_normal((2, 4, vocab)) * 2).astype(np.float32)
+    sampling = Sampling(temperature=temperature, seed=5, exclude_token=vocab - 1)
+    got, want = run_epilogue(s, logits, [0, 3], sampling, 1), reference_epilogue(logits, [0, 3], sampling, 1, 2)
+    for name in OUTPUTS:
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    torch = pytest.importorskip("torch")
+    from spot.reference.noise_torch import epilogue_torch
+    with torch.inference_mode():
+        twin = epilogue_torch(torch.from_numpy(logits), [0, 3], 5, 1, temperature, 0, 2, vocab - 1)
+    for name in OUTPUTS:
+        assert np.array_equal(twin[name].numpy(), getattr(want, name)), name
+    if vocab == 2:
+        assert (got.future_runner_up == -1).all() and np.isinf(got.future_gap).all()
+    else:
+        assert (got.future_runner_up >= 0).all() and np.isfinite(got.future_gap).all()
+
+
 def test_outputs_are_small_whatever_the_vocabulary():
     """What a verify pass copies to the host: O(N x B x (D + 32)) values, no output with a vocabulary axis."""
     for vocab, d in ((500, 3), (151936, 6)):
