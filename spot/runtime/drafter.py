@@ -41,9 +41,10 @@ MAX_BLOCK = 64            # learned position embedding size
 INPUT_NAMES = ("topk", "masked", "stale_conf", "staleness")
 OUTPUT_NAMES = ("order_logits", "member_logits")
 DEFAULT_BRANCH = 4
-# Queued candidates proposed for ahead of time in each drafter call (spot.runtime.tree.build_tree): inside the
-# decode loop a call costs ~0.8 ms for one node and ~0.2 ms per further node (embedded drafter, 2-core CPU), i.e.
-# 3-4 nodes' compute on its own; 4 halves the calls at 16 nodes for ~27% more nodes drafted.
+# Queued candidates proposed for ahead of time in each drafter call (spot.runtime.tree.build_tree). Embedded
+# drafter, 16x8: 4 takes 14.2 -> 5.8 calls per round for 14.2 -> 16.4 nodes; drafter ORT time 3.4 -> 2.8 ms per round
+# and host 7.6 -> 6.2 ms at T = 0 (AVX-512 CPU, benchmarks/host_split.py --lookahead 0,4,0,4; a call alone costs
+# ~0.07 ms plus ~0.11 ms per node there, more inside the loop; on the AVX2 machine of 30 Nov ~0.8 + 0.2 per node).
 DEFAULT_LOOKAHEAD = 4
 DRAFTER_THREADS = 1
 # Divides the order logits before the softmax that ranks and weighs tree children (a light per-target calibration:
