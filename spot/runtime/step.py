@@ -153,8 +153,8 @@ def top2_scaled(base: np.ndarray, gumbel: NoiseRows | None) -> tuple[np.ndarray,
     """The winner and the runner-up of each row's scores base + g (base alone at T = 0: gumbel None), g the
     definition's noise: tokens [K] int64 (= sample_scaled's), runner-ups [K] int64 (the argmax without the winner;
     ties: smallest id) and gap [K] float64 = score(winner) - score(runner-up) >= 0; runner-up -1 and gap inf where
-    no other token can be sampled (filtered or excluded). base [K, V]: ScaledRows.base. With native noise both ranks are certified
-    (_certified_best); rows where either fails are ranked again with the exact rows."""
+    no other token can be sampled (filtered or excluded). base [K, V]: ScaledRows.base. With native noise both ranks
+    are certified (_certified_best); rows where either fails are ranked again with the exact rows."""
     k = np.arange(base.shape[0])
     if gumbel is None:
         tokens = np.argmax(base, axis=-1)
