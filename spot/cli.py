@@ -371,13 +371,15 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
 @click.option("--candidates", default="0.5,1,2,3", show_default=True, help="Order temperatures tried.")
 @click.option("--runner-up-weights", default="0,0.1,0.17,0.3", show_default=True,
               help="Runner-up child weights tried (at the chosen order temperature); 0 = none.")
+@click.option("--set-flip-weights", default="0,0.1,1", show_default=True,
+              help="SPOT-Sets flip-variant weights tried (spot-sets, at the chosen settings); 0 = none.")
 @click.option("--budget", default="16x8", show_default=True, help="Tree budget (nodes x depth).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Measure and print; do not write drafter.json.")
 def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file, corpus_prompts, seed, temperatures,
-                          candidates, runner_up_weights, budget, max_new_tokens, dry_run):
-    """Pick the drafter's order temperature and runner-up weight by target passes on training prompts (writes
-    drafter.json).
+                          candidates, runner_up_weights, set_flip_weights, budget, max_new_tokens, dry_run):
+    """Pick the drafter's order temperature, runner-up weight and SPOT-Sets flip weight by target passes on
+    training prompts (writes drafter.json).
 
     \b
     Example (the embedded model, exported):
@@ -393,6 +395,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
         raise SpotError(f"--budget takes one tree budget such as 16x8, got {budget!r}")
     temps, cands = _float_list(temperatures, "--temperatures"), _float_list(candidates, "--candidates")
     weights = _float_list(runner_up_weights, "--runner-up-weights")
+    flips = _float_list(set_flip_weights, "--set-flip-weights")
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device)
     drafter = find_drafter(drafter_path, folder)
     if prompts_file is not None:
@@ -403,12 +406,12 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     else:
         prompts = draw_prompts(tokenizer, corpus_prompts, seed)
     result = calibrate_drafter(engine, drafter, prompts, temps, cands, weights, budgets[0], max_new_tokens,
-                               progress=lambda line: click.echo(line, err=True))
+                               progress=lambda line: click.echo(line, err=True), flip_candidates=flips)
     click.echo(json.dumps(result, indent=2))
     if not dry_run:
         path = write_calibration(drafter.path, result)
-        click.echo(f"wrote order_temperature {result['order_temperature']:g} and runner_up_weight "
-                   f"{result['runner_up_weight']:g} into {path}")
+        click.echo(f"wrote order_temperature {result['order_temperature']:g}, runner_up_weight "
+                   f"{result['runner_up_weight']:g} and set_flip_weight {result['set_flip_weight']:g} into {path}")
 
 
 @main.command()

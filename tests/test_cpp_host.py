@@ -22,7 +22,7 @@ from spot.engines.ort_engine import OrtEngine
 from spot.export.export import ExportOptions, export_checkpoint
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
-from spot.runtime.drafter import DEFAULT_RUNNER_UP_WEIGHT, load_drafter
+from spot.runtime.drafter import DEFAULT_RUNNER_UP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT, load_drafter
 from spot.runtime.step import STATIC, THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,24 +190,29 @@ def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
                                                      for r in spot_cases)
 
 
-def test_runner_up_weight_is_read_from_drafter_json(spot_cli, tiny, tmp_path):
-    """drafter.json's runner_up_weight (0 = none, 1 = heavy) changes the trees in both hosts the same way."""
+@pytest.mark.parametrize("field, decoder", [("runner_up_weight", "spot"), ("runner_up_weight", "spot-sets"),
+                                            ("set_flip_weight", "spot-sets")])
+def test_tree_weights_are_read_from_drafter_json(spot_cli, tiny, tmp_path, field, decoder):
+    """drafter.json's runner_up_weight and set_flip_weight (0 = none, 1 = heavy) change the trees in both hosts the
+    same way."""
     from spot.runtime.drafter import Drafter
     folder, drafter_dir, engine, _ = tiny
     prompts = random_prompts(2, seed=12)
+    tau = {"tau": 0.3} if decoder == "spot-sets" else {}      # tiny random targets: low confidences
     passes = {}
     for w in (0.0, 1.0):
         d = tmp_path / f"w{w:g}"
         shutil.copytree(drafter_dir, d)
         manifest = json.loads((d / "drafter.json").read_text())
-        manifest["runner_up_weight"] = w
+        manifest[field] = w
         (d / "drafter.json").write_text(json.dumps(manifest))
         drafter = Drafter.load(d)
         cases = [{"prompt": pi, "prompt_ids": prompt, **opts, "expected": run_case(engine, drafter, prompt, opts)}
                  for pi, prompt in enumerate(prompts)
-                 for opts in (case_options("spot", 0.0, 0, 24, 12, 6), case_options("spot", 1.0, 3, 24, 12, 6))]
+                 for opts in (case_options(decoder, 0.0, 0, 24, 12, 6, **tau),
+                              case_options(decoder, 1.0, 3, 24, 12, 6, **tau))]
         bad = mismatches(cases, run_batch(spot_cli, folder, d, cases))
-        assert not bad, f"runner_up_weight {w}: " + "\n".join(bad)
+        assert not bad, f"{field} {w}: " + "\n".join(bad)
         passes[w] = [c["expected"]["passes"] for c in cases]
     assert passes[0.0] != passes[1.0]       # the weight reached the trees
 
@@ -290,6 +295,9 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     bad_weight = edited("weight", lambda m: m.update(runner_up_weight=1.5))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", bad_weight, *ids), CORRUPT,
            "runner_up_weight is 1.5", "expected a number in [0, 1]")
+    bad_flips = edited("flips", lambda m: m.update(set_flip_weight=-1))
+    _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", bad_flips, *ids), CORRUPT,
+           "set_flip_weight is -1", "expected a number in [0, 1]")
     swapped = edited("swapped", lambda m: m.update(onnx_sha256="0" * 64))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", swapped, *ids), CORRUPT, "does not match")
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", tmp_path / "none", *ids), NOT_FOUND)
@@ -360,6 +368,9 @@ def test_embedded_golden(spot_cli, tmp_path_factory):
         assert manifest.get("runner_up_weight", DEFAULT_RUNNER_UP_WEIGHT) == \
             golden["drafter"].get("runner_up_weight", 0.0), \
             f"the golden file was made with another drafter runner-up weight: {regenerate}"
+        assert manifest.get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT) == \
+            golden["drafter"].get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT), \
+            f"the golden file was made with another drafter flip weight: {regenerate}"
     cases = golden["cases"]
     results = run_batch(spot_cli, out, drafter_dir if golden["drafter"] else None, cases)
     bad = mismatches(cases, results)

@@ -287,6 +287,9 @@ class _StaleFromTrace:
         k = step - 100
         return np.zeros(self.conf.shape[1], np.int64), np.where(self.conf[k - 1] > 0, self.conf[k - 1], -np.inf)
 
+    def runner_up(self, step):       # traces store no runner-ups (as an epilogue exported without them)
+        return None
+
 
 def test_calibration_picks_the_best_threshold():
     rng = np.random.default_rng(0)
@@ -495,7 +498,8 @@ def test_order_temperature_divides_the_order_logits(drafter_dir):
 
 @pytest.mark.parametrize("field, value, expected", [
     *(("order_temperature", v, "expected a number > 0") for v in (0, -1.0, "warm", None, float("nan"))),
-    *(("runner_up_weight", v, r"expected a number in \[0, 1\]") for v in (-0.1, 1.5, "many", None, float("nan")))])
+    *(("runner_up_weight", v, r"expected a number in \[0, 1\]") for v in (-0.1, 1.5, "many", None, float("nan"))),
+    *(("set_flip_weight", v, r"expected a number in \[0, 1\]") for v in (-1, 2.0, "some", None))])
 def test_bad_tree_settings_are_clear_errors(drafter_dir, tmp_path, field, value, expected):
     for name in (DRAFTER_ONNX, DRAFTER_JSON):
         (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
@@ -507,42 +511,49 @@ def test_bad_tree_settings_are_clear_errors(drafter_dir, tmp_path, field, value,
 
 
 def test_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp_path):
-    from spot.training.calibration import (best_order_temperature, best_runner_up_weight, calibrate_drafter,
-                                           write_calibration)
+    from spot.training.calibration import best_order_temperature, best_weight, calibrate_drafter, write_calibration
     for name in (DRAFTER_ONNX, DRAFTER_JSON):
         (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
     drafter = Drafter.load(tmp_path)
     budget, ps = TreeBudget(8, 4), prompts(3, seed=5)
-    result = calibrate_drafter(engine, drafter, ps, [0.0, 1.0], [0.25, 1.0, 4.0], [0.0, 0.5], budget, 16)
+    result = calibrate_drafter(engine, drafter, ps, [0.0, 1.0], [0.25, 1.0, 4.0], [0.0, 0.5], budget, 16,
+                               flip_candidates=[0.0, 1.0])
     record = result["calibration"]
-    passes, weights = record["target_passes"], record["runner_up_target_passes"]
+    passes, weights, flips = record["target_passes"], record["runner_up_target_passes"], record["set_flip_target_passes"]
 
-    def decoded(**settings):   # what `spot` decodes with those settings, over the prompts at T = 0 and 1
+    def decoded(decoder="spot", **settings):   # what `decoder` decodes with those settings, prompts x T = 0 and 1
         candidate = drafter.with_settings(**settings)
-        return sum(run_decoder("spot", engine, p, DecodeRequest(max_new_tokens=16, sampling=Sampling(t, seed=0),
-                                                                budget=budget), drafter=candidate).stats.target_passes
-                   for t in (0.0, 1.0) for p in ps)
-    # each figure is a decode with that setting: T_o at the drafter's runner-up weight, then weights at the best T_o
+        tau = drafter.tau if drafter.tau is not None else 0.9
+        return sum(run_decoder(decoder, engine, p, DecodeRequest(max_new_tokens=16, tau=tau,
+                                                                 sampling=Sampling(t, seed=0), budget=budget),
+                               drafter=candidate).stats.target_passes for t in (0.0, 1.0) for p in ps)
+    # each figure is a decode with that setting: T_o at the drafter's runner-up weight, then weights at the best T_o,
+    # then spot-sets' flip weights at both
     assert passes["4"] == decoded(order_temperature=4.0)
     assert record["runner_up_weight_at"] == drafter.runner_up_weight
-    best_t = result["order_temperature"]
+    best_t, best_w = result["order_temperature"], result["runner_up_weight"]
     assert passes[f"{best_t:g}"] == min(passes.values())
     assert weights["0.5"] == decoded(order_temperature=best_t, runner_up_weight=0.5)
-    assert weights[f"{result['runner_up_weight']:g}"] == min(weights.values())
+    assert weights[f"{best_w:g}"] == min(weights.values())
+    assert flips["0"] == decoded("spot-sets", order_temperature=best_t, runner_up_weight=best_w, set_flip_weight=0.0)
+    assert flips[f"{result['set_flip_weight']:g}"] == min(flips.values())
     sha = json.loads((tmp_path / DRAFTER_JSON).read_text())["onnx_sha256"]
     write_calibration(tmp_path, result)
     reloaded = Drafter.load(tmp_path)
-    assert reloaded.order_temperature == best_t and reloaded.runner_up_weight == result["runner_up_weight"]
+    assert reloaded.order_temperature == best_t and reloaded.runner_up_weight == best_w
+    assert reloaded.set_flip_weight == result["set_flip_weight"]
     assert reloaded.manifest["onnx_sha256"] == sha and reloaded.manifest["order_calibration"]["prompts"] == 3
     assert not list(tmp_path.glob("*.partial"))
     assert best_order_temperature({0.5: 10, 1.0: 10, 3.0: 9}) == 3.0
     assert best_order_temperature({0.5: 10, 1.0: 10, 3.0: 10}) == 1.0   # ties: the least change
     assert best_order_temperature({0.5: 10, 3.0: 10}) == 0.5            # |log 0.5| < |log 3|
-    assert best_runner_up_weight({0.0: 10, 0.1: 9, 0.3: 9}) == 0.1      # ties: the fewest runner-up children
+    assert best_weight({0.0: 10, 0.1: 9, 0.3: 9}) == 0.1                # ties: the fewest such children
     with pytest.raises(SpotError, match="expected a number > 0"):
         calibrate_drafter(engine, drafter, ps, [0.0], [1.0, 0.0], [0.0], budget, 16)
     with pytest.raises(SpotError, match=r"expected a number in \[0, 1\]"):
         calibrate_drafter(engine, drafter, ps, [0.0], [1.0], [0.0, 2.0], budget, 16)
+    with pytest.raises(SpotError, match=r"set_flip_weight is 3.*expected a number in \[0, 1\]"):
+        calibrate_drafter(engine, drafter, ps, [0.0], [1.0], [0.0], budget, 16, flip_candidates=[3.0])
 
 
 # -- runner-up children -------------------------------------------------------------------------------------------
@@ -615,6 +626,46 @@ def test_position_candidates_add_runner_up_children():
         np.testing.assert_array_equal(child, expected)
     floor = position_candidates(node, logq, tokens, MASK, 4, alt)       # position 4: weight floored, not dropped
     assert floor[-1][0] == LOG_FLOOR and floor[-1][1][4] == 41
+
+
+def test_set_candidates_merge_flips_and_runner_up_swaps():
+    """SPOT-Sets alternatives: flips (weighted by flip_weight, none at 0) and swaps of one member's token for its
+    runner-up (weighted by the runner-up log weight), merged best first after the predicted set."""
+    from spot.runtime.proposers import set_candidates
+    state = np.array([MASK, 7, MASK, MASK, MASK])
+    member = np.array([0.9, 0.5, 0.8, 0.55, 0.2])            # predicted set {0, 2, 3}; position 1 is not masked
+    tokens = np.array([10, -1, 20, 30, 40])
+    # runner-ups: position 2 likely (weight 0.6), 0 unlikely, 3 the mask id (skipped), 4 not in the set (no swap)
+    alt = (np.array([11, -1, 21, MASK, 41]), np.log(np.array([0.01, 1.0, 0.6, 0.9, 0.9])))
+    node = Node(state, -1, 0, 1)
+    p = member[[0, 2, 3, 4]]
+
+    def logp(in_set):
+        return float(np.where(in_set, np.log(p), np.log1p(-p)).sum())
+    base = np.array([True, True, True, False])
+    commit = {0: 10, 2: 20, 3: 30}
+
+    def child(changes):
+        c = state.copy()
+        for pos, tok in changes.items():
+            c[pos] = tok
+        return c
+    plain = set_candidates(node, member, 0, tokens, MASK, 3)       # before runner-ups: the set and 2 flips
+    assert [lp for lp, _ in plain] == pytest.approx([logp(base), logp([True, True, False, False]),
+                                                     logp([True, True, True, True])], abs=1e-12)
+    np.testing.assert_array_equal(plain[0][1], child(commit))
+    got = set_candidates(node, member, 0, tokens, MASK, 4, alt, flip_weight=0.5)
+    want = [(logp(base), child(commit)),
+            (logp(base) + np.log(0.6), child({**commit, 2: 21})),                        # the swap at position 2
+            (logp([True, True, False, False]) + np.log(0.5), child({0: 10, 2: 20})),     # flips, weighted 0.5
+            (logp([True, True, True, True]) + np.log(0.5), child({**commit, 4: 40}))]
+    assert [lp for lp, _ in got] == pytest.approx([lp for lp, _ in want], abs=1e-12)
+    for (_, c), (_, w) in zip(got, want):
+        np.testing.assert_array_equal(c, w)
+    no_flips = set_candidates(node, member, 0, tokens, MASK, 4, alt, flip_weight=0.0)
+    assert len(no_flips) == 3                                  # the set and its two swaps (position 3's is the mask)
+    np.testing.assert_array_equal(no_flips[2][1], child({**commit, 0: 11}))
+    assert no_flips[2][0] == pytest.approx(logp(base) + np.log(0.01), abs=1e-12)
 
 
 def test_drafter_runner_up_children_weigh_the_score_gap(drafter_dir):

@@ -82,14 +82,43 @@ std::vector<Candidate> position_candidates(const Node& node, const std::vector<d
   return out;
 }
 
-// proposers.set_candidates: the predicted set {P(i in S) > 0.5} (else the best position) and variants flipping the
-// least certain positions; log-probability under independence.
+// proposers.merged_best_first: the first n of two candidate lists (each best first) merged best first, ties: a's
+std::vector<Candidate> merged_best_first(const std::vector<Candidate>& a, const std::vector<Candidate>& b, size_t n) {
+  std::vector<Candidate> out;
+  size_t i = 0, j = 0;
+  while (out.size() < n && (i < a.size() || j < b.size())) {
+    if (j >= b.size() || (i < a.size() && a[i].logp >= b[j].logp)) {
+      out.push_back(a[i++]);
+    } else {
+      out.push_back(b[j++]);
+    }
+  }
+  return out;
+}
+
+// proposers.set_candidates: the predicted set {P(i in S) > 0.5} (else the best position), then up to branch - 1
+// alternatives best first: flips of the least certain positions (log-probability under independence + log
+// flip_weight; none at 0) and, given runner-ups, swaps of one member's token for its runner-up (the set's
+// log-probability + the runner-up's log weight; skipped at -inf or when the token is the mask id)
 std::vector<Candidate> set_candidates(const Node& node, const std::vector<double>& member_p, int64_t best,
-                                      const std::vector<int64_t>& tokens, int64_t mask_id, int branch) {
+                                      const std::vector<int64_t>& tokens, int64_t mask_id, int branch,
+                                      const std::vector<int64_t>* runner_up_tokens = nullptr,
+                                      const std::vector<double>* runner_up_log_weight = nullptr,
+                                      double flip_weight = 1.0) {
   std::vector<int64_t> masked = masked_positions(node.state, mask_id);
   const size_t n = masked.size();
+  const double floor = kLogFloor * static_cast<double>(n);
   std::vector<double> p(n);
   for (size_t i = 0; i < n; ++i) p[i] = std::min(std::max(member_p[masked[i]], 1e-6), 1 - 1e-6);
+  std::vector<double> terms(n);
+  auto candidate = [&](const std::vector<bool>& s) {
+    std::vector<int64_t> chosen;
+    for (size_t i = 0; i < n; ++i) {
+      terms[i] = s[i] ? std::log(p[i]) : std::log1p(-p[i]);
+      if (s[i]) chosen.push_back(masked[i]);
+    }
+    return Candidate{pairwise_sum(terms.data(), static_cast<int64_t>(n)), child_with(node.state, chosen, tokens)};
+  };
   std::vector<bool> base(n);
   bool any = false;
   for (size_t i = 0; i < n; ++i) {
@@ -98,27 +127,40 @@ std::vector<Candidate> set_candidates(const Node& node, const std::vector<double
   }
   if (!any)
     for (size_t i = 0; i < n; ++i) base[i] = masked[i] == best;
-  std::vector<std::vector<bool>> sets = {base};
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return std::fabs(p[a] - 0.5) < std::fabs(p[b] - 0.5); });
-  for (size_t j : order) {
-    if (sets.size() >= static_cast<size_t>(branch)) break;
-    std::vector<bool> flipped = base;
-    flipped[j] = !flipped[j];
-    if (std::find(flipped.begin(), flipped.end(), true) != flipped.end()) sets.push_back(flipped);
-  }
-  std::vector<Candidate> out;
-  std::vector<double> terms(n);
-  for (const auto& s : sets) {
-    std::vector<int64_t> chosen;
-    for (size_t i = 0; i < n; ++i) {
-      terms[i] = s[i] ? std::log(p[i]) : std::log1p(-p[i]);
-      if (s[i]) chosen.push_back(masked[i]);
+  const Candidate predicted = candidate(base);
+  const size_t alternatives = branch > 1 ? static_cast<size_t>(branch - 1) : 0;
+  std::vector<Candidate> flips;
+  if (flip_weight > 0) {
+    const double log_flip = std::log(flip_weight);
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return std::fabs(p[a] - 0.5) < std::fabs(p[b] - 0.5); });
+    for (size_t j : order) {
+      if (flips.size() >= alternatives) break;
+      std::vector<bool> flipped = base;
+      flipped[j] = !flipped[j];
+      if (std::find(flipped.begin(), flipped.end(), true) == flipped.end()) continue;
+      Candidate c = candidate(flipped);
+      c.logp += log_flip;
+      flips.push_back(std::move(c));
     }
-    double logp = pairwise_sum(terms.data(), static_cast<int64_t>(n));
-    out.push_back({std::max(logp, kLogFloor * static_cast<double>(n)), child_with(node.state, chosen, tokens)});
+  }
+  std::vector<Candidate> swaps;
+  if (runner_up_tokens != nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t pos = masked[i];
+      if (!base[i] || !((*runner_up_log_weight)[pos] > kNegInf) || (*runner_up_tokens)[pos] == mask_id) continue;
+      std::vector<int64_t> child = predicted.state;
+      child[pos] = (*runner_up_tokens)[pos];
+      swaps.push_back({predicted.logp + (*runner_up_log_weight)[pos], std::move(child)});
+    }
+    std::stable_sort(swaps.begin(), swaps.end(), [](const Candidate& a, const Candidate& b) { return -a.logp < -b.logp; });
+  }
+  std::vector<Candidate> out = {{std::max(predicted.logp, floor), predicted.state}};
+  for (Candidate& c : merged_best_first(flips, swaps, alternatives)) {
+    c.logp = std::max(c.logp, floor);
+    out.push_back(std::move(c));
   }
   return out;
 }
@@ -597,6 +639,12 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
         fail(SPOT_ERR_CORRUPT, "runner_up_weight is " + std::to_string(d->runner_up_weight) +
                                    ", expected a number in [0, 1] (0 = no runner-up children)");
     }
+    if (const Json* t = m.find("set_flip_weight"); t && !t->is_null()) {
+      d->set_flip_weight = t->number();
+      if (!(d->set_flip_weight >= 0 && d->set_flip_weight <= 1))
+        fail(SPOT_ERR_CORRUPT, "set_flip_weight is " + std::to_string(d->set_flip_weight) +
+                                   ", expected a number in [0, 1] (0 = no flip variants)");
+    }
     const std::string digest = sha256_file(onnx_path);
     if (digest != m.at("onnx_sha256").str())
       fail(SPOT_ERR_CORRUPT, onnx_path + " does not match its manifest (sha256 " + digest.substr(0, 12) +
@@ -689,14 +737,13 @@ std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<N
     std::vector<bool> mrow(static_cast<size_t>(b));
     for (int64_t p = 0; p < b; ++p) mrow[p] = masked[j * b + p] > 0;
     std::vector<double> logq = masked_log_softmax(order.data() + j * b, mrow, drafter_.order_temperature);
+    const StaleView::RunnerUp* up = drafter_.runner_up_weight > 0 ? &r.stale->runner_up(node.step) : nullptr;
+    const std::vector<double> log_weight = up ? runner_up_log_weights(*up, drafter_.runner_up_weight)
+                                              : std::vector<double>();
+    const std::vector<int64_t>* up_tokens = up ? &up->tokens : nullptr;
+    const std::vector<double>* up_weight = up ? &log_weight : nullptr;
     if (!r.rule.threshold) {
-      if (drafter_.runner_up_weight > 0) {
-        const StaleView::RunnerUp& up = r.stale->runner_up(node.step);
-        const std::vector<double> log_weight = runner_up_log_weights(up, drafter_.runner_up_weight);
-        out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, branch_, &up.tokens, &log_weight));
-      } else {
-        out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, branch_));
-      }
+      out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, branch_, up_tokens, up_weight));
       continue;
     }
     const int64_t best = first_argmax(logq);   // where the threshold rule falls back to one commit
@@ -710,7 +757,8 @@ std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<N
         member_p[p] = sigmoid(static_cast<double>(x));
       }
     }
-    out.push_back(set_candidates(node, member_p, best, c.tokens, r.mask_id, branch_));
+    out.push_back(set_candidates(node, member_p, best, c.tokens, r.mask_id, branch_, up_tokens, up_weight,
+                                 drafter_.set_flip_weight));
   }
   return out;
 }

@@ -122,6 +122,7 @@ class Drafter {
   double member_offset = 0.0;
   double order_temperature = 1.0;   // drafter.json: divides the order logits (spot calibrate-drafter)
   double runner_up_weight = 0.17;   // drafter.json: weight of runner-up token children (drafter.py's default)
+  double set_flip_weight = 1.0;     // drafter.json: weight of SPOT-Sets' flip variants (drafter.py's default)
   std::optional<double> tau;
   Json target;
 

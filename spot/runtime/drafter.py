@@ -55,6 +55,11 @@ ORDER_TEMPERATURE = "order_temperature"
 # target's calibration (`spot calibrate-drafter`, training prompts; docs/drafter.md).
 RUNNER_UP_WEIGHT = "runner_up_weight"
 DEFAULT_RUNNER_UP_WEIGHT = 0.17
+# Weight of SPOT-Sets' flip variants (spot.runtime.proposers.set_candidates: the predicted set with its least certain
+# position flipped), multiplying their independence-model probability. 1 = unweighted (drafters calibrated before
+# this setting existed), 0 = none; `spot calibrate-drafter` picks it by spot-sets target passes.
+SET_FLIP_WEIGHT = "set_flip_weight"
+DEFAULT_SET_FLIP_WEIGHT = 1.0
 MEMBER_SHARPNESS = 32.0   # stale-confidence membership when the rule's tau is not the one the drafter learned
 # The target facts a drafter is tied to: its inputs are vocabulary-free, but its training distribution is one
 # target's (block size is checked separately, against the engine's block size).
@@ -122,6 +127,12 @@ def check_runner_up_weight(value, path) -> float:
     """drafter.json's runner_up_weight: a number in [0, 1]."""
     return _checked_setting(RUNNER_UP_WEIGHT, value, path, lambda w: 0.0 <= w <= 1.0, "a number in [0, 1]",
                             "0 = no runner-up children")
+
+
+def check_set_flip_weight(value, path) -> float:
+    """drafter.json's set_flip_weight: a number in [0, 1]."""
+    return _checked_setting(SET_FLIP_WEIGHT, value, path, lambda w: 0.0 <= w <= 1.0, "a number in [0, 1]",
+                            "0 = no flip variants")
 
 
 def check_order_temperature(value, path) -> float:
@@ -195,6 +206,8 @@ class Drafter:
         self.order_temperature = check_order_temperature(manifest.get(ORDER_TEMPERATURE, 1.0), self.path)
         self.runner_up_weight = check_runner_up_weight(manifest.get(RUNNER_UP_WEIGHT, DEFAULT_RUNNER_UP_WEIGHT),
                                                        self.path)
+        self.set_flip_weight = check_set_flip_weight(manifest.get(SET_FLIP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT),
+                                                     self.path)
 
     @staticmethod
     def load(path: str | Path, threads: int | None = None) -> "Drafter":
@@ -222,15 +235,17 @@ class Drafter:
                                 "use the drafter shipped with this model, or train one with `spot traces` + "
                                 "`spot train-drafter`")
 
-    def with_settings(self, order_temperature: float | None = None,
-                      runner_up_weight: float | None = None) -> "Drafter":
-        """The same model (and ORT session) with another order temperature and/or runner-up weight
-        (spot.training.calibration); None keeps this drafter's."""
+    def with_settings(self, order_temperature: float | None = None, runner_up_weight: float | None = None,
+                      set_flip_weight: float | None = None) -> "Drafter":
+        """The same model (and ORT session) with other tree settings (spot.training.calibration); None keeps this
+        drafter's."""
         other = copy.copy(self)
         if order_temperature is not None:
             other.order_temperature = check_order_temperature(order_temperature, self.path)
         if runner_up_weight is not None:
             other.runner_up_weight = check_runner_up_weight(runner_up_weight, self.path)
+        if set_flip_weight is not None:
+            other.set_flip_weight = check_set_flip_weight(set_flip_weight, self.path)
         return other
 
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -248,7 +263,8 @@ class DrafterProposer:
     static rule: log-softmax of the order logits over masked positions, one child per top-`branch` position, plus
     its runner-up token's child (drafter.json `runner_up_weight`; none where the stale view has no runner-ups);
     threshold rule: the predicted set {sigmoid(member) > calibrated threshold} (else the top order position) and
-    `branch - 1` variants flipping the least certain positions; for a tau other than the one the drafter learned,
+    up to `branch - 1` alternatives: flips of the least certain positions (weighted by `set_flip_weight`) and swaps
+    of one member's token for its runner-up (weighted as above); for a tau other than the one the drafter learned,
     membership comes from the stale confidence instead. Tokens: the coupled samples of the node's step."""
 
     def __init__(self, drafter: Drafter, branch: int = DEFAULT_BRANCH, lookahead: int = DEFAULT_LOOKAHEAD):
@@ -262,7 +278,7 @@ class DrafterProposer:
 
     def begin_round(self, round_inputs: RoundInputs, state: np.ndarray, step: int) -> None:
         self.round = round_inputs
-        if round_inputs.rule.kind == STATIC and self.drafter.runner_up_weight > 0:
+        if self.drafter.runner_up_weight > 0:
             round_inputs.stale.runner_ups_wanted = True     # sampled with the coupled samples, in one pass
 
     def propose(self, tree: list[Node], nodes: list[int]) -> list[list[tuple[float, np.ndarray]]]:
@@ -279,8 +295,8 @@ class DrafterProposer:
         for j, node in enumerate(chosen):
             tokens = r.stale.coupled(node.step)[0]
             logq = logq_all[j]
+            runner_up = runner_up_alternatives(r.stale, node.step, self.drafter.runner_up_weight)
             if r.rule.kind == STATIC:
-                runner_up = runner_up_alternatives(r.stale, node.step, self.drafter.runner_up_weight)
                 out.append(position_candidates(node, logq, tokens, r.mask_id, self.branch, runner_up))
             else:
                 best = int(np.argmax(logq))        # where the threshold rule falls back to one commit
@@ -288,7 +304,8 @@ class DrafterProposer:
                     member_p = sigmoid(member[j].astype(np.float64) - self.drafter.member_offset)
                 else:  # the head learned another tau: use the stale confidence against this one (still exact)
                     member_p = sigmoid(MEMBER_SHARPNESS * (inputs["stale_conf"][j] - r.rule.tau))
-                out.append(set_candidates(node, member_p, best, tokens, r.mask_id, self.branch))
+                out.append(set_candidates(node, member_p, best, tokens, r.mask_id, self.branch, runner_up,
+                                          self.drafter.set_flip_weight))
         return out
 
 

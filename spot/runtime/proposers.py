@@ -73,27 +73,61 @@ def runner_up_alternatives(stale, step: int, weight: float) -> tuple[np.ndarray,
     return tokens, math.log(weight) - gap
 
 
-def set_candidates(node: Node, member_p: np.ndarray, best: int, tokens: np.ndarray, mask_id: int,
-                   branch: int) -> list[tuple[float, np.ndarray]]:
-    """Threshold rule: the predicted set {i : P(i in S) > 0.5} (or the single best position when empty), then
-    variants flipping the least certain positions. member_p [B] in (0, 1); log-probability assumes independence."""
+def set_candidates(node: Node, member_p: np.ndarray, best: int, tokens: np.ndarray, mask_id: int, branch: int,
+                   runner_up: tuple[np.ndarray, np.ndarray] | None = None,
+                   flip_weight: float = 1.0) -> list[tuple[float, np.ndarray]]:
+    """Threshold rule: the predicted set {i : P(i in S) > 0.5} (or the single best position when empty), then up to
+    `branch - 1` alternatives, best first (ties: a flip before a swap):
+    - flips: the set with its least certain position flipped; log-probability under independence + log flip_weight
+      (none at 0);
+    - swaps, with runner_up (tokens [B], log weights [B] from runner_up_alternatives): the same set with one member
+      committing its runner-up token; log-probability of the set + that log weight (skipped as in
+      position_candidates). A whole-set proposal fails on any stale token the fresh sample changed.
+    member_p [B] in (0, 1)."""
     masked = np.flatnonzero(node.state == mask_id)
     p = np.clip(member_p[masked], 1e-6, 1 - 1e-6)
+    floor = LOG_FLOOR * len(masked)
+
+    def logp_of(chosen: np.ndarray) -> float:
+        return float(np.where(chosen, libm.log(p), libm.log1p(-p)).sum())    # the C library's, as the C++ host
+
     base = p > 0.5
     if not base.any():
         base = masked == best
-    sets = [base]
-    for j in np.argsort(np.abs(p - 0.5), kind="stable"):
-        if len(sets) >= branch:
-            break
-        flipped = base.copy()
-        flipped[j] = not flipped[j]
-        if flipped.any():
-            sets.append(flipped)
-    out = []
-    for s in sets:
-        logp = float(np.where(s, libm.log(p), libm.log1p(-p)).sum())    # the C library's, as the C++ host
-        out.append((max(logp, LOG_FLOOR * len(masked)), child_with(node.state, masked[s], tokens)))
+    base_logp, base_child = logp_of(base), child_with(node.state, masked[base], tokens)
+    flips = []
+    if flip_weight > 0:
+        for j in np.argsort(np.abs(p - 0.5), kind="stable"):
+            if len(flips) >= branch - 1:
+                break
+            flipped = base.copy()
+            flipped[j] = not flipped[j]
+            if flipped.any():
+                flips.append((logp_of(flipped) + math.log(flip_weight), child_with(node.state, masked[flipped],
+                                                                                   tokens)))
+    swaps = []
+    if runner_up is not None:
+        for i in masked[base]:
+            if runner_up[1][i] > -np.inf and runner_up[0][i] != mask_id:
+                child = base_child.copy()
+                child[i] = runner_up[0][i]
+                swaps.append((base_logp + float(runner_up[1][i]), child))
+        swaps.sort(key=lambda c: -c[0])     # stable
+    out = [(max(base_logp, floor), base_child)]
+    out += [(max(logp, floor), child) for logp, child in merged_best_first(flips, swaps, branch - 1)]
+    return out
+
+
+def merged_best_first(a: list, b: list, n: int) -> list:
+    """The first n of two lists of (log-probability, child), each best first, merged best first (ties: a's first)."""
+    out, i, j = [], 0, 0
+    while len(out) < n and (i < len(a) or j < len(b)):
+        if j >= len(b) or (i < len(a) and a[i][0] >= b[j][0]):
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
     return out
 
 

@@ -1,13 +1,16 @@
-"""Light per-target calibration of a drafter's tree settings (drafter.json `order_temperature`, `runner_up_weight`).
+"""Light per-target calibration of a drafter's tree settings (drafter.json `order_temperature`, `runner_up_weight`,
+`set_flip_weight`).
 
 The tree builder ranks and weighs children by softmax(order_logits / T_o) (spot.runtime.drafter), so T_o sets how
 deep versus how wide the best-first tree grows; the runner-up weight sets how often a position's second-best coupled
-token gets a child of its own (spot.runtime.proposers.runner_up_alternatives). Cross-entropy calibration is the
-wrong yardstick here: what counts is target passes, and a tree also pays for stale tokens the order model cannot
-see. So this decodes training prompts with `spot` at each candidate value on the real engine and keeps the one with
-the fewest target passes: first T_o (at the drafter's runner-up weight), then the runner-up weight at the chosen
-T_o. Outputs are identical at every setting (exactness never depends on the proposer); only the passes differ.
-numpy + ONNX Runtime only.
+token gets a child of its own (spot.runtime.proposers.runner_up_alternatives); the flip weight how often SPOT-Sets
+spends a slot on the predicted set with one uncertain position flipped (proposers.set_candidates). Cross-entropy
+calibration is the wrong yardstick here: what counts is target passes, and a tree also pays for stale tokens the
+order model cannot see. So this decodes training prompts at each candidate value on the real engine and keeps the
+one with the fewest target passes: T_o with `spot` (at the drafter's runner-up weight), then the runner-up weight
+with `spot` at the chosen T_o, then the flip weight with `spot-sets` (threshold rule at the drafter's tau). Outputs
+are identical at every setting (exactness never depends on the proposer); only the passes differ. numpy + ONNX
+Runtime only.
 """
 from __future__ import annotations
 
@@ -19,26 +22,33 @@ from typing import Callable
 
 from spot.errors import SpotError
 from spot.runtime.decoders import DecodeRequest, run_decoder
-from spot.runtime.drafter import DRAFTER_JSON, ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, Drafter, resolve_paths
+from spot.runtime.drafter import (DRAFTER_JSON, ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT, Drafter,
+                                  resolve_paths)
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 
 
+DEFAULT_TAU = 0.9       # SPOT-Sets' threshold for a drafter that did not learn one (DecodeRequest's default)
+
+
 def passes_by_setting(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float], name: str,
                       candidates: list[float], budget: TreeBudget, max_new_tokens: int = 64,
-                      progress: Callable[[str], None] | None = None) -> dict[float, int]:
-    """Target passes of `spot`, summed over prompts x sampling temperatures (seed 0), per candidate value of the
-    drafter setting `name` (ORDER_TEMPERATURE or RUNNER_UP_WEIGHT; the other setting stays the drafter's)."""
+                      progress: Callable[[str], None] | None = None, decoder: str = "spot") -> dict[float, int]:
+    """Target passes of `decoder` (spot, or spot-sets at the drafter's tau), summed over prompts x sampling
+    temperatures (seed 0), per candidate value of the drafter setting `name` (ORDER_TEMPERATURE, RUNNER_UP_WEIGHT
+    or SET_FLIP_WEIGHT; the others stay the drafter's)."""
     if not prompts:
         raise SpotError("no calibration prompts", "pass --prompts N (> 0) or a --prompts-file with prompts")
+    tau = DEFAULT_TAU if drafter.tau is None else float(drafter.tau)
     out = {}
     for i, value in enumerate(candidates):
         candidate = drafter.with_settings(**{name: value})
         total = 0
         for temperature in temperatures:
-            req = DecodeRequest(max_new_tokens=max_new_tokens, sampling=Sampling(temperature, seed=0), budget=budget)
+            req = DecodeRequest(max_new_tokens=max_new_tokens, tau=tau, sampling=Sampling(temperature, seed=0),
+                                budget=budget)
             for ids in prompts:
-                total += run_decoder("spot", engine, ids, req, drafter=candidate).stats.target_passes
+                total += run_decoder(decoder, engine, ids, req, drafter=candidate).stats.target_passes
         out[value] = total
         if progress:
             progress(f"[{i + 1}/{len(candidates)}] {name.replace('_', ' ')} {value:g}: {total} target passes")
@@ -50,18 +60,18 @@ def best_order_temperature(passes: dict[float, int]) -> float:
     return min(passes, key=lambda t: (passes[t], abs(math.log(t))))
 
 
-def best_runner_up_weight(passes: dict[float, int]) -> float:
-    """Fewest passes; among equals the smallest weight (the fewest runner-up children)."""
+def best_weight(passes: dict[float, int]) -> float:
+    """A child weight (runner-up, flip): fewest passes; among equals the smallest weight (the fewest such children)."""
     return min(passes, key=lambda w: (passes[w], w))
 
 
 def write_calibration(drafter_path: str | Path, result: dict) -> Path:
-    """Set order_temperature and runner_up_weight (and the calibration record) in drafter.json from
-    calibrate_drafter's result: written to a temporary file, renamed."""
+    """Set order_temperature, runner_up_weight and set_flip_weight (and the calibration record) in drafter.json
+    from calibrate_drafter's result: written to a temporary file, renamed."""
     _, json_path = resolve_paths(drafter_path)
     manifest = json.loads(json_path.read_text())
-    manifest[ORDER_TEMPERATURE] = result[ORDER_TEMPERATURE]
-    manifest[RUNNER_UP_WEIGHT] = result[RUNNER_UP_WEIGHT]
+    for name in (ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT):
+        manifest[name] = result[name]
     manifest["order_calibration"] = result["calibration"]
     tmp = json_path.with_name(DRAFTER_JSON + ".partial")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -71,25 +81,38 @@ def write_calibration(drafter_path: str | Path, result: dict) -> Path:
 
 def calibrate_drafter(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float],
                       candidates: list[float], runner_up_candidates: list[float], budget: TreeBudget,
-                      max_new_tokens: int = 64, progress: Callable[[str], None] | None = None) -> dict:
-    """Measure every candidate and return {"order_temperature", "runner_up_weight", "calibration": the record}."""
+                      max_new_tokens: int = 64, progress: Callable[[str], None] | None = None,
+                      flip_candidates: list[float] = (0.0, 0.1, 1.0)) -> dict:
+    """Measure every candidate and return {"order_temperature", "runner_up_weight", "set_flip_weight",
+    "calibration": the record}."""
     drafter.check_compatible(engine)
-    if not candidates or not runner_up_candidates or not temperatures:
-        raise SpotError(f"calibration needs order temperatures, runner-up weights and sampling temperatures, got "
-                        f"{list(candidates)}, {list(runner_up_candidates)} and {list(temperatures)}",
-                        "e.g. --candidates 0.5,1,2,3 --runner-up-weights 0,0.1,0.17,0.3 --temperatures 0,1")
+    if not candidates or not runner_up_candidates or not flip_candidates or not temperatures:
+        raise SpotError(f"calibration needs order temperatures, runner-up weights, flip weights and sampling "
+                        f"temperatures, got {list(candidates)}, {list(runner_up_candidates)}, "
+                        f"{list(flip_candidates)} and {list(temperatures)}",
+                        "e.g. --candidates 0.5,1,2,3 --runner-up-weights 0,0.1,0.17,0.3 --set-flip-weights 0,0.1,1 "
+                        "--temperatures 0,1")
     for t in candidates:                # refuses bad candidates before any decoding
         drafter.with_settings(order_temperature=t)
     for w in runner_up_candidates:
         drafter.with_settings(runner_up_weight=w)
+    for w in flip_candidates:
+        drafter.with_settings(set_flip_weight=w)
     order = passes_by_setting(engine, drafter, prompts, temperatures, ORDER_TEMPERATURE, candidates, budget,
                               max_new_tokens, progress)
     best_t = best_order_temperature(order)
-    runner_up = passes_by_setting(engine, drafter.with_settings(order_temperature=best_t), prompts, temperatures,
-                                  RUNNER_UP_WEIGHT, runner_up_candidates, budget, max_new_tokens, progress)
+    tuned = drafter.with_settings(order_temperature=best_t)
+    runner_up = passes_by_setting(engine, tuned, prompts, temperatures, RUNNER_UP_WEIGHT, runner_up_candidates,
+                                  budget, max_new_tokens, progress)
+    best_w = best_weight(runner_up)
+    flips = passes_by_setting(engine, tuned.with_settings(runner_up_weight=best_w), prompts, temperatures,
+                              SET_FLIP_WEIGHT, flip_candidates, budget, max_new_tokens, progress, decoder="spot-sets")
     record = {"target_passes": {f"{t:g}": n for t, n in order.items()},
               "runner_up_weight_at": drafter.runner_up_weight,
               "runner_up_target_passes": {f"{w:g}": n for w, n in runner_up.items()},
+              "set_flip_target_passes": {f"{w:g}": n for w, n in flips.items()},
+              "set_flip_decoder": "spot-sets",
               "prompts": len(prompts), "temperatures": list(temperatures), "budget": [budget.nodes, budget.depth],
               "max_new_tokens": max_new_tokens, "decoder": "spot"}
-    return {ORDER_TEMPERATURE: best_t, RUNNER_UP_WEIGHT: best_runner_up_weight(runner_up), "calibration": record}
+    return {ORDER_TEMPERATURE: best_t, RUNNER_UP_WEIGHT: best_w, SET_FLIP_WEIGHT: best_weight(flips),
+            "calibration": record}
