@@ -4,8 +4,9 @@ A child commits what the proposer predicts F will commit at its parent: under th
 the threshold rule (SPOT-Sets) a whole set; its tokens are the coupled samples of the stale logits for the parent's
 step. Proposers differ only in how they score positions:
 - ConfidenceOrderProposer: stale confidence of the coupled sample (training-free; branch 1 = `chain`, FreeDave-style).
-- DrafterProposer: the order model (spot.runtime.drafter) — `spot` / `spot-sets`; under the static rule it also
-  proposes each position's runner-up coupled token (runner_up_alternatives), weighted by how narrowly it lost.
+- DrafterProposer: the order model (spot.runtime.drafter) — `spot` / `spot-sets`; it also proposes runner-up
+  coupled tokens (runner_up_alternatives), weighted by how narrowly they lost: a position's under the static rule,
+  one set member's under the threshold rule.
 - OracleProposer: reads the true standard trajectory, positions and tokens (diagnostic ceiling of the tree shape).
 - OrderOracleProposer: reads only the true positions; tokens are the coupled samples like every drafter's
   (diagnostic ceiling of any order model proposing stale winners: what remains is the stale tokens' disagreement
