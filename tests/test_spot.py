@@ -16,7 +16,7 @@ from spot.reference.model import random_model
 from spot.runtime.decode import DecodeContext, DecodeStats
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.outputs import HostOutputs
-from spot.runtime.spot import TreeBudget, walk
+from spot.runtime.spot import SpotBlockDecoder, TreeBudget, walk
 from spot.runtime.step import THRESHOLD, CommitRule, Sampling
 from spot.runtime.tree import Node, build_tree
 
@@ -63,6 +63,33 @@ def test_spot_family_equals_standard_decoding(block_size, model_seed):
                     assert passes["oracle"] <= min(passes.values())
     assert cases == 3 * 3 * 2 * 2 * 4
     assert fewer > cases // 4          # speculation really happens on these targets
+
+
+def test_a_one_node_budget_is_standard_decoding():
+    """A tree of one node is its root alone: each round is one standard step, so the decoder runs the standard loop
+    (the same tokens and pass counts, the passes booked as standard `block` passes) and never asks the proposer."""
+    from spot.runtime.decode import generate
+
+    class Refusing:
+        lookahead = 0
+
+        def begin_round(self, *args):
+            raise AssertionError("a one-node tree has nothing to draft")
+
+        propose = begin_round
+    engine = engine_for(8, 0)
+    prompt = np.random.default_rng(3).integers(0, 60, size=9)
+    for temperature in (0.0, 1.0):
+        for mode in ("static", "threshold"):
+            req = DecodeRequest(20, mode, 0.6, Sampling(temperature, seed=4), TreeBudget(1, 3))
+            base = run_decoder("standard", engine, prompt, req)
+            for name in ("tree", "order-oracle"):
+                got = run_decoder(name, engine, prompt, req)
+                assert got.token_ids == base.token_ids and got.stats.passes == base.stats.passes, (name, mode)
+            got = generate(engine, prompt, max_new_tokens=20, rule=CommitRule(mode, 0.6),
+                           sampling=Sampling(temperature, seed=4),
+                           block_decoder=SpotBlockDecoder(Refusing(), TreeBudget(1, 3)))
+            assert got.token_ids == base.token_ids and got.stats.passes == base.stats.passes
 
 
 def test_oracle_accepts_every_node_of_its_chain():
