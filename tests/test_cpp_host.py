@@ -165,7 +165,8 @@ def test_noise_matches_numpy_on_a_field(spot_cli):
 
 def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
     """standard, threshold, chain, tree, spot, spot-sets at T = 0 and 1 (two seeds): identical token ids and passes;
-    plus chain / tree under the threshold rule and spot-sets with a tau the drafter was not trained for."""
+    plus chain / tree under the threshold rule, spot-sets with a tau the drafter was not trained for, and a one-node
+    budget."""
     folder, drafter_dir, engine, drafter = tiny
     prompts = random_prompts(4, seed=2)
     cases = golden_cases(engine, drafter, prompts, max_new_tokens=24, budget=12, depth=6, seeds_t1=(1, 7))
@@ -177,7 +178,8 @@ def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
                      case_options("threshold", 1.0, 6, 24, 12, 6, tau=0.5),
                      case_options("standard", 1.0, 8, 24, 12, 6, top_k=5),
                      case_options("spot", 0.7, 9, 24, 12, 6, top_p=0.8),
-                     case_options("spot-sets", 1.0, 10, 24, 12, 6, tau=0.5, top_k=20, top_p=0.6)):
+                     case_options("spot-sets", 1.0, 10, 24, 12, 6, tau=0.5, top_k=20, top_p=0.6),
+                     case_options("spot", 1.0, 11, 24, 1, 6)):         # one node: the standard loop
             cases.append({"prompt": pi, "prompt_ids": prompt, **opts, "expected": run_case(engine, drafter, prompt,
                                                                                             opts)})
     assert {c["decoder"] for c in cases} == {"standard", "threshold", "chain", "tree", "spot", "spot-sets"}

@@ -840,8 +840,10 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
     const int64_t lead = std::max<int64_t>(0, p - block * b);
     for (int64_t i = 0; i < lead; ++i) state[i] = prompt[block * b + i];
     noise.start_block(static_cast<uint32_t>(block));
-    state = proposer ? spot_block(engine, state, static_cast<uint32_t>(block), ctx, *proposer, nodes, depth)
-                     : standard_block(engine, state, static_cast<uint32_t>(block), ctx);
+    // a one-node tree is its root alone: one standard step per round (spot.SpotBlockDecoder does the same)
+    state = proposer && nodes > 1
+                ? spot_block(engine, state, static_cast<uint32_t>(block), ctx, *proposer, nodes, depth)
+                : standard_block(engine, state, static_cast<uint32_t>(block), ctx);
     engine.store(state);
     gen.stats.passes["store"] += 1;
     gen.stats.blocks += 1;
