@@ -28,9 +28,6 @@ from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 
 
-DEFAULT_TAU = 0.9       # SPOT-Sets' threshold for a drafter that did not learn one (DecodeRequest's default)
-
-
 def passes_by_setting(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float], name: str,
                       candidates: list[float], budget: TreeBudget, max_new_tokens: int = 64,
                       progress: Callable[[str], None] | None = None, decoder: str = "spot") -> dict[float, int]:
@@ -39,7 +36,7 @@ def passes_by_setting(engine, drafter: Drafter, prompts: list[list[int]], temper
     or SET_FLIP_WEIGHT; the others stay the drafter's)."""
     if not prompts:
         raise SpotError("no calibration prompts", "pass --prompts N (> 0) or a --prompts-file with prompts")
-    tau = DEFAULT_TAU if drafter.tau is None else float(drafter.tau)
+    tau = DecodeRequest().tau if drafter.tau is None else float(drafter.tau)     # the request default otherwise
     out = {}
     for i, value in enumerate(candidates):
         candidate = drafter.with_settings(**{name: value})
