@@ -519,7 +519,8 @@ def test_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp_path):
     result = calibrate_drafter(engine, drafter, ps, [0.0, 1.0], [0.25, 1.0, 4.0], [0.0, 0.5], budget, 16,
                                flip_candidates=[0.0, 1.0])
     record = result["calibration"]
-    passes, weights, flips = record["target_passes"], record["runner_up_target_passes"], record["set_flip_target_passes"]
+    passes, weights = record["target_passes"], record["runner_up_target_passes"]
+    flips = record["set_flip_target_passes"]
 
     def decoded(decoder="spot", **settings):   # what `decoder` decodes with those settings, prompts x T = 0 and 1
         candidate = drafter.with_settings(**settings)

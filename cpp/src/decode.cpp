@@ -155,7 +155,8 @@ std::vector<Candidate> set_candidates(const Node& node, const std::vector<double
       child[pos] = (*runner_up_tokens)[pos];
       swaps.push_back({predicted.logp + (*runner_up_log_weight)[pos], std::move(child)});
     }
-    std::stable_sort(swaps.begin(), swaps.end(), [](const Candidate& a, const Candidate& b) { return -a.logp < -b.logp; });
+    std::stable_sort(swaps.begin(), swaps.end(),
+                     [](const Candidate& a, const Candidate& b) { return -a.logp < -b.logp; });
   }
   std::vector<Candidate> out = {{std::max(predicted.logp, floor), predicted.state}};
   for (Candidate& c : merged_best_first(flips, swaps, alternatives)) {
