@@ -153,19 +153,27 @@ def test_runner_ups_from_the_epilogue_equal_the_host_ones_and_old_epilogues_stil
             np.testing.assert_array_equal(g_gap, w_gap)
             np.testing.assert_array_equal(g_tokens, w_tokens)
             assert (g_tokens[~masked] == -1).all() and np.isfinite(g_gap[masked]).all()
-    # an older export: the same folder with the runner-up outputs removed from its epilogue
     import shutil
-    old = tmp_path / "old-epilogue"
-    shutil.copytree(folders[0], old)
-    model = onnx.load(str(old / "epilogue.onnx"))
-    kept = [o for o in model.graph.output if o.name not in ("future_runner_up", "future_gap")]
-    del model.graph.output[:]
-    model.graph.output.extend(kept)
-    onnx.save(model, str(old / "epilogue.onnx"))
-    manifest = dict(load_manifest(old, "none").manifest)
-    add_files(old, manifest, ["epilogue.onnx"])
-    write_manifest(old, manifest)
-    legacy = OrtEngine(old, sampler="device", threads=1)
+
+    def without(name: str, outputs: tuple[str, ...]):
+        """The same folder with `outputs` removed from its epilogue graph (manifest re-hashed)."""
+        folder = tmp_path / name
+        shutil.copytree(folders[0], folder)
+        model = onnx.load(str(folder / "epilogue.onnx"))
+        kept = [o for o in model.graph.output if o.name not in outputs]
+        del model.graph.output[:]
+        model.graph.output.extend(kept)
+        onnx.save(model, str(folder / "epilogue.onnx"))
+        manifest = dict(load_manifest(folder, "none").manifest)
+        add_files(folder, manifest, ["epilogue.onnx"])
+        write_manifest(folder, manifest)
+        return folder
+    # half of the runner-up outputs, or a winner output missing: refused when the engine opens, naming both lists
+    for name, outputs in (("half", ("future_gap",)), ("no-top", ("top_logprobs",))):
+        with pytest.raises(SpotError, match="not a sampling epilogue this host reads: got outputs .* expected"):
+            OrtEngine(without(name, outputs), sampler="device", threads=1)
+    # an older export: the runner-up outputs both absent
+    legacy = OrtEngine(without("old-epilogue", ("future_runner_up", "future_gap")), sampler="device", threads=1)
     legacy.prefill(_prompt(0, 8))
     (out,) = legacy.block_outputs(states[:1], [0], Sampling(1.0, seed=2), block=1)
     assert out.future_runner_up is None and out.stale(states[0] == CFG.mask_token_id).runner_up(1) is None

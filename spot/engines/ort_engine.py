@@ -87,6 +87,22 @@ def make_session(graph: Path, device: str, dtype: str, threads: int | None = Non
     return session
 
 
+def epilogue_outputs(session, path) -> list[str]:
+    """The epilogue outputs this host binds (spot.export.epilogue.OUTPUTS), checked once when the graph is opened:
+    every winner output, and the two runner-up outputs both or neither (an epilogue exported before runner-ups has
+    neither: its trees propose winners only, still exact)."""
+    from spot.export.epilogue import OUTPUTS, RUNNER_UP_OUTPUTS
+    have = {o.name for o in session.get_outputs()}
+    missing = [n for n in OUTPUTS if n not in have and n not in RUNNER_UP_OUTPUTS]
+    runner_ups = [n for n in RUNNER_UP_OUTPUTS if n in have]
+    if missing or len(runner_ups) == 1:
+        got = sorted(have & set(OUTPUTS))
+        raise SpotError(f"{path} is not a sampling epilogue this host reads: got outputs {got}, expected "
+                        f"{list(OUTPUTS)} (the last two may be absent together)",
+                        "re-export the folder with spot-export, or decode with --sampler host")
+    return [n for n in OUTPUTS if n in have]
+
+
 def use_device_sampler(sampler: str, device: str, has_epilogue: bool) -> bool:
     """--sampler: device = the epilogue graph samples next to the target (required); host = logits to numpy;
     auto = device on GPU providers when the folder has an epilogue (on a CPU the epilogue's exact float64 softmax
@@ -135,6 +151,7 @@ class OrtEngine(Engine):
         # on the same GPU, reading the target's logits where they are (docs/gpu-path.md)
         session = make_session(self.exported.graph_path("epilogue"), "cpu" if self.device == "cpu" else "cuda",
                                self.exported.dtype, threads)
+        self._epilogue_outputs = epilogue_outputs(session, self.exported.graph_path("epilogue"))
         return session, int(graphs["epilogue"]["future_steps"])
 
     @property
@@ -184,7 +201,7 @@ class OrtEngine(Engine):
         epilogue there; only its O(N x B x (D + 32)) outputs come back to the host."""
         if self.epilogue is None:
             return super()._block_outputs(states, steps, sampling, block, noise)
-        from spot.export.epilogue import OUTPUTS, EpilogueResult, epilogue_scalars
+        from spot.export.epilogue import EpilogueResult, epilogue_scalars
         from spot.runtime.outputs import sampled_outputs
         self._check_nodes(states.shape[0])
         kind = "cpu" if self.device == "cpu" else "cuda"
@@ -198,12 +215,10 @@ class OrtEngine(Engine):
         epi.bind_ortvalue_input("logits", logits)
         for name, value in epilogue_scalars(steps, sampling, block).items():
             epi.bind_cpu_input(name, value)
-        # an epilogue exported before runner-ups lacks their outputs: its trees get winners only (still exact)
-        names = [o.name for o in self.epilogue.get_outputs() if o.name in OUTPUTS]
-        for name in names:
+        for name in self._epilogue_outputs:
             epi.bind_output(name, "cpu")
         self.epilogue.run_with_iobinding(epi)
-        result = EpilogueResult(**dict(zip(names, epi.copy_outputs_to_cpu())))
+        result = EpilogueResult(**dict(zip(self._epilogue_outputs, epi.copy_outputs_to_cpu())))
         if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
             self._non_finite()
         return sampled_outputs(result, steps)

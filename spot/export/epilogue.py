@@ -61,9 +61,9 @@ NATIVE_NOISE_MARGIN = NATIVE_NOISE_ERROR  # bound on |native - exact| scores the
 TOP_K_LOGPROBS = 32              # = spot.runtime.stale.TOPK_FEATURES
 PAD_LOGPROB = -1e4               # stale.topk_logprobs' padding below 32 tokens
 INPUTS = ("logits", "node_steps", "seed", "block", "temperature", "top_k", "exclude_token")
-# the last two are absent from epilogues exported before runner-ups (their trees keep the winners only)
 OUTPUTS = ("token", "confidence", "future_tokens", "future_conf", "top_logprobs", "top_ids", "future_runner_up",
            "future_gap")
+RUNNER_UP_OUTPUTS = OUTPUTS[-2:]  # absent from epilogues exported before runner-ups: their trees keep the winners
 FALLBACK_OUTPUT = "exact_fallback"  # [] bool, a diagnostic: the certificate failed and the exact noise ran
 
 try:  # onnx is needed to build graphs, not to use the numpy reference functions
