@@ -2,8 +2,9 @@
 
 For each (prompt, seed, temperature) the decoders run back to back, so machine drift hits all of them alike.
 Reports passes per token, steps per verify pass, tokens/s, ratios to standard decoding, the share of outputs
-identical to the baseline (standard for static-rule decoders, threshold for SPOT-Sets), acceptance by depth, the
-host/target split, and coupled vs independent drafting noise. Writes JSON + Markdown (+ PNG plots with matplotlib).
+identical to the baseline (standard for static-rule decoders, threshold for SPOT-Sets and the threshold-rule
+chain-sets / tree-sets), acceptance by depth, the host/target split, and coupled vs independent drafting noise.
+Writes JSON + Markdown (+ PNG plots with matplotlib).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from spot.errors import SpotError
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import TreeBudget
-from spot.runtime.step import Sampling
+from spot.runtime.step import STATIC, THRESHOLD, Sampling
 from spot.runtime.tuning import choose_budget, measure_latency_curve
 
 STATIC_FAMILY = ("standard", "chain", "tree", "oracle", "order-oracle", "spot")
@@ -84,28 +85,40 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max
     return prompts
 
 
-def baseline_of(decoder: str) -> str:
-    return "threshold" if decoder in THRESHOLD_FAMILY else "standard"
+@dataclass(frozen=True)
+class Variant:
+    """One row of the bench: a decoder with its budget, commit rule and drafter."""
+
+    label: str
+    decoder: str
+    budget: TreeBudget | None = None
+    independent_noise: bool = False
+    drafter: str = ""            # "" = the main drafter, else a --compare-drafter name
+    mode: str = STATIC           # chain / tree's commit rule (threshold and spot-sets always use the threshold rule)
+
+    @property
+    def baseline(self) -> str:
+        """The decoder whose output this variant must reproduce and whose passes it is measured against."""
+        return "threshold" if self.decoder in THRESHOLD_FAMILY or self.mode == THRESHOLD else "standard"
 
 
-def variants(cfg: BenchConfig, other_drafters=()) -> list[tuple[str, str, TreeBudget | None, bool, str]]:
-    """(label, decoder, budget, independent_noise, drafter name) in run order; baselines first. spot / spot-sets
-    run once with the main drafter ("") and once per name in other_drafters (label "spot[name]@NxD")."""
-    out = []
-    for d in cfg.decoders:
-        if d in ("standard", "threshold"):
-            out.append((d, d, None, False, ""))
+def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
+    """The bench's rows in run order; baselines first. spot / spot-sets run once with the main drafter and once per
+    name in other_drafters (label "spot[name]@NxD"). With spot-sets in the bench, chain and tree also run under the
+    threshold rule ("chain-sets@NxD", "tree-sets@NxD"): SPOT-Sets' training-free baselines."""
+    out = [Variant(d, d) for d in cfg.decoders if d in ("standard", "threshold")]
     for budget in cfg.budgets:
+        shape = f"@{budget.nodes}x{budget.depth}"
         for d in cfg.decoders:
             if d in ("standard", "threshold"):
                 continue
-            tag = f"{d}@{budget.nodes}x{budget.depth}"
-            out.append((tag, d, budget, False, ""))
+            out.append(Variant(d + shape, d, budget))
             if cfg.independent_noise_ablation and d in ("chain", "spot"):
-                out.append((tag + "+indep", d, budget, True, ""))
+                out.append(Variant(d + shape + "+indep", d, budget, independent_noise=True))
+            if d in ("chain", "tree") and "spot-sets" in cfg.decoders:
+                out.append(Variant(d + "-sets" + shape, d, budget, mode=THRESHOLD))
             if d in ("spot", "spot-sets"):
-                out.extend((f"{d}[{name}]@{budget.nodes}x{budget.depth}", d, budget, False, name)
-                           for name in other_drafters)
+                out.extend(Variant(f"{d}[{name}]{shape}", d, budget, drafter=name) for name in other_drafters)
     return out
 
 
@@ -122,9 +135,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                         "pass --drafter, or drop them with --decoders standard,chain,tree,oracle,order-oracle")
     runs: dict[tuple[str, float], list] = {}
     identical: dict[tuple[str, float], list[bool]] = {}
-    plan = variants(cfg, tuple(other_drafters))
-    decoder_of = {label: decoder for label, decoder, *_ in plan}
-    drafter_of = {label: name for label, *_, name in plan}
+    plan = {v.label: v for v in variants(cfg, tuple(other_drafters))}
     total = len(prompts) * len(cfg.seeds) * len(cfg.temperatures)
     done = 0
     t_start = time.perf_counter()
@@ -132,26 +143,28 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
         for seed in cfg.seeds:
             for temp in cfg.temperatures:
                 outputs = {}
-                for label, decoder, budget, indep, name in plan:
-                    req = DecodeRequest(cfg.max_new_tokens, tau=cfg.tau, sampling=Sampling(temp, seed=seed),
-                                        budget=budget or TreeBudget(), independent_noise=indep)
-                    gen = run_decoder(decoder, engine, prompt.ids, req, other_drafters[name] if name else drafter)
-                    outputs[label] = gen
-                    runs.setdefault((label, temp), []).append(gen)
-                    base = outputs.get(baseline_of(decoder))
+                for v in plan.values():
+                    req = DecodeRequest(cfg.max_new_tokens, mode=v.mode, tau=cfg.tau,
+                                        sampling=Sampling(temp, seed=seed), budget=v.budget or TreeBudget(),
+                                        independent_noise=v.independent_noise)
+                    gen = run_decoder(v.decoder, engine, prompt.ids, req,
+                                      other_drafters[v.drafter] if v.drafter else drafter)
+                    outputs[v.label] = gen
+                    runs.setdefault((v.label, temp), []).append(gen)
+                    base = outputs.get(v.baseline)
                     if base is not None:
-                        identical.setdefault((label, temp), []).append(gen.token_ids == base.token_ids)
+                        identical.setdefault((v.label, temp), []).append(gen.token_ids == base.token_ids)
                 done += 1
                 if progress:
                     eta = (time.perf_counter() - t_start) / done * (total - done)
                     progress(f"[{done}/{total}] prompt {prompt.id} seed {seed} T={temp}  eta {eta:.0f}s")
     rows = []
     for (label, temp), gens in runs.items():
-        decoder = decoder_of[label]
-        row = {"variant": label, "decoder": decoder, "temperature": temp, **summarize(gens)}
-        if drafter_of[label]:
-            row["drafter"] = drafter_of[label]
-        base = summarize(runs[(baseline_of(decoder), temp)]) if (baseline_of(decoder), temp) in runs else None
+        v = plan[label]
+        row = {"variant": label, "decoder": v.decoder, "mode": v.mode, "temperature": temp, **summarize(gens)}
+        if v.drafter:
+            row["drafter"] = v.drafter
+        base = summarize(runs[(v.baseline, temp)]) if (v.baseline, temp) in runs else None
         if base:
             row["passes_reduction"] = base["passes_per_token"] / row["passes_per_token"]
             row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0

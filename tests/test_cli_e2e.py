@@ -80,8 +80,13 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
     result = json.loads((report / "bench.json").read_text())
     variants = {row["variant"] for row in result["rows"]}
     assert {"standard", "threshold", "spot@6x3", "spot-sets@6x3", "chain@6x3+indep", "spot[again]@6x3",
-            "spot-sets[again]@6x3"} <= variants
+            "spot-sets[again]@6x3", "chain-sets@6x3", "tree-sets@6x3"} <= variants
     by = {(row["variant"], row["temperature"]): row for row in result["rows"]}
+    for t in (0.0, 1.0):     # SPOT-Sets' training-free baselines: the threshold rule, judged against `threshold`
+        sets_tree, tree = by[("tree-sets@6x3", t)], by[("tree@6x3", t)]
+        assert sets_tree["decoder"] == "tree" and sets_tree["mode"] == "threshold" and tree["mode"] == "static"
+        assert sets_tree["passes_reduction"] == pytest.approx(by[("threshold", t)]["passes_per_token"]
+                                                              / sets_tree["passes_per_token"])
     for name in ("spot", "spot-sets"):      # the same drafter again: the same trees, the same passes
         for t in (0.0, 1.0):
             again = by[(f"{name}[again]@6x3", t)]
