@@ -97,9 +97,14 @@ class Variant:
     mode: str = STATIC           # chain / tree's commit rule (threshold and spot-sets always use the threshold rule)
 
     @property
+    def rule(self) -> str:
+        """The commit rule it decodes with (spot.runtime.decoders.rule_for)."""
+        return THRESHOLD if self.decoder in THRESHOLD_FAMILY or self.mode == THRESHOLD else STATIC
+
+    @property
     def baseline(self) -> str:
         """The decoder whose output this variant must reproduce and whose passes it is measured against."""
-        return "threshold" if self.decoder in THRESHOLD_FAMILY or self.mode == THRESHOLD else "standard"
+        return "threshold" if self.rule == THRESHOLD else "standard"
 
 
 def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
@@ -161,7 +166,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
     rows = []
     for (label, temp), gens in runs.items():
         v = plan[label]
-        row = {"variant": label, "decoder": v.decoder, "mode": v.mode, "temperature": temp, **summarize(gens)}
+        row = {"variant": label, "decoder": v.decoder, "rule": v.rule, "temperature": temp, **summarize(gens)}
         if v.drafter:
             row["drafter"] = v.drafter
         base = summarize(runs[(v.baseline, temp)]) if (v.baseline, temp) in runs else None

@@ -84,7 +84,8 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
     by = {(row["variant"], row["temperature"]): row for row in result["rows"]}
     for t in (0.0, 1.0):     # SPOT-Sets' training-free baselines: the threshold rule, judged against `threshold`
         sets_tree, tree = by[("tree-sets@6x3", t)], by[("tree@6x3", t)]
-        assert sets_tree["decoder"] == "tree" and sets_tree["mode"] == "threshold" and tree["mode"] == "static"
+        assert sets_tree["decoder"] == "tree" and sets_tree["rule"] == "threshold" and tree["rule"] == "static"
+        assert by[("spot-sets@6x3", t)]["rule"] == "threshold"
         assert sets_tree["passes_reduction"] == pytest.approx(by[("threshold", t)]["passes_per_token"]
                                                               / sets_tree["passes_per_token"])
     for name in ("spot", "spot-sets"):      # the same drafter again: the same trees, the same passes
