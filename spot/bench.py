@@ -19,14 +19,12 @@ from typing import Callable
 import numpy as np
 
 from spot.errors import SpotError
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decoders import DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, Sampling
 from spot.runtime.tuning import choose_budget, measure_latency_curve
 
-STATIC_FAMILY = ("standard", "chain", "tree", "oracle", "order-oracle", "spot")
-THRESHOLD_FAMILY = ("threshold", "spot-sets")
 ID_KEYS = ("ids", "prompt_ids", "token_ids")
 
 
@@ -98,8 +96,8 @@ class Variant:
 
     @property
     def rule(self) -> str:
-        """The commit rule it decodes with (spot.runtime.decoders.rule_for)."""
-        return THRESHOLD if self.decoder in THRESHOLD_FAMILY or self.mode == THRESHOLD else STATIC
+        """The commit rule it decodes with."""
+        return rule_for(self.decoder, DecodeRequest(mode=self.mode)).kind
 
     @property
     def baseline(self) -> str:

@@ -149,20 +149,25 @@ def certified_argmax(base: np.ndarray, gumbel: NoiseRows) -> np.ndarray:
     return tokens
 
 
+def _dense_top2(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Winner, its score, runner-up and its score per row of scores [K, V] (first maxima on ties; the winners'
+    entries are set to -inf in place)."""
+    k = np.arange(scores.shape[0])
+    tokens = np.argmax(scores, axis=-1)
+    top = scores[k, tokens]
+    scores[k, tokens] = -np.inf
+    second = np.argmax(scores, axis=-1)
+    return tokens, top, second, scores[k, second]
+
+
 def top2_scaled(base: np.ndarray, gumbel: NoiseRows | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The winner and the runner-up of each row's scores base + g (base alone at T = 0: gumbel None), g the
     definition's noise: tokens [K] int64 (= sample_scaled's), runner-ups [K] int64 (the argmax without the winner;
     ties: smallest id) and gap [K] float64 = score(winner) - score(runner-up) >= 0; runner-up -1 and gap inf where
     no other token can be sampled (filtered or excluded). base [K, V]: ScaledRows.base. With native noise both ranks
     are certified (_certified_best); rows where either fails are ranked again with the exact rows."""
-    k = np.arange(base.shape[0])
     if gumbel is None:
-        tokens = np.argmax(base, axis=-1)
-        top = base[k, tokens]
-        others = base.copy()
-        others[k, tokens] = -np.inf
-        second = np.argmax(others, axis=-1)
-        below = others[k, second]
+        tokens, top, second, below = _dense_top2(base.copy())
     else:
         perturbed = base + gumbel.native
         tokens, top, sure_top, left = _certified_best(base, gumbel, perturbed)
@@ -172,13 +177,7 @@ def top2_scaled(base: np.ndarray, gumbel: NoiseRows | None) -> tuple[np.ndarray,
         sure_second |= none
         redo = np.flatnonzero(~(sure_top & sure_second))
         if redo.size:
-            scores = base[redo] + gumbel.exact_rows(redo)
-            r = np.arange(redo.size)
-            tokens[redo] = np.argmax(scores, axis=-1)
-            top[redo] = scores[r, tokens[redo]]
-            scores[r, tokens[redo]] = -np.inf
-            second[redo] = np.argmax(scores, axis=-1)
-            below[redo] = scores[r, second[redo]]
+            tokens[redo], top[redo], second[redo], below[redo] = _dense_top2(base[redo] + gumbel.exact_rows(redo))
     some = np.isfinite(below)
     return tokens.astype(np.int64), np.where(some, second, -1).astype(np.int64), np.where(some, top - below, np.inf)
 
