@@ -31,6 +31,7 @@ BUILD = CPP / "build"
 GOLDEN_DIR = ROOT / "tests" / "data" / "golden"
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_golden import case_options, golden_cases, model_identity, run_case  # noqa: E402
+from tinymodels import renamed_input_drafter  # noqa: E402
 
 # spot_status codes of cpp/include/spot/spot.h
 INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED = 1, 2, 3, 4, 5
@@ -104,8 +105,10 @@ def mismatches(cases: list[dict], results: list[dict]) -> list[str]:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A peaked random target (scale 0.6, the mask id's lm_head row zeroed so that T = 0 never re-commits it),
-    exported fp32, and a drafter trained for one epoch on its traces."""
-    from spot.training.drafter import DrafterTrainSettings, train_drafter
+    exported fp32, and a drafter trained for one epoch on its traces — without weight selection, so that its graph
+    is the whole encoder (every input fed; the baseline graph has its own test)."""
+    from spot.training.drafter import (DrafterTrainSettings, random_inputs, train_drafter, train_order_model,
+                                       write_drafter)
     from spot.training.traces import TracePlan, collect_traces
 
     tmp = tmp_path_factory.mktemp("cpp_host")
@@ -121,8 +124,10 @@ def tiny(tmp_path_factory):
         plan = TracePlan(temperatures=(0.0, 1.0), rules=(STATIC, THRESHOLD), tau=0.9, seeds=1, max_new_tokens=16,
                          depth=4)
         traces = collect_traces(engine, random_prompts(6, seed=11), plan)
-        train_drafter(traces, tmp / "drafter", DrafterTrainSettings(epochs=1, batch_size=64, log_every=10 ** 6),
-                      log=lambda _: None)
+        settings = DrafterTrainSettings(epochs=1, batch_size=64, log_every=10 ** 6)
+        manifest = train_drafter(traces, tmp / "drafter", settings, log=lambda _: None)
+        trained, _ = train_order_model(traces, np.arange(traces.n_traces), settings, log=lambda _: None)
+        assert write_drafter(trained, tmp / "drafter", manifest, random_inputs(4, 8))["graph"] == "encoder"
     finally:
         torch.set_num_threads(threads)
     return folder, tmp / "drafter", engine, load_drafter(tmp / "drafter")
@@ -219,6 +224,26 @@ def test_tree_weights_are_read_from_drafter_json(spot_cli, tiny, tmp_path, field
     assert passes[0.0] != passes[1.0]       # the weight reached the trees
 
 
+def test_baseline_graph_drafter_matches(spot_cli, tiny, tmp_path):
+    """A drafter exported as its baseline skips (zero heads: inputs masked and stale_conf only) decodes spot and
+    spot-sets identically in both hosts; the C++ host feeds the graph only the inputs it declares."""
+    from spot.training.drafter import OrderModel, OrderModelConfig, random_inputs, write_drafter
+    folder, drafter_dir, engine, _ = tiny
+    manifest = json.loads((drafter_dir / "drafter.json").read_text())    # write_drafter replaces its graph facts
+    torch.manual_seed(4)
+    written = write_drafter(OrderModel(OrderModelConfig(d_model=32, heads=4, ffn=64, layers=1), tau=0.9),
+                            tmp_path / "baseline", manifest, random_inputs(4, 8))
+    assert written["graph"] == "baseline" and written["inputs"] == ["masked", "stale_conf"]
+    drafter = load_drafter(tmp_path / "baseline")
+    prompts = random_prompts(3, seed=14)
+    cases = [{"prompt": pi, "prompt_ids": prompt, **opts, "expected": run_case(engine, drafter, prompt, opts)}
+             for pi, prompt in enumerate(prompts)
+             for opts in (case_options("spot", 0.0, 0, 24, 12, 6), case_options("spot", 1.0, 3, 24, 12, 6),
+                          case_options("spot-sets", 1.0, 5, 24, 12, 6, tau=0.3))]
+    bad = mismatches(cases, run_batch(spot_cli, folder, tmp_path / "baseline", cases))
+    assert not bad, "\n".join(bad)
+
+
 def test_fp16_export_matches(spot_cli, tiny, tmp_path):
     """An fp16 export: the host's K/V cache holds float16 bits, and decoding still equals the Python runtime."""
     _, drafter_dir, _, drafter = tiny
@@ -303,6 +328,9 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     swapped = edited("swapped", lambda m: m.update(onnx_sha256="0" * 64))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", swapped, *ids), CORRUPT, "does not match")
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", tmp_path / "none", *ids), NOT_FOUND)
+    renamed = renamed_input_drafter(drafter_dir, tmp_path / "renamed")
+    _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", renamed, *ids), INCOMPATIBLE,
+           "has an input 'mask_bits'", "expected some of topk, masked, stale_conf, staleness")
 
 
 @pytest.mark.parametrize("flags, code, words", [

@@ -16,8 +16,8 @@ from spot.errors import SpotError
 from spot.reference.model import random_model
 from spot.runtime.decode import generate
 from spot.runtime.decoders import DecodeRequest, run_decoder
-from spot.runtime.drafter import (DRAFTER_JSON, DRAFTER_ONNX, MAX_STALENESS, Drafter, DrafterProposer,
-                                  drafter_inputs, node_inputs, target_identity)
+from spot.runtime.drafter import (BASELINE_INPUTS, DRAFTER_JSON, DRAFTER_ONNX, INPUT_NAMES, MAX_STALENESS, Drafter,
+                                  DrafterProposer, drafter_inputs, node_inputs, target_identity)
 from spot.runtime.noise import NoiseCache, gumbel_rows, native_rows
 from spot.runtime.proposers import RoundInputs
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget
@@ -27,8 +27,10 @@ from spot.runtime.tree import Node
 from spot.training.drafter import (DrafterTrainSettings, OrderModel, OrderModelConfig, batch_loss,
                                    calibrate_threshold,
                                    example_inputs, export_onnx, make_examples, parameter_count,
-                                   predicted_sets, to_torch, train_drafter, train_order_model)
+                                   predicted_sets, random_inputs, to_torch, train_drafter, train_order_model,
+                                   write_drafter)
 from spot.training.traces import TracePlan, TraceRecorder, Traces, collect_traces, concat_traces
+from tinymodels import renamed_input_drafter
 
 VOCAB = 64
 MASK = VOCAB - 1
@@ -70,8 +72,14 @@ def traces(engine):
 
 @pytest.fixture(scope="module")
 def drafter_dir(traces, tmp_path_factory):
+    """A drafter folder from `train_drafter`, its graph replaced by a model trained without weight selection, so
+    that it is the whole encoder (selection keeps step 0 on these traces: the baseline graph, tested apart)."""
     out = tmp_path_factory.mktemp("drafter")
-    train_drafter(traces, out, DrafterTrainSettings(epochs=1, batch_size=64, log_every=1000), log=lambda _: None)
+    settings = DrafterTrainSettings(epochs=1, batch_size=64, log_every=1000)
+    manifest = train_drafter(traces, out, settings, log=lambda _: None)
+    model, _ = train_order_model(traces, np.arange(traces.n_traces), settings, log=lambda _: None)
+    assert not model.heads_are_zero()
+    assert write_drafter(model, out, manifest, random_inputs(4, 8))["graph"] == "encoder"
     return out
 
 
@@ -225,7 +233,11 @@ def test_onnx_drafter_equals_torch(traces, tmp_path):
     model = OrderModel().eval()
     ex = make_examples(traces)
     sample = example_inputs(traces, ex.subset(np.arange(6)))
-    assert export_onnx(model, tmp_path / "d.onnx", sample) <= 1e-4
+    with torch.no_grad():
+        model.head.weight.normal_()          # trained heads: the whole encoder is exported
+    exported = export_onnx(model, tmp_path / "d.onnx", sample)
+    assert exported["graph"] == "encoder" and exported["inputs"] == list(INPUT_NAMES)
+    assert exported["max_abs_diff"] <= 1e-4
     import onnxruntime as ort
     sess = ort.InferenceSession(str(tmp_path / "d.onnx"), providers=["CPUExecutionProvider"])
     other = example_inputs(traces, ex.subset(np.arange(10, 31)))         # another K
@@ -236,6 +248,64 @@ def test_onnx_drafter_equals_torch(traces, tmp_path):
             ref = [t.numpy() for t in model(*to_torch(inputs))]
         for r, g in zip(ref, sess.run(None, inputs)):
             np.testing.assert_allclose(g, r, atol=1e-4, rtol=0)
+
+
+def test_zero_heads_export_the_baseline_graph(tmp_path):
+    """An order model whose heads are zero computes its skips alone: export writes only them (inputs masked and
+    stale_conf), and ORT's outputs equal the whole torch model's bit for bit, on other K and B too."""
+    import onnxruntime as ort
+    torch.manual_seed(2)
+    model = OrderModel(OrderModelConfig(d_model=32, heads=4, ffn=64, layers=1)).eval()
+    assert model.heads_are_zero()
+    exported = export_onnx(model, tmp_path / "d.onnx", random_inputs(4, 8))
+    assert exported == {"graph": "baseline", "inputs": ["masked", "stale_conf"], "max_abs_diff": 0.0}
+    sess = ort.InferenceSession(str(tmp_path / "d.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == list(BASELINE_INPUTS)
+    for k, b, seed in ((1, 8, 3), (9, 32, 4), (2, 3, 5)):
+        inputs = random_inputs(k, b, seed)
+        with torch.no_grad():
+            ref = [t.numpy() for t in model(*to_torch(inputs))]
+        got = sess.run(None, {n: inputs[n] for n in BASELINE_INPUTS})
+        assert all(np.array_equal(r, g) for r, g in zip(ref, got))
+    assert export_onnx(model, tmp_path / "e.onnx", random_inputs(4, 8), graph="encoder")["inputs"] == \
+        list(INPUT_NAMES)
+    with torch.no_grad():
+        model.head.bias[1] = 0.5
+    assert not model.heads_are_zero()
+    with pytest.raises(SpotError, match="heads are zero, got trained heads"):
+        export_onnx(model, tmp_path / "f.onnx", random_inputs(4, 8), graph="baseline")
+    with pytest.raises(SpotError, match="drafter graph 'tiny': expected 'encoder' or 'baseline'"):
+        export_onnx(model, tmp_path / "f.onnx", random_inputs(4, 8), graph="tiny")
+
+
+def test_baseline_graph_builds_the_same_trees(drafter_dir, engine, tmp_path, monkeypatch):
+    """The same zero-head model exported whole and as its baseline graph: the same tokens, rounds and nodes per
+    verify pass under SPOT and SPOT-Sets, and the baseline drafter never computes the top-32 features."""
+    manifest = json.loads((drafter_dir / DRAFTER_JSON).read_text())    # write_drafter replaces its graph facts
+    torch.manual_seed(5)
+    model = OrderModel(OrderModelConfig(d_model=32, heads=4, ffn=64, layers=1), tau=0.9).eval()
+    whole, baseline = tmp_path / "whole", tmp_path / "baseline"
+    write_drafter(model, baseline, manifest, random_inputs(4, 8))
+    real_export = export_onnx
+    monkeypatch.setattr("spot.training.drafter.export_onnx",
+                        lambda *a, **kw: real_export(*a, **{**kw, "graph": "encoder"}))
+    write_drafter(model, whole, manifest, random_inputs(4, 8))
+    drafters = {d: Drafter.load(d) for d in (whole, baseline)}
+    assert drafters[whole].reads_topk and not drafters[baseline].reads_topk
+    assert json.loads((baseline / DRAFTER_JSON).read_text())["graph"] == "baseline"
+    rounds = {}
+    for folder, drafter in drafters.items():
+        if folder == baseline:
+            monkeypatch.setattr(StaleView, "topk_logprobs", lambda self: pytest.fail("top-32 features computed"))
+        for i, prompt in enumerate(prompts(3, seed=31)):
+            for temperature in (0.0, 1.0):
+                for decoder in ("spot", "spot-sets"):
+                    req = DecodeRequest(max_new_tokens=20, sampling=Sampling(temperature, seed=i),
+                                        budget=TreeBudget(10, 5))
+                    gen = run_decoder(decoder, engine, prompt, req, drafter=drafter)
+                    rounds.setdefault(folder, []).append(
+                        (gen.token_ids, gen.stats.extra["accepted_per_verify"], gen.stats.extra["nodes_per_verify"]))
+    assert rounds[whole] == rounds[baseline]
 
 
 def test_exported_drafter_folder(drafter_dir, engine, traces):
@@ -413,6 +483,13 @@ def test_broken_drafter_files_are_refused(drafter_dir, tmp_path):
         (tmp_path / DRAFTER_JSON).write_text(edited if isinstance(edited, str) else json.dumps(edited))
         with pytest.raises(SpotError, match=message):
             Drafter.load(tmp_path)
+
+
+def test_drafter_graph_with_unknown_inputs_is_refused(drafter_dir, tmp_path):
+    folder = renamed_input_drafter(drafter_dir, tmp_path / "renamed")
+    with pytest.raises(SpotError, match=r"has inputs \('topk', 'mask_bits', 'stale_conf', 'staleness'\), "
+                                        r"expected some of \('topk', 'masked', 'stale_conf', 'staleness'\)"):
+        Drafter.load(folder)
 
 
 def test_trace_and_training_inputs_are_checked(engine):

@@ -1,11 +1,14 @@
-"""Tiny real-format checkpoints shared by the CLI tests (a random SDAR folder, a BPE tokenizer, a chat template)."""
+"""Tiny real-format checkpoints shared by the CLI tests (a random SDAR folder, a BPE tokenizer, a chat template),
+and a broken-drafter maker shared by the Python and C++ drafter tests."""
 from __future__ import annotations
 
 import json
 
+import onnx
 import torch
 
 from spot.config import ModelConfig
+from spot.descriptors import sha256_file
 from spot.reference.model import random_model
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -33,3 +36,18 @@ def save_tiny_tokenizer(folder):
                                                                                        "<|im_end|>"]))
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+
+
+def renamed_input_drafter(drafter_dir, out, old: str = "masked", new: str = "mask_bits"):
+    """A copy of a drafter folder whose graph input `old` is called `new` (its manifest's sha256 updated)."""
+    graph = onnx.load(str(drafter_dir / "drafter.onnx"))
+    for value in graph.graph.input:
+        if value.name == old:
+            value.name = new
+    for node in graph.graph.node:
+        node.input[:] = [new if n == old else n for n in node.input]
+    out.mkdir(exist_ok=True)
+    onnx.save(graph, str(out / "drafter.onnx"))
+    manifest = json.loads((drafter_dir / "drafter.json").read_text())
+    (out / "drafter.json").write_text(json.dumps({**manifest, "onnx_sha256": sha256_file(out / "drafter.onnx")}))
+    return out

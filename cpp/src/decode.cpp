@@ -662,9 +662,18 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
   sc.intra_threads = 1;
   sc.single_inter_thread = true;
   d->session_ = std::make_unique<OrtSessionHandle>(onnx_path, sc);
-  if (d->session_->input_names() != kDrafterInputs)
-    fail(SPOT_ERR_INCOMPATIBLE, "drafter " + onnx_path + " does not have the inputs topk, masked, stale_conf, "
-                                                         "staleness: re-export it with `spot train-drafter`");
+  // a graph reads some of the four inputs (a drafter exported as its baseline skips reads masked and stale_conf)
+  const std::vector<std::string>& names = d->session_->input_names();
+  std::set<std::string> seen;
+  for (const std::string& n : names)
+    if (std::find(kDrafterInputs.begin(), kDrafterInputs.end(), n) == kDrafterInputs.end() || !seen.insert(n).second)
+      fail(SPOT_ERR_INCOMPATIBLE, "drafter " + onnx_path + " has an input '" + n + "', expected some of topk, "
+                                                           "masked, stale_conf, staleness: re-export it with "
+                                                           "`spot train-drafter`");
+  if (names.empty())
+    fail(SPOT_ERR_INCOMPATIBLE, "drafter " + onnx_path + " has no inputs, expected some of topk, masked, "
+                                                         "stale_conf, staleness: re-export it with `spot train-drafter`");
+  d->reads_topk = seen.count("topk") > 0;
   return d;
 }
 
@@ -691,13 +700,16 @@ void Drafter::check_compatible(int64_t engine_block, const ModelFacts& cfg) cons
 void Drafter::run(const std::vector<float>& topk, const std::vector<float>& masked,
                   const std::vector<float>& stale_conf, const std::vector<int64_t>& staleness, int64_t k, int64_t b,
                   std::vector<float>& order, std::vector<float>& member) {
-  std::vector<InputTensor> in = {
-      {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {k, b, kTopkFeatures}, topk.data(), topk.size() * sizeof(float)},
-      {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {k, b}, masked.data(), masked.size() * sizeof(float)},
-      {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {k, b}, stale_conf.data(), stale_conf.size() * sizeof(float)},
-      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {k}, staleness.data(), staleness.size() * sizeof(int64_t)},
+  const std::map<std::string, InputTensor> all = {
+      {"topk", {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {k, b, kTopkFeatures}, topk.data(), topk.size() * sizeof(float)}},
+      {"masked", {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {k, b}, masked.data(), masked.size() * sizeof(float)}},
+      {"stale_conf",
+       {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {k, b}, stale_conf.data(), stale_conf.size() * sizeof(float)}},
+      {"staleness", {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {k}, staleness.data(), staleness.size() * sizeof(int64_t)}},
   };
-  std::vector<OrtOutput> out = session_->run(kDrafterInputs, in, kDrafterOutputs);
+  std::vector<InputTensor> in;
+  for (const std::string& n : session_->input_names()) in.push_back(all.at(n));   // the graph's inputs, in order
+  std::vector<OrtOutput> out = session_->run(session_->input_names(), in, kDrafterOutputs);
   const std::vector<int64_t> want = {k, b};
   for (const OrtOutput& o : out)
     if (o.shape() != want || o.type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
@@ -714,13 +726,15 @@ std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<N
   const RoundInputs& r = round_;
   const int64_t k = static_cast<int64_t>(nodes.size());
   const int64_t b = static_cast<int64_t>(tree[nodes[0]].state.size());
-  const std::vector<float>& topk_row = r.stale->topk_logprobs();
   std::vector<float> topk, masked(static_cast<size_t>(k * b)), stale_conf(static_cast<size_t>(k * b));
   std::vector<int64_t> staleness(static_cast<size_t>(k));
-  topk.reserve(static_cast<size_t>(k * b * kTopkFeatures));
+  if (drafter_.reads_topk) {   // else never computed: the graph does not read it
+    const std::vector<float>& topk_row = r.stale->topk_logprobs();
+    topk.reserve(static_cast<size_t>(k * b * kTopkFeatures));
+    for (int64_t j = 0; j < k; ++j) topk.insert(topk.end(), topk_row.begin(), topk_row.end());
+  }
   for (int64_t j = 0; j < k; ++j) {
     const Node& node = tree[nodes[j]];
-    topk.insert(topk.end(), topk_row.begin(), topk_row.end());
     const StaleView::Coupled& c = r.stale->coupled(node.step);
     for (int64_t p = 0; p < b; ++p) {
       const bool m = node.state[p] == r.mask_id;

@@ -110,7 +110,8 @@ class Drafter {
  public:
   static std::unique_ptr<Drafter> load(const std::string& dir);
   void check_compatible(int64_t block_size, const ModelFacts& target) const;
-  // inputs of K nodes -> order_logits [K, B], member_logits [K, B]
+  // inputs of K nodes -> order_logits [K, B], member_logits [K, B]; the graph is fed the inputs it declares (topk may
+  // be empty when reads_topk is false)
   void run(const std::vector<float>& topk, const std::vector<float>& masked, const std::vector<float>& stale_conf,
            const std::vector<int64_t>& staleness, int64_t k, int64_t b, std::vector<float>& order,
            std::vector<float>& member);
@@ -123,6 +124,7 @@ class Drafter {
   double order_temperature = 1.0;   // drafter.json: divides the order logits (spot calibrate-drafter)
   double runner_up_weight = 0.17;   // drafter.json: weight of runner-up token children (drafter.py's default)
   double set_flip_weight = 1.0;     // drafter.json: weight of SPOT-Sets' flip variants (drafter.py's default)
+  bool reads_topk = true;           // the graph has the topk input (a baseline-skip graph does not)
   std::optional<double> tau;
   Json target;
 

@@ -39,6 +39,9 @@ FORMAT_VERSION = 1
 MAX_STALENESS = 32        # staleness embedding has entries 0..MAX_STALENESS (0 unused)
 MAX_BLOCK = 64            # learned position embedding size
 INPUT_NAMES = ("topk", "masked", "stale_conf", "staleness")
+# The inputs of a drafter exported as its training-free skips alone (its heads were zero: spot.training.drafter
+# BaselineGraph); a graph reads a subset of INPUT_NAMES, and the runtime computes only what it reads.
+BASELINE_INPUTS = ("masked", "stale_conf")
 OUTPUT_NAMES = ("order_logits", "member_logits")
 DEFAULT_BRANCH = 4
 # Queued candidates proposed for ahead of time in each drafter call (spot.runtime.tree.build_tree). Embedded
@@ -68,32 +71,37 @@ IDENTITY_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden
 
 
 # -- features ------------------------------------------------------------------------------------------------------
-def drafter_inputs(topk: np.ndarray, masked: np.ndarray, conf: np.ndarray, staleness: np.ndarray,
+def drafter_inputs(topk: np.ndarray | None, masked: np.ndarray, conf: np.ndarray, staleness: np.ndarray,
                    max_staleness: int = MAX_STALENESS) -> dict[str, np.ndarray]:
     """The ONNX inputs of K nodes.
 
-    topk [B, 32] (one stale view shared by every node) or [K, B, 32]; masked [K, B] bool (node state == mask);
-    conf [K, B] coupled-sample confidence for each node's step (any value, -inf included, where not masked);
-    staleness [K] int (node depth + 1), clipped to 1..max_staleness."""
+    topk [B, 32] (one stale view shared by every node) or [K, B, 32], or None: no "topk" entry (a graph that does
+    not read it); masked [K, B] bool (node state == mask); conf [K, B] coupled-sample confidence for each node's
+    step (any value, -inf included, where not masked); staleness [K] int (node depth + 1), clipped to
+    1..max_staleness."""
     masked = np.asarray(masked, dtype=bool)
     k, b = masked.shape
-    topk = np.asarray(topk, dtype=np.float32)
-    if topk.ndim == 2:
-        topk = np.broadcast_to(topk[None], (k, b, topk.shape[-1]))
-    if topk.shape != (k, b, TOPK_FEATURES):
-        raise ValueError(f"topk: got shape {topk.shape}, expected [{k}, {b}, {TOPK_FEATURES}]")
     stale_conf = np.where(masked, conf, 0.0).astype(np.float32)
-    return {"topk": np.ascontiguousarray(topk), "masked": masked.astype(np.float32), "stale_conf": stale_conf,
-            "staleness": np.clip(np.asarray(staleness, dtype=np.int64), 1, max_staleness)}
+    out = {"masked": masked.astype(np.float32), "stale_conf": stale_conf,
+           "staleness": np.clip(np.asarray(staleness, dtype=np.int64), 1, max_staleness)}
+    if topk is not None:
+        topk = np.asarray(topk, dtype=np.float32)
+        if topk.ndim == 2:
+            topk = np.broadcast_to(topk[None], (k, b, topk.shape[-1]))
+        if topk.shape != (k, b, TOPK_FEATURES):
+            raise ValueError(f"topk: got shape {topk.shape}, expected [{k}, {b}, {TOPK_FEATURES}]")
+        out["topk"] = np.ascontiguousarray(topk)
+    return out
 
 
-def node_inputs(stale: StaleView, nodes: list[Node], mask_id: int,
-                max_staleness: int = MAX_STALENESS) -> dict[str, np.ndarray]:
-    """Features of tree nodes of one round (stale = the round's view of L(s_m))."""
+def node_inputs(stale: StaleView, nodes: list[Node], mask_id: int, max_staleness: int = MAX_STALENESS,
+                with_topk: bool = True) -> dict[str, np.ndarray]:
+    """Features of tree nodes of one round (stale = the round's view of L(s_m)); the top-32 features only
+    with_topk (the round's view computes them on first use)."""
     masked = np.stack([n.state == mask_id for n in nodes])
     conf = np.stack([stale.coupled(n.step)[1] for n in nodes])
     staleness = np.array([n.depth + 1 for n in nodes], dtype=np.int64)
-    return drafter_inputs(stale.topk_logprobs(), masked, conf, staleness, max_staleness)
+    return drafter_inputs(stale.topk_logprobs() if with_topk else None, masked, conf, staleness, max_staleness)
 
 
 def masked_log_softmax(logits: np.ndarray, masked: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -194,9 +202,11 @@ class Drafter:
             raise SpotError(f"cannot load drafter {self.path}: {e}", "re-export it with `spot train-drafter`") \
                 from None
         names = tuple(i.name for i in self.session.get_inputs())
-        if names != INPUT_NAMES:
-            raise SpotError(f"drafter {self.path} has inputs {names}, expected {INPUT_NAMES}",
+        if not names or not set(names) <= set(INPUT_NAMES) or len(set(names)) != len(names):
+            raise SpotError(f"drafter {self.path} has inputs {names}, expected some of {INPUT_NAMES}",
                             "re-export it with `spot train-drafter`")
+        self.input_names = names
+        self.reads_topk = "topk" in names      # else the top-32 features are never computed
         self.block_size = int(manifest["block_size"])
         self.target = dict(manifest["target"])
         self.member_threshold = float(manifest.get("member_threshold", 0.5))
@@ -250,7 +260,7 @@ class Drafter:
 
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """One ORT call: order_logits [K, B], member_logits [K, B] float32."""
-        order, member = self.session.run(list(OUTPUT_NAMES), inputs)
+        order, member = self.session.run(list(OUTPUT_NAMES), {n: inputs[n] for n in self.input_names})
         return order, member
 
     def proposer(self, branch: int = DEFAULT_BRANCH, lookahead: int = DEFAULT_LOOKAHEAD) -> "DrafterProposer":
@@ -286,7 +296,7 @@ class DrafterProposer:
             return []
         r = self.round
         chosen = [tree[i] for i in nodes]
-        inputs = node_inputs(r.stale, chosen, r.mask_id, self.drafter.max_staleness)
+        inputs = node_inputs(r.stale, chosen, r.mask_id, self.drafter.max_staleness, self.drafter.reads_topk)
         order, member = self.drafter.run(inputs)
         self.calls += 1
         masked = inputs["masked"] > 0

@@ -6,7 +6,9 @@ Model: pre-norm transformer encoder over the B block positions (reference shape:
 stale_conf, log(stale_conf + 1e-6), z, rel]) + learned position embedding (max block 64) + staleness embedding,
 where z and rel are the node's log stale confidences standardised over its masked positions (computed in the graph
 from the same four ONNX inputs). Heads: order logit (softmax over masked positions = P(next commit)) and membership
-logit (sigmoid = P(position in the next committed set), SPOT-Sets).
+logit (sigmoid = P(position in the next committed set), SPOT-Sets), each added to a training-free skip. While the
+heads are zero (a fresh model; training whose weight selection kept step 0) the encoder cannot change the outputs,
+and export writes the skips alone (BaselineGraph: inputs masked and stale_conf; drafter.json `graph` "baseline").
 
 Labels of an example (stale row t, node row t+k): order = the static rule's commit at s_{t+k} (argmax fresh
 confidence); membership = {fresh conf > tau} at s_{t+k} for the trained tau. The threshold rule's set is that, or
@@ -30,8 +32,8 @@ from torch import nn
 
 from spot.descriptors import sha256_file
 from spot.errors import SpotError
-from spot.runtime.drafter import (DRAFTER_JSON, DRAFTER_ONNX, FORMAT, FORMAT_VERSION, INPUT_NAMES, MAX_BLOCK,
-                                  MAX_STALENESS, OUTPUT_NAMES, drafter_inputs)
+from spot.runtime.drafter import (BASELINE_INPUTS, DRAFTER_JSON, DRAFTER_ONNX, FORMAT, FORMAT_VERSION, INPUT_NAMES,
+                                  MAX_BLOCK, MAX_STALENESS, OUTPUT_NAMES, drafter_inputs)
 from spot.runtime.stale import TOPK_FEATURES
 from spot.training.traces import RULE_CODES, Traces
 
@@ -94,6 +96,14 @@ def confidence_standardised(log_conf: torch.Tensor, masked: torch.Tensor) -> tup
     return centred / std, (log_conf - top) * masked
 
 
+def standardised_confidence(masked: torch.Tensor, stale_conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """confidence_standardised of log(stale_conf + eps) over masked [K, B], computed in float64, returned float32.
+    Why float64: z divides by spreads as small as 1e-4, which would magnify ulp differences between torch and ONNX
+    Runtime in float32 beyond the export tolerance."""
+    z, rel = confidence_standardised(torch.log(stale_conf.double() + CONF_EPS), masked.double())
+    return z.float(), rel.float()
+
+
 class OrderModel(nn.Module):
     """The encoder's two logits are added to the training-free baseline through learned skips (zero-initialised
     heads): order += a * z (standardised log stale confidence), member += c * stale_conf + d with d = -c * tau. A fresh model therefore
@@ -118,10 +128,7 @@ class OrderModel(nn.Module):
     def forward(self, topk, masked, stale_conf, staleness):
         """topk [K,B,32], masked [K,B], stale_conf [K,B] float32, staleness [K] int64 ->
         order_logits [K,B], member_logits [K,B]."""
-        # float64: z divides by spreads as small as 1e-4, which would magnify ulp differences between torch and
-        # ONNX Runtime in float32 beyond the export tolerance
-        z, rel = confidence_standardised(torch.log(stale_conf.double() + CONF_EPS), masked.double())
-        z, rel = z.float(), rel.float()
+        z, rel = standardised_confidence(masked, stale_conf)
         log_conf = torch.log(stale_conf + CONF_EPS)
         feats = torch.cat([topk.clamp(min=TOPK_FLOOR) * (1.0 / -TOPK_FLOOR), masked.unsqueeze(-1),
                            stale_conf.unsqueeze(-1), log_conf.unsqueeze(-1) * 0.1, z.unsqueeze(-1),
@@ -132,8 +139,31 @@ class OrderModel(nn.Module):
         for layer in self.layers:
             x = layer(x)
         out = self.head(self.norm(x))
-        return (out[..., 0] + self.order_skip * z,
-                out[..., 1] + self.member_scale * stale_conf + self.member_bias)
+        order, member = self.baseline(z, stale_conf)
+        return out[..., 0] + order, out[..., 1] + member
+
+    def baseline(self, z: torch.Tensor, stale_conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The skips: order a z, member c stale_conf + d ([K,B] each) — the whole output while the heads are zero."""
+        return self.order_skip * z, self.member_scale * stale_conf + self.member_bias
+
+    def heads_are_zero(self) -> bool:
+        """True when the encoder cannot change the outputs: the heads' weights and biases are all exactly 0 (a fresh
+        model, or training whose weight selection kept step 0 — the stale-confidence baseline)."""
+        return not any(bool(t.detach().ne(0).any()) for t in (self.head.weight, self.head.bias))
+
+
+class BaselineGraph(nn.Module):
+    """What an OrderModel with zero heads computes, without the encoder that cannot change it (dead code: the same
+    outputs bit for bit, checked at export). Reads only `masked` and `stale_conf`; the runtime then skips the
+    top-32 features and the encoder's compute (docs/drafter.md)."""
+
+    def __init__(self, model: OrderModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, masked, stale_conf):
+        """masked [K,B], stale_conf [K,B] float32 -> order_logits [K,B], member_logits [K,B]."""
+        return self.model.baseline(standardised_confidence(masked, stale_conf)[0], stale_conf)
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -448,31 +478,49 @@ def limit_examples(ex: Examples, limit: int, seed: int) -> Examples:
 
 
 # -- export ---------------------------------------------------------------------------------------------------------
-def export_onnx(model: OrderModel, path: Path, sample: dict[str, np.ndarray], tol: float = 1e-4) -> float:
-    """torch.onnx.export (opset 17, dynamic K and B), then check ORT against torch on `sample` and on other shapes.
-    Returns the largest absolute difference; SpotError beyond tol."""
+GRAPH_ENCODER = "encoder"       # drafter.json `graph`: the whole order model
+GRAPH_BASELINE = "baseline"     # its skips alone (BaselineGraph), exported when the heads are zero
+
+
+def export_onnx(model: OrderModel, path: Path, sample: dict[str, np.ndarray], tol: float = 1e-4,
+                graph: str | None = None) -> dict:
+    """torch.onnx.export (opset 17, dynamic K and B), then check ORT against the torch model on `sample` and on
+    other shapes; SpotError beyond tol. graph: GRAPH_ENCODER, GRAPH_BASELINE (only for zero heads) or None = the
+    baseline graph exactly when the heads are zero. Returns {"graph", "inputs" (the graph's, in order),
+    "max_abs_diff"}."""
     import onnxruntime as ort
 
     model.eval()
-    args = to_torch(sample)
+    graph = graph or (GRAPH_BASELINE if model.heads_are_zero() else GRAPH_ENCODER)
+    if graph not in (GRAPH_ENCODER, GRAPH_BASELINE):
+        raise SpotError(f"drafter graph {graph!r}: expected {GRAPH_ENCODER!r} or {GRAPH_BASELINE!r}")
+    if graph == GRAPH_BASELINE and not model.heads_are_zero():
+        raise SpotError("the baseline drafter graph needs an order model whose heads are zero, got trained heads",
+                        f"export the whole model (graph {GRAPH_ENCODER!r})")
+    exported, names = (model, INPUT_NAMES) if graph == GRAPH_ENCODER else (BaselineGraph(model), BASELINE_INPUTS)
+    args = tuple(t for n, t in zip(INPUT_NAMES, to_torch(sample)) if n in names)
     dyn = {"topk": {0: "K", 1: "B"}, "masked": {0: "K", 1: "B"}, "stale_conf": {0: "K", 1: "B"},
            "staleness": {0: "K"}, "order_logits": {0: "K", 1: "B"}, "member_logits": {0: "K", 1: "B"}}
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, args, str(path), input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
-                          opset_version=17, dynamic_axes=dyn, dynamo=False)
+        torch.onnx.export(exported, args, str(path), input_names=list(names), output_names=list(OUTPUT_NAMES),
+                          opset_version=17, dynamic_axes={k: v for k, v in dyn.items() if k in names or
+                                                          k in OUTPUT_NAMES}, dynamo=False)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got_names = tuple(i.name for i in sess.get_inputs())
+    if got_names != names:
+        raise SpotError(f"the exported drafter graph has inputs {got_names}, expected {names}")
     worst = 0.0
     b = sample["masked"].shape[1]
     for inputs in (sample, random_inputs(3, b, seed=1), random_inputs(1, max(2, b // 2), seed=2)):
         with torch.no_grad():
-            ref = [t.numpy() for t in model(*to_torch(inputs))]
-        got = sess.run(list(OUTPUT_NAMES), inputs)
+            ref = [t.numpy() for t in model(*to_torch(inputs))]     # always the whole model
+        got = sess.run(list(OUTPUT_NAMES), {n: inputs[n] for n in names})
         worst = max(worst, *(float(np.abs(r - g).max()) for r, g in zip(ref, got)))
     if worst > tol:
         raise SpotError(f"the ONNX drafter differs from torch by {worst:.2e}, expected <= {tol:.0e}")
-    return worst
+    return {"graph": graph, "inputs": list(names), "max_abs_diff": worst}
 
 
 def random_inputs(k: int, b: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -492,9 +540,10 @@ def write_drafter(model: OrderModel, out_dir: Path, manifest: dict, sample: dict
     tmp_onnx = out_dir / (DRAFTER_ONNX + ".partial")
     tmp_json = out_dir / (DRAFTER_JSON + ".partial")
     try:
-        worst = export_onnx(model, tmp_onnx, sample)
+        exported = export_onnx(model, tmp_onnx, sample)
         manifest = {**manifest, "onnx": DRAFTER_ONNX, "onnx_sha256": sha256_file(tmp_onnx),
-                    "onnx_bytes": tmp_onnx.stat().st_size, "onnx_vs_torch_max_abs_diff": worst}
+                    "onnx_bytes": tmp_onnx.stat().st_size, "graph": exported["graph"],
+                    "inputs": exported["inputs"], "onnx_vs_torch_max_abs_diff": exported["max_abs_diff"]}
         tmp_json.write_text(json.dumps(manifest, indent=2) + "\n")
         os.replace(tmp_onnx, out_dir / DRAFTER_ONNX)
         os.replace(tmp_json, out_dir / DRAFTER_JSON)
@@ -545,7 +594,7 @@ def train_drafter(traces: Traces, out_dir: str | Path, settings: DrafterTrainSet
         "temperatures": traces.meta["temperatures"], "rules": traces.meta["rules"], "tau": s.tau,
         "member_threshold": threshold, "calibration_whole_set": cal_acc,
         "max_staleness": min(traces.depth, MAX_STALENESS), "topk": TOPK_FEATURES,
-        "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES),
+        "outputs": list(OUTPUT_NAMES),
         "architecture": {**asdict(cfg), "parameters": parameter_count(model)},
         "accuracy": accuracy,
         "training": {**{k: v for k, v in asdict(s).items()}, "train_traces": int(train_ids.size),
@@ -558,4 +607,7 @@ def train_drafter(traces: Traces, out_dir: str | Path, settings: DrafterTrainSet
     manifest = write_drafter(model, Path(out_dir), manifest, sample)
     log(f"wrote {Path(out_dir) / DRAFTER_ONNX} ({manifest['onnx_bytes'] / 1e6:.2f} MB, ORT vs torch max |diff| "
         f"{manifest['onnx_vs_torch_max_abs_diff']:.1e}) and {DRAFTER_JSON}")
+    if manifest["graph"] == GRAPH_BASELINE:
+        log("the heads are zero (weight selection kept step 0): this drafter IS the stale-confidence baseline, and "
+            "drafter.onnx computes only that (the encoder could not change its outputs)")
     return manifest
