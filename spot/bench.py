@@ -174,11 +174,33 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
         same = identical.get((label, temp), [])
         row["identical_share"] = float(np.mean(same)) if same else None
         rows.append(row)
+    drafters = {"": drafter, **other_drafters} if needs_drafter else {}
     return {"config": {"decoders": list(cfg.decoders), "temperatures": list(cfg.temperatures),
                        "seeds": list(cfg.seeds), "budgets": [[b.nodes, b.depth] for b in cfg.budgets],
                        "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts)},
             "engine": {"name": engine.name, "block_size": engine.block_size},
+            "drafters": {name: drafter_facts(d) for name, d in drafters.items()},
             "host": host_facts(), "rows": rows}
+
+
+def drafter_facts(drafter) -> dict:
+    """Which drafter a row ran and how good its order model is: the graph (`encoder`, or `baseline` = the
+    stale-confidence baseline's skips, its heads being zero), the trained shape, and the held-out next-commit
+    top-1 / whole-set accuracy that training measured on held-out traces (drafter.json), beside the baseline's."""
+    m = drafter.manifest
+    acc = m.get("accuracy", {})
+
+    def summary(name: str) -> dict | None:
+        a = acc.get(name)
+        if not a:
+            return None
+        return {"all": a.get("model"), "baseline": a.get("baseline"),
+                "staleness_1": (a.get("staleness_1") or {}).get("model"), "examples": a.get("n")}
+    arch = m.get("architecture", {})
+    return {"path": str(drafter.path), "graph": m.get("graph", "encoder"), "parameters": arch.get("parameters"),
+            "trained_shape": {k: arch[k] for k in ("d_model", "layers", "heads", "ffn") if k in arch},
+            "heldout_top1": summary("top1"), "heldout_whole_set": summary("whole_set"),
+            "accuracy_source": "drafter.json: held-out traces, measured at training"}
 
 
 def host_facts() -> dict:
@@ -308,6 +330,17 @@ def markdown_table(result: dict) -> str:
     host = result.get("host")
     if host:
         lines.append("\nMeasured on " + ", ".join(f"{k} {v}" for k, v in host.items()))
+    for name, d in result.get("drafters", {}).items():
+        top1, whole = d.get("heldout_top1") or {}, d.get("heldout_whole_set") or {}
+        shape = d.get("trained_shape", {})
+        lines.append(f"\nDrafter{f' [{name}]' if name else ''} {d['path']}: graph {d['graph']}"
+                     + (" (heads zero: the stale-confidence baseline)" if d["graph"] == "baseline" else "")
+                     + (f", trained d {shape.get('d_model')} x {shape.get('layers')} layers, "
+                        f"{d.get('parameters')} parameters" if shape else "")
+                     + (f"; held-out next-commit top-1 {top1.get('all')} (staleness 1: {top1.get('staleness_1')}; "
+                        f"baseline {top1.get('baseline')})" if top1 else "")
+                     + (f", whole-set match {whole.get('all')}" if whole else "")
+                     + (f" — {d['accuracy_source']}" if top1 else ""))
     return "\n".join(lines) + "\n"
 
 

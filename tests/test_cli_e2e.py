@@ -97,6 +97,15 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
         if row["identical_share"] is not None:
             assert row["identical_share"] == 1.0, row["variant"]
     assert "| variant |" in (report / "bench.md").read_text()
+    drafters = result["drafters"]          # which drafter ran, and its held-out accuracy from training
+    manifest = json.loads((as_embedded / "drafter.json").read_text())
+    top1 = manifest["accuracy"]["top1"]
+    assert set(drafters) == {"", "again"} and drafters[""]["graph"] == manifest["graph"]
+    assert drafters[""]["heldout_top1"] == {"all": top1["model"], "baseline": top1["baseline"],
+                                            "staleness_1": top1["staleness_1"]["model"], "examples": top1["n"]}
+    assert f"graph {manifest['graph']}" in (report / "bench.md").read_text()
+    assert f"held-out next-commit top-1 {top1['model']} (staleness 1: {top1['staleness_1']['model']}; baseline " \
+           f"{top1['baseline']})" in (report / "bench.md").read_text()
     assert result["host"]["libm"] in ("ext", "numpy") and "Measured on" in (report / "bench.md").read_text()
     for png in ("passes_and_speed.png", "acceptance_by_depth.png", "latency_vs_nodes.png"):
         assert (report / png).stat().st_size > 1000
