@@ -31,7 +31,7 @@ BUILD = CPP / "build"
 GOLDEN_DIR = ROOT / "tests" / "data" / "golden"
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_golden import case_options, golden_cases, model_identity, run_case  # noqa: E402
-from tinymodels import renamed_input_drafter  # noqa: E402
+from tinymodels import renamed_input_drafter, train_encoder_drafter  # noqa: E402
 
 # spot_status codes of cpp/include/spot/spot.h
 INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED = 1, 2, 3, 4, 5
@@ -107,8 +107,7 @@ def tiny(tmp_path_factory):
     """A peaked random target (scale 0.6, the mask id's lm_head row zeroed so that T = 0 never re-commits it),
     exported fp32, and a drafter trained for one epoch on its traces — without weight selection, so that its graph
     is the whole encoder (every input fed; the baseline graph has its own test)."""
-    from spot.training.drafter import (DrafterTrainSettings, random_inputs, train_drafter, train_order_model,
-                                       write_drafter)
+    from spot.training.drafter import DrafterTrainSettings
     from spot.training.traces import TracePlan, collect_traces
 
     tmp = tmp_path_factory.mktemp("cpp_host")
@@ -124,10 +123,8 @@ def tiny(tmp_path_factory):
         plan = TracePlan(temperatures=(0.0, 1.0), rules=(STATIC, THRESHOLD), tau=0.9, seeds=1, max_new_tokens=16,
                          depth=4)
         traces = collect_traces(engine, random_prompts(6, seed=11), plan)
-        settings = DrafterTrainSettings(epochs=1, batch_size=64, log_every=10 ** 6)
-        manifest = train_drafter(traces, tmp / "drafter", settings, log=lambda _: None)
-        trained, _ = train_order_model(traces, np.arange(traces.n_traces), settings, log=lambda _: None)
-        assert write_drafter(trained, tmp / "drafter", manifest, random_inputs(4, 8))["graph"] == "encoder"
+        train_encoder_drafter(traces, tmp / "drafter", DrafterTrainSettings(epochs=1, batch_size=64,
+                                                                            log_every=10 ** 6))
     finally:
         torch.set_num_threads(threads)
     return folder, tmp / "drafter", engine, load_drafter(tmp / "drafter")

@@ -30,7 +30,7 @@ from spot.training.drafter import (DrafterTrainSettings, OrderModel, OrderModelC
                                    predicted_sets, random_inputs, to_torch, train_drafter, train_order_model,
                                    write_drafter)
 from spot.training.traces import TracePlan, TraceRecorder, Traces, collect_traces, concat_traces
-from tinymodels import renamed_input_drafter
+from tinymodels import renamed_input_drafter, train_encoder_drafter
 
 VOCAB = 64
 MASK = VOCAB - 1
@@ -72,14 +72,9 @@ def traces(engine):
 
 @pytest.fixture(scope="module")
 def drafter_dir(traces, tmp_path_factory):
-    """A drafter folder from `train_drafter`, its graph replaced by a model trained without weight selection, so
-    that it is the whole encoder (selection keeps step 0 on these traces: the baseline graph, tested apart)."""
+    """A drafter folder whose graph is the whole encoder (tinymodels.train_encoder_drafter)."""
     out = tmp_path_factory.mktemp("drafter")
-    settings = DrafterTrainSettings(epochs=1, batch_size=64, log_every=1000)
-    manifest = train_drafter(traces, out, settings, log=lambda _: None)
-    model, _ = train_order_model(traces, np.arange(traces.n_traces), settings, log=lambda _: None)
-    assert not model.heads_are_zero()
-    assert write_drafter(model, out, manifest, random_inputs(4, 8))["graph"] == "encoder"
+    train_encoder_drafter(traces, out, DrafterTrainSettings(epochs=1, batch_size=64, log_every=1000))
     return out
 
 

@@ -1,5 +1,5 @@
 """Tiny real-format checkpoints shared by the CLI tests (a random SDAR folder, a BPE tokenizer, a chat template),
-and a broken-drafter maker shared by the Python and C++ drafter tests."""
+and the drafter folders shared by the Python and C++ drafter tests."""
 from __future__ import annotations
 
 import json
@@ -51,3 +51,18 @@ def renamed_input_drafter(drafter_dir, out, old: str = "masked", new: str = "mas
     manifest = json.loads((drafter_dir / "drafter.json").read_text())
     (out / "drafter.json").write_text(json.dumps({**manifest, "onnx_sha256": sha256_file(out / "drafter.onnx")}))
     return out
+
+
+def train_encoder_drafter(traces, out, settings) -> dict:
+    """`train_drafter` into `out`, its graph then replaced by a model trained without weight selection, so that it is
+    the whole encoder (selection keeps step 0 on tiny traces: the baseline graph, which has tests of its own).
+    Returns the drafter.json written."""
+    import numpy as np
+
+    from spot.training.drafter import random_inputs, train_drafter, train_order_model, write_drafter
+    manifest = train_drafter(traces, out, settings, log=lambda _: None)
+    model, _ = train_order_model(traces, np.arange(traces.n_traces), settings, log=lambda _: None)
+    assert not model.heads_are_zero()
+    written = write_drafter(model, out, manifest, random_inputs(4, traces.block_size))
+    assert written["graph"] == "encoder"
+    return written
