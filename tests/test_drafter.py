@@ -18,7 +18,7 @@ from spot.runtime.decode import generate
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.drafter import (BASELINE_INPUTS, DRAFTER_JSON, DRAFTER_ONNX, INPUT_NAMES, MAX_STALENESS, Drafter,
                                   DrafterProposer, drafter_inputs, node_inputs, target_identity)
-from spot.runtime.noise import NoiseCache, gumbel_rows, native_rows
+from spot.runtime.noise import NoiseCache, gumbel_rows, noise_bins
 from spot.runtime.proposers import RoundInputs
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget
 from spot.runtime.stale import StaleView
@@ -128,7 +128,7 @@ def test_cached_noise_samples_are_bit_identical(sampling):
         for a, b in zip(cached.coupled(step), fresh.coupled(step)):
             np.testing.assert_array_equal(a, b)
         rows = cache.rows(5, step, pos[::-1])
-        np.testing.assert_array_equal(rows.native, native_rows(sampling.seed, 5, step, pos[::-1], VOCAB).native)
+        np.testing.assert_array_equal(rows.bins, noise_bins(sampling.seed, 5, step, pos[::-1], VOCAB).bins)
         np.testing.assert_array_equal(rows.exact_rows(np.arange(4)), gumbel_rows(sampling.seed, 5, step, pos[::-1],
                                                                                  VOCAB))
     cache.forget_before(4)

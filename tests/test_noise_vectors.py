@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spot.runtime.noise import LANE_A, LANE_B, gumbel, lane_prefix, mix32, uniform, uniform_from_words
+from spot.runtime import native
+from spot.runtime.noise import (LANE_A, LANE_B, BIN_BITS, NoiseBins, gumbel, lane_prefix, mix32, mix32_scalar,
+                                noise_bins, row_prefixes, uniform, uniform_from_words)
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "noise_vectors.json").read_text())["vectors"]
 COUNTERS = ("seed", "block", "step", "position", "token")
@@ -36,6 +38,28 @@ def test_numpy_noise_reproduces_the_vectors():
     assert np.array_equal(k, _column("k"))
     assert [x.hex() for x in uniform(*args)] == [v["u"] for v in VECTORS]
     assert [x.hex() for x in gumbel(*args)] == [v["g"] for v in VECTORS]
+
+
+@pytest.mark.parametrize("c_loops", [True, False])
+def test_sampling_paths_reproduce_the_vectors(c_loops, monkeypatch):
+    """What sampling reads — row prefixes from scalar counters, every token's bin, exact values at (row, token) —
+    equals the vectors, with the C loops (spot/runtime/_sampling.c) and with their numpy twins."""
+    if c_loops and native.sampling is None:
+        pytest.skip("the spot.runtime._sampling extension is not built")
+    if not c_loops:
+        monkeypatch.setattr(native, "sampling", None)
+    got = []
+    for v in VECTORS:
+        prefix_a, prefix_b = row_prefixes(v["seed"], v["block"], v["step"], [v["position"]])
+        assert prefix_a[0] == lane_prefix(LANE_A, *(v[c] for c in COUNTERS[:4]))
+        noise = NoiseBins(np.zeros((1, 1), np.uint16), prefix_a, prefix_b)
+        got.append(noise.exact_at(np.array([0]), np.array([v["token"]]))[0].hex())
+        if v["token"] < 4096:
+            bins = noise_bins(v["seed"], v["block"], v["step"], [v["position"]], v["token"] + 1).bins
+            assert bins[0, -1] == v["a"] >> (32 - BIN_BITS)
+    assert got == [v["g"] for v in VECTORS]
+    x = np.random.default_rng(0).integers(0, 2**32, 1000, dtype=np.uint64)
+    assert [mix32_scalar(int(i)) for i in x] == mix32(x.astype(np.uint32)).tolist()
 
 
 def test_uniform_clamps_the_zero_word_pair():

@@ -13,9 +13,9 @@ from spot.config import ModelConfig
 from spot.engines.torch_engine import TorchEngine
 from spot.reference.model import SDARModel, block_causal_bias, random_model
 from spot.runtime.decode import generate
-from spot.runtime.noise import NATIVE_NOISE_ERROR, NoiseRows, gumbel_rows, row_prefixes
-from spot.runtime.step import (STATIC, THRESHOLD, CommitRule, Sampling, certified_argmax, filter_scaled_logits,
-                               sample_positions, select_commits, step_fn, top2_scaled)
+from spot.runtime.noise import gumbel_rows
+from spot.runtime.step import (STATIC, THRESHOLD, CommitRule, Sampling, filter_scaled_logits, sample_positions,
+                               select_commits, step_fn)
 
 MASK = 63
 
@@ -368,92 +368,3 @@ def test_the_mask_id_is_never_committed_even_when_it_is_the_argmax():
     for seed in range(20):   # sampled too: never the mask id, and the confidence is still the full softmax's
         tokens, conf = sample_positions(logits, np.array([0]), Sampling(1.0, seed=seed, exclude_token=4), 0, 0)
         assert tokens[0] != 4 and conf[0] == pytest.approx(1.0 / (4.0 + np.exp(3.0)))
-
-
-# -- certified sampling from native noise rows -----------------------------------------------------------------------
-def rows_for(seed: int, k: int, v: int, error: float = 0.0):
-    """NoiseRows of k positions whose native values are the exact ones moved by up to `error` (a worse native log
-    than any real one: the certificate must still give the exact argmax)."""
-    positions = np.arange(k)
-    exact = gumbel_rows(seed, 2, 5, positions, v)
-    jitter = np.random.default_rng(seed).uniform(-error, error, exact.shape)
-    return NoiseRows(exact + jitter, *row_prefixes(seed, 2, 5, positions)), exact
-
-
-@pytest.mark.parametrize("error", [0.0, NATIVE_NOISE_ERROR / 2, NATIVE_NOISE_ERROR])
-def test_certified_argmax_is_the_exact_argmax(error, monkeypatch):
-    rng = np.random.default_rng(7)
-    k, v = 64, 300
-    noise, exact = rows_for(11, k, v, error)
-    base = rng.normal(size=(k, v)) * 3
-    base[::3, rng.integers(0, v, size=(k + 2) // 3)] = -np.inf            # filtered / excluded tokens
-    # near-ties at the scale of the native error: the runner-up's exact score within 1e-12 .. 1e-8 of the winner's
-    winner = np.argmax(base + exact, axis=-1)
-    for r in range(0, k, 2):
-        other = (winner[r] + 1 + r) % v
-        gap = 10.0 ** rng.uniform(-12, -8) * rng.choice([-1, 1])
-        base[r, other] = base[r, winner[r]] + exact[r, winner[r]] - exact[r, other] + gap
-    fallbacks = []
-    exact_rows = NoiseRows.exact_rows
-    monkeypatch.setattr(NoiseRows, "exact_rows", lambda self, rows: fallbacks.append(len(rows)) or
-                        exact_rows(self, rows))
-    assert np.array_equal(certified_argmax(base, noise), np.argmax(base + exact, axis=-1))
-    assert sum(fallbacks) >= k // 4            # the near-ties went through the exact rows
-
-
-def test_certified_argmax_without_near_ties_uses_only_the_winners_exact_values(monkeypatch):
-    noise, exact = rows_for(3, 32, 2048)
-    base = np.random.default_rng(3).normal(size=(32, 2048)) * 2
-    monkeypatch.setattr(NoiseRows, "exact_rows", lambda self, rows: pytest.fail("no row needs the exact noise"))
-    assert np.array_equal(certified_argmax(base, noise), np.argmax(base + exact, axis=-1))
-
-
-@pytest.mark.parametrize("error", [0.0, NATIVE_NOISE_ERROR])
-def test_runner_up_is_the_exact_second_best(error, monkeypatch):
-    """top2_scaled: the exact winner and second-best of base + noise and the exact gap, near-ties between the second
-    and the third included (they go through the exact rows), and inf where only the winner can be sampled."""
-    rng = np.random.default_rng(8)
-    k, v = 48, 300
-    noise, exact = rows_for(13, k, v, error)
-    base = rng.normal(size=(k, v)) * 3
-    base[1, 1:] = -np.inf                                                   # only token 0 can be sampled
-    scores = base + exact
-    order = np.argsort(-scores, axis=-1, kind="stable")
-    for r in range(2, k, 2):                # third within 1e-12 .. 1e-8 of the second
-        second, third = order[r, 1], order[r, 2]
-        base[r, third] = base[r, second] + exact[r, second] - exact[r, third] + \
-            10.0 ** rng.uniform(-12, -8) * rng.choice([-1, 1])
-    scores = base + exact
-    winners = np.argmax(scores, axis=-1)
-    fallbacks = []
-    exact_rows = NoiseRows.exact_rows
-    monkeypatch.setattr(NoiseRows, "exact_rows", lambda self, rows: fallbacks.append(len(rows)) or
-                        exact_rows(self, rows))
-    won, tokens, gap = top2_scaled(base, noise)
-    np.testing.assert_array_equal(won, winners)
-    np.testing.assert_array_equal(won, certified_argmax(base, noise))
-    others = scores.copy()
-    others[np.arange(k), winners] = -np.inf
-    want = np.argmax(others, axis=-1)
-    np.testing.assert_array_equal(tokens[2:], want[2:])
-    np.testing.assert_array_equal(gap[2:], scores[np.arange(k), winners][2:] - others[np.arange(k), want][2:])
-    assert gap[1] == np.inf and (gap[2:] > 0).all()
-    assert sum(fallbacks) >= k // 4            # the near-ties went through the exact rows
-    won0, tokens0, gap0 = top2_scaled(base, None)                               # T = 0: the logits alone
-    np.testing.assert_array_equal(won0, np.argmax(base, axis=-1))
-    b = base.copy()
-    b[np.arange(k), np.argmax(base, axis=-1)] = -np.inf
-    np.testing.assert_array_equal(tokens0[2:], np.argmax(b, axis=-1)[2:])
-    np.testing.assert_array_equal(gap0[2:], base.max(axis=-1)[2:] - b.max(axis=-1)[2:])
-
-
-def test_top2_without_near_ties_uses_only_exact_values_of_the_two(monkeypatch):
-    noise, exact = rows_for(5, 32, 2048)
-    base = np.random.default_rng(5).normal(size=(32, 2048)) * 2
-    base[3, 7:] = -np.inf                        # a filtered row: still no exact rows needed
-    monkeypatch.setattr(NoiseRows, "exact_rows", lambda self, rows: pytest.fail("no row needs the exact noise"))
-    won, second, gap = top2_scaled(base, noise)
-    scores = base + exact
-    np.testing.assert_array_equal(won, np.argmax(scores, axis=-1))
-    scores[np.arange(32), won] = -np.inf
-    np.testing.assert_array_equal(second, np.argmax(scores, axis=-1))

@@ -52,12 +52,15 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.export import exact_math as xm
-from spot.runtime.noise import LANE_A, LANE_B, MIX_MUL_1, MIX_MUL_2, NATIVE_NOISE_ERROR, gumbel
+from spot.runtime.noise import LANE_A, LANE_B, MIX_MUL_1, MIX_MUL_2, gumbel
 from spot.runtime.step import Sampling, confidence, scale_rows, step_gumbel, top2_scaled
 
 OPSET = 18
 CANDIDATES = 3                   # tokens per row re-scored with the exact noise (the certificate uses the next one)
-NATIVE_NOISE_MARGIN = NATIVE_NOISE_ERROR  # bound on |native - exact| scores the certificate assumes (see below)
+# |native - exact| Gumbel value bound the certificate assumes: a backend log within 2**-40 relative of the C library's
+# gives at most ~2**-38 (-log(u) is off by a relative 2**-40, shifting log(-log(u)) by 2**-40, plus the outer log's own
+# 37 * 2**-40)
+NATIVE_NOISE_MARGIN = 2.0 ** -30
 TOP_K_LOGPROBS = 32              # = spot.runtime.stale.TOPK_FEATURES
 PAD_LOGPROB = -1e4               # stale.topk_logprobs' padding below 32 tokens
 INPUTS = ("logits", "node_steps", "seed", "block", "temperature", "top_k", "exclude_token")
@@ -709,7 +712,7 @@ def reference_epilogue(logits: np.ndarray, node_steps, sampling: Sampling, block
         rows = scale_rows(logits[j], positions, sampling)
         for s in range(future_steps + 1):
             g = step_gumbel(sampling, block, int(steps[j]) + s, positions, v)
-            tok[j, s], second[j, s], gap[j, s] = top2_scaled(rows.base, g)
+            tok[j, s], second[j, s], gap[j, s] = top2_scaled(rows, g)
             conf[j, s] = confidence(rows, tok[j, s])
     lp, ids = top_logprobs(logits, sampling.temperature, k)
     return EpilogueResult(tok[:, 0], conf[:, 0], tok[:, 1:], conf[:, 1:], lp, ids, second[:, 1:], gap[:, 1:])

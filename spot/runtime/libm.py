@@ -132,27 +132,6 @@ def _apply(name: str, x, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-FAST_LOG_MAX_RELATIVE_ERROR = 2.0 ** -40     # vs the C library's (both are within ~1 ulp = 2**-52 of the truth)
-
-
-@lru_cache(maxsize=None)
-def _numpy_log_is_accurate() -> bool:
-    x = _probe_values()["log"]
-    want = log(x)
-    with np.errstate(all="ignore"):
-        rel = np.abs(np.log(x) - want) / np.maximum(np.abs(want), 2.0 ** -1000)
-    return bool(np.all(rel <= FAST_LOG_MAX_RELATIVE_ERROR))
-
-
-def fast_log(x, out: np.ndarray | None = None) -> np.ndarray:
-    """numpy's own log where it is within FAST_LOG_MAX_RELATIVE_ERROR of the C library's on the probe values (its
-    AVX-512 kernel: ~8x faster than the C library's scalar loop), else the C library's. NOT the definition's log:
-    only for values whose use is certified against a bound (spot.runtime.noise.NoiseRows)."""
-    if not _numpy_log_is_accurate():
-        return log(x, out)
-    return np.log(x, out=out)
-
-
 def log(x, out: np.ndarray | None = None) -> np.ndarray:
     """The C library's log of every element (float64); `out` may be x itself."""
     return _apply("log", x, out)

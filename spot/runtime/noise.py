@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spot.runtime import libm
+from spot.runtime import libm, native
 
 MIX_MUL_1 = np.uint32(0x21F0AAAD)
 MIX_MUL_2 = np.uint32(0x735A2D97)
@@ -84,12 +84,11 @@ def uniform_from_prefixes(prefix_a: np.ndarray, prefix_b: np.ndarray, token) -> 
     return uniform_from_words(mix32_into(prefix_a ^ tok), mix32_into(prefix_b ^ tok))
 
 
-def gumbel_from_uniform(u: np.ndarray, log=libm.log) -> np.ndarray:
-    """-log(-log(u)) in place. `log` is the definition's (the C library's, spot.runtime.libm) unless a caller asks
-    for the native one (NoiseRows)."""
-    g = log(u)
+def gumbel_from_uniform(u: np.ndarray) -> np.ndarray:
+    """-log(-log(u)) in place, with the definition's log (the C library's, spot.runtime.libm)."""
+    g = libm.log(u)
     np.negative(g, out=g)
-    log(g, out=g)
+    libm.log(g, out=g)
     return np.negative(g, out=g)
 
 
@@ -98,16 +97,33 @@ def gumbel(seed, block, step, position, token) -> np.ndarray:
     return gumbel_from_uniform(uniform(seed, block, step, position, token))
 
 
+def mix32_scalar(x: int) -> int:
+    """mix32 of one Python int in [0, 2**32): the same function without array overhead (row_prefixes hashes three
+    scalar counters per lane for every step a round samples)."""
+    x ^= x >> 16
+    x = (x * 0x21F0AAAD) & U32_MAX
+    x ^= x >> 15
+    x = (x * 0x735A2D97) & U32_MAX
+    return x ^ (x >> 15)
+
+
 def row_prefixes(seed: int, block: int, step: int, positions) -> tuple[np.ndarray, np.ndarray]:
-    """The two lanes' prefixes [K] uint32 of (seed, block, step) at `positions` [K]."""
-    pos = np.asarray(positions, dtype=np.int64).reshape(-1)
-    return lane_prefix(LANE_A, seed, block, step, pos), lane_prefix(LANE_B, seed, block, step, pos)
+    """The two lanes' prefixes [K] uint32 of (seed, block, step) at `positions` [K] (= lane_prefix's)."""
+    for name, value in (("seed", seed), ("block", block), ("step", step)):
+        if not 0 <= int(value) <= U32_MAX:
+            raise ValueError(f"noise counter {name} must be in [0, 2**32), got {value}")
+    pos = _u32(np.asarray(positions).reshape(-1), "position")
+    prefixes = []
+    for lane in (LANE_A, LANE_B):
+        h = mix32_scalar(mix32_scalar(mix32_scalar(int(seed) ^ lane) ^ int(block)) ^ int(step))
+        prefixes.append(mix32_into(pos ^ np.uint32(h)))
+    return prefixes[0], prefixes[1]
 
 
-def rows_from_prefixes(prefix_a: np.ndarray, prefix_b: np.ndarray, vocab_size: int, log=libm.log) -> np.ndarray:
+def rows_from_prefixes(prefix_a: np.ndarray, prefix_b: np.ndarray, vocab_size: int) -> np.ndarray:
     """[K, vocab_size] float64: the noise of every token for the rows whose lane prefixes are prefix_a, prefix_b [K]."""
     vocab = np.arange(vocab_size, dtype=np.uint32)[None, :]
-    return gumbel_from_uniform(uniform_from_prefixes(prefix_a[:, None], prefix_b[:, None], vocab), log)
+    return gumbel_from_uniform(uniform_from_prefixes(prefix_a[:, None], prefix_b[:, None], vocab))
 
 
 def gumbel_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -115,39 +131,44 @@ def gumbel_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_s
     return rows_from_prefixes(*row_prefixes(seed, block, step, positions), vocab_size)
 
 
-# |native - exact| Gumbel value bound that sampling's certificate assumes (spot.runtime.step.certified_argmax). A log
-# within 2**-40 relative of the C library's (libm.fast_log checks numpy's) gives at most ~2**-38 here: -log(u) is
-# off by a relative 2**-40, which shifts log(-log(u)) by 2**-40 absolute, plus the outer log's own 37 * 2**-40.
-NATIVE_NOISE_ERROR = 2.0 ** -30
+BIN_BITS = 16      # a uniform's top 16 bits: the top bits of its lane-A word (k = (a >> 5) * 2**26 + (b >> 6))
 
 
-class NoiseRows:
-    """Gumbel rows [K, V] of K positions at one (seed, block, step) for sampling: `native` computed with
-    libm.fast_log (numpy's own log where it is accurate: SIMD on AVX-512 CPUs), within NATIVE_NOISE_ERROR of the
-    definition; exact values on demand from the rows' lane prefixes prefix_a, prefix_b [K] uint32. Sampling needs
-    only the argmax of (scaled logits + noise), which the native rows and the winner's exact value certify
-    (spot.runtime.step.certified_argmax)."""
+class NoiseBins:
+    """The noise of K positions at one (seed, block, step), as sampling reads it (spot.runtime.gumbel_max): bins
+    [K, V] uint16, every token's lane-A word's top BIN_BITS bits (which bound its Gumbel value), and the two lanes'
+    prefixes prefix_a, prefix_b [K] uint32, from which exact values are computed where they are needed."""
 
-    def __init__(self, native: np.ndarray, prefix_a: np.ndarray, prefix_b: np.ndarray):
-        self.native, self.prefix_a, self.prefix_b = native, prefix_a, prefix_b
+    def __init__(self, bins: np.ndarray, prefix_a: np.ndarray, prefix_b: np.ndarray):
+        self.bins, self.prefix_a, self.prefix_b = bins, prefix_a, prefix_b
 
     def exact_at(self, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """[M] float64: the definition's noise of (row, token) pairs."""
-        return gumbel_from_uniform(uniform_from_prefixes(self.prefix_a[rows], self.prefix_b[rows], tokens))
+        """[M] float64: the definition's noise of the (row, token) pairs rows [M], tokens [M]."""
+        if native.sampling is None:
+            return gumbel_from_uniform(uniform_from_prefixes(self.prefix_a[rows], self.prefix_b[rows], tokens))
+        out = np.empty(len(tokens))
+        native.sampling.gumbel_at_into(self.prefix_a[rows], self.prefix_b[rows],
+                                       np.ascontiguousarray(tokens, np.int64), out)
+        return out
 
     def exact_rows(self, rows: np.ndarray) -> np.ndarray:
-        """[M, V] float64: the definition's rows (the rare rows whose argmax the native rows cannot certify)."""
-        return rows_from_prefixes(self.prefix_a[rows], self.prefix_b[rows], self.native.shape[-1])
+        """[M, V] float64: the definition's rows (the rare rows candidate sampling cannot certify)."""
+        return rows_from_prefixes(self.prefix_a[rows], self.prefix_b[rows], self.bins.shape[-1])
 
 
-def native_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int) -> NoiseRows:
-    """NoiseRows of (seed, block, step) at `positions` [K]."""
+def noise_bins(seed: int, block: int, step: int, positions: np.ndarray, vocab_size: int) -> NoiseBins:
+    """NoiseBins of (seed, block, step) at `positions` [K]."""
     prefix_a, prefix_b = row_prefixes(seed, block, step, positions)
-    return NoiseRows(rows_from_prefixes(prefix_a, prefix_b, vocab_size, libm.fast_log), prefix_a, prefix_b)
+    if native.sampling is None:
+        words = mix32_into(prefix_a[:, None] ^ np.arange(vocab_size, dtype=np.uint32)[None, :])
+        return NoiseBins((words >> np.uint32(32 - BIN_BITS)).astype(np.uint16), prefix_a, prefix_b)
+    bins = np.empty((prefix_a.size, vocab_size), np.uint16)
+    native.sampling.bins_into(prefix_a, vocab_size, bins)
+    return NoiseBins(bins, prefix_a, prefix_b)
 
 
 class NoiseCache:
-    """Native Gumbel rows (NoiseRows) of the current block, computed once per (step, position) and reused.
+    """The NoiseBins of the current block, computed once per (step, position) and reused.
 
     A SPOT round samples the stale logits at steps m+1..m+D and the walk samples each accepted node at its own
     step; consecutive rounds overlap in those steps, and gumbel(seed, block, step, position, .) never changes.
@@ -159,21 +180,22 @@ class NoiseCache:
         self.block = -1
         self.steps: dict[int, dict[int, np.ndarray]] = {}
 
-    def rows(self, block: int, step: int, positions: np.ndarray) -> NoiseRows:
-        """native_rows(seed, block, step, positions, V), from the cache where possible."""
+    def rows(self, block: int, step: int, positions: np.ndarray) -> NoiseBins:
+        """noise_bins(seed, block, step, positions, V), from the cache where possible."""
         if block != self.block:
             self.block, self.steps = block, {}
-        table = self.steps.setdefault(step, {})     # position -> (native row [V], prefix_a, prefix_b)
+        table = self.steps.setdefault(step, {})     # position -> (bins [V], prefix_a, prefix_b)
         wanted = [int(p) for p in np.asarray(positions).reshape(-1)]
         missing = [p for p in wanted if p not in table]
         if missing:
-            fresh = native_rows(self.seed, block, step, np.array(missing), self.vocab_size)
+            fresh = noise_bins(self.seed, block, step, np.array(missing), self.vocab_size)
             for j, p in enumerate(missing):
-                table[p] = (fresh.native[j], fresh.prefix_a[j], fresh.prefix_b[j])
+                table[p] = (fresh.bins[j], fresh.prefix_a[j], fresh.prefix_b[j])
         if not wanted:
-            return NoiseRows(np.empty((0, self.vocab_size)), np.empty(0, np.uint32), np.empty(0, np.uint32))
+            return NoiseBins(np.empty((0, self.vocab_size), np.uint16), np.empty(0, np.uint32),
+                             np.empty(0, np.uint32))
         rows = [table[p] for p in wanted]
-        return NoiseRows(np.stack([r[0] for r in rows]), np.array([r[1] for r in rows], dtype=np.uint32),
+        return NoiseBins(np.stack([r[0] for r in rows]), np.array([r[1] for r in rows], dtype=np.uint32),
                          np.array([r[2] for r in rows], dtype=np.uint32))
 
     def forget_before(self, step: int) -> None:

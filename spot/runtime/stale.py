@@ -65,7 +65,7 @@ class StaleView:
                 self._rows = scale_rows(self.logits, self.positions, self.sampling)
             g = step_gumbel(self.sampling, self.block, step, self.positions, self.logits.shape[-1], self.noise)
             if with_runner_up:      # both ranks in one pass over the rows (the same winners as sample_scaled)
-                won, second[self.positions], gap[self.positions] = top2_scaled(self._rows.base, g)
+                won, second[self.positions], gap[self.positions] = top2_scaled(self._rows, g)
                 tokens[self.positions], conf[self.positions] = won, confidence(self._rows, won)
             else:
                 tokens[self.positions], conf[self.positions] = sample_scaled(self._rows, g)

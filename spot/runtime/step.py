@@ -11,7 +11,8 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.runtime import libm
-from spot.runtime.noise import NATIVE_NOISE_ERROR, NoiseCache, NoiseRows, native_rows
+from spot.runtime.gumbel_max import SamplingLevel, dense_top, gumbel_top, sampling_level
+from spot.runtime.noise import NoiseBins, NoiseCache, noise_bins
 
 STATIC = "static"
 THRESHOLD = "threshold"
@@ -83,13 +84,15 @@ class ScaledRows:
     """The step-independent half of sampling K positions of one state's logits, computed once per state.
 
     base [K, V] float64: what the noise is added to (L/T filtered, at T = 0 L itself), the excluded token at -inf;
-    exp_shifted [K, V] float64 = exp(L/T - max) unfiltered, exp_sum [K] its row sums (the confidence's softmax).
-    A SPOT round samples the same stale logits at up to D future steps: each step then costs one noise addition
-    and one argmax, and at T = 0 nothing (the sample does not depend on the step)."""
+    exp_shifted [K, V] float64 = exp(L/T - max) unfiltered, exp_sum [K] its row sums (the confidence's softmax);
+    level: which tokens can win at any step (spot.runtime.gumbel_max; None at T = 0).
+    A SPOT round samples the same stale logits at up to D future steps: each step then costs one hash per token
+    and the exact noise of ~20 candidates per row, and at T = 0 nothing (the sample does not depend on the step)."""
 
     base: np.ndarray
     exp_shifted: np.ndarray
     exp_sum: np.ndarray
+    level: SamplingLevel | None = None
 
 
 def scale_rows(logits: np.ndarray, positions: np.ndarray, sampling: Sampling) -> ScaledRows:
@@ -97,22 +100,28 @@ def scale_rows(logits: np.ndarray, positions: np.ndarray, sampling: Sampling) ->
     rows = logits[positions].astype(np.float64)
     t = sampling.temperature
     z = rows / t if t > 0 else rows
-    e = z - z.max(axis=-1, keepdims=True)
+    z_max = z.max(axis=-1, keepdims=True)
+    e = z - z_max
     libm.exp(e, out=e)      # the C library's exp, as every backend computes it (spot.runtime.libm)
     base = filter_scaled_logits(z, sampling.top_k, sampling.top_p) if t > 0 else z
     if sampling.exclude_token >= 0:
         base = base.copy()          # filtering may return z itself, and the confidence's softmax keeps the token
         base[:, sampling.exclude_token] = -np.inf
-    return ScaledRows(base, e, e.sum(axis=-1))
+    exp_sum = e.sum(axis=-1)
+    level = None
+    if t > 0 and base.shape[0]:
+        level = sampling_level(base, e, exp_sum, z_max[:, 0], sampling.exclude_token,
+                               sampling.top_k > 0 or sampling.top_p < 1.0)
+    return ScaledRows(base, e, exp_sum, level)
 
 
-def sample_scaled(rows: ScaledRows, gumbel: NoiseRows | None) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens [K] int64 and confidences [K] float64 of one step: argmax(base + gumbel) with the step's Gumbel rows
-    (None at T = 0: argmax(base)); confidence = softmax(L/T)[token], unfiltered."""
-    if gumbel is None:
-        tokens = np.argmax(rows.base, axis=-1)       # ties -> smallest id (first occurrence)
+def sample_scaled(rows: ScaledRows, gumbel: NoiseBins | None) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens [K] int64 and confidences [K] float64 of one step: argmax(base + gumbel) with the step's noise (None
+    at T = 0: argmax(base)); ties -> smallest id; confidence = softmax(L/T)[token], unfiltered."""
+    if gumbel is None or rows.base.shape[0] == 0:
+        tokens = np.argmax(rows.base, axis=-1)
     else:
-        tokens = certified_argmax(rows.base, gumbel)
+        tokens = gumbel_top(rows.base, rows.level, gumbel, runner_up=False).tokens
     return tokens.astype(np.int64), confidence(rows, tokens)
 
 
@@ -121,75 +130,28 @@ def confidence(rows: ScaledRows, tokens: np.ndarray) -> np.ndarray:
     return np.take_along_axis(rows.exp_shifted, tokens[:, None], axis=-1)[:, 0] / rows.exp_sum
 
 
-def _certified_best(base: np.ndarray, gumbel: NoiseRows, perturbed: np.ndarray):
-    """The native argmax of perturbed [K, V] (= base + native noise, already -inf where excluded), its exact score,
-    whether that is certified the exact argmax — its exact score beats every other native score by more than the
-    native rows' error and the two sums' rounding (exact_v <= native_v + NATIVE_NOISE_ERROR + ulp for every v) —
-    and the best native score left (-inf: no other token). Sets the chosen entries of `perturbed` to -inf, so a
-    second call certifies the runner-up."""
-    k = np.arange(base.shape[0])
-    tokens = np.argmax(perturbed, axis=-1)
-    exact = base[k, tokens] + gumbel.exact_at(k, tokens)
-    perturbed[k, tokens] = -np.inf
-    below = perturbed.max(axis=-1)
-    finite = np.where(np.isfinite(below), np.abs(below), 0.0)      # below is -inf when one token can win
-    certified = exact > below + NATIVE_NOISE_ERROR + finite * 2.0 ** -50
-    return tokens, exact, certified, below
-
-
-def certified_argmax(base: np.ndarray, gumbel: NoiseRows) -> np.ndarray:
-    """argmax_v(base + g) [K] with g the definition's noise (ties: smallest id), from the native rows.
-
-    Certified as in _certified_best; rows that fail (near-ties, ~1e-9 of them) are sampled again with the exact
-    rows."""
-    tokens, _, certified, _ = _certified_best(base, gumbel, base + gumbel.native)
-    doubtful = np.flatnonzero(~certified)
-    if doubtful.size:
-        tokens[doubtful] = np.argmax(base[doubtful] + gumbel.exact_rows(doubtful), axis=-1)
-    return tokens
-
-
-def _dense_top2(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Winner, its score, runner-up and its score per row of scores [K, V] (first maxima on ties; the winners'
-    entries are set to -inf in place)."""
-    k = np.arange(scores.shape[0])
-    tokens = np.argmax(scores, axis=-1)
-    top = scores[k, tokens]
-    scores[k, tokens] = -np.inf
-    second = np.argmax(scores, axis=-1)
-    return tokens, top, second, scores[k, second]
-
-
-def top2_scaled(base: np.ndarray, gumbel: NoiseRows | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def top2_scaled(rows: ScaledRows, gumbel: NoiseBins | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The winner and the runner-up of each row's scores base + g (base alone at T = 0: gumbel None), g the
     definition's noise: tokens [K] int64 (= sample_scaled's), runner-ups [K] int64 (the argmax without the winner;
     ties: smallest id) and gap [K] float64 = score(winner) - score(runner-up) >= 0; runner-up -1 and gap inf where
-    no other token can be sampled (filtered or excluded). base [K, V]: ScaledRows.base. With native noise both ranks
-    are certified (_certified_best); rows where either fails are ranked again with the exact rows."""
-    if gumbel is None:
-        tokens, top, second, below = _dense_top2(base.copy())
+    no other token can be sampled (filtered or excluded)."""
+    if gumbel is None or rows.base.shape[0] == 0:
+        best = dense_top(rows.base.copy(), runner_up=True)
     else:
-        perturbed = base + gumbel.native
-        tokens, top, sure_top, left = _certified_best(base, gumbel, perturbed)
-        second, below, sure_second, _ = _certified_best(base, gumbel, perturbed)
-        none = ~np.isfinite(left)           # no runner-up: -inf in base, so in native and exact scores alike
-        below[none] = -np.inf
-        sure_second |= none
-        redo = np.flatnonzero(~(sure_top & sure_second))
-        if redo.size:
-            tokens[redo], top[redo], second[redo], below[redo] = _dense_top2(base[redo] + gumbel.exact_rows(redo))
-    some = np.isfinite(below)
-    return tokens.astype(np.int64), np.where(some, second, -1).astype(np.int64), np.where(some, top - below, np.inf)
+        best = gumbel_top(rows.base, rows.level, gumbel, runner_up=True)
+    some = np.isfinite(best.below)
+    return (best.tokens.astype(np.int64), np.where(some, best.second, -1).astype(np.int64),
+            np.where(some, best.top - best.below, np.inf))
 
 
 def step_gumbel(sampling: Sampling, block: int, step: int, positions: np.ndarray, vocab_size: int,
-                noise: NoiseCache | None = None) -> NoiseRows | None:
-    """Gumbel rows of (seed, block, step, positions) [K, V], None at T = 0 (greedy uses no noise)."""
+                noise: NoiseCache | None = None) -> NoiseBins | None:
+    """The noise of (seed, block, step) at positions [K], None at T = 0 (greedy uses no noise)."""
     if sampling.temperature <= 0:
         return None
     if noise is not None:
         return noise.rows(block, step, positions)
-    return native_rows(sampling.seed, block, step, positions, vocab_size)
+    return noise_bins(sampling.seed, block, step, positions, vocab_size)
 
 
 def sample_positions(logits: np.ndarray, positions: np.ndarray, sampling: Sampling, block: int,
