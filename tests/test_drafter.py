@@ -708,8 +708,8 @@ def test_set_candidates_merge_flips_and_runner_up_swaps():
     state = np.array([MASK, 7, MASK, MASK, MASK])
     member = np.array([0.9, 0.5, 0.8, 0.55, 0.2])            # predicted set {0, 2, 3}; position 1 is not masked
     tokens = np.array([10, -1, 20, 30, 40])
-    # runner-ups: position 2 likely (weight 0.6), 0 unlikely, 3 the mask id (skipped), 4 not in the set (no swap)
-    alt = (np.array([11, -1, 21, MASK, 41]), np.log(np.array([0.01, 1.0, 0.6, 0.9, 0.9])))
+    # runner-ups: position 2 likely (weight 0.6), 0 unlikely, 3 none (weight -inf), 4 not in the set (no swap)
+    alt = (np.array([11, -1, 21, 31, 41]), np.array([np.log(0.01), 0.0, np.log(0.6), -np.inf, np.log(0.9)]))
     node = Node(state, -1, 0, 1)
     p = member[[0, 2, 3, 4]]
 
@@ -736,9 +736,23 @@ def test_set_candidates_merge_flips_and_runner_up_swaps():
     for (_, c), (_, w) in zip(got, want):
         np.testing.assert_array_equal(c, w)
     no_flips = set_candidates(node, member, 0, tokens, MASK, 4, alt, flip_weight=0.0)
-    assert len(no_flips) == 3                                  # the set and its two swaps (position 3's is the mask)
+    assert len(no_flips) == 3                                  # the set and its two swaps (position 3 has none)
     np.testing.assert_array_equal(no_flips[2][1], child({**commit, 0: 11}))
     assert no_flips[2][0] == pytest.approx(logp(base) + np.log(0.01), abs=1e-12)
+
+
+def test_runner_up_alternatives_weigh_the_gap_and_drop_the_mask_id():
+    """log weight = log(weight) - gap; -inf where no runner-up exists and where it is the mask id (that child would
+    equal its parent); None when the weight is 0."""
+    from spot.runtime.proposers import runner_up_alternatives
+
+    class Stale:
+        def runner_up(self, step):
+            return np.array([11, -1, MASK, 41]), np.array([0.5, np.inf, 0.1, 2.0])
+    tokens, logw = runner_up_alternatives(Stale(), 3, 0.25, MASK)
+    np.testing.assert_array_equal(tokens, [11, -1, MASK, 41])
+    np.testing.assert_allclose(logw, [np.log(0.25) - 0.5, -np.inf, -np.inf, np.log(0.25) - 2.0])
+    assert runner_up_alternatives(Stale(), 3, 0.0, MASK) is None
 
 
 def test_drafter_runner_up_children_weigh_the_score_gap(drafter_dir):

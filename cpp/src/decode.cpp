@@ -53,17 +53,18 @@ std::vector<int64_t> child_with(const std::vector<int64_t>& state, const std::ve
   return child;
 }
 
-// proposers.runner_up_alternatives: log weights log(weight) - gap [B] of the runner-up tokens (-inf: none there)
-std::vector<double> runner_up_log_weights(const StaleView::RunnerUp& r, double weight) {
+// proposers.runner_up_alternatives: log weights log(weight) - gap [B] of the runner-up tokens (-inf: none there, or
+// the mask id: that child would equal its parent)
+std::vector<double> runner_up_log_weights(const StaleView::RunnerUp& r, double weight, int64_t mask_id) {
   std::vector<double> out(r.gap.size());
   const double log_weight = std::log(weight);
-  for (size_t p = 0; p < r.gap.size(); ++p) out[p] = log_weight - r.gap[p];
+  for (size_t p = 0; p < r.gap.size(); ++p) out[p] = r.tokens[p] == mask_id ? kNegInf : log_weight - r.gap[p];
   return out;
 }
 
 // proposers.position_candidates: one child per top-`branch` masked position of logq [B], each followed by the child
-// committing its runner-up token when runner_up_tokens is given (weight logq + log weight, skipped at -inf or when
-// the token is the mask id); best first, stable
+// committing its runner-up token when runner_up_tokens is given (weight logq + log weight, skipped at -inf); best
+// first, stable
 std::vector<Candidate> position_candidates(const Node& node, const std::vector<double>& logq,
                                            const std::vector<int64_t>& tokens, int64_t mask_id, int branch,
                                            const std::vector<int64_t>* runner_up_tokens = nullptr,
@@ -74,7 +75,7 @@ std::vector<Candidate> position_candidates(const Node& node, const std::vector<d
   for (size_t i = 0; i < masked.size() && i < static_cast<size_t>(branch); ++i) {
     int64_t p = masked[i];
     out.push_back({std::max(logq[p], kLogFloor), child_with(node.state, {p}, tokens)});
-    if (runner_up_tokens != nullptr && (*runner_up_log_weight)[p] > kNegInf && (*runner_up_tokens)[p] != mask_id)
+    if (runner_up_tokens != nullptr && (*runner_up_log_weight)[p] > kNegInf)
       out.push_back({std::max(logq[p] + (*runner_up_log_weight)[p], kLogFloor),
                      child_with(node.state, {p}, *runner_up_tokens)});
   }
@@ -150,7 +151,7 @@ std::vector<Candidate> set_candidates(const Node& node, const std::vector<double
   if (runner_up_tokens != nullptr) {
     for (size_t i = 0; i < n; ++i) {
       const int64_t pos = masked[i];
-      if (!base[i] || !((*runner_up_log_weight)[pos] > kNegInf) || (*runner_up_tokens)[pos] == mask_id) continue;
+      if (!base[i] || !((*runner_up_log_weight)[pos] > kNegInf)) continue;
       std::vector<int64_t> child = predicted.state;
       child[pos] = (*runner_up_tokens)[pos];
       swaps.push_back({predicted.logp + (*runner_up_log_weight)[pos], std::move(child)});
@@ -753,7 +754,7 @@ std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<N
     for (int64_t p = 0; p < b; ++p) mrow[p] = masked[j * b + p] > 0;
     std::vector<double> logq = masked_log_softmax(order.data() + j * b, mrow, drafter_.order_temperature);
     const StaleView::RunnerUp* up = drafter_.runner_up_weight > 0 ? &r.stale->runner_up(node.step) : nullptr;
-    const std::vector<double> log_weight = up ? runner_up_log_weights(*up, drafter_.runner_up_weight)
+    const std::vector<double> log_weight = up ? runner_up_log_weights(*up, drafter_.runner_up_weight, r.mask_id)
                                               : std::vector<double>();
     const std::vector<int64_t>* up_tokens = up ? &up->tokens : nullptr;
     const std::vector<double>* up_weight = up ? &log_weight : nullptr;

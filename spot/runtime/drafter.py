@@ -305,7 +305,7 @@ class DrafterProposer:
         for j, node in enumerate(chosen):
             tokens = r.stale.coupled(node.step)[0]
             logq = logq_all[j]
-            runner_up = runner_up_alternatives(r.stale, node.step, self.drafter.runner_up_weight)
+            runner_up = runner_up_alternatives(r.stale, node.step, self.drafter.runner_up_weight, r.mask_id)
             if r.rule.kind == STATIC:
                 out.append(position_candidates(node, logq, tokens, r.mask_id, self.branch, runner_up))
             else:

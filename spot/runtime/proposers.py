@@ -45,33 +45,33 @@ def position_candidates(node: Node, logq: np.ndarray, tokens: np.ndarray, mask_i
     """Static rule: one child per top-`branch` masked position. logq [B] log P(next commit = i), tokens [B].
 
     runner_up: (tokens [B], log weights [B]) from runner_up_alternatives, or None: each of those positions also gets
-    the child committing its runner-up token, weighted logq + log weight (skipped where the weight is -inf or the
-    token is the mask id: that child would equal its parent; decoders exclude the mask id from sampling anyway).
+    the child committing its runner-up token, weighted logq + log weight (skipped where the weight is -inf).
     Children are returned best first (stable: a position's main child before its runner-up)."""
     masked = np.flatnonzero(node.state == mask_id)
     order = masked[np.argsort(-logq[masked], kind="stable")][:branch]
     out = []
     for p in order:
         out.append((float(max(logq[p], LOG_FLOOR)), child_with(node.state, np.array([p]), tokens)))
-        if runner_up is not None and runner_up[1][p] > -np.inf and runner_up[0][p] != mask_id:
+        if runner_up is not None and runner_up[1][p] > -np.inf:
             out.append((float(max(logq[p] + runner_up[1][p], LOG_FLOOR)),
                         child_with(node.state, np.array([p]), runner_up[0])))
     out.sort(key=lambda c: -c[0])           # stable
     return out
 
 
-def runner_up_alternatives(stale, step: int, weight: float) -> tuple[np.ndarray, np.ndarray] | None:
-    """The runner-up coupled tokens [B] of `step` and their log weights [B] = log(weight) - gap, or None (weight 0,
-    or a stale view without runner-ups). The target's fresh sample is the stale runner-up mostly where the stale
-    winner won by little: exp(-gap) is the stale probability ratio runner-up / winner at T = 0, and the
-    perturbed-score ratio at T > 0; `weight` (drafter.json `runner_up_weight`) scales it."""
+def runner_up_alternatives(stale, step: int, weight: float, mask_id: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The runner-up coupled tokens [B] of `step` and their log weights [B] = log(weight) - gap, -inf where there is
+    none or it is the mask id (that child would equal its parent; decoders exclude the mask id from sampling
+    anyway); or None (weight 0, or a stale view without runner-ups). The target's fresh sample is the stale
+    runner-up mostly where the stale winner won by little: exp(-gap) is the stale probability ratio runner-up /
+    winner at T = 0, and the perturbed-score ratio at T > 0; `weight` (drafter.json `runner_up_weight`) scales it."""
     if weight <= 0:
         return None
     found = stale.runner_up(step)
     if found is None:
         return None
     tokens, gap = found
-    return tokens, math.log(weight) - gap
+    return tokens, np.where(tokens == mask_id, -np.inf, math.log(weight) - gap)
 
 
 def set_candidates(node: Node, member_p: np.ndarray, best: int, tokens: np.ndarray, mask_id: int, branch: int,
@@ -82,8 +82,7 @@ def set_candidates(node: Node, member_p: np.ndarray, best: int, tokens: np.ndarr
     - flips: the set with its least certain position flipped; log-probability under independence + log flip_weight
       (none at 0);
     - swaps, with runner_up (tokens [B], log weights [B] from runner_up_alternatives): the same set with one member
-      committing its runner-up token; log-probability of the set + that log weight (skipped as in
-      position_candidates). A whole-set proposal fails on any stale token the fresh sample changed.
+      committing its runner-up token; log-probability of the set + that log weight (skipped at -inf). A whole-set proposal fails on any stale token the fresh sample changed.
     member_p [B] in (0, 1)."""
     masked = np.flatnonzero(node.state == mask_id)
     p = np.clip(member_p[masked], 1e-6, 1 - 1e-6)
@@ -109,7 +108,7 @@ def set_candidates(node: Node, member_p: np.ndarray, best: int, tokens: np.ndarr
     swaps = []
     if runner_up is not None:
         for i in masked[base]:
-            if runner_up[1][i] > -np.inf and runner_up[0][i] != mask_id:
+            if runner_up[1][i] > -np.inf:
                 child = base_child.copy()
                 child[i] = runner_up[0][i]
                 swaps.append((base_logp + float(runner_up[1][i]), child))
