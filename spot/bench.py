@@ -209,9 +209,10 @@ def host_facts() -> dict:
 
     import onnxruntime
 
-    from spot.runtime import libm
+    from spot.runtime import libm, native
     return {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "numpy": np.__version__, "onnxruntime": onnxruntime.__version__, "libm": libm.backend()}
+            "numpy": np.__version__, "onnxruntime": onnxruntime.__version__, "libm": libm.backend(),
+            "sampling": "numpy" if native.sampling is None else "c"}     # the per-step loops (spot.runtime.native)
 
 
 TUNE_NEW_TOKENS = 48       # tokens decoded per prompt while the tuner measures acceptance
