@@ -665,16 +665,15 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
   d->session_ = std::make_unique<OrtSessionHandle>(onnx_path, sc);
   // a graph reads some of the four inputs (a drafter exported as its baseline skips reads masked and stale_conf)
   const std::vector<std::string>& names = d->session_->input_names();
-  std::set<std::string> seen;
-  for (const std::string& n : names)
-    if (std::find(kDrafterInputs.begin(), kDrafterInputs.end(), n) == kDrafterInputs.end() || !seen.insert(n).second)
+  for (const std::string& n : names)    // (ONNX input names are unique)
+    if (std::find(kDrafterInputs.begin(), kDrafterInputs.end(), n) == kDrafterInputs.end())
       fail(SPOT_ERR_INCOMPATIBLE, "drafter " + onnx_path + " has an input '" + n + "', expected some of topk, "
                                                            "masked, stale_conf, staleness: re-export it with "
                                                            "`spot train-drafter`");
   if (names.empty())
     fail(SPOT_ERR_INCOMPATIBLE, "drafter " + onnx_path + " has no inputs, expected some of topk, masked, "
                                                          "stale_conf, staleness: re-export it with `spot train-drafter`");
-  d->reads_topk = seen.count("topk") > 0;
+  d->reads_topk = std::find(names.begin(), names.end(), "topk") != names.end();
   return d;
 }
 
