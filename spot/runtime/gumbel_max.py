@@ -104,9 +104,10 @@ def candidate_indices(bins: np.ndarray, base: np.ndarray, level: SamplingLevel) 
     args = (np.ascontiguousarray(bins, np.uint16), np.ascontiguousarray(base, np.float64),
             np.ascontiguousarray(level.threshold, np.float64), np.ascontiguousarray(level.top, np.int64),
             gumbel_bounds(), base.shape[-1])
-    out = np.empty(64 * base.shape[0], np.int64)
+    # ~20 per row, plus the tokens in each row's topmost bin (V / 2**BIN_BITS on average)
+    out = np.empty(base.shape[0] * (64 + 2 * (base.shape[-1] >> BIN_BITS)), np.int64)
     n = native.sampling.candidates_into(*args, out)
-    if n > out.size:                                  # more than 64 per row: rare, from a loose level
+    if n > out.size:                                  # rare: a loose level
         out = np.empty(n, np.int64)
         n = native.sampling.candidates_into(*args, out)
     return out[:n]

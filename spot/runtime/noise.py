@@ -131,7 +131,9 @@ def gumbel_rows(seed: int, block: int, step: int, positions: np.ndarray, vocab_s
     return rows_from_prefixes(*row_prefixes(seed, block, step, positions), vocab_size)
 
 
-BIN_BITS = 16      # a uniform's top 16 bits: the top bits of its lane-A word (k = (a >> 5) * 2**26 + (b >> 6))
+BIN_BITS = 10      # a uniform's top 10 bits = its lane-A word's (k = (a >> 5) * 2**26 + (b >> 6)); 10: the bound
+                   # table (8 kB) stays in cache between target passes, where a 16-bit one (512 kB) cost 4x the
+                   # candidate pass (measured in standard decoding: 33-41 vs 116-130 us) for 18.3 vs 19.5 candidates
 
 
 class NoiseBins:
@@ -163,7 +165,7 @@ def noise_bins(seed: int, block: int, step: int, positions: np.ndarray, vocab_si
         words = mix32_into(prefix_a[:, None] ^ np.arange(vocab_size, dtype=np.uint32)[None, :])
         return NoiseBins((words >> np.uint32(32 - BIN_BITS)).astype(np.uint16), prefix_a, prefix_b)
     bins = np.empty((prefix_a.size, vocab_size), np.uint16)
-    native.sampling.bins_into(prefix_a, vocab_size, bins)
+    native.sampling.bins_into(prefix_a, vocab_size, BIN_BITS, bins)
     return NoiseBins(bins, prefix_a, prefix_b)
 
 
