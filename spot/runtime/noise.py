@@ -174,31 +174,38 @@ class NoiseCache:
 
     A SPOT round samples the stale logits at steps m+1..m+D and the walk samples each accepted node at its own
     step; consecutive rounds overlap in those steps, and gumbel(seed, block, step, position, .) never changes.
-    Rows are kept per position (masks only shrink within a block), so memory is what was asked for; callers drop
-    steps they have passed with forget_before."""
+    Per step, one array row per position up to the largest asked for (np.empty: pages of rows never computed are
+    never touched, so memory is what was asked for); callers drop steps they have passed with forget_before."""
 
     def __init__(self, seed: int, vocab_size: int):
         self.seed, self.vocab_size = seed, vocab_size
         self.block = -1
-        self.steps: dict[int, dict[int, np.ndarray]] = {}
+        self.steps: dict[int, tuple[np.ndarray, ...]] = {}   # step -> (have [P] bool, bins [P, V], prefix_a, prefix_b)
 
     def rows(self, block: int, step: int, positions: np.ndarray) -> NoiseBins:
         """noise_bins(seed, block, step, positions, V), from the cache where possible."""
         if block != self.block:
             self.block, self.steps = block, {}
-        table = self.steps.setdefault(step, {})     # position -> (bins [V], prefix_a, prefix_b)
-        wanted = [int(p) for p in np.asarray(positions).reshape(-1)]
-        missing = [p for p in wanted if p not in table]
-        if missing:
-            fresh = noise_bins(self.seed, block, step, np.array(missing), self.vocab_size)
-            for j, p in enumerate(missing):
-                table[p] = (fresh.bins[j], fresh.prefix_a[j], fresh.prefix_b[j])
-        if not wanted:
-            return NoiseBins(np.empty((0, self.vocab_size), np.uint16), np.empty(0, np.uint32),
-                             np.empty(0, np.uint32))
-        rows = [table[p] for p in wanted]
-        return NoiseBins(np.stack([r[0] for r in rows]), np.array([r[1] for r in rows], dtype=np.uint32),
-                         np.array([r[2] for r in rows], dtype=np.uint32))
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        entry = self.steps.get(step)
+        if entry is None or (pos.size and entry[0].size <= pos.max()):
+            entry = self.steps[step] = self._grown(entry, int(pos.max()) + 1 if pos.size else 0)
+        have, bins, prefix_a, prefix_b = entry
+        missing = np.unique(pos[~have[pos]])
+        if missing.size:
+            fresh = noise_bins(self.seed, block, step, missing, self.vocab_size)
+            bins[missing], prefix_a[missing], prefix_b[missing] = fresh.bins, fresh.prefix_a, fresh.prefix_b
+            have[missing] = True
+        return NoiseBins(bins[pos], prefix_a[pos], prefix_b[pos])
+
+    def _grown(self, entry: tuple[np.ndarray, ...] | None, size: int) -> tuple[np.ndarray, ...]:
+        """A step's arrays with room for positions < size, keeping what entry held."""
+        grown = (np.zeros(size, bool), np.empty((size, self.vocab_size), np.uint16), np.empty(size, np.uint32),
+                 np.empty(size, np.uint32))
+        if entry is not None:
+            for new, old in zip(grown, entry):
+                new[:old.shape[0]] = old
+        return grown
 
     def forget_before(self, step: int) -> None:
         for s in [s for s in self.steps if s < step]:
