@@ -195,3 +195,31 @@ def test_the_level_from_the_softmax_sum_equals_the_masked_sum():
     others[np.arange(30), np.argmax(others, axis=-1)] = -np.inf
     want = others.max(axis=-1) + np.log(np.exp(others - others.max(axis=-1, keepdims=True)).sum(axis=-1))
     np.testing.assert_allclose(shortcut.level, want - gumbel_max.LEVEL_DROP, rtol=1e-9, atol=1e-9)
+
+
+def test_decoding_samples_are_the_same_without_the_c_loops(monkeypatch):
+    """What the decoders read — F's samples (sample_positions, through a NoiseCache) and a stale view's coupled
+    samples and runner-ups — is the same with the C loops and with the numpy twins alone."""
+    if native.sampling is None:
+        pytest.skip("the spot.runtime._sampling extension is not built")
+    from spot.runtime.noise import NoiseCache
+    from spot.runtime.stale import StaleView
+    from spot.runtime.step import sample_positions
+    logits = (np.random.default_rng(9).normal(size=(16, 900)) * 3).astype(np.float32)
+    masked = np.zeros(16, bool)
+    masked[[0, 3, 4, 8, 9, 15]] = True
+    positions = np.flatnonzero(masked)
+
+    def samples():
+        out = []
+        for sampling in (Sampling(1.0, seed=4, exclude_token=899), Sampling(0.5, seed=5, top_k=9)):
+            cache = NoiseCache(sampling.seed, 900)
+            stale = StaleView(logits, masked, sampling, block=2, noise=cache)
+            for step in (1, 2, 5):
+                out += [*sample_positions(logits, positions, sampling, 2, step, cache), *stale.coupled(step),
+                        *stale.runner_up(step)]
+        return out
+    with_c = samples()
+    monkeypatch.setattr(native, "sampling", None)
+    for a, b in zip(with_c, samples(), strict=True):
+        np.testing.assert_array_equal(a, b)
