@@ -172,8 +172,8 @@ def test_c_candidates_equal_the_numpy_twin(monkeypatch):
             m.setattr(native, "sampling", None)
             np.testing.assert_array_equal(c, candidate_indices(noise.bins, base, lv))
     with pytest.raises(ValueError, match="expected"):
-        native.sampling.candidates_into(noise.bins, base[:, :-1].copy(), level.threshold, level.top, gumbel_bounds(), 700,
-                                        np.empty(10, np.int64))
+        native.sampling.candidates_into(noise.bins, base[:, :-1].copy(), level.threshold, level.top,
+                                        gumbel_bounds(), 700, np.empty(10, np.int64))
 
 
 def test_the_level_from_the_softmax_sum_equals_the_masked_sum():

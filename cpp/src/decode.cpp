@@ -100,7 +100,7 @@ std::vector<Candidate> merged_best_first(const std::vector<Candidate>& a, const 
 // proposers.set_candidates: the predicted set {P(i in S) > 0.5} (else the best position), then up to branch - 1
 // alternatives best first: flips of the least certain positions (log-probability under independence + log
 // flip_weight; none at 0) and, given runner-ups, swaps of one member's token for its runner-up (the set's
-// log-probability + the runner-up's log weight; skipped at -inf or when the token is the mask id)
+// log-probability + the runner-up's log weight; skipped at -inf, which runner_up_log_weights gives the mask id)
 std::vector<Candidate> set_candidates(const Node& node, const std::vector<double>& member_p, int64_t best,
                                       const std::vector<int64_t>& tokens, int64_t mask_id, int branch,
                                       const std::vector<int64_t>* runner_up_tokens = nullptr,
@@ -672,7 +672,8 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
                                                            "`spot train-drafter`");
   if (names.empty())
     fail(SPOT_ERR_INCOMPATIBLE, "drafter " + onnx_path + " has no inputs, expected some of topk, masked, "
-                                                         "stale_conf, staleness: re-export it with `spot train-drafter`");
+                                                         "stale_conf, staleness: re-export it with "
+                                                         "`spot train-drafter`");
   d->reads_topk = std::find(names.begin(), names.end(), "topk") != names.end();
   return d;
 }

@@ -622,7 +622,7 @@ class EpilogueResult:
     top_logprobs: np.ndarray     # [N,B,32] float32
     top_ids: np.ndarray          # [N,B,32] int64 (-1 in the padding of vocabularies under 32)
     # the runner-up coupled samples of steps t_n+1 .. t_n+D (spot.runtime.step.top2_scaled): [N,D,B] int64 (-1 where
-    # none) and the score gaps to the winners [N,D,B] float64 (inf there); None from an epilogue exported without
+    # none) and the score gaps to the winners [N,D,B] float64 (inf there); None from an epilogue exported without them
     future_runner_up: np.ndarray | None = None
     future_gap: np.ndarray | None = None
 

@@ -82,7 +82,8 @@ def set_candidates(node: Node, member_p: np.ndarray, best: int, tokens: np.ndarr
     - flips: the set with its least certain position flipped; log-probability under independence + log flip_weight
       (none at 0);
     - swaps, with runner_up (tokens [B], log weights [B] from runner_up_alternatives): the same set with one member
-      committing its runner-up token; log-probability of the set + that log weight (skipped at -inf). A whole-set proposal fails on any stale token the fresh sample changed.
+      committing its runner-up token; log-probability of the set + that log weight (skipped at -inf). A
+      whole-set proposal fails on any stale token the fresh sample changed.
     member_p [B] in (0, 1)."""
     masked = np.flatnonzero(node.state == mask_id)
     p = np.clip(member_p[masked], 1e-6, 1 - 1e-6)

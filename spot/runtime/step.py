@@ -104,14 +104,14 @@ def scale_rows(logits: np.ndarray, positions: np.ndarray, sampling: Sampling) ->
     e = z - z_max
     libm.exp(e, out=e)      # the C library's exp, as every backend computes it (spot.runtime.libm)
     base = filter_scaled_logits(z, sampling.top_k, sampling.top_p) if t > 0 else z
+    filtered = base is not z                # filter_scaled_logits returns z itself when it filters nothing
     if sampling.exclude_token >= 0:
         base = base.copy()          # filtering may return z itself, and the confidence's softmax keeps the token
         base[:, sampling.exclude_token] = -np.inf
     exp_sum = e.sum(axis=-1)
     level = None
     if t > 0 and base.shape[0]:
-        level = sampling_level(base, e, exp_sum, z_max[:, 0], sampling.exclude_token,
-                               sampling.top_k > 0 or sampling.top_p < 1.0)
+        level = sampling_level(base, e, exp_sum, z_max[:, 0], sampling.exclude_token, filtered)
     return ScaledRows(base, e, exp_sum, level)
 
 
