@@ -275,6 +275,66 @@ def test_threshold_is_strict_and_falls_back_to_the_single_best():
     assert select_commits(np.array([0.5, 0.5, 0.25]), CommitRule(THRESHOLD, 0.5)).tolist() == [0]
 
 
+def test_certified_commits_equal_select_commits_of_the_exact_confidences():
+    """Approximations anywhere within the margin (relative; absolute below the floor) give select_commits' answer on
+    the exact values: exact ties (smallest position), confidences equal to tau (not committed), tau 0, subnormal
+    and zero confidences; exact values are asked for only where the approximations cannot decide."""
+    from spot.runtime.step import FAST_CONFIDENCE_FLOOR, FAST_CONFIDENCE_MARGIN, certified_commits
+    rng = np.random.default_rng(11)
+    asked = Counter()
+    for trial in range(3000):
+        k = int(rng.integers(1, 9))
+        exact = [rng.random(k), rng.random(k) ** 40, np.round(rng.random(k), 1),
+                            np.full(k, 5e-324), np.where(rng.random(k) < 0.5, 0.0, 1e-310)][trial % 5]
+        tau = float(rng.choice([0.0, 0.5, 0.9, exact[int(rng.integers(k))] if trial % 3 else 0.2]))
+        if tau >= 1:
+            tau = 0.5
+        err = rng.uniform(-1, 1, k) * FAST_CONFIDENCE_MARGIN
+        err[rng.random(k) < 0.3] = rng.choice([-1, 1]) * FAST_CONFIDENCE_MARGIN        # at the bound
+        approx = np.where(exact < FAST_CONFIDENCE_FLOOR, exact + rng.uniform(0, 1, k) * FAST_CONFIDENCE_FLOOR,
+                          exact * (1 + err))
+
+        def exact_at(idx):
+            asked[len(idx) < k] += 1
+            return exact[idx]
+        for rule in (CommitRule(STATIC), CommitRule(THRESHOLD, tau)):
+            got = certified_commits(approx, rule, exact_at)
+            assert got.tolist() == select_commits(exact, rule).tolist(), (trial, rule, exact, approx)
+    assert asked[True] > 0          # some decisions needed only part of the exact values
+
+    def never(idx):
+        raise AssertionError("a clear decision asked for exact values")
+    clear = np.array([0.2, 0.95, 0.4, 0.97])
+    assert certified_commits(clear, CommitRule(STATIC), never).tolist() == [3]
+    assert certified_commits(clear, CommitRule(THRESHOLD, 0.9), never).tolist() == [1, 3]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_step_fn_equals_the_definition_with_the_c_library_exp(temperature):
+    """step_fn decides from numpy's exp and certifies: the next state equals commit_samples of sample_positions'
+    exact confidences, on rows with exact confidence ties (duplicated rows), subnormal tails, top-k / top-p
+    filtering and the excluded mask id, under both rules."""
+    from spot.runtime.step import commit_samples
+    rng = np.random.default_rng(int(temperature * 10) + 3)
+    b, v = 12, 300
+    for trial in range(60):
+        logits = (rng.normal(0, 1, (b, v)) * rng.choice([0.3, 3.0, 40.0])).astype(np.float32)
+        logits[rng.integers(b)] = logits[rng.integers(b)]          # duplicated rows: equal confidences
+        logits[rng.integers(b), rng.integers(v)] += 900.0           # a row whose other exponentials are 0
+        state = np.where(rng.random(b) < 0.7, MASK, 5)
+        if not (state == MASK).any():
+            state[0] = MASK
+        sampling = Sampling(temperature, top_k=int(rng.choice([0, 7])), top_p=float(rng.choice([1.0, 0.8])),
+                            seed=trial, exclude_token=MASK)
+        masked = np.flatnonzero(state == MASK)
+        tokens, conf = sample_positions(logits, masked, sampling, block=1, step=trial % 5)
+        for rule in (CommitRule(STATIC), CommitRule(THRESHOLD, 0.3), CommitRule(THRESHOLD, min(float(conf.max()), 0.99)),
+                     CommitRule(THRESHOLD, 0.0)):
+            want = commit_samples(state, masked, tokens, conf, rule)
+            got = step_fn(state, logits, MASK, rule, sampling, 1, trial % 5)
+            np.testing.assert_array_equal(got, want)
+
+
 def test_threshold_ignores_positions_that_are_not_masked():
     logits = logits_rows([0, 0, 9, 0], [0, 0, 0, 9], [9, 0, 0, 0], [0, 9, 0, 0])
     state = np.array([5, MASK, 6, MASK])
