@@ -155,6 +155,20 @@ def test_top2_scaled_is_the_dense_runner_up_with_its_gap(sampling):
     np.testing.assert_array_equal(gap, np.where(has, top - scores.max(axis=-1), np.inf))
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_rows_where_filtering_kept_only_the_excluded_token_sample_like_the_definition():
+    """top-k keeps only the excluded token (the mask id) in some rows: no token can be sampled there; the
+    definition's argmax over all -inf is token 0 with no runner-up, and no NaN is computed on the way."""
+    sampling = Sampling(1.0, top_k=1, seed=4, exclude_token=7)
+    logits = (np.random.default_rng(6).normal(size=(10, 50)) * 2).astype(np.float32)
+    logits[::2, 7] += 100.0                                  # the excluded token is the only one top-k keeps
+    positions = np.arange(10)
+    rows = scale_rows(logits, positions, sampling)
+    won, second, gap = top2_scaled(rows, noise_bins(sampling.seed, 1, 2, positions, 50))
+    assert won[::2].tolist() == [0] * 5 and second[::2].tolist() == [-1] * 5 and np.isinf(gap[::2]).all()
+    np.testing.assert_array_equal(won[1::2], np.argmax(logits[1::2], axis=-1))      # top-1 left, one token each
+
+
 def test_c_candidates_equal_the_numpy_twin(monkeypatch):
     """candidates_into == flatnonzero(bounds[bins] + base >= threshold) plus the tops, including a row with more
     candidates than the first output buffer holds."""

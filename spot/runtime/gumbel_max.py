@@ -64,7 +64,7 @@ def sampling_level(base: np.ndarray, exp_shifted: np.ndarray, exp_sum: np.ndarra
     else:
         count = np.full(kk, v - (excluded >= 0))
         rest = exp_sum - exp_shifted[k, top] - (exp_shifted[:, excluded] if excluded >= 0 else 0.0)
-    single = count == 1
+    single = count <= 1     # 0: filtering kept only the excluded token, which argmax(base) answers too
     # the others' mass is a difference: where it is (nearly) lost to rounding or underflow, sum it directly,
     # relative to the largest other token
     direct = np.flatnonzero((rest <= 2.0 ** -40 * exp_sum) & ~single)

@@ -179,8 +179,9 @@ def top2_scaled(rows: ScaledRows, gumbel: NoiseBins | None) -> tuple[np.ndarray,
     else:
         best = gumbel_top(rows.base, rows.level, gumbel, runner_up=True)
     some = np.isfinite(best.below)
-    return (best.tokens.astype(np.int64), np.where(some, best.second, -1).astype(np.int64),
-            np.where(some, best.top - best.below, np.inf))
+    gap = np.full(some.shape, np.inf)
+    gap[some] = best.top[some] - best.below[some]
+    return best.tokens.astype(np.int64), np.where(some, best.second, -1).astype(np.int64), gap
 
 
 def step_gumbel(sampling: Sampling, block: int, step: int, positions: np.ndarray, vocab_size: int,
