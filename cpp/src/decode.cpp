@@ -374,20 +374,23 @@ StaleView::StaleView(const float* logits, int64_t block_size, int64_t vocab, con
     : logits_(logits), b_(block_size), vocab_(vocab), positions_(masked_positions(state, mask_id)),
       sampling_(sampling), block_(block), noise_(noise) {}
 
-void StaleView::each_row(uint32_t step, const std::function<void(size_t, int64_t, const double*)>& visit) {
+void StaleView::each_row(uint32_t step, const std::function<void(size_t, int64_t, const NoiseBinsRow*)>& visit) {
   if (rows_.empty()) {
     rows_.resize(positions_.size());
     for (size_t k = 0; k < positions_.size(); ++k)
       scale_row(logits_ + positions_[k] * vocab_, vocab_, sampling_, rows_[k]);
   }
   const bool noisy = sampling_.temperature > 0;
-  std::vector<double> scratch;
+  std::vector<uint16_t> scratch;
   for (size_t k = 0; k < positions_.size(); ++k) {
     const int64_t pos = positions_[k];
-    const double* g = noisy ? noise_row(noise_, sampling_.seed, block_, step, static_cast<uint32_t>(pos), vocab_,
-                                        scratch)
-                            : nullptr;
-    visit(k, pos, g);
+    if (noisy) {
+      const NoiseBinsRow g = noise_row(noise_, sampling_.seed, block_, step, static_cast<uint32_t>(pos), vocab_,
+                                       scratch);
+      visit(k, pos, &g);
+    } else {
+      visit(k, pos, nullptr);
+    }
   }
 }
 
@@ -398,7 +401,7 @@ const StaleView::Coupled& StaleView::coupled(uint32_t step) {
   Coupled c;
   c.tokens.assign(static_cast<size_t>(b_), -1);
   c.conf.assign(static_cast<size_t>(b_), kNegInf);
-  each_row(step, [&](size_t k, int64_t pos, const double* g) {
+  each_row(step, [&](size_t k, int64_t pos, const NoiseBinsRow* g) {
     sample_row(rows_[k], g, sampling_.exclude_token, c.tokens[pos], c.conf[pos]);
   });
   return cache_.emplace(key, std::move(c)).first->second;
@@ -412,7 +415,7 @@ const StaleView::RunnerUp& StaleView::runner_up(uint32_t step) {
   RunnerUp r;
   r.tokens.assign(static_cast<size_t>(b_), -1);
   r.gap.assign(static_cast<size_t>(b_), std::numeric_limits<double>::infinity());
-  each_row(step, [&](size_t k, int64_t pos, const double* g) {
+  each_row(step, [&](size_t k, int64_t pos, const NoiseBinsRow* g) {
     runner_up_row(rows_[k], g, sampling_.exclude_token, c.tokens[pos], r.tokens[pos], r.gap[pos]);
   });
   return runner_up_.emplace(key, std::move(r)).first->second;

@@ -44,8 +44,8 @@ class StaleView {
   Sampling sampling_;
   uint32_t block_;
   NoiseRows* noise_;
-  // scales the rows once, then calls visit(row k, position, the step's noise row or nullptr at T = 0) per position
-  void each_row(uint32_t step, const std::function<void(size_t, int64_t, const double*)>& visit);
+  // scales the rows once, then calls visit(row k, position, the step's noise or nullptr at T = 0) per position
+  void each_row(uint32_t step, const std::function<void(size_t, int64_t, const NoiseBinsRow*)>& visit);
   std::map<uint32_t, Coupled> cache_;
   std::map<uint32_t, RunnerUp> runner_up_;
   std::vector<ScaledRow> rows_;         // per masked position of s_m, scaled once per round

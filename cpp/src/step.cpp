@@ -15,6 +15,11 @@ constexpr uint32_t kLaneB = 0x7F4A7C15u;
 constexpr double kTwoPowM53 = 1.0 / 9007199254740992.0;   // 2**-53, exact
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr int kPairwiseBlock = 128;                        // numpy's PW_BLOCKSIZE
+// gumbel_max.py's constants: each bound's margin for the rounding of glibc's two logs, the level's for the rounding
+// of score = z + g, and how far below the other tokens' logsumexp the level lies (~e^3 = 20 candidates per row)
+constexpr double kBoundMargin = 1.0 / 1099511627776.0;     // 2^-40
+constexpr double kSumMargin = 1.0 / 1099511627776.0;       // 2^-40
+constexpr double kLevelDrop = 3.0;
 
 }  // namespace
 
@@ -45,14 +50,40 @@ double gumbel(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, u
   return -std::log(-std::log(uniform_from_words(a, b)));
 }
 
-void gumbel_row(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, int64_t vocab, double* out) {
-  uint32_t pa = lane_prefix(kLaneA, seed, block, step, position);
-  uint32_t pb = lane_prefix(kLaneB, seed, block, step, position);
-  for (int64_t v = 0; v < vocab; ++v) {
-    uint32_t t = static_cast<uint32_t>(v);
-    out[v] = -std::log(-std::log(uniform_from_words(mix32(pa ^ t), mix32(pb ^ t))));
-  }
+const std::vector<double>& gumbel_bounds() {
+  static const std::vector<double> table = [] {
+    std::vector<double> b(size_t(1) << kBinBits);
+    for (size_t j = 0; j < b.size(); ++j) {
+      // the bin's largest uniform ((j + 1) * 2^(53 - kBinBits) - 1) * 2^-53, exact in float64
+      const double u = static_cast<double>(j + 1) / static_cast<double>(size_t(1) << kBinBits) - kTwoPowM53;
+      const double g = -std::log(-std::log(u));
+      b[j] = g + kBoundMargin * (1.0 + std::fabs(g));
+    }
+    return b;
+  }();
+  return table;
 }
+
+double NoiseBinsRow::exact(int64_t token) const {
+  const uint32_t t = static_cast<uint32_t>(token);
+  return -std::log(-std::log(uniform_from_words(mix32(prefix_a ^ t), mix32(prefix_b ^ t))));
+}
+
+namespace {
+
+NoiseBinsRow bins_row(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, int64_t vocab,
+                      std::vector<uint16_t>& out) {
+  NoiseBinsRow r;
+  r.prefix_a = lane_prefix(kLaneA, seed, block, step, position);
+  r.prefix_b = lane_prefix(kLaneB, seed, block, step, position);
+  out.resize(static_cast<size_t>(vocab));
+  for (int64_t v = 0; v < vocab; ++v)
+    out[v] = static_cast<uint16_t>(mix32(r.prefix_a ^ static_cast<uint32_t>(v)) >> (32 - kBinBits));
+  r.bins = out.data();
+  return r;
+}
+
+}  // namespace
 
 // numpy's pairwise_sum (umath loops): < 8 terms in order; <= 128 terms with 8 interleaved partial sums;
 // longer rows split in two halves at a multiple of 8. The reduction adds the result to its identity 0.0.
@@ -83,28 +114,27 @@ void NoiseRows::start_block(uint32_t block) {
   cached_ = 0;
 }
 
-const double* NoiseRows::row(uint32_t step, uint32_t position, std::vector<double>& scratch) {
-  uint64_t key = (uint64_t(step) << 32) | position;
+NoiseBinsRow NoiseRows::row(uint32_t step, uint32_t position, std::vector<uint16_t>& scratch) {
+  const uint64_t key = (uint64_t(step) << 32) | position;
   auto it = rows_.find(key);
-  if (it != rows_.end()) return it->second.data();
-  if (cached_ + vocab_ <= max_doubles_) {
-    std::vector<double>& r = rows_[key];
-    r.resize(static_cast<size_t>(vocab_));
-    gumbel_row(seed_, block_, step, position, vocab_, r.data());
-    cached_ += vocab_;
-    return r.data();
+  if (it != rows_.end()) {
+    NoiseBinsRow r;
+    r.prefix_a = lane_prefix(kLaneA, seed_, block_, step, position);
+    r.prefix_b = lane_prefix(kLaneB, seed_, block_, step, position);
+    r.bins = it->second.data();
+    return r;
   }
-  scratch.resize(static_cast<size_t>(vocab_));
-  gumbel_row(seed_, block_, step, position, vocab_, scratch.data());
-  return scratch.data();
+  if (cached_ + vocab_ <= max_bins_) {
+    cached_ += vocab_;
+    return bins_row(seed_, block_, step, position, vocab_, rows_[key]);
+  }
+  return bins_row(seed_, block_, step, position, vocab_, scratch);
 }
 
-const double* noise_row(NoiseRows* noise, uint32_t seed, uint32_t block, uint32_t step, uint32_t position,
-                        int64_t vocab, std::vector<double>& scratch) {
+NoiseBinsRow noise_row(NoiseRows* noise, uint32_t seed, uint32_t block, uint32_t step, uint32_t position,
+                       int64_t vocab, std::vector<uint16_t>& scratch) {
   if (noise != nullptr) return noise->row(step, position, scratch);
-  scratch.resize(static_cast<size_t>(vocab));
-  gumbel_row(seed, block, step, position, vocab, scratch.data());
-  return scratch.data();
+  return bins_row(seed, block, step, position, vocab, scratch);
 }
 
 void filter_row(const std::vector<double>& z, int64_t top_k, double top_p, std::vector<double>& out) {
@@ -156,41 +186,115 @@ void scale_row(const float* row, int64_t vocab, const Sampling& sampling, Scaled
     filter_row(out.z, sampling.top_k, sampling.top_p, out.z_sample);
   else
     out.z_sample.clear();
+  if (temperature <= 0) return;
+  // the level: any value is exact (a token whose bound stays below it cannot win; a winner below it is ranked
+  // again over every token), so it is summed plainly; it only sets how many tokens are candidates
+  const double* zs = out.z_sample.empty() ? z : out.z_sample.data();
+  const int64_t exclude = sampling.exclude_token;
+  int64_t top = -1, count = 0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (v == exclude || !std::isfinite(zs[v])) continue;
+    ++count;
+    if (top < 0 || zs[v] > zs[top]) top = v;
+  }
+  out.top = top < 0 ? 0 : top;     // nothing samplable: argmax over -inf scores is token 0
+  out.single = count <= 1;
+  double rest = 0.0;               // exp(zs - zmax) of the other samplable tokens (= e where not filtered)
+  for (int64_t v = 0; v < vocab; ++v)
+    if (v != exclude && v != top && std::isfinite(zs[v])) rest += e[v];
+  out.level = rest > 0 ? zmax + std::log(rest) - kLevelDrop : kNegInf;
+  out.threshold = out.level - kSumMargin * (64.0 + std::fabs(out.level));
 }
 
-void sample_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t& token, double& conf) {
+namespace {
+
+struct TopTwo {
+  int64_t token = -1, second = -1;
+  double top = kNegInf, below = kNegInf;
+};
+
+// The best (and second) of zs + exact noise over the tokens whose score bound reaches `threshold`, and the row's
+// top, in ascending id order (ties: smallest id); `exclude` never. threshold -inf: every token.
+void ranked(const double* zs, int64_t vocab, const NoiseBinsRow& g, int64_t exclude, int64_t always,
+            double threshold, TopTwo& out) {
+  const std::vector<double>& bound = gumbel_bounds();
+  out = TopTwo();
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (v == exclude) continue;
+    if (v != always && !(zs[v] + bound[g.bins[v]] >= threshold)) continue;
+    const double score = zs[v] + g.exact(v);
+    if (out.token < 0 || score > out.top) {
+      out.second = out.token;
+      out.below = out.top;
+      out.token = v;
+      out.top = score;
+    } else if (out.second < 0 || score > out.below) {
+      out.second = v;
+      out.below = score;
+    }
+  }
+}
+
+// argmax of zs + g without `exclude` and its runner-up (want_second), exactly: from the candidates where the
+// winner (and the runner-up) reach the row's level, else from every token (probability ~2e-9 per row)
+TopTwo gumbel_top(const ScaledRow& r, const NoiseBinsRow& g, int64_t exclude, bool want_second) {
+  const int64_t vocab = static_cast<int64_t>(r.z.size());
+  const double* zs = r.z_sample.empty() ? r.z.data() : r.z_sample.data();
+  TopTwo t;
+  if (r.single) {             // no other token can be sampled: no noise needed
+    t.token = r.top;
+    t.top = zs[r.top] + g.exact(r.top);
+    return t;
+  }
+  ranked(zs, vocab, g, exclude, r.top, r.threshold, t);
+  const bool sure = t.top >= r.level && (!want_second || t.below >= r.level);
+  if (!sure) ranked(zs, vocab, g, exclude, r.top, kNegInf, t);
+  return t;
+}
+
+}  // namespace
+
+void sample_row(const ScaledRow& r, const NoiseBinsRow* g, int64_t exclude, int64_t& token, double& conf) {
   const int64_t vocab = static_cast<int64_t>(r.z.size());
   const double* z = r.z.data();
-  const double* zs = r.z_sample.empty() ? z : r.z_sample.data();
   int64_t best = -1;
-  double best_val = kNegInf;
-  for (int64_t v = 0; v < vocab; ++v) {
-    double p = g ? zs[v] + g[v] : zs[v];
-    if (v == exclude) p = kNegInf;
-    if (best < 0 || p > best_val) {
-      best = v;
-      best_val = p;
+  if (g != nullptr) {
+    best = gumbel_top(r, *g, exclude, false).token;
+  } else {                    // T = 0: argmax of z without `exclude`
+    double best_val = kNegInf;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double p = v == exclude ? kNegInf : z[v];
+      if (best < 0 || p > best_val) {
+        best = v;
+        best_val = p;
+      }
     }
   }
   token = best;
   conf = std::exp(z[best] - r.zmax) / r.denom;   // the same exp numpy takes of that entry of exp(z - max)
 }
 
-void runner_up_row(const ScaledRow& r, const double* g, int64_t exclude, int64_t winner, int64_t& token,
+void runner_up_row(const ScaledRow& r, const NoiseBinsRow* g, int64_t exclude, int64_t winner, int64_t& token,
                    double& gap) {
-  const int64_t vocab = static_cast<int64_t>(r.z.size());
-  const double* zs = r.z_sample.empty() ? r.z.data() : r.z_sample.data();
+  double top = kNegInf, best_val = kNegInf;
   int64_t best = -1;
-  double best_val = kNegInf;
-  for (int64_t v = 0; v < vocab; ++v) {
-    double p = g ? zs[v] + g[v] : zs[v];
-    if (v == exclude || v == winner) p = kNegInf;
-    if (best < 0 || p > best_val) {
-      best = v;
-      best_val = p;
+  if (g != nullptr) {
+    const TopTwo t = gumbel_top(r, *g, exclude, true);   // its winner is `winner` (the same definition)
+    top = t.top;
+    best = t.second;
+    best_val = t.below;
+  } else {                    // T = 0: the scores are z itself
+    const int64_t vocab = static_cast<int64_t>(r.z.size());
+    const double* z = r.z.data();
+    top = z[winner];
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double p = (v == exclude || v == winner) ? kNegInf : z[v];
+      if (best < 0 || p > best_val) {
+        best = v;
+        best_val = p;
+      }
     }
   }
-  const double top = g ? zs[winner] + g[winner] : zs[winner];
   const bool some = std::isfinite(best_val);  // no other token can be sampled: no runner-up
   token = some ? best : -1;
   gap = some ? top - best_val : std::numeric_limits<double>::infinity();
@@ -203,13 +307,16 @@ void sample_positions(const float* logits, int64_t vocab, const std::vector<int6
   tokens.assign(positions.size(), 0);
   conf.assign(positions.size(), 0.0);
   ScaledRow row;
-  std::vector<double> scratch;
+  std::vector<uint16_t> scratch;
   for (size_t k = 0; k < positions.size(); ++k) {
     const int64_t pos = positions[k];
     scale_row(logits + pos * vocab, vocab, sampling, row);
-    const double* g = t > 0 ? noise_row(noise, sampling.seed, block, step, static_cast<uint32_t>(pos), vocab, scratch)
-                            : nullptr;
-    sample_row(row, g, sampling.exclude_token, tokens[k], conf[k]);
+    if (t > 0) {
+      const NoiseBinsRow g = noise_row(noise, sampling.seed, block, step, static_cast<uint32_t>(pos), vocab, scratch);
+      sample_row(row, &g, sampling.exclude_token, tokens[k], conf[k]);
+    } else {
+      sample_row(row, nullptr, sampling.exclude_token, tokens[k], conf[k]);
+    }
   }
 }
 
