@@ -181,7 +181,10 @@ def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
                      case_options("standard", 1.0, 8, 24, 12, 6, top_k=5),
                      case_options("spot", 0.7, 9, 24, 12, 6, top_p=0.8),
                      case_options("spot-sets", 1.0, 10, 24, 12, 6, tau=0.5, top_k=20, top_p=0.6),
-                     case_options("spot", 1.0, 11, 24, 1, 6)):         # one node: the standard loop
+                     case_options("spot", 1.0, 11, 24, 1, 6),          # one node: the standard loop
+                     # T = 1e-4: every other token's exp(z - max) underflows, the C++ level is -inf and every
+                     # token is ranked by its exact noise (the code a row the candidates cannot certify runs)
+                     case_options("spot", 1e-4, 12, 24, 12, 6)):
             cases.append({"prompt": pi, "prompt_ids": prompt, **opts, "expected": run_case(engine, drafter, prompt,
                                                                                             opts)})
     assert {c["decoder"] for c in cases} == {"standard", "threshold", "chain", "tree", "spot", "spot-sets"}
