@@ -284,8 +284,8 @@ def test_certified_commits_equal_select_commits_of_the_exact_confidences():
     asked = Counter()
     for trial in range(3000):
         k = int(rng.integers(1, 9))
-        exact = [rng.random(k), rng.random(k) ** 40, np.round(rng.random(k), 1),
-                            np.full(k, 5e-324), np.where(rng.random(k) < 0.5, 0.0, 1e-310)][trial % 5]
+        exact = [rng.random(k), rng.random(k) ** 40, np.round(rng.random(k), 1),              # ties
+                 np.full(k, 5e-324), np.where(rng.random(k) < 0.5, 0.0, 1e-310)][trial % 5]    # subnormal, zero
         tau = float(rng.choice([0.0, 0.5, 0.9, exact[int(rng.integers(k))] if trial % 3 else 0.2]))
         if tau >= 1:
             tau = 0.5
@@ -328,7 +328,8 @@ def test_step_fn_equals_the_definition_with_the_c_library_exp(temperature):
                             seed=trial, exclude_token=MASK)
         masked = np.flatnonzero(state == MASK)
         tokens, conf = sample_positions(logits, masked, sampling, block=1, step=trial % 5)
-        for rule in (CommitRule(STATIC), CommitRule(THRESHOLD, 0.3), CommitRule(THRESHOLD, min(float(conf.max()), 0.99)),
+        tau_at_best = min(float(conf.max()), 0.99)                  # a confidence equal to tau: not committed
+        for rule in (CommitRule(STATIC), CommitRule(THRESHOLD, 0.3), CommitRule(THRESHOLD, tau_at_best),
                      CommitRule(THRESHOLD, 0.0)):
             want = commit_samples(state, masked, tokens, conf, rule)
             got = step_fn(state, logits, MASK, rule, sampling, 1, trial % 5)
