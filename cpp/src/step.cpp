@@ -44,10 +44,20 @@ double uniform_from_words(uint32_t a, uint32_t b) {
   return (kd < 0.5 ? 0.5 : kd) * kTwoPowM53;   // max(k, 0.5) * 2**-53
 }
 
+namespace {
+
+// The noise of (seed, block, step, position) without bins: its two lanes' prefixes (exact values on demand).
+NoiseBinsRow counters_row(uint32_t seed, uint32_t block, uint32_t step, uint32_t position) {
+  NoiseBinsRow r;
+  r.prefix_a = lane_prefix(kLaneA, seed, block, step, position);
+  r.prefix_b = lane_prefix(kLaneB, seed, block, step, position);
+  return r;
+}
+
+}  // namespace
+
 double gumbel(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, uint32_t token) {
-  uint32_t a = mix32(lane_prefix(kLaneA, seed, block, step, position) ^ token);
-  uint32_t b = mix32(lane_prefix(kLaneB, seed, block, step, position) ^ token);
-  return -std::log(-std::log(uniform_from_words(a, b)));
+  return counters_row(seed, block, step, position).exact(token);
 }
 
 const std::vector<double>& gumbel_bounds() {
@@ -73,9 +83,7 @@ namespace {
 
 NoiseBinsRow bins_row(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, int64_t vocab,
                       std::vector<uint16_t>& out) {
-  NoiseBinsRow r;
-  r.prefix_a = lane_prefix(kLaneA, seed, block, step, position);
-  r.prefix_b = lane_prefix(kLaneB, seed, block, step, position);
+  NoiseBinsRow r = counters_row(seed, block, step, position);
   out.resize(static_cast<size_t>(vocab));
   for (int64_t v = 0; v < vocab; ++v)
     out[v] = static_cast<uint16_t>(mix32(r.prefix_a ^ static_cast<uint32_t>(v)) >> (32 - kBinBits));
@@ -118,9 +126,7 @@ NoiseBinsRow NoiseRows::row(uint32_t step, uint32_t position, std::vector<uint16
   const uint64_t key = (uint64_t(step) << 32) | position;
   auto it = rows_.find(key);
   if (it != rows_.end()) {
-    NoiseBinsRow r;
-    r.prefix_a = lane_prefix(kLaneA, seed_, block_, step, position);
-    r.prefix_b = lane_prefix(kLaneB, seed_, block_, step, position);
+    NoiseBinsRow r = counters_row(seed_, block_, step, position);
     r.bins = it->second.data();
     return r;
   }
