@@ -167,14 +167,16 @@ def test_noise_matches_numpy_on_a_field(spot_cli):
 
 def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
     """standard, threshold, chain, tree, spot, spot-sets at T = 0 and 1 (two seeds): identical token ids and passes;
-    plus chain / tree under the threshold rule, spot-sets with a tau the drafter was not trained for, and a one-node
-    budget."""
+    plus standard / chain / tree / spot under the threshold rule, spot-sets with a tau the drafter was not trained
+    for, and a one-node budget."""
     folder, drafter_dir, engine, drafter = tiny
     prompts = random_prompts(4, seed=2)
     cases = golden_cases(engine, drafter, prompts, max_new_tokens=24, budget=12, depth=6, seeds_t1=(1, 7))
     for pi, prompt in enumerate(prompts[:2]):
         for opts in (case_options("chain", 1.0, 3, 24, 12, 6, mode=THRESHOLD),
                      case_options("tree", 1.0, 4, 24, 12, 6, mode=THRESHOLD),
+                     case_options("standard", 1.0, 13, 24, 12, 6, mode=THRESHOLD, tau=0.6),
+                     case_options("spot", 1.0, 14, 24, 12, 6, mode=THRESHOLD, tau=0.6),
                      case_options("tree", 0.0, 0, 24, 30, 8),
                      case_options("spot-sets", 1.0, 5, 24, 12, 6, tau=0.7),
                      case_options("threshold", 1.0, 6, 24, 12, 6, tau=0.5),

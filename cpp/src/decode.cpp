@@ -799,8 +799,8 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
                                         std::to_string(req.temperature));
   CommitRule rule;
   rule.tau = req.tau;
-  rule.threshold = name == "threshold" || name == "spot-sets" ||
-                   ((name == "chain" || name == "tree") && req.threshold_mode);
+  // decoders.rule_for: threshold / spot-sets always use the threshold rule, every other decoder the request's mode
+  rule.threshold = name == "threshold" || name == "spot-sets" || req.threshold_mode;
   if (rule.threshold && !(req.tau >= 0.0 && req.tau < 1.0))
     fail(SPOT_ERR_INVALID_ARGUMENT, "tau must be in [0, 1), got " + std::to_string(req.tau));
   const int64_t b = engine.block_size();

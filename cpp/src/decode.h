@@ -163,7 +163,7 @@ struct Generation {
 struct DecodeRequest {
   std::string decoder = "standard";
   int64_t max_new_tokens = 64;
-  bool threshold_mode = false;   // chain / tree: commit rule
+  bool threshold_mode = false;   // the commit rule of standard / chain / tree / spot (decoders.rule_for)
   double tau = 0.9;
   double temperature = 0.0;
   uint32_t seed = 0;

@@ -73,7 +73,8 @@ typedef struct spot_generate_options {
   int max_new_tokens;      /* >= 1; generation runs to the block boundary covering prompt + max_new_tokens */
   int budget;              /* tree/spot/spot-sets: nodes per verify pass (root included), >= 1 */
   int depth;               /* chain/tree/spot/spot-sets: deepest node below the root, 1..block size */
-  spot_mode mode;          /* commit rule of chain and tree (standard/spot: static; threshold/spot-sets: threshold) */
+  spot_mode mode;          /* commit rule of standard, chain, tree and spot (threshold and spot-sets: always
+                              threshold); standard + SPOT_MODE_THRESHOLD = threshold decoding, as in Python */
   int top_k;               /* >= 0; 0 disables top-k filtering (T > 0 only; confidences stay unfiltered) */
   double top_p;            /* in (0, 1]; 1 disables top-p filtering (T > 0 only, after top-k) */
   const int64_t* stop_ids; /* NULL: the manifest's stop ids */
