@@ -354,6 +354,22 @@ def test_invalid_options_are_refused(spot_cli, tiny, flags, code, words):
     _fails(cli(spot_cli, *args), code, *words)
 
 
+@pytest.mark.parametrize("device", ["cuda", "trt"])
+def test_gpu_devices_need_a_gpu_onnxruntime(spot_cli, tiny, device, tmp_path, monkeypatch):
+    """The C++ host links the same libonnxruntime as this Python (cpp/fetch_ort_headers.sh): without its CUDA
+    provider, --device cuda / trt name what is missing and how to get it, before any cache folder is made."""
+    import onnxruntime as ort
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider: scripts/gpu_check.sh runs the GPU path")
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))
+    proc = cli(spot_cli, "generate", "--model", tiny[0], "--device", device, "--prompt-ids", "1,2")
+    _fails(proc, UNSUPPORTED, f"device {device} needs ONNX Runtime's CUDAExecutionProvider", "CPUExecutionProvider",
+           "onnxruntime-gpu", "or use device cpu")
+    assert not (tmp_path / "cache").exists()
+    proc = cli(spot_cli, "generate", "--model", tiny[0], "--device", "gpu", "--prompt-ids", "1,2")
+    assert proc.returncode == 64 and "--device expects cpu, cuda or trt, got gpu" in proc.stderr
+
+
 def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
     _fails(cli(spot_cli, "generate", "--model", tiny[0], "--decoder", "spot", "--prompt-ids", "1,2"),
            INVALID_ARGUMENT, "needs a drafter")

@@ -3,8 +3,9 @@
 //   spot_cli generate --model DIR [--drafter DIR] [--decoder NAME] --prompt-ids 1,2,3 [--temperature T] [--seed S]
 //                     [--tau X] [--max-new-tokens N] [--budget N] [--depth D] [--mode static|threshold]
 //                     [--top-k K] [--top-p P] [--stop-ids a,b] [--threads N] [--verify quick|full|none]
+//                     [--device cpu|cuda|trt]
 //       -> one JSON line: token ids, pass counts by kind, steps, host milliseconds
-//   spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] < requests
+//   spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] < requests
 //       -> one JSON line per stdin line; a line holds the generate flags of one request (no --model / --drafter);
 //          the model is opened once. A failed request prints {"error": {...}} and the batch goes on.
 //   spot_cli info --model DIR [--drafter DIR]
@@ -33,8 +34,8 @@ const char* kUsage =
     "usage: spot_cli generate --model DIR [--drafter DIR] [--decoder standard|threshold|chain|tree|spot|spot-sets]\n"
     "                         --prompt-ids IDS [--temperature T] [--seed S] [--tau X] [--max-new-tokens N]\n"
     "                         [--budget N] [--depth D] [--mode static|threshold] [--top-k K] [--top-p P]\n"
-    "                         [--stop-ids IDS] [--threads N] [--verify quick|full|none]\n"
-    "       spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] < requests (one per line)\n"
+    "                         [--stop-ids IDS] [--threads N] [--verify quick|full|none] [--device cpu|cuda|trt]\n"
+    "       spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] < requests\n"
     "       spot_cli info --model DIR [--drafter DIR]\n"
     "       spot_cli noise < lines 'seed block step position token'\n";
 
@@ -126,6 +127,11 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
       else if (v == "full") open->options.verify = SPOT_VERIFY_FULL;
       else if (v == "none") open->options.verify = SPOT_VERIFY_NONE;
       else throw UsageError{"--verify expects quick, full or none"};
+    } else if (open && flag == "--device") {   // spot generate's --device names
+      if (v == "cpu") open->options.device = SPOT_DEVICE_CPU;
+      else if (v == "cuda") open->options.device = SPOT_DEVICE_CUDA;
+      else if (v == "trt") open->options.device = SPOT_DEVICE_TENSORRT;
+      else throw UsageError{"--device expects cpu, cuda or trt, got " + v};
     } else if (req && flag == "--decoder") {
       spot_error err;
       spot_status st = spot_decoder_from_name(v.c_str(), &req->options.decoder, &err);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "errors.h"
@@ -116,7 +117,14 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
   return ef;
 }
 
-TargetEngine::TargetEngine(const ExportedFolder& f, int threads)
+std::string trt_cache_dir(const ExportedFolder& f) {
+  const char* env = std::getenv("SPOT_CACHE");
+  const char* home = std::getenv("HOME");
+  std::string base = env && *env ? env : join(join(home && *home ? home : ".", ".cache"), "spot");
+  return join(join(base, "trt"), sha256_file(join(f.folder, kManifest)).substr(0, 16));
+}
+
+TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device)
     : cfg_(f.config),
       b_(f.block_size),
       max_context_(std::min(f.max_context, f.config.max_position_embeddings)),
@@ -126,6 +134,11 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads)
   SessionConfig sc;
   sc.intra_threads = threads;
   sc.single_inter_thread = threads > 0;
+  sc.device = device;
+  if (device == Device::kTensorRT) {
+    sc.trt_cache_dir = trt_cache_dir(f);
+    sc.trt_fp16 = f.dtype == "fp16";
+  }
   session_ = std::make_unique<OrtSessionHandle>(f.target_graph, sc);
   for (const auto& want : kInputs)
     if (std::find(session_->input_names().begin(), session_->input_names().end(), want) ==

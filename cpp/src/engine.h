@@ -32,9 +32,14 @@ struct ExportedFolder {
 // Open and verify a folder (SpotException naming the file when absent, foreign or changed).
 ExportedFolder load_exported_folder(const std::string& folder, spot_verify verify);
 
+// TensorRT engine cache of a folder, as spot.engines.ort_engine.trt_cache_dir: $SPOT_CACHE (default
+// ~/.cache/spot)/trt/<first 16 hex of the manifest's sha256>, outside the (possibly read-only) exported folder;
+// the session creates it once the TensorRT provider is there.
+std::string trt_cache_dir(const ExportedFolder& folder);
+
 class TargetEngine {
  public:
-  TargetEngine(const ExportedFolder& folder, int threads);
+  TargetEngine(const ExportedFolder& folder, int threads, Device device = Device::kCpu);
 
   int64_t block_size() const { return b_; }
   int64_t vocab() const { return cfg_.vocab_size; }

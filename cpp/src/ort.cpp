@@ -1,6 +1,9 @@
 #include "ort.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <mutex>
+#include <system_error>
 
 #include "errors.h"
 
@@ -39,6 +42,64 @@ void check(OrtStatus* st, const std::string& what) {
   std::string msg = ort_api().GetErrorMessage(st);
   ort_api().ReleaseStatus(st);
   fail(SPOT_ERR_RUNTIME, what + ": " + msg);
+}
+
+// A provider the library lacks is the user's setup, not a failure of ONNX Runtime: say which library to link.
+void require_provider(const std::string& provider, const std::string& device) {
+  const std::vector<std::string> have = available_providers();
+  if (std::find(have.begin(), have.end(), provider) != have.end()) return;
+  std::string offered;
+  for (const auto& p : have) offered += (offered.empty() ? "" : ", ") + p;
+  fail(SPOT_ERR_UNSUPPORTED, "device " + device + " needs ONNX Runtime's " + provider + "; the linked library " +
+                                 ort_version() + " offers " + offered + ": build the host against an " +
+                                 "onnxruntime-gpu library (ORT_LIB=/path/to/libonnxruntime.so " +
+                                 "cpp/fetch_ort_headers.sh; on Jetson, JetPack's onnxruntime), or use device cpu");
+}
+
+// A provider the library has but whose CUDA / cuDNN / TensorRT libraries did not load.
+void check_provider(OrtStatus* st, const std::string& provider) {
+  if (st == nullptr) return;
+  std::string msg = ort_api().GetErrorMessage(st);
+  ort_api().ReleaseStatus(st);
+  fail(SPOT_ERR_RUNTIME, provider + " did not load (are the CUDA, cuDNN and TensorRT libraries it was built " +
+                             "for on the library path?): " + msg.substr(0, 400));
+}
+
+void append_cuda(OrtSessionOptions* so) {
+  const OrtApi& api = ort_api();
+  OrtCUDAProviderOptionsV2* opts = nullptr;
+  check_provider(api.CreateCUDAProviderOptions(&opts), "CUDAExecutionProvider");
+  OrtStatus* st = api.SessionOptionsAppendExecutionProvider_CUDA_V2(so, opts);
+  api.ReleaseCUDAProviderOptions(opts);
+  check_provider(st, "CUDAExecutionProvider");
+}
+
+// The Python runtime's TensorRT options (ort_engine.providers_for): engines cached outside the exported folder.
+void append_tensorrt(OrtSessionOptions* so, const SessionConfig& cfg) {
+  const OrtApi& api = ort_api();
+  std::error_code ec;
+  std::filesystem::create_directories(cfg.trt_cache_dir, ec);
+  if (ec)
+    fail(SPOT_ERR_RUNTIME, "cannot create the TensorRT engine cache " + cfg.trt_cache_dir + " (" + ec.message() +
+                               "): set SPOT_CACHE to a writable folder");
+  OrtTensorRTProviderOptionsV2* opts = nullptr;
+  check_provider(api.CreateTensorRTProviderOptions(&opts), "TensorrtExecutionProvider");
+  const char* keys[] = {"trt_engine_cache_enable", "trt_engine_cache_path", "trt_fp16_enable"};
+  const char* values[] = {"1", cfg.trt_cache_dir.c_str(), cfg.trt_fp16 ? "1" : "0"};
+  OrtStatus* st = api.UpdateTensorRTProviderOptions(opts, keys, values, 3);
+  if (st == nullptr) st = api.SessionOptionsAppendExecutionProvider_TensorRT_V2(so, opts);
+  api.ReleaseTensorRTProviderOptions(opts);
+  check_provider(st, "TensorrtExecutionProvider");
+}
+
+void append_providers(OrtSessionOptions* so, const SessionConfig& cfg) {
+  if (cfg.device == Device::kCpu) return;     // the CPU provider is always there
+  require_provider("CUDAExecutionProvider", cfg.device == Device::kCuda ? "cuda" : "trt");
+  if (cfg.device == Device::kTensorRT) {
+    require_provider("TensorrtExecutionProvider", "trt");
+    append_tensorrt(so, cfg);
+  }
+  append_cuda(so);
 }
 
 std::vector<std::string> io_names(OrtSession* s, bool inputs) {
@@ -106,6 +167,12 @@ OrtSessionHandle::OrtSessionHandle(const std::string& path, const SessionConfig&
   const OrtApi& api = ort_api();
   OrtSessionOptions* so = nullptr;
   check(api.CreateSessionOptions(&so), "CreateSessionOptions");
+  try {
+    append_providers(so, cfg);
+  } catch (...) {
+    api.ReleaseSessionOptions(so);
+    throw;
+  }
   OrtStatus* st = api.SetSessionGraphOptimizationLevel(so, ORT_ENABLE_ALL);
   if (st == nullptr) st = api.SetSessionLogSeverityLevel(so, 3);
   if (st == nullptr && cfg.intra_threads > 0) st = api.SetIntraOpNumThreads(so, cfg.intra_threads);
@@ -126,6 +193,16 @@ OrtSessionHandle::OrtSessionHandle(const std::string& path, const SessionConfig&
     api.ReleaseSession(session_);
     throw;
   }
+}
+
+std::vector<std::string> available_providers() {
+  const OrtApi& api = ort_api();
+  char** names = nullptr;
+  int n = 0;
+  check(api.GetAvailableProviders(&names, &n), "GetAvailableProviders");
+  std::vector<std::string> out(names, names + n);
+  check(api.ReleaseAvailableProviders(names, n), "ReleaseAvailableProviders");
+  return out;
 }
 
 OrtSessionHandle::~OrtSessionHandle() {

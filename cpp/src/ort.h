@@ -14,10 +14,19 @@ namespace spot {
 const OrtApi& ort_api();                 // throws SPOT_ERR_RUNTIME when the library lacks this API version
 std::string ort_version();
 
+// Where a session runs, as spot.engines.ort_engine.providers_for: the CPU execution provider, CUDA, or TensorRT
+// with CUDA for the nodes TensorRT does not take (the CPU provider serves what neither takes).
+enum class Device { kCpu, kCuda, kTensorRT };
+
 struct SessionConfig {
   int intra_threads = 0;                 // 0: ORT's default
   bool single_inter_thread = false;      // set inter-op threads to 1 (as the Python runtime does with threads)
+  Device device = Device::kCpu;
+  std::string trt_cache_dir;             // TensorRT: engine cache folder (created when absent)
+  bool trt_fp16 = false;                 // TensorRT: build fp16 engines (an fp16 export)
 };
+
+std::vector<std::string> available_providers();   // what the linked ONNX Runtime library offers
 
 // A tensor that borrows host memory for one Run call.
 struct InputTensor {

@@ -60,6 +60,7 @@ void spot_open_options_init(spot_open_options* o) {
   o->drafter_dir = nullptr;
   o->verify = SPOT_VERIFY_QUICK;
   o->threads = 0;
+  o->device = SPOT_DEVICE_CPU;
 }
 
 void spot_generate_options_init(spot_generate_options* o) {
@@ -91,12 +92,18 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
                      "spot_open: threads must be >= 0 (0 = ONNX Runtime's default), got " +
                          std::to_string(opts.threads));
+  if (opts.device != SPOT_DEVICE_CPU && opts.device != SPOT_DEVICE_CUDA && opts.device != SPOT_DEVICE_TENSORRT)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: unknown device " + std::to_string(opts.device) +
+                                                         ", expected SPOT_DEVICE_CPU, _CUDA or _TENSORRT");
+  const spot::Device device = opts.device == SPOT_DEVICE_CUDA       ? spot::Device::kCuda
+                              : opts.device == SPOT_DEVICE_TENSORRT ? spot::Device::kTensorRT
+                                                                    : spot::Device::kCpu;
   spot_model* model = nullptr;
   spot_status st = guarded(err, [&]() {
     auto m = std::make_unique<spot_model>();
     m->folder = spot::load_exported_folder(folder, opts.verify);
     m->ort_version = spot::ort_version();
-    m->engine = std::make_unique<spot::TargetEngine>(m->folder, opts.threads);
+    m->engine = std::make_unique<spot::TargetEngine>(m->folder, opts.threads, device);
     std::string drafter_dir;
     if (opts.drafter_dir != nullptr) {
       drafter_dir = opts.drafter_dir;
