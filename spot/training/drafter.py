@@ -106,9 +106,9 @@ def standardised_confidence(masked: torch.Tensor, stale_conf: torch.Tensor) -> t
 
 class OrderModel(nn.Module):
     """The encoder's two logits are added to the training-free baseline through learned skips (zero-initialised
-    heads): order += a * z (standardised log stale confidence), member += c * stale_conf + d with d = -c * tau. A fresh model therefore
-    ranks positions by stale confidence and learns corrections; without the skip it must first rediscover that
-    ranking, which is near-perfect on weakly context-dependent targets."""
+    heads): order += a * z (standardised log stale confidence), member += c * stale_conf + d with d = -c * tau. A
+    fresh model therefore ranks positions by stale confidence and learns corrections; without the skip it must first
+    rediscover that ranking, which is near-perfect on weakly context-dependent targets."""
 
     def __init__(self, cfg: OrderModelConfig = OrderModelConfig(), tau: float = 0.9):
         super().__init__()
