@@ -79,9 +79,9 @@ def request_line(opts: dict, prompt_ids: list[int]) -> str:
             f"--top-p {opts.get('top_p', 1.0)!r} --prompt-ids {','.join(map(str, prompt_ids))}")
 
 
-def run_batch(exe: Path, folder: Path, drafter: Path | None, cases: list[dict]) -> list[dict]:
-    """Every case through one `spot_cli batch` process; one JSON result per case."""
-    args = ["batch", "--model", folder] + (["--drafter", drafter] if drafter else [])
+def run_batch(exe: Path, folder: Path, drafter: Path | None, cases: list[dict], *open_flags: str) -> list[dict]:
+    """Every case through one `spot_cli batch` process (opened with open_flags); one JSON result per case."""
+    args = ["batch", "--model", folder] + (["--drafter", drafter] if drafter else []) + list(open_flags)
     proc = cli(exe, *args, stdin="\n".join(request_line(c, c["prompt_ids"]) for c in cases) + "\n")
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert len(results) == len(cases), proc.stderr[-2000:]
@@ -259,6 +259,48 @@ def test_fp16_export_matches(spot_cli, tiny, tmp_path):
                          decoders=("standard", "spot"))
     bad = mismatches(cases, run_batch(spot_cli, folder, drafter_dir, cases))
     assert not bad, "\n".join(bad)
+
+
+def test_device_sampler_matches_the_python_runtime(spot_cli, tiny):
+    """--sampler device: the export's sampling epilogue runs after the target (on the CPU provider here; the GPU
+    path's code: the logits bound where the target runs, fed to the epilogue as an ORT value) and the host loop reads
+    only its samples — the same tokens and passes as the Python runtime's device sampler and as host sampling."""
+    folder, drafter_dir, host_engine, drafter = tiny
+    engine = OrtEngine(folder, sampler="device")
+    assert engine.sampler_depth == 8 and host_engine.sampler_depth is None
+    prompts = random_prompts(3, seed=5)
+    cases = golden_cases(engine, drafter, prompts, max_new_tokens=24, budget=12, depth=6, seeds_t1=(1, 4))
+    cases.append({"prompt": 0, "prompt_ids": prompts[0], **(o := case_options("tree", 1.0, 3, 24, 12, 6, top_k=5,
+                                                                              mode=THRESHOLD)),
+                  "expected": run_case(engine, drafter, prompts[0], o)})
+    bad = mismatches(cases, run_batch(spot_cli, folder, drafter_dir, cases, "--sampler", "device"))
+    assert not bad, f"{len(bad)} of {len(cases)} cases differ:\n" + "\n".join(bad[:20])
+    host = [run_case(host_engine, drafter, c["prompt_ids"], c) for c in cases]
+    assert [h["token_ids"] for h in host] == [c["expected"]["token_ids"] for c in cases]
+
+
+def test_device_sampler_refusals(spot_cli, tiny, tmp_path):
+    """What the epilogue does not serve: top-p, trees deeper than its future steps, a folder without one."""
+    folder, drafter_dir = tiny[0], tiny[1]
+    ids = ["--prompt-ids", "1,2,3"]
+    device = ["generate", "--model", folder, "--drafter", drafter_dir, "--sampler", "device", *ids]
+    _fails(cli(spot_cli, *device, "--top-p", "0.9", "--temperature", "1"), UNSUPPORTED,
+           "does not implement top-p", "host sampler")
+    shallow = export_checkpoint(resolve_source(str(folder.parent / "ckpt")), tmp_path / "shallow",
+                                ExportOptions(dtype="fp32", validate=False, epilogue_steps=3))
+    _fails(cli(spot_cli, "generate", "--model", shallow, "--drafter", drafter_dir, "--sampler", "device",
+               "--decoder", "spot", "--depth", "4", *ids), INVALID_ARGUMENT,
+           "tree depth 4 exceeds the 3 future steps", "--epilogue-steps")
+    ok = json.loads(cli(spot_cli, "generate", "--model", shallow, "--drafter", drafter_dir, "--sampler", "device",
+                        "--decoder", "spot", "--depth", "3", *ids).stdout)
+    assert ok["passes"]["verify"] > 0
+    none = export_checkpoint(resolve_source(str(folder.parent / "ckpt")), tmp_path / "none",
+                             ExportOptions(dtype="fp32", validate=False, epilogue_steps=0))
+    _fails(cli(spot_cli, "generate", "--model", none, "--sampler", "device", *ids), INCOMPATIBLE,
+           "no sampling epilogue graph", "host sampler")
+    assert "token_ids" in json.loads(cli(spot_cli, "generate", "--model", none, *ids).stdout)   # auto: host
+    proc = cli(spot_cli, "generate", "--model", folder, "--sampler", "gpu", *ids)
+    assert proc.returncode == 64 and "--sampler expects auto, host or device, got gpu" in proc.stderr
 
 
 def test_generate_command_prints_the_result(spot_cli, tiny):

@@ -3,9 +3,9 @@
 //   spot_cli generate --model DIR [--drafter DIR] [--decoder NAME] --prompt-ids 1,2,3 [--temperature T] [--seed S]
 //                     [--tau X] [--max-new-tokens N] [--budget N] [--depth D] [--mode static|threshold]
 //                     [--top-k K] [--top-p P] [--stop-ids a,b] [--threads N] [--verify quick|full|none]
-//                     [--device cpu|cuda|trt]
+//                     [--device cpu|cuda|trt] [--sampler auto|host|device]
 //       -> one JSON line: token ids, pass counts by kind, steps, host milliseconds
-//   spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] < requests
+//   spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] [--sampler ...] < requests
 //       -> one JSON line per stdin line; a line holds the generate flags of one request (no --model / --drafter);
 //          the model is opened once. A failed request prints {"error": {...}} and the batch goes on.
 //   spot_cli info --model DIR [--drafter DIR]
@@ -35,7 +35,9 @@ const char* kUsage =
     "                         --prompt-ids IDS [--temperature T] [--seed S] [--tau X] [--max-new-tokens N]\n"
     "                         [--budget N] [--depth D] [--mode static|threshold] [--top-k K] [--top-p P]\n"
     "                         [--stop-ids IDS] [--threads N] [--verify quick|full|none] [--device cpu|cuda|trt]\n"
-    "       spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] < requests\n"
+    "                         [--sampler auto|host|device]\n"
+    "       spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] [--sampler ...]\n"
+    "                      < requests (one per line)\n"
     "       spot_cli info --model DIR [--drafter DIR]\n"
     "       spot_cli noise < lines 'seed block step position token'\n";
 
@@ -132,6 +134,11 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
       else if (v == "cuda") open->options.device = SPOT_DEVICE_CUDA;
       else if (v == "trt") open->options.device = SPOT_DEVICE_TENSORRT;
       else throw UsageError{"--device expects cpu, cuda or trt, got " + v};
+    } else if (open && flag == "--sampler") {
+      if (v == "auto") open->options.sampler = SPOT_SAMPLER_AUTO;
+      else if (v == "host") open->options.sampler = SPOT_SAMPLER_HOST;
+      else if (v == "device") open->options.sampler = SPOT_SAMPLER_DEVICE;
+      else throw UsageError{"--sampler expects auto, host or device, got " + v};
     } else if (req && flag == "--decoder") {
       spot_error err;
       spot_status st = spot_decoder_from_name(v.c_str(), &req->options.decoder, &err);

@@ -279,14 +279,81 @@ struct BlockContext {
   NoiseRows* noise;
 };
 
+// What one target pass gives the host loop per state (outputs.py): F's next state and the stale view of a round.
+class PassOutputs {
+ public:
+  virtual ~PassOutputs() = default;
+  // F of `state`, the pass's n-th state, at its commit step `step`
+  virtual std::vector<int64_t> next_state(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx,
+                                          uint32_t block, uint32_t step) const = 0;
+  // the stale view of a round drafting from the n-th state (committed at `step`); the outputs outlive it
+  virtual std::unique_ptr<StaleView> stale(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx,
+                                           uint32_t block, uint32_t step) const = 0;
+};
+
+// The logits reached the host (outputs.HostOutputs).
+class HostPassOutputs : public PassOutputs {
+ public:
+  HostPassOutputs(std::vector<float> logits, int64_t b, int64_t vocab) : logits_(std::move(logits)), b_(b), v_(vocab) {}
+  std::vector<int64_t> next_state(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx,
+                                  uint32_t block, uint32_t step) const override {
+    return step_fn(state, row(n), v_, ctx.mask_id, ctx.rule, ctx.sampling, block, step, ctx.noise);
+  }
+  std::unique_ptr<StaleView> stale(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx,
+                                   uint32_t block, uint32_t) const override {
+    return std::make_unique<HostStaleView>(row(n), b_, v_, state, ctx.mask_id, ctx.sampling, block, ctx.noise);
+  }
+
+ private:
+  const float* row(int64_t n) const { return logits_.data() + n * b_ * v_; }
+  std::vector<float> logits_;
+  int64_t b_, v_;
+};
+
+// The sampling epilogue ran next to the target (outputs.SampledOutputs): its samples equal the host's bit for bit.
+class SampledPassOutputs : public PassOutputs {
+ public:
+  explicit SampledPassOutputs(EpilogueResult r) : r_(std::move(r)) {}
+  std::vector<int64_t> next_state(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx, uint32_t,
+                                  uint32_t) const override {   // step_fn.commit_samples of the epilogue's samples
+    const std::vector<int64_t> masked = masked_positions(state, ctx.mask_id);
+    if (masked.empty()) return state;
+    std::vector<double> conf(masked.size());
+    for (size_t k = 0; k < masked.size(); ++k) conf[k] = r_.confidence[n * r_.b + masked[k]];
+    std::vector<int64_t> out = state;
+    for (int64_t i : select_commits(conf, ctx.rule)) out[masked[i]] = r_.token[n * r_.b + masked[i]];
+    return out;
+  }
+  std::unique_ptr<StaleView> stale(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx, uint32_t,
+                                   uint32_t step) const override {
+    return std::make_unique<SampledStaleView>(r_, n, step + 1, state, ctx.mask_id);
+  }
+
+ private:
+  EpilogueResult r_;
+};
+
+// One target pass over N states [N*B] whose commit steps are steps [N]: the logits, or the epilogue's samples.
+std::unique_ptr<PassOutputs> block_pass(TargetEngine& engine, const std::vector<int64_t>& states,
+                                        const std::vector<int64_t>& steps, const BlockContext& ctx, uint32_t block) {
+  const int64_t n = static_cast<int64_t>(steps.size());
+  if (!engine.samples_on_device())
+    return std::make_unique<HostPassOutputs>(engine.block_logits(states, n), engine.block_size(), engine.vocab());
+  EpilogueSampling s;
+  s.temperature = ctx.sampling.temperature;
+  s.seed = ctx.sampling.seed;
+  s.top_k = ctx.sampling.top_k;
+  s.exclude_token = ctx.sampling.exclude_token;
+  return std::make_unique<SampledPassOutputs>(engine.block_samples(states, n, steps, s, block));
+}
+
 std::vector<int64_t> standard_block(TargetEngine& engine, std::vector<int64_t> state, uint32_t block,
                                     const BlockContext& ctx) {
   uint32_t step = 0;
   while (has_mask(state, ctx.mask_id)) {
-    std::vector<float> logits = engine.block_logits(state, 1);
+    std::unique_ptr<PassOutputs> out = block_pass(engine, state, {step}, ctx, block);
     ctx.stats->passes["block"] += 1;
-    state = step_fn(state, logits.data(), engine.vocab(), ctx.mask_id, ctx.rule, ctx.sampling, block, step,
-                    ctx.noise);
+    state = out->next_state(0, state, ctx, block, step);
     ++step;
   }
   ctx.stats->steps += step;
@@ -300,15 +367,15 @@ void check_budget(int64_t nodes, int64_t depth, int64_t block_size) {
                                         " (the block size), got " + std::to_string(depth));
 }
 
-// spot.walk: from the root, follow the child equal to F of the node's fresh logits
-std::pair<int64_t, std::vector<int64_t>> walk(const std::vector<Node>& tree,
-                                              const std::map<int64_t, const float*>& node_logits,
-                                              const BlockContext& ctx, uint32_t block, int64_t vocab) {
+// spot.walk: from the root, follow the child equal to F of the node's fresh outputs (row_of: tree index -> row of
+// the verify pass; complete nodes have none)
+std::pair<int64_t, std::vector<int64_t>> walk(const std::vector<Node>& tree, const PassOutputs& fresh,
+                                              const std::map<int64_t, int64_t>& row_of, const BlockContext& ctx,
+                                              uint32_t block) {
   int64_t u = 0;
   while (true) {
     const Node& node = tree[u];
-    std::vector<int64_t> nxt = step_fn(node.state, node_logits.at(u), vocab, ctx.mask_id, ctx.rule, ctx.sampling,
-                                       block, node.step, ctx.noise);
+    std::vector<int64_t> nxt = fresh.next_state(row_of.at(u), node.state, ctx, block, node.step);
     int64_t match = -1;
     for (int64_t c : node.children)
       if (tree[c].state == nxt) {
@@ -317,7 +384,7 @@ std::pair<int64_t, std::vector<int64_t>> walk(const std::vector<Node>& tree,
       }
     if (match < 0) return {u, nxt};
     u = match;
-    if (node_logits.find(u) == node_logits.end()) return {u, tree[u].state};   // complete: the block ends there
+    if (row_of.find(u) == row_of.end()) return {u, tree[u].state};   // complete: the block ends there
   }
 }
 
@@ -325,41 +392,43 @@ std::vector<int64_t> spot_block(TargetEngine& engine, std::vector<int64_t> state
                                 const BlockContext& ctx, Proposer& proposer, int64_t nodes, int64_t depth) {
   check_budget(nodes, depth, engine.block_size());
   DecodeStats& stats = *ctx.stats;
-  const int64_t b = engine.block_size(), vocab = engine.vocab();
-  std::vector<float> logits = engine.block_logits(state, 1);
+  std::unique_ptr<PassOutputs> last = block_pass(engine, state, {0}, ctx, block);
+  int64_t last_row = 0;   // the row of `last` that `state` was seen in
   stats.passes["block"] += 1;
   uint32_t step = 0;
-  std::vector<int64_t> root = step_fn(state, logits.data(), vocab, ctx.mask_id, ctx.rule, ctx.sampling, block, step,
-                                      ctx.noise);
+  std::vector<int64_t> root = last->next_state(0, state, ctx, block, step);
   while (has_mask(root, ctx.mask_id)) {
     const double t0 = now_ms();
-    StaleView stale(logits.data(), b, vocab, state, ctx.mask_id, ctx.sampling, block, ctx.noise);
-    proposer.begin_round({&stale, ctx.rule, ctx.mask_id, block});
+    std::unique_ptr<StaleView> stale = last->stale(last_row, state, ctx, block, step);
+    proposer.begin_round({stale.get(), ctx.rule, ctx.mask_id, block});
     std::vector<Node> tree = build_tree(root, step + 1, proposer, nodes, depth, ctx.mask_id);
-    std::vector<int64_t> incomplete;
-    std::vector<int64_t> states;
+    std::map<int64_t, int64_t> row_of;
+    std::vector<int64_t> states, steps;
     for (size_t i = 0; i < tree.size(); ++i)
       if (has_mask(tree[i].state, ctx.mask_id)) {
-        incomplete.push_back(static_cast<int64_t>(i));
+        row_of[static_cast<int64_t>(i)] = static_cast<int64_t>(steps.size());
         states.insert(states.end(), tree[i].state.begin(), tree[i].state.end());
+        steps.push_back(tree[i].step);
       }
     const double t1 = now_ms();
-    std::vector<float> fresh = engine.block_logits(states, static_cast<int64_t>(incomplete.size()));
+    std::unique_ptr<PassOutputs> fresh = block_pass(engine, states, steps, ctx, block);
     const double t2 = now_ms();
     stats.passes["verify"] += 1;
-    std::map<int64_t, const float*> node_logits;
-    for (size_t j = 0; j < incomplete.size(); ++j) node_logits[incomplete[j]] = fresh.data() + j * b * vocab;
-    auto [end, next_root] = walk(tree, node_logits, ctx, block, vocab);
+    auto [end, next_root] = walk(tree, *fresh, row_of, ctx, block);
     const double t3 = now_ms();
     stats.draft_ms += t1 - t0;
     stats.target_ms += t2 - t1;
     stats.walk_ms += t3 - t2;
     stats.accepted_per_verify.push_back(tree[end].depth);
-    stats.nodes_per_verify.push_back(static_cast<int64_t>(incomplete.size()));
+    stats.nodes_per_verify.push_back(static_cast<int64_t>(steps.size()));
     state = tree[end].state;
     step = tree[end].step;
-    auto it = node_logits.find(end);
-    if (it != node_logits.end()) logits.assign(it->second, it->second + b * vocab);
+    auto it = row_of.find(end);
+    if (it != row_of.end()) {   // a complete end node ends the loop: nothing drafts from it
+      stale.reset();
+      last = std::move(fresh);
+      last_row = it->second;
+    }
     root = std::move(next_root);
   }
   stats.steps += has_mask(state, ctx.mask_id) ? step + 1 : step;
@@ -369,12 +438,12 @@ std::vector<int64_t> spot_block(TargetEngine& engine, std::vector<int64_t> state
 }  // namespace
 
 // -- stale view ----------------------------------------------------------------------------------------------------
-StaleView::StaleView(const float* logits, int64_t block_size, int64_t vocab, const std::vector<int64_t>& state,
+HostStaleView::HostStaleView(const float* logits, int64_t block_size, int64_t vocab, const std::vector<int64_t>& state,
                      int64_t mask_id, const Sampling& sampling, uint32_t block, NoiseRows* noise)
     : logits_(logits), b_(block_size), vocab_(vocab), positions_(masked_positions(state, mask_id)),
       sampling_(sampling), block_(block), noise_(noise) {}
 
-void StaleView::each_row(uint32_t step, const std::function<void(size_t, int64_t, const NoiseBinsRow*)>& visit) {
+void HostStaleView::each_row(uint32_t step, const std::function<void(size_t, int64_t, const NoiseBinsRow*)>& visit) {
   if (rows_.empty()) {
     rows_.resize(positions_.size());
     for (size_t k = 0; k < positions_.size(); ++k)
@@ -394,7 +463,7 @@ void StaleView::each_row(uint32_t step, const std::function<void(size_t, int64_t
   }
 }
 
-const StaleView::Coupled& StaleView::coupled(uint32_t step) {
+const StaleView::Coupled& HostStaleView::coupled(uint32_t step) {
   const uint32_t key = sampling_.temperature > 0 ? step : 0;   // at T = 0 no step differs: argmax and softmax of
   auto it = cache_.find(key);                                   // the same rows
   if (it != cache_.end()) return it->second;
@@ -407,10 +476,10 @@ const StaleView::Coupled& StaleView::coupled(uint32_t step) {
   return cache_.emplace(key, std::move(c)).first->second;
 }
 
-const StaleView::RunnerUp& StaleView::runner_up(uint32_t step) {
+const StaleView::RunnerUp* HostStaleView::runner_up(uint32_t step) {
   const uint32_t key = sampling_.temperature > 0 ? step : 0;
   auto it = runner_up_.find(key);
-  if (it != runner_up_.end()) return it->second;
+  if (it != runner_up_.end()) return &it->second;
   const Coupled& c = coupled(step);
   RunnerUp r;
   r.tokens.assign(static_cast<size_t>(b_), -1);
@@ -418,12 +487,60 @@ const StaleView::RunnerUp& StaleView::runner_up(uint32_t step) {
   each_row(step, [&](size_t k, int64_t pos, const NoiseBinsRow* g) {
     runner_up_row(rows_[k], g, sampling_.exclude_token, c.tokens[pos], r.tokens[pos], r.gap[pos]);
   });
-  return runner_up_.emplace(key, std::move(r)).first->second;
+  return &runner_up_.emplace(key, std::move(r)).first->second;
 }
 
-const std::vector<float>& StaleView::topk_logprobs() {
+const std::vector<float>& HostStaleView::topk_logprobs() {
   if (topk_.empty()) topk_ = spot::topk_logprobs(logits_, b_, vocab_, sampling_.temperature);
   return topk_;
+}
+
+SampledStaleView::SampledStaleView(const EpilogueResult& r, int64_t n, uint32_t first_step,
+                                   const std::vector<int64_t>& state, int64_t mask_id)
+    : r_(r), n_(n), first_step_(first_step), masked_(state.size()) {
+  for (size_t p = 0; p < state.size(); ++p) masked_[p] = state[p] == mask_id;
+  const float* top = r.top_logprobs.data() + n * r.b * kTopkFeatures;
+  topk_.assign(top, top + r.b * kTopkFeatures);
+}
+
+int64_t SampledStaleView::row(uint32_t step) const {
+  const int64_t j = static_cast<int64_t>(step) - static_cast<int64_t>(first_step_);
+  if (j < 0 || j >= r_.d)   // run_decoder keeps trees within the epilogue's depth
+    fail(SPOT_ERR_INTERNAL, "the device epilogue computed coupled samples for steps " + std::to_string(first_step_) +
+                                ".." + std::to_string(first_step_ + r_.d - 1) + ", got a request for step " +
+                                std::to_string(step));
+  return (n_ * r_.d + j) * r_.b;
+}
+
+const StaleView::Coupled& SampledStaleView::coupled(uint32_t step) {
+  auto it = cache_.find(step);
+  if (it != cache_.end()) return it->second;
+  const int64_t at = row(step);
+  Coupled c;
+  c.tokens.assign(static_cast<size_t>(r_.b), -1);
+  c.conf.assign(static_cast<size_t>(r_.b), kNegInf);
+  for (int64_t p = 0; p < r_.b; ++p)
+    if (masked_[p]) {
+      c.tokens[p] = r_.future_tokens[at + p];
+      c.conf[p] = r_.future_conf[at + p];
+    }
+  return cache_.emplace(step, std::move(c)).first->second;
+}
+
+const StaleView::RunnerUp* SampledStaleView::runner_up(uint32_t step) {
+  if (r_.future_runner_up.empty()) return nullptr;
+  auto it = runner_up_.find(step);
+  if (it != runner_up_.end()) return &it->second;
+  const int64_t at = row(step);
+  RunnerUp u;
+  u.tokens.assign(static_cast<size_t>(r_.b), -1);
+  u.gap.assign(static_cast<size_t>(r_.b), std::numeric_limits<double>::infinity());
+  for (int64_t p = 0; p < r_.b; ++p)
+    if (masked_[p]) {
+      u.tokens[p] = r_.future_runner_up[at + p];
+      u.gap[p] = r_.future_gap[at + p];
+    }
+  return &runner_up_.emplace(step, std::move(u)).first->second;
 }
 
 std::vector<float> topk_logprobs(const float* logits, int64_t rows, int64_t vocab, double temperature) {
@@ -756,7 +873,7 @@ std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<N
     std::vector<bool> mrow(static_cast<size_t>(b));
     for (int64_t p = 0; p < b; ++p) mrow[p] = masked[j * b + p] > 0;
     std::vector<double> logq = masked_log_softmax(order.data() + j * b, mrow, drafter_.order_temperature);
-    const StaleView::RunnerUp* up = drafter_.runner_up_weight > 0 ? &r.stale->runner_up(node.step) : nullptr;
+    const StaleView::RunnerUp* up = drafter_.runner_up_weight > 0 ? r.stale->runner_up(node.step) : nullptr;
     const std::vector<double> log_weight = up ? runner_up_log_weights(*up, drafter_.runner_up_weight, r.mask_id)
                                               : std::vector<double>();
     const std::vector<int64_t>* up_tokens = up ? &up->tokens : nullptr;
@@ -821,6 +938,17 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
       drafter->check_compatible(b, cfg);
       proposer = std::make_unique<DrafterProposer>(*drafter, kDrafterBranch, kDrafterLookahead);
     }
+  }
+  if (engine.samples_on_device()) {   // what the sampling epilogue serves (epilogue.check_sampling, spot.py)
+    if (req.top_p < 1.0)
+      fail(SPOT_ERR_UNSUPPORTED, "the device sampling epilogue does not implement top-p (got top_p " +
+                                     std::to_string(req.top_p) + "): use top_p 1 with it, or the host sampler");
+    if (proposer && nodes > 1 && depth > engine.sampler_depth())
+      fail(SPOT_ERR_INVALID_ARGUMENT, "tree depth " + std::to_string(depth) + " exceeds the " +
+                                          std::to_string(engine.sampler_depth()) + " future steps the device " +
+                                          "sampling epilogue computes: use depth <= " +
+                                          std::to_string(engine.sampler_depth()) + ", or re-export with more " +
+                                          "--epilogue-steps, or use the host sampler");
   }
   // generate(): the request checks of decode.check_request
   for (int64_t t : prompt)

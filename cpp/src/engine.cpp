@@ -104,6 +104,10 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
     ef.max_context = m.at("max_context").integer();
     const Json& target = m.at("graphs").at("target");
     ef.target_graph = join(folder, target.at("file").str());
+    if (const Json* epi = m.at("graphs").find("epilogue"); epi && !epi->is_null()) {
+      ef.epilogue_graph = join(folder, epi->at("file").str());
+      ef.epilogue_steps = epi->at("future_steps").integer();
+    }
     m.at("files").members();
   } catch (const SpotException& e) {
     if (e.code() != SPOT_ERR_CORRUPT) throw;
@@ -124,7 +128,7 @@ std::string trt_cache_dir(const ExportedFolder& f) {
   return join(join(base, "trt"), sha256_file(join(f.folder, kManifest)).substr(0, 16));
 }
 
-TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device)
+TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, Sampler sampler)
     : cfg_(f.config),
       b_(f.block_size),
       max_context_(std::min(f.max_context, f.config.max_position_embeddings)),
@@ -148,6 +152,43 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device)
     if (std::find(session_->output_names().begin(), session_->output_names().end(), want) ==
         session_->output_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no output '" + want + "': not a spot target graph");
+  open_epilogue(f, threads, device, sampler);
+}
+
+void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device device, Sampler sampler) {
+  const bool has = !f.epilogue_graph.empty();
+  if (!(sampler == Sampler::kDevice || (sampler == Sampler::kAuto && device != Device::kCpu && has))) return;
+  if (!has)
+    fail(SPOT_ERR_INCOMPATIBLE, f.folder + " has no sampling epilogue graph (needed by the device sampler): "
+                                           "re-export it with spot-export (it writes epilogue.onnx unless "
+                                           "--epilogue-steps 0), or use the host sampler");
+  if (f.epilogue_steps < 1)
+    fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + ": the epilogue's future_steps must be >= 1");
+  SessionConfig sc;
+  sc.intra_threads = threads;
+  sc.single_inter_thread = threads > 0;
+  // TensorRT has neither float64 nor uint32 arithmetic: the epilogue runs on the CUDA provider (as in Python)
+  sc.device = device == Device::kTensorRT ? Device::kCuda : device;
+  epilogue_ = std::make_unique<OrtSessionHandle>(f.epilogue_graph, sc);
+  // ort_engine.epilogue_outputs: every winner output, the two runner-up outputs both or neither
+  const auto& have = epilogue_->output_names();
+  auto has_output = [&](const std::string& n) { return std::find(have.begin(), have.end(), n) != have.end(); };
+  for (const char* n : {"token", "confidence", "future_tokens", "future_conf", "top_logprobs"}) {
+    if (!has_output(n))
+      fail(SPOT_ERR_INCOMPATIBLE, f.epilogue_graph + " is not a sampling epilogue this host reads: it has no " +
+                                      "output '" + n + "' (re-export the folder with spot-export, or use the " +
+                                      "host sampler)");
+    epilogue_outputs_.push_back(n);
+  }
+  if (has_output("future_runner_up") != has_output("future_gap"))
+    fail(SPOT_ERR_INCOMPATIBLE, f.epilogue_graph + " has only one of future_runner_up / future_gap: re-export it");
+  if (has_output("future_runner_up")) {
+    epilogue_outputs_.push_back("future_runner_up");
+    epilogue_outputs_.push_back("future_gap");
+  }
+  epilogue_steps_ = f.epilogue_steps;
+  epilogue_graph_path_ = f.epilogue_graph;
+  logits_place_ = std::make_unique<MemoryPlace>(sc.device);
 }
 
 void TargetEngine::check_ids(const std::vector<int64_t>& ids, const char* what) const {
@@ -165,17 +206,22 @@ void TargetEngine::check_room(int64_t n) const {
 
 std::vector<OrtOutput> TargetEngine::run(const std::vector<std::string>& outputs, const std::vector<int64_t>& ids,
                                          int64_t n, int64_t s, const std::vector<uint8_t>& bias) {
-  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
   std::vector<int64_t> pos(static_cast<size_t>(s));
   for (int64_t i = 0; i < s; ++i) pos[i] = cached_ + i;
-  std::vector<InputTensor> in = {
+  return session_->run(kInputs, inputs(ids, n, s, bias, pos), outputs);
+}
+
+std::vector<InputTensor> TargetEngine::inputs(const std::vector<int64_t>& ids, int64_t n, int64_t s,
+                                              const std::vector<uint8_t>& bias,
+                                              const std::vector<int64_t>& pos) const {
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  return {
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {n, s}, ids.data(), ids.size() * sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {s}, pos.data(), pos.size() * sizeof(int64_t)},
       {kv_type_, {s, cached_ + s}, bias.data(), bias.size()},
       {kv_type_, {L, H, cached_, D}, k_.data(), k_.size()},
       {kv_type_, {L, H, cached_, D}, v_.data(), v_.size()},
   };
-  return session_->run(kInputs, in, outputs);
 }
 
 std::vector<uint8_t> TargetEngine::step_bias() const {
@@ -234,7 +280,7 @@ void TargetEngine::prefill(const std::vector<int64_t>& ids) {
   cached_ = p;
 }
 
-std::vector<float> TargetEngine::block_logits(const std::vector<int64_t>& states, int64_t n) {
+void TargetEngine::check_states(const std::vector<int64_t>& states, int64_t n) const {
   check_ids(states, "block states");
   if (n < 1 || states.size() != static_cast<size_t>(n * b_))
     fail(SPOT_ERR_INVALID_ARGUMENT, "block states: expected [N>=1, " + std::to_string(b_) + "]");
@@ -243,6 +289,75 @@ std::vector<float> TargetEngine::block_logits(const std::vector<int64_t>& states
     fail(SPOT_ERR_INVALID_ARGUMENT, std::to_string(n) + " candidate states in one pass exceed the export's "
                                                          "max_nodes " + std::to_string(max_nodes_) +
                                         ": re-export with a larger --max-nodes or draft fewer nodes");
+}
+
+namespace {
+
+void non_finite(int64_t position) {
+  fail(SPOT_ERR_RUNTIME, "the ort engine produced non-finite logits (NaN or inf) for the block at position " +
+                             std::to_string(position) + ": the weights or the export are broken, or fp16 "
+                                                        "overflowed: try an fp32 export");
+}
+
+// An epilogue output as a host vector of T, checked against its expected element type and shape.
+template <typename T>
+std::vector<T> epilogue_array(const OrtOutput& out, ONNXTensorElementDataType type, const std::vector<int64_t>& shape,
+                              const std::string& name, const std::string& graph) {
+  if (out.type() != type || out.shape() != shape)
+    fail(SPOT_ERR_INCOMPATIBLE, graph + " returned " + name + " of an unexpected type or shape: not a sampling "
+                                        "epilogue this host reads (re-export the folder, or use the host sampler)");
+  size_t count = 1;
+  for (int64_t d : shape) count *= static_cast<size_t>(d);
+  const T* p = static_cast<const T*>(out.data());
+  return std::vector<T>(p, p + count);
+}
+
+}  // namespace
+
+EpilogueResult TargetEngine::block_samples(const std::vector<int64_t>& states, int64_t n,
+                                           const std::vector<int64_t>& steps, const EpilogueSampling& sampling,
+                                           uint32_t block) {
+  if (!epilogue_) fail(SPOT_ERR_INTERNAL, "block_samples without the device sampler");
+  check_states(states, n);
+  if (steps.size() != static_cast<size_t>(n)) fail(SPOT_ERR_INTERNAL, "block_samples: one step per state");
+  std::vector<int64_t> pos(static_cast<size_t>(b_));
+  for (int64_t i = 0; i < b_; ++i) pos[i] = cached_ + i;
+  const std::vector<uint8_t> bias = step_bias();
+  OrtOutput logits = session_->run_keeping(kInputs, inputs(states, n, b_, bias, pos), "logits", *logits_place_);
+  const int64_t seed = sampling.seed, blk = block;
+  const std::vector<std::string> names = {"node_steps", "seed", "block", "temperature", "top_k", "exclude_token"};
+  const std::vector<InputTensor> scalars = {
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {n}, steps.data(), steps.size() * sizeof(int64_t)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &seed, sizeof(int64_t)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &blk, sizeof(int64_t)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE, {}, &sampling.temperature, sizeof(double)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &sampling.top_k, sizeof(int64_t)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &sampling.exclude_token, sizeof(int64_t)},
+  };
+  std::vector<OrtOutput> out = epilogue_->run(names, scalars, epilogue_outputs_, {{"logits", logits.value()}});
+  const int64_t d = epilogue_steps_;
+  const std::string& g = epilogue_graph_path_;
+  EpilogueResult r;
+  r.n = n;
+  r.b = b_;
+  r.d = d;
+  const auto I64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, F64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
+  r.token = epilogue_array<int64_t>(out[0], I64, {n, b_}, "token", g);
+  r.confidence = epilogue_array<double>(out[1], F64, {n, b_}, "confidence", g);
+  r.future_tokens = epilogue_array<int64_t>(out[2], I64, {n, d, b_}, "future_tokens", g);
+  r.future_conf = epilogue_array<double>(out[3], F64, {n, d, b_}, "future_conf", g);
+  r.top_logprobs = epilogue_array<float>(out[4], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {n, b_, 32}, "top_logprobs", g);
+  if (out.size() > 5) {
+    r.future_runner_up = epilogue_array<int64_t>(out[5], I64, {n, d, b_}, "future_runner_up", g);
+    r.future_gap = epilogue_array<double>(out[6], F64, {n, d, b_}, "future_gap", g);
+  }
+  for (double c : r.confidence)   // NaN / inf logits make the softmax non-finite
+    if (!std::isfinite(c)) non_finite(cached_);
+  return r;
+}
+
+std::vector<float> TargetEngine::block_logits(const std::vector<int64_t>& states, int64_t n) {
+  check_states(states, n);
   std::vector<OrtOutput> out = run({"logits"}, states, n, b_, step_bias());
   std::vector<int64_t> want = {n, b_, cfg_.vocab_size};
   if (out[0].shape() != want || out[0].type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
@@ -250,10 +365,7 @@ std::vector<float> TargetEngine::block_logits(const std::vector<int64_t>& states
   const float* p = static_cast<const float*>(out[0].data());
   std::vector<float> logits(p, p + n * b_ * cfg_.vocab_size);
   for (float x : logits)
-    if (!std::isfinite(x))
-      fail(SPOT_ERR_RUNTIME, "the ort engine produced non-finite logits (NaN or inf) for the block at position " +
-                                 std::to_string(cached_) + ": the weights or the export are broken, or fp16 "
-                                                           "overflowed: try an fp32 export");
+    if (!std::isfinite(x)) non_finite(cached_);
   return logits;
 }
 

@@ -27,6 +27,32 @@ struct ExportedFolder {
   std::string dtype;            // fp32 | fp16
   int64_t block_size = 0, max_nodes = 0, max_context = 0;
   std::string target_graph;     // absolute path of target.onnx
+  std::string epilogue_graph;   // absolute path of epilogue.onnx; empty: the export has no sampling epilogue
+  int64_t epilogue_steps = 0;   // its future steps D (the deepest tree it serves)
+};
+
+// Where F's sampling runs (spot.engines.ort_engine.use_device_sampler): host = the logits come to the host loop;
+// device = the export's sampling epilogue runs next to the target and only its samples come back; auto = device
+// on a GPU provider when the folder has an epilogue.
+enum class Sampler { kAuto, kHost, kDevice };
+
+// The sampling epilogue's results for N states (spot.export.epilogue.EpilogueResult), on the host.
+struct EpilogueResult {
+  int64_t n = 0, b = 0, d = 0;
+  std::vector<int64_t> token;             // [N, B] F's sample at each state's step
+  std::vector<double> confidence;         // [N, B]
+  std::vector<int64_t> future_tokens;     // [N, D, B] coupled samples at steps step+1 .. step+D
+  std::vector<double> future_conf;        // [N, D, B]
+  std::vector<float> top_logprobs;        // [N, B, 32]
+  std::vector<int64_t> future_runner_up;  // [N, D, B]; empty: an epilogue exported without runner-ups
+  std::vector<double> future_gap;         // [N, D, B]; empty likewise
+};
+
+struct EpilogueSampling {                 // the epilogue's scalar inputs
+  double temperature = 0.0;
+  uint32_t seed = 0;
+  int64_t top_k = 0;
+  int64_t exclude_token = -1;
 };
 
 // Open and verify a folder (SpotException naming the file when absent, foreign or changed).
@@ -39,7 +65,8 @@ std::string trt_cache_dir(const ExportedFolder& folder);
 
 class TargetEngine {
  public:
-  TargetEngine(const ExportedFolder& folder, int threads, Device device = Device::kCpu);
+  TargetEngine(const ExportedFolder& folder, int threads, Device device = Device::kCpu,
+               Sampler sampler = Sampler::kAuto);
 
   int64_t block_size() const { return b_; }
   int64_t vocab() const { return cfg_.vocab_size; }
@@ -51,10 +78,19 @@ class TargetEngine {
   // logits [N, B, V] float32 of N states [N*B] after the cache; stores nothing
   std::vector<float> block_logits(const std::vector<int64_t>& states, int64_t n);
   void store(const std::vector<int64_t>& state);             // appends the finished block's K/V
+  // with the device sampler: the epilogue's samples of N states [N*B] whose commit steps are steps [N]
+  bool samples_on_device() const { return epilogue_ != nullptr; }
+  int64_t sampler_depth() const { return epilogue_steps_; }  // 0 without the device sampler
+  EpilogueResult block_samples(const std::vector<int64_t>& states, int64_t n, const std::vector<int64_t>& steps,
+                               const EpilogueSampling& sampling, uint32_t block);
 
  private:
   std::vector<OrtOutput> run(const std::vector<std::string>& outputs, const std::vector<int64_t>& ids, int64_t n,
                              int64_t s, const std::vector<uint8_t>& bias);
+  std::vector<InputTensor> inputs(const std::vector<int64_t>& ids, int64_t n, int64_t s,
+                                  const std::vector<uint8_t>& bias, const std::vector<int64_t>& pos) const;
+  void check_states(const std::vector<int64_t>& states, int64_t n) const;
+  void open_epilogue(const ExportedFolder& f, int threads, Device device, Sampler sampler);
   std::vector<uint8_t> step_bias() const;
   void check_ids(const std::vector<int64_t>& ids, const char* what) const;
   void check_room(int64_t n) const;
@@ -65,6 +101,11 @@ class TargetEngine {
   size_t elem_;                              // bytes per K/V element (4 fp32, 2 fp16)
   ONNXTensorElementDataType kv_type_;
   std::unique_ptr<OrtSessionHandle> session_;
+  std::unique_ptr<OrtSessionHandle> epilogue_;   // the device sampler's epilogue; null: host sampling
+  std::unique_ptr<MemoryPlace> logits_place_;    // where the target's logits stay for the epilogue
+  std::vector<std::string> epilogue_outputs_;
+  int64_t epilogue_steps_ = 0;
+  std::string epilogue_graph_path_;
   std::vector<uint8_t> k_, v_;               // [L, Hkv, C, D] in the model dtype
   int64_t cached_ = 0;
 };

@@ -210,42 +210,101 @@ OrtSessionHandle::~OrtSessionHandle() {
   if (session_) ort_api().ReleaseSession(session_);
 }
 
-std::vector<OrtOutput> OrtSessionHandle::run(const std::vector<std::string>& input_names,
-                                             const std::vector<InputTensor>& inputs,
-                                             const std::vector<std::string>& output_names) {
+std::vector<OrtValue*> OrtSessionHandle::host_values(const std::vector<InputTensor>& inputs) {
   const OrtApi& api = ort_api();
   static const uint64_t kEmpty = 0;   // ORT wants a non-null pointer even for zero-size tensors
   std::vector<OrtValue*> in(inputs.size(), nullptr);
-  std::vector<OrtValue*> out(output_names.size(), nullptr);
-  std::vector<const char*> in_names, out_names;
-  for (const auto& n : input_names) in_names.push_back(n.c_str());
-  for (const auto& n : output_names) out_names.push_back(n.c_str());
-  auto release_all = [&]() {
-    for (OrtValue* v : in)
-      if (v) api.ReleaseValue(v);
-    for (OrtValue* v : out)
-      if (v) api.ReleaseValue(v);
-  };
-  OrtStatus* st = nullptr;
-  for (size_t i = 0; i < inputs.size() && st == nullptr; ++i) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
     const InputTensor& t = inputs[i];
     void* data = const_cast<void*>(t.bytes ? t.data : static_cast<const void*>(&kEmpty));
-    st = api.CreateTensorWithDataAsOrtValue(mem_, data, t.bytes, t.shape.data(), t.shape.size(), t.type, &in[i]);
+    OrtStatus* st =
+        api.CreateTensorWithDataAsOrtValue(mem_, data, t.bytes, t.shape.data(), t.shape.size(), t.type, &in[i]);
+    if (st != nullptr) {
+      for (OrtValue* v : in)
+        if (v) api.ReleaseValue(v);
+      failed(st);
+    }
   }
-  if (st == nullptr)
-    st = api.Run(session_, nullptr, in_names.data(), in.data(), in.size(), out_names.data(), out_names.size(),
-                 out.data());
+  return in;
+}
+
+void OrtSessionHandle::failed(OrtStatus* st) {
+  std::string msg = ort_api().GetErrorMessage(st);
+  ort_api().ReleaseStatus(st);
+  fail(SPOT_ERR_RUNTIME, "onnxruntime failed running " + path_ + ": " + msg.substr(0, 400));
+}
+
+std::vector<OrtOutput> OrtSessionHandle::run(const std::vector<std::string>& input_names,
+                                             const std::vector<InputTensor>& inputs,
+                                             const std::vector<std::string>& output_names,
+                                             const std::vector<BorrowedInput>& borrowed) {
+  const OrtApi& api = ort_api();
+  std::vector<OrtValue*> owned = host_values(inputs);
+  std::vector<const OrtValue*> in(owned.begin(), owned.end());
+  std::vector<const char*> in_names, out_names;
+  for (const auto& n : input_names) in_names.push_back(n.c_str());
+  for (const auto& b : borrowed) {
+    in_names.push_back(b.name.c_str());
+    in.push_back(b.value);
+  }
+  for (const auto& n : output_names) out_names.push_back(n.c_str());
+  std::vector<OrtValue*> out(output_names.size(), nullptr);
+  OrtStatus* st = api.Run(session_, nullptr, in_names.data(), in.data(), in.size(), out_names.data(),
+                          out_names.size(), out.data());
+  for (OrtValue* v : owned) api.ReleaseValue(v);
   if (st != nullptr) {
-    std::string msg = api.GetErrorMessage(st);
-    api.ReleaseStatus(st);
-    release_all();
-    fail(SPOT_ERR_RUNTIME, "onnxruntime failed running " + path_ + ": " + msg.substr(0, 400));
+    for (OrtValue* v : out)
+      if (v) api.ReleaseValue(v);
+    failed(st);
   }
-  for (OrtValue* v : in) api.ReleaseValue(v);
   std::vector<OrtOutput> result;
   result.reserve(out.size());
   for (OrtValue* v : out) result.emplace_back(v);
   return result;
+}
+
+OrtOutput OrtSessionHandle::run_keeping(const std::vector<std::string>& input_names,
+                                        const std::vector<InputTensor>& inputs, const std::string& output_name,
+                                        const MemoryPlace& place) {
+  const OrtApi& api = ort_api();
+  std::vector<OrtValue*> owned = host_values(inputs);
+  OrtIoBinding* binding = nullptr;
+  OrtStatus* st = api.CreateIoBinding(session_, &binding);
+  for (size_t i = 0; i < owned.size() && st == nullptr; ++i)
+    st = api.BindInput(binding, input_names[i].c_str(), owned[i]);
+  if (st == nullptr) st = api.BindOutputToDevice(binding, output_name.c_str(), place.info());
+  if (st == nullptr) st = api.RunWithBinding(session_, nullptr, binding);
+  OrtValue** values = nullptr;
+  size_t count = 0;
+  OrtAllocator* alloc = nullptr;
+  if (st == nullptr) st = api.GetAllocatorWithDefaultOptions(&alloc);
+  if (st == nullptr) st = api.GetBoundOutputValues(binding, alloc, &values, &count);
+  OrtValue* kept = nullptr;
+  if (st == nullptr) {
+    for (size_t i = 0; i < count; ++i) {
+      if (i == 0) kept = values[i];
+      else api.ReleaseValue(values[i]);
+    }
+    st = api.AllocatorFree(alloc, values);
+  }
+  if (binding) api.ReleaseIoBinding(binding);
+  for (OrtValue* v : owned) api.ReleaseValue(v);
+  OrtOutput result(kept);   // owns the value from here, whatever follows
+  if (st != nullptr) failed(st);
+  if (kept == nullptr) fail(SPOT_ERR_RUNTIME, path_ + " returned no " + output_name);
+  return result;
+}
+
+MemoryPlace::MemoryPlace(Device device) {
+  const OrtApi& api = ort_api();
+  if (device == Device::kCpu)
+    check(api.CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &info_), "CreateCpuMemoryInfo");
+  else   // TensorRT's outputs live in CUDA memory too
+    check(api.CreateMemoryInfo("Cuda", OrtDeviceAllocator, 0, OrtMemTypeDefault, &info_), "CreateMemoryInfo");
+}
+
+MemoryPlace::~MemoryPlace() {
+  if (info_) ort_api().ReleaseMemoryInfo(info_);
 }
 
 }  // namespace spot

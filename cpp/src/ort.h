@@ -44,10 +44,30 @@ class OrtOutput {
   ~OrtOutput();
   std::vector<int64_t> shape() const;
   ONNXTensorElementDataType type() const;
-  const void* data() const;
+  const void* data() const;          // host outputs only
+  const OrtValue* value() const { return v_; }
 
  private:
   OrtValue* v_;
+};
+
+// Where an output is kept: CPU memory, or device 0 of the CUDA provider (an OrtValue that never reaches the host).
+class MemoryPlace {
+ public:
+  explicit MemoryPlace(Device device);
+  ~MemoryPlace();
+  MemoryPlace(const MemoryPlace&) = delete;
+  MemoryPlace& operator=(const MemoryPlace&) = delete;
+  const OrtMemoryInfo* info() const { return info_; }
+
+ private:
+  OrtMemoryInfo* info_ = nullptr;
+};
+
+// An ORT value fed to a session as it is (on whatever device holds it).
+struct BorrowedInput {
+  std::string name;
+  const OrtValue* value;
 };
 
 class OrtSessionHandle {
@@ -60,13 +80,19 @@ class OrtSessionHandle {
   const std::vector<std::string>& input_names() const { return inputs_; }
   const std::vector<std::string>& output_names() const { return outputs_; }
   std::vector<OrtOutput> run(const std::vector<std::string>& input_names, const std::vector<InputTensor>& inputs,
-                             const std::vector<std::string>& output_names);
+                             const std::vector<std::string>& output_names,
+                             const std::vector<BorrowedInput>& borrowed = {});
+  // One output, left where `place` says (IOBinding): a GPU engine's logits stay on the device for the epilogue.
+  OrtOutput run_keeping(const std::vector<std::string>& input_names, const std::vector<InputTensor>& inputs,
+                        const std::string& output_name, const MemoryPlace& place);
 
  private:
   OrtSession* session_ = nullptr;
   OrtMemoryInfo* mem_ = nullptr;
   std::vector<std::string> inputs_, outputs_;
   std::string path_;
+  std::vector<OrtValue*> host_values(const std::vector<InputTensor>& inputs);   // released by the caller
+  [[noreturn]] void failed(OrtStatus* st);
 };
 
 }  // namespace spot

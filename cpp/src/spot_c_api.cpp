@@ -61,6 +61,7 @@ void spot_open_options_init(spot_open_options* o) {
   o->verify = SPOT_VERIFY_QUICK;
   o->threads = 0;
   o->device = SPOT_DEVICE_CPU;
+  o->sampler = SPOT_SAMPLER_AUTO;
 }
 
 void spot_generate_options_init(spot_generate_options* o) {
@@ -98,12 +99,18 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
   const spot::Device device = opts.device == SPOT_DEVICE_CUDA       ? spot::Device::kCuda
                               : opts.device == SPOT_DEVICE_TENSORRT ? spot::Device::kTensorRT
                                                                     : spot::Device::kCpu;
+  if (opts.sampler != SPOT_SAMPLER_AUTO && opts.sampler != SPOT_SAMPLER_HOST && opts.sampler != SPOT_SAMPLER_DEVICE)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: unknown sampler " + std::to_string(opts.sampler) +
+                                                         ", expected SPOT_SAMPLER_AUTO, _HOST or _DEVICE");
+  const spot::Sampler sampler = opts.sampler == SPOT_SAMPLER_HOST     ? spot::Sampler::kHost
+                                : opts.sampler == SPOT_SAMPLER_DEVICE ? spot::Sampler::kDevice
+                                                                      : spot::Sampler::kAuto;
   spot_model* model = nullptr;
   spot_status st = guarded(err, [&]() {
     auto m = std::make_unique<spot_model>();
     m->folder = spot::load_exported_folder(folder, opts.verify);
     m->ort_version = spot::ort_version();
-    m->engine = std::make_unique<spot::TargetEngine>(m->folder, opts.threads, device);
+    m->engine = std::make_unique<spot::TargetEngine>(m->folder, opts.threads, device, sampler);
     std::string drafter_dir;
     if (opts.drafter_dir != nullptr) {
       drafter_dir = opts.drafter_dir;

@@ -50,18 +50,25 @@ typedef enum spot_verify {
 
 /* Where the target graph runs (the drafter, a few kB, always runs on the CPU). The GPU devices need the host linked
  * against an onnxruntime-gpu library; the KV cache stays in host memory and each pass copies it to the device, so
- * they suit unified-memory Jetsons and small contexts (docs/cpp-host.md). Not yet run on a GPU by this project. */
+ * they suit unified-memory Jetsons and small contexts; the logits stay on the device with the device sampler (docs/cpp-host.md). Not yet run on a GPU by this project. */
 typedef enum spot_device {
   SPOT_DEVICE_CPU = 0,     /* ONNX Runtime's CPU execution provider (the default) */
   SPOT_DEVICE_CUDA = 1,    /* the CUDA execution provider */
   SPOT_DEVICE_TENSORRT = 2 /* TensorRT, CUDA for what it does not take; engines cached in $SPOT_CACHE/trt/ */
 } spot_device;
 
+/* Where F's sampling runs (the Python runtime's --sampler). HOST: the target's logits come to the host loop.
+ * DEVICE: the export's sampling epilogue (epilogue.onnx, docs/gpu-path.md) runs next to the target on its device and
+ * only its samples come back (a GPU keeps the [N, B, V] logits); the same tokens bit for bit, no top-p, trees no
+ * deeper than the epilogue's future steps. AUTO: DEVICE on a GPU device when the folder has an epilogue. */
+typedef enum spot_sampler { SPOT_SAMPLER_AUTO = 0, SPOT_SAMPLER_HOST = 1, SPOT_SAMPLER_DEVICE = 2 } spot_sampler;
+
 typedef struct spot_open_options {
   const char* drafter_dir; /* folder with drafter.onnx + drafter.json; NULL: the model folder's own, if any */
   spot_verify verify;
   int threads;             /* intra-op threads of the target session; 0: ONNX Runtime's default */
   spot_device device;      /* SPOT_DEVICE_CPU unless set */
+  spot_sampler sampler;    /* SPOT_SAMPLER_AUTO unless set */
 } spot_open_options;
 
 typedef enum spot_decoder {
