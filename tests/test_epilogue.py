@@ -19,7 +19,8 @@ from spot.runtime.step import Sampling
 
 onnx = pytest.importorskip("onnx")
 from spot.export.epilogue import (FALLBACK_OUTPUT, OUTPUTS, EpilogueSpec, epilogue_feeds,  # noqa: E402
-                                  build_epilogue, build_noise_graph, check_sampling, declared_output_shapes, make_epilogue_session,
+                                  build_epilogue, build_noise_graph, check_sampling, declared_output_shapes,
+                                  make_epilogue_session,
                                   reference_epilogue, reference_noise, run_epilogue)
 
 

@@ -50,7 +50,8 @@ typedef enum spot_verify {
 
 /* Where the target graph runs (the drafter, a few kB, always runs on the CPU). The GPU devices need the host linked
  * against an onnxruntime-gpu library; the KV cache stays in host memory and each pass copies it to the device, so
- * they suit unified-memory Jetsons and small contexts; the logits stay on the device with the device sampler (docs/cpp-host.md). Not yet run on a GPU by this project. */
+ * they suit unified-memory Jetsons and small contexts; with the device sampler the logits stay on the device
+ * (docs/cpp-host.md). Not yet run on a GPU by this project. */
 typedef enum spot_device {
   SPOT_DEVICE_CPU = 0,     /* ONNX Runtime's CPU execution provider (the default) */
   SPOT_DEVICE_CUDA = 1,    /* the CUDA execution provider */
