@@ -315,14 +315,16 @@ class SampledPassOutputs : public PassOutputs {
  public:
   explicit SampledPassOutputs(EpilogueResult r) : r_(std::move(r)) {}
   std::vector<int64_t> next_state(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx, uint32_t,
-                                  uint32_t) const override {   // step_fn.commit_samples of the epilogue's samples
+                                  uint32_t) const override {
     const std::vector<int64_t> masked = masked_positions(state, ctx.mask_id);
     if (masked.empty()) return state;
+    std::vector<int64_t> tokens(masked.size());
     std::vector<double> conf(masked.size());
-    for (size_t k = 0; k < masked.size(); ++k) conf[k] = r_.confidence[n * r_.b + masked[k]];
-    std::vector<int64_t> out = state;
-    for (int64_t i : select_commits(conf, ctx.rule)) out[masked[i]] = r_.token[n * r_.b + masked[i]];
-    return out;
+    for (size_t k = 0; k < masked.size(); ++k) {
+      tokens[k] = r_.token[n * r_.b + masked[k]];
+      conf[k] = r_.confidence[n * r_.b + masked[k]];
+    }
+    return commit_samples(state, masked, tokens, conf, ctx.rule);
   }
   std::unique_ptr<StaleView> stale(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx, uint32_t,
                                    uint32_t step) const override {
@@ -339,12 +341,7 @@ std::unique_ptr<PassOutputs> block_pass(TargetEngine& engine, const std::vector<
   const int64_t n = static_cast<int64_t>(steps.size());
   if (!engine.samples_on_device())
     return std::make_unique<HostPassOutputs>(engine.block_logits(states, n), engine.block_size(), engine.vocab());
-  EpilogueSampling s;
-  s.temperature = ctx.sampling.temperature;
-  s.seed = ctx.sampling.seed;
-  s.top_k = ctx.sampling.top_k;
-  s.exclude_token = ctx.sampling.exclude_token;
-  return std::make_unique<SampledPassOutputs>(engine.block_samples(states, n, steps, s, block));
+  return std::make_unique<SampledPassOutputs>(engine.block_samples(states, n, steps, ctx.sampling, block));
 }
 
 std::vector<int64_t> standard_block(TargetEngine& engine, std::vector<int64_t> state, uint32_t block,
@@ -516,14 +513,7 @@ const StaleView::Coupled& SampledStaleView::coupled(uint32_t step) {
   auto it = cache_.find(step);
   if (it != cache_.end()) return it->second;
   const int64_t at = row(step);
-  Coupled c;
-  c.tokens.assign(static_cast<size_t>(r_.b), -1);
-  c.conf.assign(static_cast<size_t>(r_.b), kNegInf);
-  for (int64_t p = 0; p < r_.b; ++p)
-    if (masked_[p]) {
-      c.tokens[p] = r_.future_tokens[at + p];
-      c.conf[p] = r_.future_conf[at + p];
-    }
+  Coupled c{masked_row(r_.future_tokens, at, int64_t{-1}), masked_row(r_.future_conf, at, kNegInf)};
   return cache_.emplace(step, std::move(c)).first->second;
 }
 
@@ -532,14 +522,8 @@ const StaleView::RunnerUp* SampledStaleView::runner_up(uint32_t step) {
   auto it = runner_up_.find(step);
   if (it != runner_up_.end()) return &it->second;
   const int64_t at = row(step);
-  RunnerUp u;
-  u.tokens.assign(static_cast<size_t>(r_.b), -1);
-  u.gap.assign(static_cast<size_t>(r_.b), std::numeric_limits<double>::infinity());
-  for (int64_t p = 0; p < r_.b; ++p)
-    if (masked_[p]) {
-      u.tokens[p] = r_.future_runner_up[at + p];
-      u.gap[p] = r_.future_gap[at + p];
-    }
+  RunnerUp u{masked_row(r_.future_runner_up, at, int64_t{-1}),
+             masked_row(r_.future_gap, at, std::numeric_limits<double>::infinity())};
   return &runner_up_.emplace(step, std::move(u)).first->second;
 }
 

@@ -71,6 +71,14 @@ class SampledStaleView : public StaleView {
 
  private:
   int64_t row(uint32_t step) const;   // index into the future rows
+  // src[at .. at + B) where s_m is masked, `fill` elsewhere (stale.SampledStaleView's np.where)
+  template <typename T>
+  std::vector<T> masked_row(const std::vector<T>& src, int64_t at, T fill) const {
+    std::vector<T> out(masked_.size(), fill);
+    for (size_t p = 0; p < masked_.size(); ++p)
+      if (masked_[p]) out[p] = src[at + static_cast<int64_t>(p)];
+    return out;
+  }
   const EpilogueResult& r_;
   int64_t n_;
   uint32_t first_step_;

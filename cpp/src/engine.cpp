@@ -121,6 +121,19 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
   return ef;
 }
 
+namespace {
+
+// threads as the Python runtime sets them: intra-op threads and one inter-op thread, or ORT's defaults at 0
+SessionConfig session_config(int threads, Device device) {
+  SessionConfig sc;
+  sc.intra_threads = threads;
+  sc.single_inter_thread = threads > 0;
+  sc.device = device;
+  return sc;
+}
+
+}  // namespace
+
 std::string trt_cache_dir(const ExportedFolder& f) {
   const char* env = std::getenv("SPOT_CACHE");
   const char* home = std::getenv("HOME");
@@ -135,10 +148,7 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
       max_nodes_(f.max_nodes),
       elem_(f.dtype == "fp16" ? 2 : 4),
       kv_type_(f.dtype == "fp16" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-  SessionConfig sc;
-  sc.intra_threads = threads;
-  sc.single_inter_thread = threads > 0;
-  sc.device = device;
+  SessionConfig sc = session_config(threads, device);
   if (device == Device::kTensorRT) {
     sc.trt_cache_dir = trt_cache_dir(f);
     sc.trt_fp16 = f.dtype == "fp16";
@@ -164,11 +174,8 @@ void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device de
                                            "--epilogue-steps 0), or use the host sampler");
   if (f.epilogue_steps < 1)
     fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + ": the epilogue's future_steps must be >= 1");
-  SessionConfig sc;
-  sc.intra_threads = threads;
-  sc.single_inter_thread = threads > 0;
   // TensorRT has neither float64 nor uint32 arithmetic: the epilogue runs on the CUDA provider (as in Python)
-  sc.device = device == Device::kTensorRT ? Device::kCuda : device;
+  SessionConfig sc = session_config(threads, device == Device::kTensorRT ? Device::kCuda : device);
   epilogue_ = std::make_unique<OrtSessionHandle>(f.epilogue_graph, sc);
   // ort_engine.epilogue_outputs: every winner output, the two runner-up outputs both or neither
   const auto& have = epilogue_->output_names();
@@ -315,7 +322,7 @@ std::vector<T> epilogue_array(const OrtOutput& out, ONNXTensorElementDataType ty
 }  // namespace
 
 EpilogueResult TargetEngine::block_samples(const std::vector<int64_t>& states, int64_t n,
-                                           const std::vector<int64_t>& steps, const EpilogueSampling& sampling,
+                                           const std::vector<int64_t>& steps, const Sampling& sampling,
                                            uint32_t block) {
   if (!epilogue_) fail(SPOT_ERR_INTERNAL, "block_samples without the device sampler");
   check_states(states, n);
@@ -324,7 +331,7 @@ EpilogueResult TargetEngine::block_samples(const std::vector<int64_t>& states, i
   for (int64_t i = 0; i < b_; ++i) pos[i] = cached_ + i;
   const std::vector<uint8_t> bias = step_bias();
   OrtOutput logits = session_->run_keeping(kInputs, inputs(states, n, b_, bias, pos), "logits", *logits_place_);
-  const int64_t seed = sampling.seed, blk = block;
+  const int64_t seed = sampling.seed, blk = block;   // the epilogue's scalars (top-p is refused upstream)
   const std::vector<std::string> names = {"node_steps", "seed", "block", "temperature", "top_k", "exclude_token"};
   const std::vector<InputTensor> scalars = {
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {n}, steps.data(), steps.size() * sizeof(int64_t)},

@@ -11,6 +11,7 @@
 #include "json.h"
 #include "ort.h"
 #include "spot/spot.h"
+#include "step.h"
 
 namespace spot {
 
@@ -48,12 +49,6 @@ struct EpilogueResult {
   std::vector<double> future_gap;         // [N, D, B]; empty likewise
 };
 
-struct EpilogueSampling {                 // the epilogue's scalar inputs
-  double temperature = 0.0;
-  uint32_t seed = 0;
-  int64_t top_k = 0;
-  int64_t exclude_token = -1;
-};
 
 // Open and verify a folder (SpotException naming the file when absent, foreign or changed).
 ExportedFolder load_exported_folder(const std::string& folder, spot_verify verify);
@@ -82,7 +77,7 @@ class TargetEngine {
   bool samples_on_device() const { return epilogue_ != nullptr; }
   int64_t sampler_depth() const { return epilogue_steps_; }  // 0 without the device sampler
   EpilogueResult block_samples(const std::vector<int64_t>& states, int64_t n, const std::vector<int64_t>& steps,
-                               const EpilogueSampling& sampling, uint32_t block);
+                               const Sampling& sampling, uint32_t block);
 
  private:
   std::vector<OrtOutput> run(const std::vector<std::string>& outputs, const std::vector<int64_t>& ids, int64_t n,

@@ -37,11 +37,15 @@ void init_runtime() {
   }
 }
 
-void check(OrtStatus* st, const std::string& what) {
-  if (st == nullptr) return;
+// A failed status's message, the status released.
+std::string take_message(OrtStatus* st) {
   std::string msg = ort_api().GetErrorMessage(st);
   ort_api().ReleaseStatus(st);
-  fail(SPOT_ERR_RUNTIME, what + ": " + msg);
+  return msg;
+}
+
+void check(OrtStatus* st, const std::string& what) {
+  if (st != nullptr) fail(SPOT_ERR_RUNTIME, what + ": " + take_message(st));
 }
 
 // A provider the library lacks is the user's setup, not a failure of ONNX Runtime: say which library to link.
@@ -59,10 +63,8 @@ void require_provider(const std::string& provider, const std::string& device) {
 // A provider the library has but whose CUDA / cuDNN / TensorRT libraries did not load.
 void check_provider(OrtStatus* st, const std::string& provider) {
   if (st == nullptr) return;
-  std::string msg = ort_api().GetErrorMessage(st);
-  ort_api().ReleaseStatus(st);
   fail(SPOT_ERR_RUNTIME, provider + " did not load (are the CUDA, cuDNN and TensorRT libraries it was built " +
-                             "for on the library path?): " + msg.substr(0, 400));
+                             "for on the library path?): " + take_message(st).substr(0, 400));
 }
 
 void append_cuda(OrtSessionOptions* so) {
@@ -179,11 +181,8 @@ OrtSessionHandle::OrtSessionHandle(const std::string& path, const SessionConfig&
   if (st == nullptr && cfg.single_inter_thread) st = api.SetInterOpNumThreads(so, 1);
   if (st == nullptr) st = api.CreateSession(g_env, path.c_str(), so, &session_);
   api.ReleaseSessionOptions(so);
-  if (st != nullptr) {
-    std::string msg = api.GetErrorMessage(st);
-    api.ReleaseStatus(st);
-    fail(SPOT_ERR_RUNTIME, "onnxruntime could not load " + path + ": " + msg.substr(0, 400));
-  }
+  if (st != nullptr)
+    fail(SPOT_ERR_RUNTIME, "onnxruntime could not load " + path + ": " + take_message(st).substr(0, 400));
   try {
     check(api.CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &mem_), "CreateCpuMemoryInfo");
     inputs_ = io_names(session_, true);
@@ -229,9 +228,7 @@ std::vector<OrtValue*> OrtSessionHandle::host_values(const std::vector<InputTens
 }
 
 void OrtSessionHandle::failed(OrtStatus* st) {
-  std::string msg = ort_api().GetErrorMessage(st);
-  ort_api().ReleaseStatus(st);
-  fail(SPOT_ERR_RUNTIME, "onnxruntime failed running " + path_ + ": " + msg.substr(0, 400));
+  fail(SPOT_ERR_RUNTIME, "onnxruntime failed running " + path_ + ": " + take_message(st).substr(0, 400));
 }
 
 std::vector<OrtOutput> OrtSessionHandle::run(const std::vector<std::string>& input_names,

@@ -360,6 +360,12 @@ std::vector<int64_t> step_fn(const std::vector<int64_t>& state, const float* log
   std::vector<int64_t> tokens;
   std::vector<double> conf;
   sample_positions(logits, vocab, masked, sampling, block, step, noise, tokens, conf);
+  return commit_samples(state, masked, tokens, conf, rule);
+}
+
+std::vector<int64_t> commit_samples(const std::vector<int64_t>& state, const std::vector<int64_t>& masked,
+                                    const std::vector<int64_t>& tokens, const std::vector<double>& conf,
+                                    const CommitRule& rule) {
   std::vector<int64_t> out = state;
   for (int64_t i : select_commits(conf, rule)) out[masked[i]] = tokens[i];
   return out;

@@ -109,6 +109,12 @@ void sample_positions(const float* logits, int64_t vocab, const std::vector<int6
 // Indices into conf (masked positions in ascending order) that the rule commits.
 std::vector<int64_t> select_commits(const std::vector<double>& conf, const CommitRule& rule);
 
+// The commit half of F (step.commit_samples): state [B]; masked [K] its masked positions (ascending); tokens [K],
+// conf [K] the samples of F's step there (sample_positions', or the device epilogue's, equal bit for bit).
+std::vector<int64_t> commit_samples(const std::vector<int64_t>& state, const std::vector<int64_t>& masked,
+                                    const std::vector<int64_t>& tokens, const std::vector<double>& conf,
+                                    const CommitRule& rule);
+
 // F_step(state): state [B] with mask_id at undecided positions, logits [B, V].
 std::vector<int64_t> step_fn(const std::vector<int64_t>& state, const float* logits, int64_t vocab, int64_t mask_id,
                              const CommitRule& rule, const Sampling& sampling, uint32_t block, uint32_t step,
