@@ -223,6 +223,30 @@ def speedup(rep: Report, name: str, engine, cfg: ModelConfig):
     print(f"       speed-up {name}: {rows}", flush=True)
 
 
+def kv_places(rep: Report, name: str, folder, cfg: ModelConfig, device: str, sampler: str):
+    """The device KV cache (kv_append.onnx) beside the host cache: the same tokens, and the wall time of tree
+    decoding at T = 1 measured alternately, prompt by prompt (what it saves on a GPU: the cache's copy to the device
+    on every pass; on the CPU both are host memory)."""
+    from spot.engines.ort_engine import OrtEngine
+    engines = {kv: OrtEngine(folder, device=device, sampler=sampler, kv_cache=kv) for kv in ("host", "device")}
+    for eng in engines.values():                 # first-call allocations out of the timing
+        decode(eng, prompts(cfg)[0], 1.0, "tree")
+    seconds, same = {"host": 0.0, "device": 0.0}, []
+    for p in prompts(cfg):
+        tokens = {}
+        for kv, eng in engines.items():
+            gen, s = decode(eng, p, 1.0, "tree")
+            seconds[kv] += s
+            tokens[kv] = gen.token_ids
+        same.append(tokens["host"] == tokens["device"])
+    rep.check(f"{name}: device KV cache == host KV cache, tree decoder (T=1)", all(same), identical=sum(same),
+              of=len(same))
+    row = {"host_cache_s": round(seconds["host"], 4), "device_cache_s": round(seconds["device"], 4),
+           "speedup": round(seconds["host"] / seconds["device"], 3)}
+    rep.data["speedup"][f"{name} device KV cache"] = row
+    print(f"       device KV cache {name}: {row}", flush=True)
+
+
 def epilogue_checks(rep: Report, cfg: ModelConfig, providers: list, tag: str, nodes: int = 8, future: int = 3):
     from spot.export.epilogue import (OUTPUTS, EpilogueSpec, build_epilogue, make_epilogue_session,
                                       reference_epilogue, run_epilogue)
@@ -321,6 +345,7 @@ def main(argv=None) -> int:
         latency(rep, "ort-cpu fp32", eng, cfg, reps=3)
         if quick:   # on GPU machines the CPU speed-up is not the point and costs a minute
             speedup(rep, "ort-cpu fp32", eng, cfg)
+            kv_places(rep, "ort-cpu fp32", made["folders"]["fp32"], cfg, "cpu", "host")
     rep.section("ONNX Runtime CPU", ort_cpu)
     # the epilogue's float64 work is slow on a CPU core (benchmarks/epilogue_cost.py): keep the CPU case small
     rep.section("epilogue on ORT CPU", lambda: epilogue_checks(rep, cfg, ["CPUExecutionProvider"], "ort-cpu",
@@ -339,19 +364,20 @@ def main(argv=None) -> int:
             from spot.engines.buckets import BucketPlan
             from spot.engines.kv_cache import StaticOrtEngine
             for dtype, tol in (("fp32", 1e-3), ("fp16", 2e-2)):
-                eng = OrtEngine(made["folders"][dtype], device="cuda", sampler="host")
+                eng = OrtEngine(made["folders"][dtype], device="cuda", sampler="host", kv_cache="host")
                 check_engine(rep, f"ort-cuda {dtype}", eng, cpu_ref, cfg, tol, cpu_tokens)
                 latency(rep, f"ort-cuda {dtype}", eng, cfg)
                 speedup(rep, f"ort-cuda {dtype}", eng, cfg)
             # the device sampler: logits stay on the GPU (IOBinding into epilogue.onnx), tokens must not change
-            host = OrtEngine(made["folders"]["fp16"], device="cuda", sampler="host")
-            dev = OrtEngine(made["folders"]["fp16"], device="cuda", sampler="device")
+            host = OrtEngine(made["folders"]["fp16"], device="cuda", sampler="host", kv_cache="host")
+            dev = OrtEngine(made["folders"]["fp16"], device="cuda", sampler="device", kv_cache="host")
             for temp in (0.0, 1.0):
                 same = [decode(host, p, temp, "tree")[0].token_ids == decode(dev, p, temp, "tree")[0].token_ids
                         for p in prompts(cfg)]
                 rep.check(f"ort-cuda fp16: device sampler == host sampler, tree decoder (T={temp})", all(same),
                           identical=sum(same), of=len(same))
             speedup(rep, "ort-cuda fp16 device sampler", dev, cfg)
+            kv_places(rep, "ort-cuda fp16", made["folders"]["fp16"], cfg, "cuda", "device")
             plan = BucketPlan.default(cfg.max_position_embeddings, cfg.block_size, 16, smallest=128)
             eng = StaticOrtEngine(made["folders"]["fp16"], plan, device="cuda")
             check_engine(rep, "ort-cuda-static fp16", eng, cpu_ref, cfg, 2e-2, cpu_tokens)

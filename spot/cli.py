@@ -83,9 +83,12 @@ def find_drafter(path, model_dir):
 @click.option("--sampler", type=click.Choice(["auto", "host", "device"]), default="auto", show_default=True,
               help="ort: sample with the export's epilogue graph next to the target (device: only small arrays reach "
                    "the host) or with numpy on the logits (host). auto: device on cuda/trt, host on cpu.")
+@click.option("--kv-cache", type=click.Choice(["auto", "host", "device"]), default="auto", show_default=True,
+              help="ort: keep the KV cache where the target runs (device: appended there by the export's "
+                   "kv_append.onnx) or in numpy arrays sent with every pass (host). auto: device on cuda/trt.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + stats.")
 def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
-             max_new_tokens, backend, device, decoder, budget, depth, drafter_path, sampler, as_json):
+             max_new_tokens, backend, device, decoder, budget, depth, drafter_path, sampler, kv_cache, as_json):
     """Generate with one decoder. SPOT decoders give the same tokens as standard decoding, in fewer passes.
 
     \b
@@ -109,7 +112,7 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
     sampling = Sampling(temperature, top_k, top_p, seed)
     tokenizer = load_tokenizer(folder)
     ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
-    engine = open_engine(backend, folder, block_size, device, sampler)
+    engine = open_engine(backend, folder, block_size, device, sampler, kv_cache)
     drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
     request = DecodeRequest(max_new_tokens, mode, tau, sampling, TreeBudget(budget, depth))
     gen = run_decoder(decoder, engine, ids, request, drafter)

@@ -24,16 +24,18 @@ def exported_embedded(progress: Callable[[str], None]) -> Path:
     from spot.assets import embedded_model_dir
     from spot.export.epilogue import OUTPUTS as EPILOGUE_OUTPUTS
     from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.kv_append import INPUTS as KV_APPEND_INPUTS
     from spot.export.manifest import load_manifest
     from spot.export.presets import resolve_source
 
     src = embedded_model_dir()
     out = cache_dir() / "embedded-fp32-onnx"
-    # the weights' mtime, the shipped drafter's manifest (it holds the ONNX hash) and the epilogue's outputs: a new
-    # drafter or a new epilogue interface re-exports too
+    # the weights' mtime, the shipped drafter's manifest (it holds the ONNX hash), the epilogue's outputs and the KV
+    # append graph's interface: a new drafter, epilogue or kv_append re-exports too
     stamp = f"{(src / 'model.safetensors').stat().st_mtime_ns} " \
             f"{hashlib.sha256((src / 'drafter.json').read_bytes()).hexdigest()[:16]} " \
-            f"{hashlib.sha256(','.join(EPILOGUE_OUTPUTS).encode()).hexdigest()[:8]}"
+            f"{hashlib.sha256(','.join(EPILOGUE_OUTPUTS).encode()).hexdigest()[:8]} " \
+            f"{hashlib.sha256(','.join(KV_APPEND_INPUTS).encode()).hexdigest()[:8]}"
     if out.is_dir():
         try:
             load_manifest(out)                      # hashes: a damaged cache is re-exported, never used

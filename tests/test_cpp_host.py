@@ -303,6 +303,35 @@ def test_device_sampler_refusals(spot_cli, tiny, tmp_path):
     assert proc.returncode == 64 and "--sampler expects auto, host or device, got gpu" in proc.stderr
 
 
+def test_device_kv_cache_matches_the_python_runtime(spot_cli, tiny, tmp_path):
+    """--kv-cache device: the cache stays in ORT values where the target runs (host memory on the CPU provider; the
+    GPU path's code), each stored block appended by kv_append.onnx — the same tokens and passes as the Python
+    runtime, with either sampler. A folder exported before kv_append: auto keeps the host cache, device refuses."""
+    folder, drafter_dir, host_engine, drafter = tiny
+    prompts = random_prompts(3, seed=8)
+    cases = golden_cases(host_engine, drafter, prompts, max_new_tokens=40, budget=10, depth=5, seeds_t1=(2,))
+    bad = mismatches(cases, run_batch(spot_cli, folder, drafter_dir, cases, "--kv-cache", "device"))
+    assert not bad, f"{len(bad)} of {len(cases)} cases differ:\n" + "\n".join(bad[:20])
+    sampled = golden_cases(OrtEngine(folder, sampler="device", kv_cache="device"), drafter, prompts[:1],
+                           max_new_tokens=40, budget=10, depth=5, seeds_t1=(2,))
+    bad = mismatches(sampled, run_batch(spot_cli, folder, drafter_dir, sampled, "--kv-cache", "device",
+                                        "--sampler", "device"))
+    assert not bad, f"{len(bad)} of {len(sampled)} cases differ:\n" + "\n".join(bad[:20])
+    info = {kv: json.loads(cli(spot_cli, "info", "--model", folder, "--kv-cache", kv).stdout)
+            for kv in ("auto", "device")}
+    assert info["auto"]["cache_on_device"] is False and info["device"]["cache_on_device"] is True
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["graphs"]["kv_append"], manifest["files"]["kv_append.onnx"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    (old / "kv_append.onnx").unlink()
+    ids = ["--prompt-ids", "1,2,3"]
+    _fails(cli(spot_cli, "generate", "--model", old, "--kv-cache", "device", *ids), INCOMPATIBLE,
+           "no kv_append graph", "host KV cache")
+    assert "token_ids" in json.loads(cli(spot_cli, "generate", "--model", old, *ids).stdout)   # auto: host
+
+
 def test_generate_command_prints_the_result(spot_cli, tiny):
     folder, drafter_dir, engine, drafter = tiny
     prompt = random_prompts(1, seed=4)[0]

@@ -55,7 +55,7 @@ def test_folder_has_graph_data_manifest_and_validation(exported):
     m = json.loads((exported / "manifest.json").read_text())
     assert m["model"] == {**TINY.to_dict(), "torch_dtype": "float32"} and m["dtype"] == "fp32" and m["opset"] == 17
     assert m["block_size"] == 4 and m["mask_token_id"] == 127 and m["stop_ids"] == [126]
-    assert set(m["files"]) == {TARGET_FILE, DATA_FILE, "config.json", "epilogue.onnx"}
+    assert set(m["files"]) == {TARGET_FILE, DATA_FILE, "config.json", "epilogue.onnx", "kv_append.onnx"}
     assert m["graphs"]["epilogue"]["future_steps"] == 4        # min(8, block size 4) by default
     assert [i["name"] for i in m["graphs"]["target"]["inputs"]] == ["input_ids", "position_ids", "attn_bias",
                                                                      "past_k", "past_v"]

@@ -3,9 +3,10 @@
 //   spot_cli generate --model DIR [--drafter DIR] [--decoder NAME] --prompt-ids 1,2,3 [--temperature T] [--seed S]
 //                     [--tau X] [--max-new-tokens N] [--budget N] [--depth D] [--mode static|threshold]
 //                     [--top-k K] [--top-p P] [--stop-ids a,b] [--threads N] [--verify quick|full|none]
-//                     [--device cpu|cuda|trt] [--sampler auto|host|device]
+//                     [--device cpu|cuda|trt] [--sampler auto|host|device] [--kv-cache auto|host|device]
 //       -> one JSON line: token ids, pass counts by kind, steps, host milliseconds
-//   spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] [--sampler ...] < requests
+//   spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] [--sampler ...]
+//                  [--kv-cache ...] < requests
 //       -> one JSON line per stdin line; a line holds the generate flags of one request (no --model / --drafter);
 //          the model is opened once. A failed request prints {"error": {...}} and the batch goes on.
 //   spot_cli info --model DIR [--drafter DIR]
@@ -35,10 +36,10 @@ const char* kUsage =
     "                         --prompt-ids IDS [--temperature T] [--seed S] [--tau X] [--max-new-tokens N]\n"
     "                         [--budget N] [--depth D] [--mode static|threshold] [--top-k K] [--top-p P]\n"
     "                         [--stop-ids IDS] [--threads N] [--verify quick|full|none] [--device cpu|cuda|trt]\n"
-    "                         [--sampler auto|host|device]\n"
+    "                         [--sampler auto|host|device] [--kv-cache auto|host|device]\n"
     "       spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] [--sampler ...]\n"
-    "                      < requests (one per line)\n"
-    "       spot_cli info --model DIR [--drafter DIR]\n"
+    "                      [--kv-cache ...] < requests (one per line)\n"
+    "       spot_cli info --model DIR [--drafter DIR] [--device ...] [--sampler ...] [--kv-cache ...]\n"
     "       spot_cli noise < lines 'seed block step position token'\n";
 
 struct UsageError {
@@ -139,6 +140,11 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
       else if (v == "host") open->options.sampler = SPOT_SAMPLER_HOST;
       else if (v == "device") open->options.sampler = SPOT_SAMPLER_DEVICE;
       else throw UsageError{"--sampler expects auto, host or device, got " + v};
+    } else if (open && flag == "--kv-cache") {
+      if (v == "auto") open->options.kv_cache = SPOT_KV_CACHE_AUTO;
+      else if (v == "host") open->options.kv_cache = SPOT_KV_CACHE_HOST;
+      else if (v == "device") open->options.kv_cache = SPOT_KV_CACHE_DEVICE;
+      else throw UsageError{"--kv-cache expects auto, host or device, got " + v};
     } else if (req && flag == "--decoder") {
       spot_error err;
       spot_status st = spot_decoder_from_name(v.c_str(), &req->options.decoder, &err);
@@ -305,9 +311,11 @@ int run(int argc, char** argv) {
     spot_model_get_info(model, &info, &err);
     std::printf("{\"vocab_size\": %" PRId64 ", \"block_size\": %" PRId64 ", \"mask_token_id\": %" PRId64
                 ", \"max_nodes\": %" PRId64 ", \"max_context\": %" PRId64
-                ", \"has_drafter\": %s, \"dtype\": \"%s\", \"ort_version\": \"%s\", \"spot_version\": \"%s\"}\n",
+                ", \"has_drafter\": %s, \"dtype\": \"%s\", \"ort_version\": \"%s\", \"spot_version\": \"%s\""
+                ", \"samples_on_device\": %s, \"cache_on_device\": %s}\n",
                 info.vocab_size, info.block_size, info.mask_token_id, info.max_nodes, info.max_context,
-                info.has_drafter ? "true" : "false", info.dtype, info.ort_version, SPOT_VERSION);
+                info.has_drafter ? "true" : "false", info.dtype, info.ort_version, SPOT_VERSION,
+                info.samples_on_device ? "true" : "false", info.cache_on_device ? "true" : "false");
     spot_close(model);
     return 0;
   }

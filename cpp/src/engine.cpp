@@ -108,6 +108,8 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
       ef.epilogue_graph = join(folder, epi->at("file").str());
       ef.epilogue_steps = epi->at("future_steps").integer();
     }
+    if (const Json* kv = m.at("graphs").find("kv_append"); kv && !kv->is_null())
+      ef.kv_append_graph = join(folder, kv->at("file").str());
     m.at("files").members();
   } catch (const SpotException& e) {
     if (e.code() != SPOT_ERR_CORRUPT) throw;
@@ -141,7 +143,7 @@ std::string trt_cache_dir(const ExportedFolder& f) {
   return join(join(base, "trt"), sha256_file(join(f.folder, kManifest)).substr(0, 16));
 }
 
-TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, Sampler sampler)
+TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, Sampler sampler, KvCache kv_cache)
     : cfg_(f.config),
       b_(f.block_size),
       max_context_(std::min(f.max_context, f.config.max_position_embeddings)),
@@ -163,6 +165,28 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
         session_->output_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no output '" + want + "': not a spot target graph");
   open_epilogue(f, threads, device, sampler);
+  open_kv_append(f, threads, device, kv_cache);
+}
+
+const MemoryPlace& TargetEngine::place(Device device) {
+  if (!place_) place_ = std::make_unique<MemoryPlace>(device);
+  return *place_;
+}
+
+void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device device, KvCache kv_cache) {
+  const bool has = !f.kv_append_graph.empty();
+  if (!(kv_cache == KvCache::kDevice || (kv_cache == KvCache::kAuto && device != Device::kCpu && has))) return;
+  if (!has)
+    fail(SPOT_ERR_INCOMPATIBLE, f.folder + " has no kv_append graph (needed by the device KV cache): re-export it "
+                                           "with this version's spot-export, or use the host KV cache");
+  // a Concat with a new shape at every stored block: the CUDA provider also under TensorRT (as in Python)
+  kv_append_ = std::make_unique<OrtSessionHandle>(
+      f.kv_append_graph, session_config(threads, device == Device::kTensorRT ? Device::kCuda : device));
+  for (const char* want : {"past_k", "past_v", "new_k", "new_v"})
+    if (std::find(kv_append_->input_names().begin(), kv_append_->input_names().end(), want) ==
+        kv_append_->input_names().end())
+      fail(SPOT_ERR_INCOMPATIBLE, f.kv_append_graph + " has no input '" + want + "': not a spot kv_append graph");
+  place(device);
 }
 
 void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device device, Sampler sampler) {
@@ -195,7 +219,7 @@ void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device de
   }
   epilogue_steps_ = f.epilogue_steps;
   epilogue_graph_path_ = f.epilogue_graph;
-  logits_place_ = std::make_unique<MemoryPlace>(sc.device);
+  place(device);
 }
 
 void TargetEngine::check_ids(const std::vector<int64_t>& ids, const char* what) const {
@@ -211,37 +235,79 @@ void TargetEngine::check_room(int64_t n) const {
                                         " tokens exceeds the engine's limit of " + std::to_string(max_context_));
 }
 
-std::vector<OrtOutput> TargetEngine::run(const std::vector<std::string>& outputs, const std::vector<int64_t>& ids,
-                                         int64_t n, int64_t s, const std::vector<uint8_t>& bias) {
+std::vector<int64_t> TargetEngine::positions(int64_t s) const {
   std::vector<int64_t> pos(static_cast<size_t>(s));
   for (int64_t i = 0; i < s; ++i) pos[i] = cached_ + i;
-  return session_->run(kInputs, inputs(ids, n, s, bias, pos), outputs);
+  return pos;
 }
 
-std::vector<InputTensor> TargetEngine::inputs(const std::vector<int64_t>& ids, int64_t n, int64_t s,
-                                              const std::vector<uint8_t>& bias,
-                                              const std::vector<int64_t>& pos) const {
+std::vector<OrtOutput> TargetEngine::run(const std::vector<std::string>& outputs, const std::vector<int64_t>& ids,
+                                         int64_t n, int64_t s, const std::vector<uint8_t>& bias) {
+  const std::vector<int64_t> pos = positions(s);
+  Feeds f = feeds(ids, n, s, bias, pos);
+  return session_->run(f.names, f.host, outputs, f.device);
+}
+
+TargetEngine::Feeds TargetEngine::feeds(const std::vector<int64_t>& ids, int64_t n, int64_t s,
+                                        const std::vector<uint8_t>& bias, const std::vector<int64_t>& pos) const {
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
-  return {
+  Feeds f;
+  f.names = {kInputs[0], kInputs[1], kInputs[2]};
+  f.host = {
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {n, s}, ids.data(), ids.size() * sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {s}, pos.data(), pos.size() * sizeof(int64_t)},
       {kv_type_, {s, cached_ + s}, bias.data(), bias.size()},
-      {kv_type_, {L, H, cached_, D}, k_.data(), k_.size()},
-      {kv_type_, {L, H, cached_, D}, v_.data(), v_.size()},
   };
+  if (device_k_) {
+    f.device = {{kInputs[3], device_k_->value()}, {kInputs[4], device_v_->value()}};
+  } else {   // the host cache (empty while the device cache is)
+    f.names.insert(f.names.end(), {kInputs[3], kInputs[4]});
+    f.host.push_back({kv_type_, {L, H, cached_, D}, k_.data(), k_.size()});
+    f.host.push_back({kv_type_, {L, H, cached_, D}, v_.data(), v_.size()});
+  }
+  return f;
 }
 
 std::vector<uint8_t> TargetEngine::step_bias() const {
   return std::vector<uint8_t>(static_cast<size_t>(b_ * (cached_ + b_)) * elem_, 0);   // zeros: attend everywhere
 }
 
-void TargetEngine::append_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s, bool replace) {
+void TargetEngine::extend(const std::vector<int64_t>& ids, int64_t s, const std::vector<uint8_t>& bias) {
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  if (!kv_append_) {
+    std::vector<OrtOutput> out = run({"new_k", "new_v"}, ids, 1, s, bias);
+    append_host_kv(out[0], out[1], s);
+    return;
+  }
+  const std::vector<int64_t> pos = positions(s);
+  Feeds f = feeds(ids, 1, s, bias, pos);
+  std::vector<OrtOutput> fresh = session_->run_keeping(f.names, f.host, {"new_k", "new_v"}, *place_, f.device);
+  // kv_append.onnx: Concat(past, Squeeze(new)) on the device; the empty cache is a zero-size host tensor
+  std::vector<std::string> names;
+  std::vector<InputTensor> host;
+  std::vector<BorrowedInput> device = {{"new_k", fresh[0].value()}, {"new_v", fresh[1].value()}};
+  if (device_k_) {
+    device.push_back({"past_k", device_k_->value()});
+    device.push_back({"past_v", device_v_->value()});
+  } else {
+    names = {"past_k", "past_v"};
+    host = {{kv_type_, {L, H, 0, D}, nullptr, 0}, {kv_type_, {L, H, 0, D}, nullptr, 0}};
+  }
+  std::vector<OrtOutput> kv = kv_append_->run_keeping(names, host, {"k", "v"}, *place_, device);
+  const std::vector<int64_t> want = {L, H, cached_ + s, D};
+  if (kv[0].shape() != want || kv[1].shape() != want)
+    fail(SPOT_ERR_INCOMPATIBLE, "kv_append.onnx returned a cache of an unexpected shape: re-export the folder");
+  device_k_ = std::make_unique<OrtOutput>(std::move(kv[0]));
+  device_v_ = std::make_unique<OrtOutput>(std::move(kv[1]));
+}
+
+void TargetEngine::append_host_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s) {
   // new_k / new_v [L, 1, Hkv, S, D] -> cache [L, Hkv, C + S, D]
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
   std::vector<int64_t> want = {L, 1, H, s, D};
   if (new_k.shape() != want || new_v.shape() != want)
     fail(SPOT_ERR_RUNTIME, "the target graph returned new_k/new_v of an unexpected shape");
-  const int64_t c_old = replace ? 0 : cached_;
+  const int64_t c_old = cached_;
   const size_t old_row = static_cast<size_t>(c_old * D) * elem_, new_row = static_cast<size_t>(s * D) * elem_;
   auto merge = [&](std::vector<uint8_t>& cache, const OrtOutput& fresh) {
     std::vector<uint8_t> out(static_cast<size_t>(L * H) * (old_row + new_row));
@@ -264,6 +330,8 @@ void TargetEngine::prefill(const std::vector<int64_t>& ids) {
                                         ", expected a multiple of " + std::to_string(b_));
   k_.clear();
   v_.clear();
+  device_k_.reset();
+  device_v_.reset();
   cached_ = 0;
   if (ids.empty()) return;
   const int64_t p = static_cast<int64_t>(ids.size());
@@ -282,8 +350,7 @@ void TargetEngine::prefill(const std::vector<int64_t>& ids) {
         std::memcpy(at, &h, 2);
       }
     }
-  std::vector<OrtOutput> out = run({"new_k", "new_v"}, ids, 1, p, bias);
-  append_kv(out[0], out[1], p, true);
+  extend(ids, p, bias);
   cached_ = p;
 }
 
@@ -327,10 +394,11 @@ EpilogueResult TargetEngine::block_samples(const std::vector<int64_t>& states, i
   if (!epilogue_) fail(SPOT_ERR_INTERNAL, "block_samples without the device sampler");
   check_states(states, n);
   if (steps.size() != static_cast<size_t>(n)) fail(SPOT_ERR_INTERNAL, "block_samples: one step per state");
-  std::vector<int64_t> pos(static_cast<size_t>(b_));
-  for (int64_t i = 0; i < b_; ++i) pos[i] = cached_ + i;
+  const std::vector<int64_t> pos = positions(b_);
   const std::vector<uint8_t> bias = step_bias();
-  OrtOutput logits = session_->run_keeping(kInputs, inputs(states, n, b_, bias, pos), "logits", *logits_place_);
+  Feeds f = feeds(states, n, b_, bias, pos);
+  std::vector<OrtOutput> kept = session_->run_keeping(f.names, f.host, {"logits"}, *place_, f.device);
+  const OrtOutput& logits = kept[0];
   const int64_t seed = sampling.seed, blk = block;   // the epilogue's scalars (top-p is refused upstream)
   const std::vector<std::string> names = {"node_steps", "seed", "block", "temperature", "top_k", "exclude_token"};
   const std::vector<InputTensor> scalars = {
@@ -381,8 +449,7 @@ void TargetEngine::store(const std::vector<int64_t>& state) {
   if (state.size() != static_cast<size_t>(b_))
     fail(SPOT_ERR_INVALID_ARGUMENT, "store state: expected [" + std::to_string(b_) + "]");
   check_room(b_);
-  std::vector<OrtOutput> out = run({"new_k", "new_v"}, state, 1, b_, step_bias());
-  append_kv(out[0], out[1], b_, false);
+  extend(state, b_, step_bias());
   cached_ += b_;
 }
 

@@ -1,6 +1,7 @@
 // The exported folder (manifest.json, checked like spot.export.manifest.load_manifest) and the target engine over
-// target.onnx: prefill, block logits of N candidate states, store; the host owns the KV cache exactly as
-// spot/engines/ort_engine.py does ([L, Hkv, C, D] in the model dtype, each stored block appended on axis C).
+// target.onnx: prefill, block logits of N candidate states, store; the KV cache is kept exactly as
+// spot/engines/ort_engine.py keeps it ([L, Hkv, C, D] in the model dtype, each stored block appended on axis C):
+// in host memory, or where the target runs (OrtValues appended by the export's kv_append.onnx).
 #pragma once
 
 #include <cstdint>
@@ -30,12 +31,18 @@ struct ExportedFolder {
   std::string target_graph;     // absolute path of target.onnx
   std::string epilogue_graph;   // absolute path of epilogue.onnx; empty: the export has no sampling epilogue
   int64_t epilogue_steps = 0;   // its future steps D (the deepest tree it serves)
+  std::string kv_append_graph;  // absolute path of kv_append.onnx; empty: exported before it (host cache only)
 };
 
 // Where F's sampling runs (spot.engines.ort_engine.use_device_sampler): host = the logits come to the host loop;
 // device = the export's sampling epilogue runs next to the target and only its samples come back; auto = device
 // on a GPU provider when the folder has an epilogue.
 enum class Sampler { kAuto, kHost, kDevice };
+
+// Where the KV cache lives (spot.engines.ort_engine.use_device_kv): host = host memory, sent with every pass;
+// device = OrtValues where the target runs, appended there by kv_append.onnx; auto = device on a GPU provider when
+// the folder has kv_append.onnx.
+enum class KvCache { kAuto, kHost, kDevice };
 
 // The sampling epilogue's results for N states (spot.export.epilogue.EpilogueResult), on the host.
 struct EpilogueResult {
@@ -61,13 +68,14 @@ std::string trt_cache_dir(const ExportedFolder& folder);
 class TargetEngine {
  public:
   TargetEngine(const ExportedFolder& folder, int threads, Device device = Device::kCpu,
-               Sampler sampler = Sampler::kAuto);
+               Sampler sampler = Sampler::kAuto, KvCache kv_cache = KvCache::kAuto);
 
   int64_t block_size() const { return b_; }
   int64_t vocab() const { return cfg_.vocab_size; }
   int64_t cached_len() const { return cached_; }
   int64_t max_context() const { return max_context_; }
   int64_t max_nodes() const { return max_nodes_; }
+  bool cache_on_device() const { return kv_append_ != nullptr; }
 
   void prefill(const std::vector<int64_t>& ids);             // resets the cache; ids.size() % B == 0
   // logits [N, B, V] float32 of N states [N*B] after the cache; stores nothing
@@ -80,16 +88,28 @@ class TargetEngine {
                                const Sampling& sampling, uint32_t block);
 
  private:
+  // The target's inputs for ids [N, S] after the cache: host tensors (borrowing ids, bias, pos and the host
+  // cache) and, with the device cache once filled, past_k / past_v bound where they are.
+  struct Feeds {
+    std::vector<std::string> names;     // of `host`
+    std::vector<InputTensor> host;
+    std::vector<BorrowedInput> device;
+  };
+  Feeds feeds(const std::vector<int64_t>& ids, int64_t n, int64_t s, const std::vector<uint8_t>& bias,
+              const std::vector<int64_t>& pos) const;
+  std::vector<int64_t> positions(int64_t s) const;   // cached_ .. cached_ + s - 1
   std::vector<OrtOutput> run(const std::vector<std::string>& outputs, const std::vector<int64_t>& ids, int64_t n,
                              int64_t s, const std::vector<uint8_t>& bias);
-  std::vector<InputTensor> inputs(const std::vector<int64_t>& ids, int64_t n, int64_t s,
-                                  const std::vector<uint8_t>& bias, const std::vector<int64_t>& pos) const;
   void check_states(const std::vector<int64_t>& states, int64_t n) const;
   void open_epilogue(const ExportedFolder& f, int threads, Device device, Sampler sampler);
+  void open_kv_append(const ExportedFolder& f, int threads, Device device, KvCache kv_cache);
+  const MemoryPlace& place(Device device);           // where the target's kept outputs live (made once)
   std::vector<uint8_t> step_bias() const;
   void check_ids(const std::vector<int64_t>& ids, const char* what) const;
   void check_room(int64_t n) const;
-  void append_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s, bool replace);
+  // run one state ids [S] and append its tokens' K/V to the cache (host memory or the device)
+  void extend(const std::vector<int64_t>& ids, int64_t s, const std::vector<uint8_t>& bias);
+  void append_host_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s);
 
   ModelFacts cfg_;
   int64_t b_, max_context_, max_nodes_;
@@ -97,11 +117,13 @@ class TargetEngine {
   ONNXTensorElementDataType kv_type_;
   std::unique_ptr<OrtSessionHandle> session_;
   std::unique_ptr<OrtSessionHandle> epilogue_;   // the device sampler's epilogue; null: host sampling
-  std::unique_ptr<MemoryPlace> logits_place_;    // where the target's logits stay for the epilogue
+  std::unique_ptr<MemoryPlace> place_;           // where the target's logits / new K/V stay on the device
+  std::unique_ptr<OrtSessionHandle> kv_append_;  // the device cache's append; null: the host cache k_ / v_
+  std::unique_ptr<OrtOutput> device_k_, device_v_;   // the device cache [L, Hkv, C, D]; null while empty
   std::vector<std::string> epilogue_outputs_;
   int64_t epilogue_steps_ = 0;
   std::string epilogue_graph_path_;
-  std::vector<uint8_t> k_, v_;               // [L, Hkv, C, D] in the model dtype
+  std::vector<uint8_t> k_, v_;               // the host cache [L, Hkv, C, D] in the model dtype (empty: device)
   int64_t cached_ = 0;
 };
 

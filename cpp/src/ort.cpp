@@ -260,35 +260,39 @@ std::vector<OrtOutput> OrtSessionHandle::run(const std::vector<std::string>& inp
   return result;
 }
 
-OrtOutput OrtSessionHandle::run_keeping(const std::vector<std::string>& input_names,
-                                        const std::vector<InputTensor>& inputs, const std::string& output_name,
-                                        const MemoryPlace& place) {
+std::vector<OrtOutput> OrtSessionHandle::run_keeping(const std::vector<std::string>& input_names,
+                                                     const std::vector<InputTensor>& inputs,
+                                                     const std::vector<std::string>& output_names,
+                                                     const MemoryPlace& place,
+                                                     const std::vector<BorrowedInput>& borrowed) {
   const OrtApi& api = ort_api();
   std::vector<OrtValue*> owned = host_values(inputs);
   OrtIoBinding* binding = nullptr;
   OrtStatus* st = api.CreateIoBinding(session_, &binding);
   for (size_t i = 0; i < owned.size() && st == nullptr; ++i)
     st = api.BindInput(binding, input_names[i].c_str(), owned[i]);
-  if (st == nullptr) st = api.BindOutputToDevice(binding, output_name.c_str(), place.info());
+  for (size_t i = 0; i < borrowed.size() && st == nullptr; ++i)
+    st = api.BindInput(binding, borrowed[i].name.c_str(), borrowed[i].value);
+  for (size_t i = 0; i < output_names.size() && st == nullptr; ++i)
+    st = api.BindOutputToDevice(binding, output_names[i].c_str(), place.info());
   if (st == nullptr) st = api.RunWithBinding(session_, nullptr, binding);
   OrtValue** values = nullptr;
   size_t count = 0;
   OrtAllocator* alloc = nullptr;
   if (st == nullptr) st = api.GetAllocatorWithDefaultOptions(&alloc);
   if (st == nullptr) st = api.GetBoundOutputValues(binding, alloc, &values, &count);
-  OrtValue* kept = nullptr;
+  std::vector<OrtOutput> result;   // owns the values from here, whatever follows
   if (st == nullptr) {
-    for (size_t i = 0; i < count; ++i) {
-      if (i == 0) kept = values[i];
-      else api.ReleaseValue(values[i]);
-    }
+    result.reserve(count);
+    for (size_t i = 0; i < count; ++i) result.emplace_back(values[i]);
     st = api.AllocatorFree(alloc, values);
   }
   if (binding) api.ReleaseIoBinding(binding);
   for (OrtValue* v : owned) api.ReleaseValue(v);
-  OrtOutput result(kept);   // owns the value from here, whatever follows
   if (st != nullptr) failed(st);
-  if (kept == nullptr) fail(SPOT_ERR_RUNTIME, path_ + " returned no " + output_name);
+  if (result.size() != output_names.size())
+    fail(SPOT_ERR_RUNTIME, path_ + " returned " + std::to_string(result.size()) + " outputs, expected " +
+                               std::to_string(output_names.size()));
   return result;
 }
 

@@ -82,9 +82,12 @@ class OrtSessionHandle {
   std::vector<OrtOutput> run(const std::vector<std::string>& input_names, const std::vector<InputTensor>& inputs,
                              const std::vector<std::string>& output_names,
                              const std::vector<BorrowedInput>& borrowed = {});
-  // One output, left where `place` says (IOBinding): a GPU engine's logits stay on the device for the epilogue.
-  OrtOutput run_keeping(const std::vector<std::string>& input_names, const std::vector<InputTensor>& inputs,
-                        const std::string& output_name, const MemoryPlace& place);
+  // Outputs left where `place` says (IOBinding), in the order of output_names: a GPU engine's logits stay on the
+  // device for the epilogue, its new K/V for the device KV cache.
+  std::vector<OrtOutput> run_keeping(const std::vector<std::string>& input_names,
+                                     const std::vector<InputTensor>& inputs,
+                                     const std::vector<std::string>& output_names, const MemoryPlace& place,
+                                     const std::vector<BorrowedInput>& borrowed = {});
 
  private:
   OrtSession* session_ = nullptr;

@@ -51,6 +51,18 @@ spot_status guarded(spot_error* err, F&& body) {
 
 const char* kDecoderNames[] = {"standard", "threshold", "chain", "tree", "spot", "spot-sets"};
 
+// An open option's C enum value as the host's enum: table[i] is what C value i means; false when out of range.
+template <typename T, size_t N>
+bool map_option(int value, const T (&table)[N], T* out) {
+  if (value < 0 || static_cast<size_t>(value) >= N) return false;
+  *out = table[value];
+  return true;
+}
+
+constexpr spot::Device kDevices[] = {spot::Device::kCpu, spot::Device::kCuda, spot::Device::kTensorRT};
+constexpr spot::Sampler kSamplers[] = {spot::Sampler::kAuto, spot::Sampler::kHost, spot::Sampler::kDevice};
+constexpr spot::KvCache kKvCaches[] = {spot::KvCache::kAuto, spot::KvCache::kHost, spot::KvCache::kDevice};
+
 }  // namespace
 
 extern "C" {
@@ -62,6 +74,7 @@ void spot_open_options_init(spot_open_options* o) {
   o->threads = 0;
   o->device = SPOT_DEVICE_CPU;
   o->sampler = SPOT_SAMPLER_AUTO;
+  o->kv_cache = SPOT_KV_CACHE_AUTO;
 }
 
 void spot_generate_options_init(spot_generate_options* o) {
@@ -93,24 +106,25 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
                      "spot_open: threads must be >= 0 (0 = ONNX Runtime's default), got " +
                          std::to_string(opts.threads));
-  if (opts.device != SPOT_DEVICE_CPU && opts.device != SPOT_DEVICE_CUDA && opts.device != SPOT_DEVICE_TENSORRT)
+  spot::Device device;
+  spot::Sampler sampler;
+  spot::KvCache kv_cache;
+  if (!map_option(opts.device, kDevices, &device))
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: unknown device " + std::to_string(opts.device) +
                                                          ", expected SPOT_DEVICE_CPU, _CUDA or _TENSORRT");
-  const spot::Device device = opts.device == SPOT_DEVICE_CUDA       ? spot::Device::kCuda
-                              : opts.device == SPOT_DEVICE_TENSORRT ? spot::Device::kTensorRT
-                                                                    : spot::Device::kCpu;
-  if (opts.sampler != SPOT_SAMPLER_AUTO && opts.sampler != SPOT_SAMPLER_HOST && opts.sampler != SPOT_SAMPLER_DEVICE)
+  if (!map_option(opts.sampler, kSamplers, &sampler))
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: unknown sampler " + std::to_string(opts.sampler) +
                                                          ", expected SPOT_SAMPLER_AUTO, _HOST or _DEVICE");
-  const spot::Sampler sampler = opts.sampler == SPOT_SAMPLER_HOST     ? spot::Sampler::kHost
-                                : opts.sampler == SPOT_SAMPLER_DEVICE ? spot::Sampler::kDevice
-                                                                      : spot::Sampler::kAuto;
+  if (!map_option(opts.kv_cache, kKvCaches, &kv_cache))
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: unknown KV cache place " +
+                                                         std::to_string(opts.kv_cache) +
+                                                         ", expected SPOT_KV_CACHE_AUTO, _HOST or _DEVICE");
   spot_model* model = nullptr;
   spot_status st = guarded(err, [&]() {
     auto m = std::make_unique<spot_model>();
     m->folder = spot::load_exported_folder(folder, opts.verify);
     m->ort_version = spot::ort_version();
-    m->engine = std::make_unique<spot::TargetEngine>(m->folder, opts.threads, device, sampler);
+    m->engine = std::make_unique<spot::TargetEngine>(m->folder, opts.threads, device, sampler, kv_cache);
     std::string drafter_dir;
     if (opts.drafter_dir != nullptr) {
       drafter_dir = opts.drafter_dir;
@@ -143,6 +157,8 @@ spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, 
   info->has_drafter = model->drafter != nullptr;
   info->dtype = model->folder.dtype.c_str();
   info->ort_version = model->ort_version.c_str();
+  info->samples_on_device = model->engine->samples_on_device();
+  info->cache_on_device = model->engine->cache_on_device();
   return ok(err);
 }
 

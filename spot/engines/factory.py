@@ -11,19 +11,20 @@ BACKENDS = ("torch", "ort")
 
 
 def open_engine(backend: str, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",
-                sampler: str = "auto") -> Engine:
+                sampler: str = "auto", kv_cache: str = "auto") -> Engine:
     """An engine over the checkpoint in `model_dir` decoding blocks of `block_size` (default: the config's).
 
-    sampler (ort only): where F's sampling runs — auto | host | device
-    (spot.engines.ort_engine.use_device_sampler)."""
+    ort only: sampler, where F's sampling runs — auto | host | device (spot.engines.ort_engine.use_device_sampler);
+    kv_cache, where the KV cache lives — auto | host | device (use_device_kv)."""
     if backend == "ort":  # an exported folder (spot-export), opened and checked by its manifest
         from spot.engines.ort_engine import OrtEngine
         if block_size is not None:
             check_block_size(block_size)
-        return OrtEngine(model_dir, block_size, device, sampler=sampler)
-    if sampler == "device":
-        raise SpotError(f"--sampler device needs the ort backend (an exported folder with epilogue.onnx), got "
-                        f"--backend {backend}", "use --backend ort, or --sampler host")
+        return OrtEngine(model_dir, block_size, device, sampler=sampler, kv_cache=kv_cache)
+    for option, value, graph in (("sampler", sampler, "epilogue.onnx"), ("kv-cache", kv_cache, "kv_append.onnx")):
+        if value == "device":
+            raise SpotError(f"--{option} device needs the ort backend (an exported folder with {graph}), got "
+                            f"--backend {backend}", f"use --backend ort, or --{option} host")
     cfg = load_config(model_dir)  # clear errors (missing folder, model_type) before any heavy import
     block_size = cfg.block_size if block_size is None else block_size
     check_block_size(block_size, cfg.max_position_embeddings)

@@ -1,8 +1,9 @@
 """ONNX Runtime engine over an exported folder (spot-export): no torch needed on the device.
 
 The folder is opened by its manifest (hashes checked). One session runs the target graph for prefill, block steps
-over N candidate states and store passes; the host owns the KV cache as numpy arrays [L,Hkv,C,D] in the model
-dtype and appends each stored block's K/V (the graph returns only the new tokens' K/V).
+over N candidate states and store passes; the graph returns only the new tokens' K/V, appended to the cache
+[L,Hkv,C,D] in the model dtype: numpy arrays on the host (CPU), or OrtValues where the target runs
+(spot.engines.device_kv: on GPU providers, so the cache does not cross to the device on every pass).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from spot.runtime.engine import Engine
 
 DEVICES = ("cpu", "cuda", "trt")
 SAMPLERS = ("auto", "host", "device")
+KV_CACHES = ("auto", "host", "device")
 _GPU_HINT = ("install onnxruntime-gpu (x86_64: `pip install onnxruntime-gpu`; Jetson/aarch64: the JetPack wheel "
              "from NVIDIA's Jetson AI Lab index, PyPI has none) in place of onnxruntime, or use --device cpu")
 
@@ -112,29 +114,53 @@ def use_device_sampler(sampler: str, device: str, has_epilogue: bool) -> bool:
     return sampler == "device" or (sampler == "auto" and device != "cpu" and has_epilogue)
 
 
+def use_device_kv(kv_cache: str, device: str, has_append: bool) -> bool:
+    """--kv-cache: device = the cache stays where the target runs (the export's kv_append graph appends to it
+    there; required); host = numpy arrays, sent with every pass; auto = device on GPU providers when the folder has
+    kv_append.onnx (on a CPU both are host memory: the numpy cache skips the IOBinding bookkeeping)."""
+    if kv_cache not in KV_CACHES:
+        raise SpotError(f"unknown KV cache place {kv_cache!r}, expected one of {', '.join(KV_CACHES)}")
+    return kv_cache == "device" or (kv_cache == "auto" and device != "cpu" and has_append)
+
+
 class OrtEngine(Engine):
     """Engine over an exported folder. device: cpu | cuda | trt; threads: intra-op threads (None: ORT default);
-    sampler: auto | host | device (see use_device_sampler)."""
+    sampler: auto | host | device (see use_device_sampler); kv_cache: auto | host | device (see use_device_kv)."""
 
     name = "ort"
 
     def __init__(self, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",
-                 threads: int | None = None, verify: str = "quick", sampler: str = "auto"):
+                 threads: int | None = None, verify: str = "quick", sampler: str = "auto", kv_cache: str = "auto"):
         self.exported = load_manifest(model_dir, verify)
         super().__init__(self.exported.config, block_size or self.exported.block_size)
         self.device = device
+        self.place = "cpu" if device == "cpu" else "cuda"    # where the target's outputs live (ORT device type)
         self.dtype = np.dtype(NP_DTYPES[self.exported.dtype])
         self.session = make_session(self.exported.graph_path("target"), device, self.exported.dtype, threads,
                                     self.exported.manifest.get("ort_session_config"))
         cfg = self.config
         self._empty = np.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, 0, cfg.head_dim), self.dtype)
         self._k = self._v = self._empty
+        self.device_kv = self._open_device_kv(kv_cache, threads)    # None: the numpy cache self._k / self._v
         self.epilogue, self._future_steps = self._open_epilogue(sampler, threads)
 
     @staticmethod
     def from_dir(model_dir, block_size: int | None = None, device: str = "cpu", threads: int | None = None,
-                 sampler: str = "auto"):
-        return OrtEngine(model_dir, block_size, device, threads, sampler=sampler)
+                 sampler: str = "auto", kv_cache: str = "auto"):
+        return OrtEngine(model_dir, block_size, device, threads, sampler=sampler, kv_cache=kv_cache)
+
+    def _open_device_kv(self, kv_cache: str, threads: int | None):
+        from spot.engines.device_kv import DeviceKVCache
+        graphs = self.exported.manifest["graphs"]
+        if not use_device_kv(kv_cache, self.device, "kv_append" in graphs):
+            return None
+        if "kv_append" not in graphs:
+            raise SpotError(f"{self.exported.folder} has no kv_append graph (needed by --kv-cache device)",
+                            "re-export it with this version's spot-export, or use --kv-cache host")
+        # a Concat with a new shape at every stored block: the CUDA provider, also under --device trt (a TensorRT
+        # engine per shape would cost more than the copy)
+        session = make_session(self.exported.graph_path("kv_append"), self.place, self.exported.dtype, threads)
+        return DeviceKVCache(session, self.place, self._empty)
 
     def _open_epilogue(self, sampler: str, threads: int | None):
         graphs = self.exported.manifest["graphs"]
@@ -163,28 +189,62 @@ class OrtEngine(Engine):
         return min(self.exported.max_context, self.config.max_position_embeddings)
 
     # -- graph calls -------------------------------------------------------------------------------------------
-    def _feeds(self, ids: np.ndarray, bias: np.ndarray) -> dict[str, np.ndarray]:
-        """ids [N,S] at positions cached_len..cached_len+S-1 against the cache with additive mask bias [S,C+S]."""
-        start = self._k.shape[2]
-        return {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
-                "position_ids": np.arange(start, start + ids.shape[1], dtype=np.int64),
-                "attn_bias": bias, "past_k": self._k, "past_v": self._v}
+    def _cached(self) -> int:
+        return self._k.shape[2] if self.device_kv is None else self.device_kv.length
+
+    def _host_feeds(self, ids: np.ndarray, bias: np.ndarray) -> dict[str, np.ndarray]:
+        """ids [N,S] at positions cached..cached+S-1 against the cache with additive mask bias [S,C+S]; the past
+        K/V too when the cache is on the host."""
+        start = self._cached()
+        feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
+                 "position_ids": np.arange(start, start + ids.shape[1], dtype=np.int64), "attn_bias": bias}
+        if self.device_kv is None:
+            feeds |= {"past_k": self._k, "past_v": self._v}
+        return feeds
+
+    def _binding(self, ids: np.ndarray, bias: np.ndarray):
+        """A target IOBinding with every input bound: host arrays, and the cache where it is."""
+        binding = self.session.io_binding()
+        for name, value in self._host_feeds(ids, bias).items():
+            binding.bind_cpu_input(name, value)
+        if self.device_kv is not None:
+            self.device_kv.bind_past(binding)
+        return binding
 
     def _run(self, outputs: list[str], ids: np.ndarray, bias: np.ndarray) -> list[np.ndarray]:
-        return self.session.run(outputs, self._feeds(ids, bias))
+        """A target pass returning `outputs` as numpy arrays."""
+        if self.device_kv is None:
+            return self.session.run(outputs, self._host_feeds(ids, bias))
+        binding = self._binding(ids, bias)
+        for name in outputs:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()
+
+    def _extend(self, ids: np.ndarray, bias: np.ndarray) -> None:
+        """Run one state ids [S] and append its tokens' K/V to the cache (on the host, or on the device)."""
+        if self.device_kv is None:
+            new_k, new_v = self._run(["new_k", "new_v"], ids[None], bias)
+            self._k = np.concatenate([self._k, new_k[:, 0]], axis=2)
+            self._v = np.concatenate([self._v, new_v[:, 0]], axis=2)
+            return
+        binding = self._binding(ids[None], bias)
+        binding.bind_output("new_k", self.place)
+        binding.bind_output("new_v", self.place)
+        self.session.run_with_iobinding(binding)
+        self.device_kv.append(*binding.get_outputs())
 
     def _reset(self) -> None:
         self._k = self._v = self._empty
+        if self.device_kv is not None:
+            self.device_kv.reset()
 
     def _prefill(self, ids: np.ndarray) -> None:
-        p, b = ids.shape[0], self.block_size
-        blocks = np.arange(p) // b
-        bias = np.where(blocks[None, :] <= blocks[:, None], 0.0, -np.inf).astype(self.dtype)   # block-causal
-        new_k, new_v = self._run(["new_k", "new_v"], ids[None], bias)
-        self._k, self._v = np.ascontiguousarray(new_k[:, 0]), np.ascontiguousarray(new_v[:, 0])
+        blocks = np.arange(ids.shape[0]) // self.block_size
+        self._extend(ids, np.where(blocks[None, :] <= blocks[:, None], 0.0, -np.inf).astype(self.dtype))  # causal
 
     def _step_bias(self) -> np.ndarray:
-        return np.zeros((self.block_size, self._k.shape[2] + self.block_size), self.dtype)
+        return np.zeros((self.block_size, self._cached() + self.block_size), self.dtype)
 
     def _check_nodes(self, n: int) -> None:
         if n > self.exported.max_nodes:
@@ -204,11 +264,8 @@ class OrtEngine(Engine):
         from spot.export.epilogue import EpilogueResult, epilogue_scalars
         from spot.runtime.outputs import sampled_outputs
         self._check_nodes(states.shape[0])
-        kind = "cpu" if self.device == "cpu" else "cuda"
-        target = self.session.io_binding()
-        for name, value in self._feeds(states, self._step_bias()).items():
-            target.bind_cpu_input(name, value)
-        target.bind_output("logits", kind)
+        target = self._binding(states, self._step_bias())
+        target.bind_output("logits", self.place)
         self.session.run_with_iobinding(target)
         (logits,) = target.get_outputs()
         epi = self.epilogue.io_binding()
@@ -224,6 +281,4 @@ class OrtEngine(Engine):
         return sampled_outputs(result, steps)
 
     def _store(self, state: np.ndarray) -> None:
-        new_k, new_v = self._run(["new_k", "new_v"], state[None], self._step_bias())
-        self._k = np.concatenate([self._k, new_k[:, 0]], axis=2)
-        self._v = np.concatenate([self._v, new_v[:, 0]], axis=2)
+        self._extend(state, self._step_bias())

@@ -28,6 +28,7 @@ from spot.errors import SpotError
 from spot.export.graph import (NP_DTYPES, TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset,
                                io_contract)
 from spot.export.epilogue import DEFAULT_FUTURE_STEPS, validate_epilogue, write_epilogue
+from spot.export.kv_append import validate_kv_append, write_kv_append
 from spot.export.manifest import FORMAT, FORMAT_VERSION, add_files, write_manifest
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
@@ -352,6 +353,12 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
             if options.validate:
                 entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, cfg.block_size, depth)
             extra_graphs["epilogue"], extra_files = entry, [name]
+        # the device KV cache's append (spot.engines.device_kv): tiny, written for every export
+        name, entry = write_kv_append(tmp, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
+                                      options.dtype)
+        entry["validation"] = validate_kv_append(tmp, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
+                                                 options.dtype)
+        extra_graphs["kv_append"], extra_files = entry, [*extra_files, name]
         validation = None
         if options.validate:
             from spot.export.validate import validate_export  # needs torch: only when validating

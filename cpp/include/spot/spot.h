@@ -49,9 +49,8 @@ typedef enum spot_verify {
 } spot_verify;
 
 /* Where the target graph runs (the drafter, a few kB, always runs on the CPU). The GPU devices need the host linked
- * against an onnxruntime-gpu library; the KV cache stays in host memory and each pass copies it to the device, so
- * they suit unified-memory Jetsons and small contexts; with the device sampler the logits stay on the device
- * (docs/cpp-host.md). Not yet run on a GPU by this project. */
+ * against an onnxruntime-gpu library; with the device sampler the logits stay on the device, with the device KV
+ * cache the cache does (docs/cpp-host.md). Not yet run on a GPU by this project. */
 typedef enum spot_device {
   SPOT_DEVICE_CPU = 0,     /* ONNX Runtime's CPU execution provider (the default) */
   SPOT_DEVICE_CUDA = 1,    /* the CUDA execution provider */
@@ -64,12 +63,19 @@ typedef enum spot_device {
  * deeper than the epilogue's future steps. AUTO: DEVICE on a GPU device when the folder has an epilogue. */
 typedef enum spot_sampler { SPOT_SAMPLER_AUTO = 0, SPOT_SAMPLER_HOST = 1, SPOT_SAMPLER_DEVICE = 2 } spot_sampler;
 
+/* Where the KV cache lives (the Python runtime's --kv-cache). HOST: host memory, sent to the target's device with
+ * every pass (~300 MB per pass for SDAR-8B at 2k tokens of context). DEVICE: OrtValues where the target runs, each
+ * stored block appended there by the export's kv_append.onnx (one device-side copy per block); the same tokens.
+ * AUTO: DEVICE on a GPU device when the folder has kv_append.onnx. */
+typedef enum spot_kv_cache { SPOT_KV_CACHE_AUTO = 0, SPOT_KV_CACHE_HOST = 1, SPOT_KV_CACHE_DEVICE = 2 } spot_kv_cache;
+
 typedef struct spot_open_options {
   const char* drafter_dir; /* folder with drafter.onnx + drafter.json; NULL: the model folder's own, if any */
   spot_verify verify;
   int threads;             /* intra-op threads of the target session; 0: ONNX Runtime's default */
   spot_device device;      /* SPOT_DEVICE_CPU unless set */
   spot_sampler sampler;    /* SPOT_SAMPLER_AUTO unless set */
+  spot_kv_cache kv_cache;  /* SPOT_KV_CACHE_AUTO unless set */
 } spot_open_options;
 
 typedef enum spot_decoder {
@@ -116,6 +122,8 @@ typedef struct spot_model_info {
   int has_drafter;
   const char* dtype;     /* "fp32" or "fp16"; owned by the model */
   const char* ort_version;
+  int samples_on_device; /* 1: F's sampling runs in the export's epilogue (spot_open_options.sampler resolved) */
+  int cache_on_device;   /* 1: the KV cache lives where the target runs (spot_open_options.kv_cache resolved) */
 } spot_model_info;
 
 /* Defaults: verify quick, drafter from the folder, ORT's default threads. */

@@ -1,0 +1,110 @@
+"""The KV cache kept where the target runs (spot.engines.device_kv + the export's kv_append.onnx): the same cache
+contents, tokens and passes as the numpy cache, for every decoder and with either sampler.
+
+Runs on ORT CPU here (the OrtValues live in host memory, the code path is the GPU one); on a GPU the same code keeps
+the cache in CUDA memory (scripts/gpu_check.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from spot.config import ModelConfig
+from spot.engines.ort_engine import OrtEngine, use_device_kv
+from spot.errors import SpotError
+from spot.export.export import ExportOptions, export_checkpoint
+from spot.export.kv_append import validate_kv_append, write_kv_append
+from spot.export.manifest import load_manifest, write_manifest
+from spot.export.presets import resolve_source
+from spot.reference.model import random_model
+from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.spot import TreeBudget
+from spot.runtime.step import Sampling
+
+pytest.importorskip("onnx")
+
+CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=256, block_size=8,
+                  mask_token_id=95, stop_ids=(94,))
+DEPTH = 4
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kv")
+    random_model(CFG, seed=5).save_pretrained(tmp / "ckpt")
+    return export_checkpoint(resolve_source(str(tmp / "ckpt")), tmp / "onnx",
+                             ExportOptions(dtype="fp32", epilogue_steps=DEPTH))
+
+
+def _prompt(seed, n):
+    return np.random.default_rng(seed).integers(0, CFG.vocab_size - 2, size=n)
+
+
+def test_export_writes_and_validates_kv_append(folder, tmp_path):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    entry = manifest["graphs"]["kv_append"]
+    assert "kv_append.onnx" in manifest["files"] and entry["validation"]["checked"]
+    assert entry["inputs"] == ["past_k", "past_v", "new_k", "new_v"] and entry["outputs"] == ["k", "v"]
+    # fp16 caches (GPU exports) append exactly too
+    write_kv_append(tmp_path, 3, 2, 8, "fp16")
+    assert validate_kv_append(tmp_path, 3, 2, 8, "fp16")["checked"]
+
+
+def test_the_device_cache_holds_what_the_host_cache_holds(folder):
+    host = OrtEngine(folder, threads=1, kv_cache="host")
+    device = OrtEngine(folder, threads=1, kv_cache="device")
+    assert host.device_kv is None and device.device_kv is not None
+    for engine in (host, device):
+        engine.prefill(_prompt(1, 2 * CFG.block_size))
+        engine.store(_prompt(2, CFG.block_size))
+    k, v = device.device_kv.host_copy()
+    assert k.shape == (2, 2, 3 * CFG.block_size, 16)
+    assert np.array_equal(k, host._k) and np.array_equal(v, host._v)
+    states = np.stack([_prompt(s, CFG.block_size) for s in range(3)])
+    assert np.array_equal(host.block_logits(states), device.block_logits(states))
+    device.prefill(_prompt(3, CFG.block_size))          # a new request starts from an empty cache
+    assert device.device_kv.length == CFG.block_size == device.cached_len
+
+
+@pytest.mark.parametrize("sampler", ["host", "device"])
+@pytest.mark.parametrize("decoder,mode", [("standard", "static"), ("threshold", "static"), ("chain", "static"),
+                                          ("tree", "static"), ("tree", "threshold")])
+def test_device_cache_decodes_like_the_host_cache(folder, decoder, mode, sampler):
+    host = OrtEngine(folder, threads=1, sampler=sampler, kv_cache="host")
+    device = OrtEngine(folder, threads=1, sampler=sampler, kv_cache="device")
+    for i, temperature in enumerate((0.0, 1.0, 0.7)):
+        req = DecodeRequest(max_new_tokens=20, mode=mode, tau=0.3, sampling=Sampling(temperature, seed=30 + i),
+                            budget=TreeBudget(6, DEPTH))
+        prompt = _prompt(i, 5 + 4 * i)       # prompts that are not whole blocks: padded prefill + stored blocks
+        a, b = run_decoder(decoder, host, prompt, req), run_decoder(decoder, device, prompt, req)
+        assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, i)
+
+
+def test_where_the_cache_lives(folder, tmp_path):
+    assert not use_device_kv("auto", "cpu", True) and use_device_kv("auto", "cuda", True)
+    assert not use_device_kv("auto", "trt", False) and use_device_kv("device", "cpu", True)
+    assert OrtEngine(folder, threads=1).device_kv is None             # auto on the CPU: the numpy cache
+    with pytest.raises(SpotError, match="unknown KV cache place 'gpu'"):
+        OrtEngine(folder, threads=1, kv_cache="gpu")
+    # a folder exported before kv_append: auto keeps the host cache, device says what to do
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    manifest = dict(load_manifest(old).manifest)
+    manifest["graphs"] = {k: v for k, v in manifest["graphs"].items() if k != "kv_append"}
+    manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "kv_append.onnx"}
+    (old / "kv_append.onnx").unlink()
+    write_manifest(old, manifest)
+    assert OrtEngine(old, threads=1).device_kv is None
+    with pytest.raises(SpotError, match="has no kv_append graph") as e:
+        OrtEngine(old, threads=1, kv_cache="device")
+    assert "--kv-cache host" in e.value.hint
+
+
+def test_only_the_ort_backend_has_a_device_cache(folder):
+    from spot.engines.factory import open_engine
+    with pytest.raises(SpotError, match="--kv-cache device needs the ort backend") as e:
+        open_engine("torch", folder.parent / "ckpt", kv_cache="device")
+    assert "--kv-cache host" in e.value.hint
