@@ -8,6 +8,7 @@
 #include <string>
 
 #include "decode.h"
+#include "drafter.h"
 #include "engine.h"
 #include "errors.h"
 #include "paths.h"
