@@ -108,3 +108,20 @@ def test_only_the_ort_backend_has_a_device_cache(folder):
     with pytest.raises(SpotError, match="--kv-cache device needs the ort backend") as e:
         open_engine("torch", folder.parent / "ckpt", kv_cache="device")
     assert "--kv-cache host" in e.value.hint
+
+
+def test_the_append_session_grows_its_cuda_arena_by_what_it_asks(folder, tmp_path, monkeypatch):
+    """On a GPU the append session's CUDA provider gets arena_extend_strategy kSameAsRequested (the cache grows by
+    one block per store); the provider list is built without a GPU by faking what onnxruntime offers."""
+    import onnxruntime as ort
+
+    from spot.engines.ort_engine import providers_for
+    monkeypatch.setattr(ort, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
+    options = {"arena_extend_strategy": "kSameAsRequested"}
+    assert providers_for("cuda", folder, "fp16", options) == [("CUDAExecutionProvider", options),
+                                                              "CPUExecutionProvider"]
+    trt = providers_for("trt", folder, "fp16")
+    assert trt[0][0] == "TensorrtExecutionProvider" and trt[1] == ("CUDAExecutionProvider", {})
+    assert providers_for("cpu", folder, "fp32", options) == ["CPUExecutionProvider"]

@@ -126,9 +126,12 @@ def test_verify_pass_terms_grow_with_nodes_and_context():
     tiny = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                        block_size=4, mask_token_id=127)
-    one = sum(verify_pass_bytes(tiny, "fp32", 1, 64, False).values())
-    assert sum(verify_pass_bytes(tiny, "fp32", 2, 64, False).values()) == 2 * one
-    assert sum(verify_pass_bytes(tiny, "fp32", 1, 128, False).values()) > one
+    def per_state(nodes, context):   # every term but the one copy of the cache grows with the states of a pass
+        terms = verify_pass_bytes(tiny, "fp32", nodes, context, False)
+        return sum(terms.values()) - terms["cache_copy"]
+    assert per_state(2, 64) == 2 * per_state(1, 64) and per_state(1, 128) > per_state(1, 64)
+    copy = verify_pass_bytes(tiny, "fp32", 2, 64, False)["cache_copy"]
+    assert copy == kv_bytes_per_token(tiny, "fp32") * (64 + tiny.block_size)   # the cache with the block's tokens
     assert "dequantized_matrix" in verify_pass_bytes(tiny, "fp32", 1, 64, True)
 
 

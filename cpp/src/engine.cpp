@@ -180,8 +180,9 @@ void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device d
     fail(SPOT_ERR_INCOMPATIBLE, f.folder + " has no kv_append graph (needed by the device KV cache): re-export it "
                                            "with this version's spot-export, or use the host KV cache");
   // a Concat with a new shape at every stored block: the CUDA provider also under TensorRT (as in Python)
-  kv_append_ = std::make_unique<OrtSessionHandle>(
-      f.kv_append_graph, session_config(threads, device == Device::kTensorRT ? Device::kCuda : device));
+  SessionConfig sc = session_config(threads, device == Device::kTensorRT ? Device::kCuda : device);
+  sc.cuda_exact_arena = true;   // the cache grows by one block per store: no power-of-two slack
+  kv_append_ = std::make_unique<OrtSessionHandle>(f.kv_append_graph, sc);
   for (const char* want : {"past_k", "past_v", "new_k", "new_v"})
     if (std::find(kv_append_->input_names().begin(), kv_append_->input_names().end(), want) ==
         kv_append_->input_names().end())

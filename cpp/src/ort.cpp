@@ -67,11 +67,17 @@ void check_provider(OrtStatus* st, const std::string& provider) {
                              "for on the library path?): " + take_message(st).substr(0, 400));
 }
 
-void append_cuda(OrtSessionOptions* so) {
+void append_cuda(OrtSessionOptions* so, const SessionConfig& cfg) {
   const OrtApi& api = ort_api();
   OrtCUDAProviderOptionsV2* opts = nullptr;
   check_provider(api.CreateCUDAProviderOptions(&opts), "CUDAExecutionProvider");
-  OrtStatus* st = api.SessionOptionsAppendExecutionProvider_CUDA_V2(so, opts);
+  OrtStatus* st = nullptr;
+  if (cfg.cuda_exact_arena) {
+    const char* keys[] = {"arena_extend_strategy"};
+    const char* values[] = {"kSameAsRequested"};
+    st = api.UpdateCUDAProviderOptions(opts, keys, values, 1);
+  }
+  if (st == nullptr) st = api.SessionOptionsAppendExecutionProvider_CUDA_V2(so, opts);
   api.ReleaseCUDAProviderOptions(opts);
   check_provider(st, "CUDAExecutionProvider");
 }
@@ -101,7 +107,7 @@ void append_providers(OrtSessionOptions* so, const SessionConfig& cfg) {
     require_provider("TensorrtExecutionProvider", "trt");
     append_tensorrt(so, cfg);
   }
-  append_cuda(so);
+  append_cuda(so, cfg);
 }
 
 std::vector<std::string> io_names(OrtSession* s, bool inputs) {

@@ -24,6 +24,8 @@ struct SessionConfig {
   Device device = Device::kCpu;
   std::string trt_cache_dir;             // TensorRT: engine cache folder (created when absent)
   bool trt_fp16 = false;                 // TensorRT: build fp16 engines (an fp16 export)
+  bool cuda_exact_arena = false;         // CUDA: grow the memory arena by what is requested, not to the next power
+                                         // of two (a session whose outputs grow by one block per run: the KV cache)
 };
 
 std::vector<std::string> available_providers();   // what the linked ONNX Runtime library offers

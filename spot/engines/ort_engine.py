@@ -40,8 +40,9 @@ def trt_cache_dir(folder: Path) -> Path:
     return base / "trt" / key
 
 
-def providers_for(device: str, folder: Path, dtype: str) -> list:
-    """Execution providers for --device, checked against what the installed onnxruntime offers."""
+def providers_for(device: str, folder: Path, dtype: str, cuda_options: dict | None = None) -> list:
+    """Execution providers for --device, checked against what the installed onnxruntime offers; cuda_options: extra
+    CUDA provider options."""
     ort = _ort()
     if device not in DEVICES:
         raise SpotError(f"unknown device {device!r} for the ort backend, expected one of {', '.join(DEVICES)}")
@@ -51,7 +52,7 @@ def providers_for(device: str, folder: Path, dtype: str) -> list:
     if "CUDAExecutionProvider" not in available:
         raise SpotError(f"--device {device} needs onnxruntime's CUDAExecutionProvider; the installed onnxruntime "
                         f"{ort.__version__} offers {', '.join(available)}", _GPU_HINT)
-    cuda = ("CUDAExecutionProvider", {})
+    cuda = ("CUDAExecutionProvider", dict(cuda_options or {}))
     if device == "cuda":
         return [cuda, "CPUExecutionProvider"]
     if "TensorrtExecutionProvider" not in available:
@@ -65,10 +66,11 @@ def providers_for(device: str, folder: Path, dtype: str) -> list:
     return [trt, cuda, "CPUExecutionProvider"]
 
 
-def make_session(graph: Path, device: str, dtype: str, threads: int | None = None, config: dict | None = None):
+def make_session(graph: Path, device: str, dtype: str, threads: int | None = None, config: dict | None = None,
+                 cuda_options: dict | None = None):
     """An InferenceSession on the requested provider; SpotError when the provider did not actually load."""
     ort = _ort()
-    providers = providers_for(device, graph.parent, dtype)
+    providers = providers_for(device, graph.parent, dtype, cuda_options)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3          # warnings about unused initializers etc. are not the user's business
@@ -159,7 +161,9 @@ class OrtEngine(Engine):
                             "re-export it with this version's spot-export, or use --kv-cache host")
         # a Concat with a new shape at every stored block: the CUDA provider, also under --device trt (a TensorRT
         # engine per shape would cost more than the copy)
-        session = make_session(self.exported.graph_path("kv_append"), self.place, self.exported.dtype, threads)
+        # the cache grows by one block per store: the arena grows by what is asked, not to the next power of two
+        session = make_session(self.exported.graph_path("kv_append"), self.place, self.exported.dtype, threads,
+                               cuda_options={"arena_extend_strategy": "kSameAsRequested"})
         return DeviceKVCache(session, self.place, self._empty)
 
     def _open_epilogue(self, sampler: str, threads: int | None):

@@ -8,8 +8,10 @@ A plan adds, in bytes (docs/quantization.md has the derivations):
                logits N*B*V*4 bytes (+ the fp16 lm_head output before its Cast), the cached K/V broadcast over the
                N states (the graph Expands + Concats the prefix per state: ~3 * N*Hkv*T*D*dtype bytes live for one
                layer, T = context + B), attention scores + fp32 softmax (N*Hq*B*T elements), MLP/residual
-               activations, the new K/V outputs and, for quantized weights, one dequantized matrix in case the
-               runtime does not fuse DequantizeLinear into its GEMM,
+               activations, the new K/V outputs, a second cache (a stored block is appended by building the longer
+               cache beside the old one — kv_append.onnx's Concat with the device cache; the host cache is copied
+               to the device for every pass instead) and, for quantized weights, one dequantized matrix in case
+               the runtime does not fuse DequantizeLinear into its GEMM,
   runtime      CUDA context + TensorRT/cuBLAS workspaces + ONNX Runtime arena slack (assumed RUNTIME_GIB),
   OS share     kernel carve-outs + a headless L4T userland in the unified memory (assumed per device);
 and compares the sum with the device's memory. Every term but the weights grows linearly with the context, so the
@@ -95,6 +97,9 @@ def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, qu
         "attention_scores": n * hq * s * t * (e + 8 if dtype == "fp16" else 8),
         "hidden": n * s * (3 * inter + 4 * h) * e,
         "new_kv": 2 * cfg.num_hidden_layers * n * hkv * s * d * e,
+        # one state or many: the cache is copied once (host cache: to the device for the pass; device cache: the
+        # longer cache kv_append builds beside the old one at a store)
+        "cache_copy": 2 * cfg.num_hidden_layers * hkv * t * d * e,
     }
     if quantized:
         terms["dequantized_matrix"] = max(h * inter, h * hq * d) * e
@@ -222,6 +227,9 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+_NAMED = ("logits", "kv_broadcast", "attention_scores", "cache_copy")   # the verify-pass terms render names
+
+
 def render(plan: MemoryPlan, block_size: int) -> str:
     a = plan.activations
     lines = [
@@ -231,8 +239,8 @@ def render(plan: MemoryPlan, block_size: int) -> str:
         f"  KV cache     {plan.kv_per_token / 1024:.1f} KiB/token x {plan.context} tokens ({plan.dtype}): "
         f"{_gib(plan.kv_bytes)}",
         f"  verify pass  {plan.nodes} nodes x {block_size} tokens: logits {_gib(a['logits'])}, K/V broadcast "
-        f"{_gib(a['kv_broadcast'])}, attention scores {_gib(a['attention_scores'])}, other "
-        f"{_gib(plan.activation_bytes - a['logits'] - a['kv_broadcast'] - a['attention_scores'])}: "
+        f"{_gib(a['kv_broadcast'])}, attention scores {_gib(a['attention_scores'])}, cache copy "
+        f"{_gib(a['cache_copy'])}, other {_gib(plan.activation_bytes - sum(a[k] for k in _NAMED))}: "
         f"{_gib(plan.activation_bytes)}",
         f"  runtime      CUDA context + TensorRT/ORT workspaces (assumed): {_gib(plan.runtime_bytes)}",
         f"  OS share     carve-outs + headless L4T (assumed): {_gib(plan.os_bytes)}",
