@@ -71,6 +71,49 @@ def test_demo_reports_where_the_time_goes(as_embedded):
     assert r["spot"]["target_ms_per_verify"] > 0 and r["standard"]["verify_passes"] == 0
 
 
+BLOCKER = '''import sys
+class _Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "onnx", "safetensors", "scipy", "matplotlib"):
+            raise ImportError(f"{name} is not installed (a runtime-only install)")
+        return None
+sys.meta_path.insert(0, _Blocked())
+'''
+
+
+def test_the_ort_runtime_needs_neither_torch_nor_onnx(embedded, tmp_path):
+    """An edge install has numpy, onnxruntime, click and tokenizers only: an exported folder decodes (every ORT
+    option), benches and verifies with torch, onnx, safetensors, scipy and matplotlib unimportable."""
+    import os
+    import subprocess
+    import sys
+
+    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.presets import resolve_source
+    folder = export_checkpoint(resolve_source(str(embedded)), tmp_path / "onnx", ExportOptions(dtype="fp32"))
+    (tmp_path / "blocker").mkdir()
+    (tmp_path / "blocker" / "sitecustomize.py").write_text(BLOCKER)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "blocker")}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-c", "from spot.cli import main; main()", *args], env=env,
+                              capture_output=True, text=True, timeout=300)
+    blocked = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
+    assert blocked.returncode != 0 and "runtime-only install" in blocked.stderr    # the blocker works
+    for options in (["--decoder", "spot"], ["--decoder", "spot-sets", "--tau", "0.5", "--kv-cache", "device",
+                                            "--sampler", "device", "--temperature", "1"]):
+        proc = cli("generate", "--model", str(folder), "--backend", "ort", "--prompt", "the cat",
+                   "--max-new-tokens", "6", "--budget", "6", "--depth", "3", "--json", *options)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["passes"]["verify"] >= 1
+    proc = cli("bench", "--model", str(folder), "--backend", "ort", "--limit", "1", "--temperatures", "0",
+               "--budgets", "4x2", "--max-new-tokens", "4", "--prompt-tokens", "8", "--no-plots", "--report",
+               str(tmp_path / "report"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "report" / "bench.json").is_file()
+    assert cli("verify", str(folder)).returncode == 0
+
+
 def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
     pytest.importorskip("matplotlib")
     report = tmp_path / "report"

@@ -105,7 +105,7 @@ class StaticOrtEngine(Engine):
     def __init__(self, model_dir: str | Path, plan: BucketPlan | None = None, device: str = "cpu",
                  threads: int | None = None):
         from spot.engines.ort_engine import make_session
-        from spot.export.graph import NP_DTYPES
+        from spot.export.manifest import NP_DTYPES
         from spot.export.manifest import load_manifest
         self.exported = load_manifest(model_dir)
         cfg = self.exported.config

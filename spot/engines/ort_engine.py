@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from spot.errors import SpotError
-from spot.export.graph import NP_DTYPES
-from spot.export.manifest import load_manifest
+from spot.export.manifest import NP_DTYPES, load_manifest
 from spot.runtime.engine import Engine
 
 DEVICES = ("cpu", "cuda", "trt")
@@ -160,8 +159,8 @@ class OrtEngine(Engine):
             raise SpotError(f"{self.exported.folder} has no kv_append graph (needed by --kv-cache device)",
                             "re-export it with this version's spot-export, or use --kv-cache host")
         # a Concat with a new shape at every stored block: the CUDA provider, also under --device trt (a TensorRT
-        # engine per shape would cost more than the copy)
-        # the cache grows by one block per store: the arena grows by what is asked, not to the next power of two
+        # engine per shape would cost more than the copy), its arena grown by what is asked (the cache grows by one
+        # block per store), not to the next power of two
         session = make_session(self.exported.graph_path("kv_append"), self.place, self.exported.dtype, threads,
                                cuda_options={"arena_extend_strategy": "kSameAsRequested"})
         return DeviceKVCache(session, self.place, self._empty)

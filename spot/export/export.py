@@ -25,11 +25,11 @@ from spot import __version__
 from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32
 from spot.config import ModelConfig, check_block_size, load_config
 from spot.errors import SpotError
-from spot.export.graph import (NP_DTYPES, TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset,
+from spot.export.graph import (TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset,
                                io_contract)
 from spot.export.epilogue import DEFAULT_FUTURE_STEPS, validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
-from spot.export.manifest import FORMAT, FORMAT_VERSION, add_files, write_manifest
+from spot.export.manifest import FORMAT, FORMAT_VERSION, NP_DTYPES, add_files, write_manifest
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
 

@@ -23,10 +23,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from spot.config import ModelConfig
 from spot.errors import SpotError
+from spot.export.manifest import NP_DTYPES
 
 SUPPORTED_OPSETS = (17, 18)
 ONNX_DTYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
-NP_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 INPUT_NAMES = ("input_ids", "position_ids", "attn_bias", "past_k", "past_v")
 OUTPUT_NAMES = ("logits", "new_k", "new_v")
 

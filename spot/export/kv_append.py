@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from spot.errors import SpotError
-from spot.export.graph import NP_DTYPES
+from spot.export.manifest import NP_DTYPES
 
 KV_APPEND_FILE = "kv_append.onnx"
 OPSET = 17

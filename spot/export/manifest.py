@@ -19,9 +19,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from spot.config import ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError
+
+# The model dtypes an exported folder may have (manifest "dtype") as numpy dtypes: here, not in spot.export.graph,
+# because the runtime opens folders without onnx installed.
+NP_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "spot-exported-model"

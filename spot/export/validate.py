@@ -12,7 +12,8 @@ import numpy as np
 
 from spot.checkpoint import Checkpoint
 from spot.errors import SpotError
-from spot.export.graph import NP_DTYPES, TargetGraph, build_target_graph
+from spot.export.graph import TargetGraph, build_target_graph
+from spot.export.manifest import NP_DTYPES
 
 VALIDATE_FULL_PARAMS = 300_000_000
 DEFAULT_PARTIAL_LAYERS = 2
