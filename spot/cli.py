@@ -16,8 +16,13 @@ from spot.demo import DEMO_TEMPERATURE
 from spot.runtime.decoders import DECODERS
 
 
+# Optional packages -> the extra that installs them: the runtime (generate/bench/tune/verify on an exported folder with
+# --backend ort) needs none of them; export, training, the torch backend and plots do.
+OPTIONAL_EXTRAS = {"torch": "export", "onnx": "export", "safetensors": "export", "matplotlib": "plots"}
+
+
 class SpotGroup(click.Group):
-    """Turns SpotError into one clear line + hint (exit 2) unless --debug was given."""
+    """Turns SpotError — and a missing optional package — into one clear line + hint (exit 2) unless --debug."""
 
     def invoke(self, ctx):
         try:
@@ -25,10 +30,23 @@ class SpotGroup(click.Group):
         except SpotError as e:
             if ctx.meta.get("spot.debug"):
                 raise
-            click.echo(f"error: {e.message}", err=True)
-            if e.hint:
-                click.echo(f"  hint: {e.hint}", err=True)
-            ctx.exit(2)
+            self._fail(ctx, e.message, e.hint)
+        except ModuleNotFoundError as e:
+            package = (e.name or "").split(".")[0]
+            if ctx.meta.get("spot.debug") or package not in OPTIONAL_EXTRAS:
+                raise
+            extra = OPTIONAL_EXTRAS[package]
+            self._fail(ctx, f"`spot {ctx.invoked_subcommand}` needs the {package} package, which is not "
+                            "installed (the ONNX Runtime decoding of an exported folder needs none of the extras)",
+                       f"pip install 'spot-edge[{extra}]'" + (" (torch==2.13.0 is the CPU build)"
+                                                              if extra == "export" else ""))
+
+    @staticmethod
+    def _fail(ctx, message: str, hint: str | None):
+        click.echo(f"error: {message}", err=True)
+        if hint:
+            click.echo(f"  hint: {hint}", err=True)
+        ctx.exit(2)
 
 
 @click.group(cls=SpotGroup, context_settings={"help_option_names": ["-h", "--help"]})

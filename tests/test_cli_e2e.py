@@ -75,7 +75,7 @@ BLOCKER = '''import sys
 class _Blocked:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ("torch", "onnx", "safetensors", "scipy", "matplotlib"):
-            raise ImportError(f"{name} is not installed (a runtime-only install)")
+            raise ModuleNotFoundError(f"No module named {name!r} (a runtime-only install)", name=name)
         return None
 sys.meta_path.insert(0, _Blocked())
 '''
@@ -112,6 +112,12 @@ def test_the_ort_runtime_needs_neither_torch_nor_onnx(embedded, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "report" / "bench.json").is_file()
     assert cli("verify", str(folder)).returncode == 0
+    for args, says in ((["demo"], "`spot demo` needs the onnx package"),
+                       (["export", str(embedded), "--out", str(tmp_path / "x")], "`spot export` needs the onnx package"),
+                       (["generate", "--model", str(embedded), "--prompt", "a"], "the torch backend needs torch")):
+        proc = cli(*args)      # what needs an extra says which, in one line
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert says in proc.stderr and "spot-edge[export]" in proc.stderr, proc.stderr
 
 
 def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
