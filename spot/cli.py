@@ -139,7 +139,7 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
     if as_json:
         out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "prompt_len": gen.prompt_len,
                "block_size": engine.block_size, "mode": mode, "decoder": decoder, "backend": backend,
-               **stats.to_dict()}
+               "placement": engine.placement, **stats.to_dict()}
         if text is not None:
             out["text"] = text
         click.echo(json.dumps(out))

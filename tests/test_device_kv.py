@@ -87,6 +87,9 @@ def test_where_the_cache_lives(folder, tmp_path):
     assert not use_device_kv("auto", "cpu", True) and use_device_kv("auto", "cuda", True)
     assert not use_device_kv("auto", "trt", False) and use_device_kv("device", "cpu", True)
     assert OrtEngine(folder, threads=1).device_kv is None             # auto on the CPU: the numpy cache
+    assert OrtEngine(folder, threads=1).placement == {"device": "cpu", "sampler": "host", "kv_cache": "host"}
+    assert OrtEngine(folder, threads=1, kv_cache="device", sampler="device").placement == {
+        "device": "cpu", "sampler": "device", "kv_cache": "device"}
     with pytest.raises(SpotError, match="unknown KV cache place 'gpu'"):
         OrtEngine(folder, threads=1, kv_cache="gpu")
     # a folder exported before kv_append: auto keeps the host cache, device says what to do

@@ -188,6 +188,12 @@ class OrtEngine(Engine):
         return self._future_steps
 
     @property
+    def placement(self) -> dict[str, str]:
+        """What --device / --sampler / --kv-cache resolved to (auto included)."""
+        return {"device": self.device, "sampler": "host" if self.epilogue is None else "device",
+                "kv_cache": "host" if self.device_kv is None else "device"}
+
+    @property
     def max_context(self) -> int:
         return min(self.exported.max_context, self.config.max_position_embeddings)
 

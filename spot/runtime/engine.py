@@ -54,6 +54,11 @@ class Engine(ABC):
         return self._block_outputs(states, steps, sampling, block, noise)
 
     @property
+    def placement(self) -> dict[str, str]:
+        """Where this engine runs what (reported by `spot generate --json`); engines with choices override it."""
+        return {}
+
+    @property
     def sampler_depth(self) -> int | None:
         """How many future steps of coupled samples a pass provides: None = any (the logits are on the host)."""
         return None
