@@ -31,10 +31,10 @@ BUILD = CPP / "build"
 GOLDEN_DIR = ROOT / "tests" / "data" / "golden"
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_golden import case_options, golden_cases, model_identity, run_case  # noqa: E402
-from tinymodels import renamed_input_drafter, train_encoder_drafter  # noqa: E402
+from tinymodels import nan_weights_copy, renamed_input_drafter, train_encoder_drafter  # noqa: E402
 
 # spot_status codes of cpp/include/spot/spot.h
-INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED = 1, 2, 3, 4, 5
+INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED, RUNTIME = 1, 2, 3, 4, 5, 6
 COMPARED = ("token_ids", "stopped", "target_passes", "passes", "steps", "blocks")
 
 # vocab 300: the softmax sums take numpy's pairwise recursion (> 128 terms) with remainders (not a multiple of 8)
@@ -373,6 +373,15 @@ def test_bad_folders_are_refused(spot_cli, tiny, tmp_path):
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "target.onnx.data", "bytes")
     (changed / "manifest.json").write_text("{not json")
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "not valid JSON")
+
+
+def test_non_finite_logits_are_refused(spot_cli, tiny, tmp_path):
+    """Weights that make NaN logits: a runtime error naming the block, with the host sampler (the logits' check) and
+    the device sampler (where NaN logits can make the epilogue itself fail)."""
+    broken = nan_weights_copy(tiny[0], tmp_path / "nan")
+    for sampler in ("host", "device"):
+        _fails(cli(spot_cli, "generate", "--model", broken, "--prompt-ids", "1,2,3", "--sampler", sampler), RUNTIME,
+               "non-finite logits", "block at position 0")
 
 
 def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):

@@ -60,6 +60,16 @@ def test_export_writes_and_validates_the_epilogue(folders):
     assert "epilogue" not in json.loads((folders[1] / "manifest.json").read_text())["graphs"]
 
 
+@pytest.mark.parametrize("sampler", ["host", "device"])
+def test_nan_logits_are_a_clear_error(folders, tmp_path, sampler):
+    """NaN logits (broken weights) can send the epilogue's candidate indices out of range inside onnxruntime: the
+    engine says what is wrong either way, never onnxruntime's traceback."""
+    from tinymodels import nan_weights_copy
+    engine = OrtEngine(nan_weights_copy(folders[0], tmp_path / "nan"), sampler=sampler, threads=1)
+    with pytest.raises(SpotError, match="non-finite logits .* block at position 0"):
+        generate(engine, _prompt(0, 5), max_new_tokens=4, sampling=Sampling(1.0, seed=3))
+
+
 def test_a_device_pass_returns_small_arrays(folders):
     engine = OrtEngine(folders[0], sampler="device", threads=1)
     engine.prefill(_prompt(0, 8))

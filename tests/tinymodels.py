@@ -53,6 +53,23 @@ def renamed_input_drafter(drafter_dir, out, old: str = "masked", new: str = "mas
     return out
 
 
+def nan_weights_copy(folder, out):
+    """A copy of an exported folder whose final norm weight is NaN (all-ones float32 bits), its manifest re-hashed:
+    every logit is NaN."""
+    import shutil
+
+    from spot.export.manifest import add_files, load_manifest, write_manifest
+    shutil.copytree(folder, out)
+    graph = onnx.load(str(out / "target.onnx"), load_external_data=False)
+    (norm,) = [t for t in graph.graph.initializer if t.name == "model.norm.weight"]
+    where = {e.key: e.value for e in norm.external_data}
+    with open(out / where["location"], "r+b") as f:
+        f.seek(int(where["offset"]))
+        f.write(b"\xff" * int(where["length"]))
+    write_manifest(out, add_files(out, dict(load_manifest(out, verify="none").manifest), ["target.onnx.data"]))
+    return out
+
+
 def train_encoder_drafter(traces, out, settings) -> dict:
     """`train_drafter` into `out`, its graph then replaced by a model trained without weight selection, so that it is
     the whole encoder (selection keeps step 0 on tiny traces: the baseline graph, which has tests of its own).

@@ -368,6 +368,18 @@ void TargetEngine::check_states(const std::vector<int64_t>& states, int64_t n) c
 
 namespace {
 
+// No NaN or inf among x[0 .. count): an OR over the exponent bits, which the compiler vectorises (std::isfinite
+// per value, with an early exit, does not)
+bool all_finite(const float* x, size_t count) {
+  uint32_t all_ones = 0;
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);   // the float's bits (memcpy: no aliasing trouble, a plain load)
+    all_ones |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return all_ones == 0;
+}
+
 void non_finite(int64_t position) {
   fail(SPOT_ERR_RUNTIME, "the ort engine produced non-finite logits (NaN or inf) for the block at position " +
                              std::to_string(position) + ": the weights or the export are broken, or fp16 "
@@ -410,7 +422,15 @@ EpilogueResult TargetEngine::block_samples(const std::vector<int64_t>& states, i
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &sampling.top_k, sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &sampling.exclude_token, sizeof(int64_t)},
   };
-  std::vector<OrtOutput> out = epilogue_->run(names, scalars, epilogue_outputs_, {{"logits", logits.value()}});
+  std::vector<OrtOutput> out;
+  try {
+    out = epilogue_->run(names, scalars, epilogue_outputs_, {{"logits", logits.value()}});
+  } catch (const SpotException&) {
+    // NaN / inf logits can send the epilogue's candidate indices out of range: a pass with host logits tells
+    // (block_logits' non-finite error) whether that was it
+    block_logits(states, n);
+    throw;
+  }
   const int64_t d = epilogue_steps_;
   const std::string& g = epilogue_graph_path_;
   EpilogueResult r;
@@ -432,16 +452,14 @@ EpilogueResult TargetEngine::block_samples(const std::vector<int64_t>& states, i
   return r;
 }
 
-std::vector<float> TargetEngine::block_logits(const std::vector<int64_t>& states, int64_t n) {
+HostLogits TargetEngine::block_logits(const std::vector<int64_t>& states, int64_t n) {
   check_states(states, n);
   std::vector<OrtOutput> out = run({"logits"}, states, n, b_, step_bias());
   std::vector<int64_t> want = {n, b_, cfg_.vocab_size};
   if (out[0].shape() != want || out[0].type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
     fail(SPOT_ERR_RUNTIME, "the target graph returned logits of an unexpected shape or type");
-  const float* p = static_cast<const float*>(out[0].data());
-  std::vector<float> logits(p, p + n * b_ * cfg_.vocab_size);
-  for (float x : logits)
-    if (!std::isfinite(x)) non_finite(cached_);
+  HostLogits logits(std::move(out[0]));
+  if (!all_finite(logits.data(), static_cast<size_t>(n * b_ * cfg_.vocab_size))) non_finite(cached_);
   return logits;
 }
 

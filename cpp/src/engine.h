@@ -44,6 +44,17 @@ enum class Sampler { kAuto, kHost, kDevice };
 // the folder has kv_append.onnx.
 enum class KvCache { kAuto, kHost, kDevice };
 
+// Logits [N, B, V] float32 in the host memory ORT returned them in: never copied (16 x 32 x 151936 values are
+// ~300 MB for SDAR's vocabulary).
+class HostLogits {
+ public:
+  explicit HostLogits(OrtOutput out) : out_(std::move(out)) {}
+  const float* data() const { return static_cast<const float*>(out_.data()); }
+
+ private:
+  OrtOutput out_;
+};
+
 // The sampling epilogue's results for N states (spot.export.epilogue.EpilogueResult), on the host.
 struct EpilogueResult {
   int64_t n = 0, b = 0, d = 0;
@@ -79,7 +90,7 @@ class TargetEngine {
 
   void prefill(const std::vector<int64_t>& ids);             // resets the cache; ids.size() % B == 0
   // logits [N, B, V] float32 of N states [N*B] after the cache; stores nothing
-  std::vector<float> block_logits(const std::vector<int64_t>& states, int64_t n);
+  HostLogits block_logits(const std::vector<int64_t>& states, int64_t n);
   void store(const std::vector<int64_t>& state);             // appends the finished block's K/V
   // with the device sampler: the epilogue's samples of N states [N*B] whose commit steps are steps [N]
   bool samples_on_device() const { return epilogue_ != nullptr; }

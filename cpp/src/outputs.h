@@ -37,7 +37,7 @@ class PassOutputs {
 // The logits reached the host (outputs.HostOutputs).
 class HostPassOutputs : public PassOutputs {
  public:
-  HostPassOutputs(std::vector<float> logits, int64_t b, int64_t vocab) : logits_(std::move(logits)), b_(b), v_(vocab) {}
+  HostPassOutputs(HostLogits logits, int64_t b, int64_t vocab) : logits_(std::move(logits)), b_(b), v_(vocab) {}
   std::vector<int64_t> next_state(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx,
                                   uint32_t block, uint32_t step) const override {
     return step_fn(state, row(n), v_, ctx.mask_id, ctx.rule, ctx.sampling, block, step, ctx.noise);
@@ -49,7 +49,7 @@ class HostPassOutputs : public PassOutputs {
 
  private:
   const float* row(int64_t n) const { return logits_.data() + n * b_ * v_; }
-  std::vector<float> logits_;
+  HostLogits logits_;
   int64_t b_, v_;
 };
 

@@ -283,7 +283,15 @@ class OrtEngine(Engine):
             epi.bind_cpu_input(name, value)
         for name in self._epilogue_outputs:
             epi.bind_output(name, "cpu")
-        self.epilogue.run_with_iobinding(epi)
+        try:
+            self.epilogue.run_with_iobinding(epi)
+        except Exception as e:  # onnxruntime's own error types
+            # NaN / inf logits can send the epilogue's candidate indices out of range: a pass with host logits
+            # tells (the _checked_logits error) whether that was it
+            self._checked_logits(states)
+            raise SpotError(f"onnxruntime failed running {self.exported.graph_path('epilogue')}: "
+                            f"{str(e).splitlines()[0][:300]}", "decode with --sampler host, or re-export the folder") \
+                from None
         result = EpilogueResult(**dict(zip(self._epilogue_outputs, epi.copy_outputs_to_cpu())))
         if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
             self._non_finite()
