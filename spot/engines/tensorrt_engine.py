@@ -297,12 +297,13 @@ class TrtEngine(Engine):
         check_sampling(sampling)
         states = self._check_states(states)
         logits = self.device_logits(states)
+        # before the twin: NaN / inf logits can turn its table lookups' indices out of range (on CUDA a device-side
+        # assert that ends the process); one reduction on the device
+        if not bool(logits.isfinite().all()):
+            self._non_finite()
         out = epilogue_torch(logits, node_steps, sampling.seed, block, sampling.temperature, sampling.top_k,
                              future_steps, sampling.exclude_token)
-        result = EpilogueResult(*(out[f].cpu().numpy() for f in OUTPUTS))
-        if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
-            self._non_finite()
-        return result
+        return EpilogueResult(*(out[f].cpu().numpy() for f in OUTPUTS))
 
     def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
         if self._future_steps is None:
