@@ -30,7 +30,8 @@ typedef enum spot_status {
   SPOT_ERR_NOT_FOUND = 2,        /* a folder or file that does not exist */
   SPOT_ERR_CORRUPT = 3,          /* a file that differs from its manifest, or an unreadable manifest */
   SPOT_ERR_INCOMPATIBLE = 4,     /* a drafter trained for another target or block size, a foreign graph */
-  SPOT_ERR_UNSUPPORTED = 5,      /* a feature the C++ host does not implement (top-k / top-p, oracle) */
+  SPOT_ERR_UNSUPPORTED = 5,      /* not here: the oracle decoders, top-p with the device sampler, a GPU provider
+                                    the linked ONNX Runtime lacks */
   SPOT_ERR_RUNTIME = 6,          /* ONNX Runtime failed, or the model produced non-finite logits */
   SPOT_ERR_INTERNAL = 7          /* out of memory or a bug: please report */
 } spot_status;
