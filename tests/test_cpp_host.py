@@ -199,6 +199,22 @@ def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
                                                      for r in spot_cases)
 
 
+def test_an_empty_prompt_matches_the_python_runtime(spot_cli, tiny):
+    """No prompt: both hosts decode from an empty context (no prefill pass), the same tokens and passes."""
+    folder, drafter_dir, engine, drafter = tiny
+    for opts in (case_options("standard", 0.0, 0, 12, 8, 4), case_options("spot", 1.0, 5, 12, 8, 4),
+                 case_options("spot-sets", 1.0, 6, 12, 8, 4, tau=0.5)):
+        want = run_case(engine, drafter, [], opts)
+        assert want["passes"]["prefill"] == 0 and len(want["token_ids"]) >= 12
+        line = request_line(opts, [1]).split()
+        at = line.index("--prompt-ids")
+        proc = cli(spot_cli, "generate", "--model", folder, "--drafter", drafter_dir, *line[:at], *line[at + 2:],
+                   "--prompt-ids", "")
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        assert {k: got[k] for k in COMPARED} == {k: want[k] for k in COMPARED}, opts["decoder"]
+
+
 @pytest.mark.parametrize("field, decoder", [("runner_up_weight", "spot"), ("runner_up_weight", "spot-sets"),
                                             ("set_flip_weight", "spot-sets")])
 def test_tree_weights_are_read_from_drafter_json(spot_cli, tiny, tmp_path, field, decoder):
