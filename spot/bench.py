@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -136,6 +136,13 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
     if needs_drafter and drafter is None:
         raise SpotError("the bench includes spot/spot-sets but no drafter was given",
                         "pass --drafter, or drop them with --decoders standard,chain,tree,oracle,order-oracle")
+    for budget in cfg.budgets:          # before any decoding: a budget the engine cannot verify ends the run
+        budget.check(engine)
+    if engine.sampler_depth is not None and cfg.independent_noise_ablation:
+        # independent drafting noise is drawn from host logits, which a device-sampling engine never hands over
+        cfg = replace(cfg, independent_noise_ablation=False)
+        if progress:
+            progress("the engine samples on the device: no independent-noise rows (they need --sampler host)")
     runs: dict[tuple[str, float], list] = {}
     identical: dict[tuple[str, float], list[bool]] = {}
     plan = {v.label: v for v in variants(cfg, tuple(other_drafters))}
@@ -177,8 +184,9 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
     drafters = {"": drafter, **other_drafters} if needs_drafter else {}
     return {"config": {"decoders": list(cfg.decoders), "temperatures": list(cfg.temperatures),
                        "seeds": list(cfg.seeds), "budgets": [[b.nodes, b.depth] for b in cfg.budgets],
-                       "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts)},
-            "engine": {"name": engine.name, "block_size": engine.block_size},
+                       "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts),
+                       "independent_noise_ablation": cfg.independent_noise_ablation},
+            "engine": {"name": engine.name, "block_size": engine.block_size, **engine.placement},
             "drafters": {name: drafter_facts(d) for name, d in drafters.items()},
             "host": host_facts(), "rows": rows}
 
@@ -224,7 +232,7 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
     """Measure latency(N) on this engine (unless `curve` already holds it) and steps/verify per candidate budget on
     `prompts` at `temperature`; pick the budget with the highest expected tokens/s (choose_budget). Acceptance
     depends on the temperature, so a choice holds for the temperature it was measured at."""
-    candidates = [b for b in candidates if b.depth <= engine.block_size]   # deeper trees cannot exist
+    candidates = [b for b in candidates if b.fits(engine)]   # deeper than the block or the device epilogue: none
     if curve is None:
         curve = measure_latency_curve(engine, np.asarray(prompts[0].ids), sorted(set(node_counts) | {1}))
         if progress:

@@ -58,6 +58,18 @@ def main(ctx, debug):
     ctx.meta["spot.debug"] = debug
 
 
+def placement_options(command):
+    """--sampler and --kv-cache: where an ort engine samples and keeps its KV cache (commands that decode)."""
+    command = click.option(
+        "--kv-cache", type=click.Choice(["auto", "host", "device"]), default="auto", show_default=True,
+        help="ort: keep the KV cache where the target runs (device: appended there by the export's kv_append.onnx) "
+             "or in numpy arrays sent with every pass (host). auto: device on cuda/trt.")(command)
+    return click.option(
+        "--sampler", type=click.Choice(["auto", "host", "device"]), default="auto", show_default=True,
+        help="ort: sample with the export's epilogue graph next to the target (device: only small arrays reach the "
+             "host) or with numpy on the logits (host). auto: device on cuda/trt, host on cpu.")(command)
+
+
 def find_drafter(path, model_dir):
     """The drafter given by --drafter, else drafter.onnx beside the model; SpotError naming where it looked."""
     from pathlib import Path
@@ -98,12 +110,7 @@ def find_drafter(path, model_dir):
 @click.option("--depth", type=int, default=8, show_default=True, help="Deepest tree node below the root (SPOT).")
 @click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
               help="drafter.onnx (or its folder). Default: the one beside the model, if any.")
-@click.option("--sampler", type=click.Choice(["auto", "host", "device"]), default="auto", show_default=True,
-              help="ort: sample with the export's epilogue graph next to the target (device: only small arrays reach "
-                   "the host) or with numpy on the logits (host). auto: device on cuda/trt, host on cpu.")
-@click.option("--kv-cache", type=click.Choice(["auto", "host", "device"]), default="auto", show_default=True,
-              help="ort: keep the KV cache where the target runs (device: appended there by the export's "
-                   "kv_append.onnx) or in numpy arrays sent with every pass (host). auto: device on cuda/trt.")
+@placement_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + stats.")
 def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
              max_new_tokens, backend, device, decoder, budget, depth, drafter_path, sampler, kv_cache, as_json):
@@ -325,7 +332,7 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
         prompts = draw_prompts(tokenizer, corpus_prompts, seed)
     plan = TracePlan(_float_list(temperatures, "--temperatures"), tuple(r.strip() for r in rules.split(",")), tau,
                      seeds, max_new_tokens, depth, cycle)
-    engine = open_engine(backend, folder, block_size, device)
+    engine = open_engine(backend, folder, block_size, device, sampler="host")   # traces record the full logits
     traces = collect_traces(engine, prompts, plan, minutes=minutes, progress=None if quiet else click.echo,
                             model_dir=str(folder))
     path = traces.save(out)
@@ -397,8 +404,10 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
 @click.option("--budget", default="16x8", show_default=True, help="Tree budget (nodes x depth).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Measure and print; do not write drafter.json.")
+@placement_options
 def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file, corpus_prompts, seed, temperatures,
-                          candidates, runner_up_weights, set_flip_weights, budget, max_new_tokens, dry_run):
+                          candidates, runner_up_weights, set_flip_weights, budget, max_new_tokens, dry_run, sampler,
+                          kv_cache):
     """Pick the drafter's order temperature, runner-up weight and SPOT-Sets flip weight by target passes on
     training prompts (writes drafter.json).
 
@@ -417,7 +426,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     temps, cands = _float_list(temperatures, "--temperatures"), _float_list(candidates, "--candidates")
     weights = _float_list(runner_up_weights, "--runner-up-weights")
     flips = _float_list(set_flip_weights, "--set-flip-weights")
-    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device)
+    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device, sampler, kv_cache)
     drafter = find_drafter(drafter_path, folder)
     if prompts_file is not None:
         prompts = prompts_from_jsonl(prompts_file, tokenizer)
@@ -475,12 +484,12 @@ def demo(prompt_index, max_new_tokens, temperature, seed, budget, depth):
         raise SystemExit(1)
 
 
-def _open_bench_engine(backend, model_dir, block_size, device):
+def _open_bench_engine(backend, model_dir, block_size, device, sampler="auto", kv_cache="auto"):
     from spot.assets import embedded_model_dir
     from spot.engines.factory import open_engine
     from spot.tokenizer import load_tokenizer
     folder = model_dir if model_dir is not None else embedded_model_dir()
-    return open_engine(backend, folder, block_size, device), load_tokenizer(folder), folder
+    return open_engine(backend, folder, block_size, device, sampler, kv_cache), load_tokenizer(folder), folder
 
 
 def _budgets(text: str):
@@ -516,8 +525,9 @@ def _budgets(text: str):
 @click.option("--tune/--no-tune", default=False, help="Also measure latency(N) and pick the tokens/s-optimal budget.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default="bench-report", show_default=True)
 @click.option("--plots/--no-plots", default=True, show_default=True)
+@placement_options
 def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_tokens, decoders, temperatures, seeds,
-          budgets, max_new_tokens, tau, drafter_path, compare_drafters, tune, report_dir, plots):
+          budgets, max_new_tokens, tau, drafter_path, compare_drafters, tune, report_dir, plots, sampler, kv_cache):
     """Every decoder side by side on a prompt set: passes per token, steps per verify, tokens/s, speed-up,
     identical-output share, acceptance by depth. Writes bench.json, bench.md and PNG plots to --report.
 
@@ -540,7 +550,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         seed_list = tuple(int(x) for x in seeds.split(","))
     except ValueError:
         raise SpotError("--temperatures and --seeds take comma-separated numbers, e.g. 0,0.5,1.0") from None
-    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device)
+    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
     if prompts_path is None:
         from spot.assets import embedded_model_dir
         prompts_path = Path(embedded_model_dir()) / "heldout_prompts.jsonl"
@@ -576,7 +586,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
               help="Prompts used to measure acceptance (cut from the embedded corpus's train split with the "
                    "model's tokenizer).")
 @click.option("--drafter", "drafter_path", default=None)
-def tune(model_dir, backend, device, temperature, limit, drafter_path):
+@placement_options
+def tune(model_dir, backend, device, temperature, limit, drafter_path, sampler, kv_cache):
     """Measure verify latency vs node count on this engine and pick the tokens/s-optimal tree budget.
 
     \b
@@ -590,7 +601,7 @@ def tune(model_dir, backend, device, temperature, limit, drafter_path):
 
     if limit < 1:
         raise SpotError(f"--limit must be >= 1, got {limit}")
-    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device)
+    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device, sampler, kv_cache)
     prompts, source = tuning_prompts(tokenizer, [], limit, max_tokens=tuning_room(engine))
     if not prompts:
         raise SpotError(f"spot tune cuts its prompts from the embedded corpus's train split with the model's "

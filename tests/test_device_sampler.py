@@ -217,3 +217,52 @@ def test_traces_need_the_host_sampler(folders):
     rec = TraceRecorder(0, CommitRule(), Sampling(1.0), CFG.mask_token_id, CFG.block_size, CFG.vocab_size, 2)
     with pytest.raises(SpotError, match="--sampler host"):
         generate(device, _prompt(1, 4), max_new_tokens=4, sampling=Sampling(1.0), observer=rec)
+
+
+def test_bench_and_tuner_on_a_device_sampling_engine(folders):
+    """The bench and the tuner on an engine that samples on the device: no independent-noise rows (they need host
+    logits), a budget deeper than the epilogue's future steps refused before any decoding, tuner candidates limited
+    to what the epilogue serves, and the latency curve timing the passes the decoders run."""
+    from dataclasses import replace
+
+    from spot.bench import BenchConfig, Prompt, run_bench, tune_budget
+    engine = OrtEngine(folders[0], sampler="device", threads=1)
+    prompts = [Prompt("p0", _prompt(0, 6).tolist())]
+    cfg = BenchConfig(("standard", "chain", "tree"), (1.0,), (0,), (TreeBudget(6, DEPTH),), 8, 0.3)
+    notes = []
+    result = run_bench(engine, prompts, cfg, progress=notes.append)
+    labels = {row["variant"] for row in result["rows"]}
+    assert f"chain@6x{DEPTH}" in labels and not any(label.endswith("+indep") for label in labels)
+    assert result["config"]["independent_noise_ablation"] is False and result["engine"]["sampler"] == "device"
+    assert any("independent-noise" in n for n in notes)
+    assert all(row["identical_share"] in (None, 1.0) for row in result["rows"])
+    before = len(notes)
+    with pytest.raises(SpotError, match=f"exceeds the {DEPTH} future steps"):
+        run_bench(engine, prompts, replace(cfg, budgets=(TreeBudget(6, DEPTH + 1),)), progress=notes.append)
+    assert len(notes) == before         # refused before decoding anything
+    tuned = tune_budget(engine, prompts, 1.0, [TreeBudget(2, 1), TreeBudget(6, DEPTH), TreeBudget(8, DEPTH + 2)],
+                        decoder="tree", node_counts=(1, 2))
+    assert set(tuned["steps_per_verify"]) == {"2x1", f"6x{DEPTH}"} and set(tuned["latency_ms"]) == {1, 2}
+
+
+def test_traces_read_host_logits_whatever_the_device(folders, tmp_path, monkeypatch):
+    """`spot traces` records full distributions: it opens the engine with the host sampler (on a GPU, auto would
+    pick the device sampler, which never hands logits over)."""
+    from click.testing import CliRunner
+
+    import spot.engines.factory as factory
+    from spot.cli import main
+    seen = {}
+    real = factory.open_engine
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(factory, "open_engine", spy)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"ids": _prompt(1, 5).tolist()}) + "\n")
+    r = CliRunner().invoke(main, ["traces", "--model", str(folders[0]), "--backend", "ort", "--prompts", str(prompts),
+                                  "--out", str(tmp_path / "t.npz"), "--max-new-tokens", "8", "--depth", "2",
+                                  "--temperatures", "1", "--seeds", "1", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert seen["sampler"] == "host" and (tmp_path / "t.npz").is_file()

@@ -60,7 +60,7 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
     common = dict(max_new_tokens=req.max_new_tokens, rule=rule, sampling=req.sampling, stop_ids=req.stop_ids)
     if name in ("standard", "threshold"):
         return generate(engine, prompt_ids, block_decoder=standard_block, **common)
-    req.budget.check(engine.block_size)
+    req.budget.check(engine)
     if name == "chain":
         proposer = ConfidenceOrderProposer(branch=1)
         budget = TreeBudget(req.budget.depth + 1, req.budget.depth)   # a chain: one node per depth

@@ -23,11 +23,25 @@ class TreeBudget:
     nodes: int = 16   # verify batch size N (root included)
     depth: int = 8    # deepest node below the root
 
-    def check(self, block_size: int) -> None:
+    def check(self, engine: Engine) -> None:
+        """SpotError unless `engine` can verify trees of this budget: depth within the block and, for an engine that
+        samples on the device, within its epilogue's future steps (a one-node tree runs the standard loop)."""
         if self.nodes < 1:
             raise SpotError(f"budget must be >= 1 node, got {self.nodes}")
-        if not 1 <= self.depth <= block_size:
-            raise SpotError(f"depth must be in 1..{block_size} (the block size), got {self.depth}")
+        if not 1 <= self.depth <= engine.block_size:
+            raise SpotError(f"depth must be in 1..{engine.block_size} (the block size), got {self.depth}")
+        if self.nodes > 1 and engine.sampler_depth is not None and self.depth > engine.sampler_depth:
+            raise SpotError(f"tree depth {self.depth} exceeds the {engine.sampler_depth} future steps the engine's "
+                            "device sampling epilogue provides",
+                            f"use --depth <= {engine.sampler_depth} (budgets NODESx{engine.sampler_depth} or less), "
+                            "--sampler host, or re-export with more --epilogue-steps")
+
+    def fits(self, engine: Engine) -> bool:
+        try:
+            self.check(engine)
+        except SpotError:
+            return False
+        return True
 
 
 def walk(tree, node_outputs: dict, ctx: DecodeContext) -> tuple[int, np.ndarray]:
@@ -54,17 +68,12 @@ class SpotBlockDecoder:
         self.proposer, self.budget, self.independent_noise = proposer, budget, independent_noise
 
     def __call__(self, engine: Engine, state: np.ndarray, block: int, ctx: DecodeContext) -> np.ndarray:
-        self.budget.check(engine.block_size)
+        self.budget.check(engine)
         if self.budget.nodes == 1:
             # a one-node tree is its root alone: every round is one standard step (the same passes and tokens), so
             # run the standard loop without the round's bookkeeping (~0.1 ms a step, 4-5% of an embedded-model
             # step on ORT CPU) — what `spot tune` picks where verifying more nodes does not pay
             return standard_block(engine, state, block, ctx)
-        if engine.sampler_depth is not None and self.budget.depth > engine.sampler_depth:
-            raise SpotError(f"tree depth {self.budget.depth} exceeds the {engine.sampler_depth} future steps the "
-                            "engine's device sampling epilogue provides",
-                            f"use --depth <= {engine.sampler_depth}, or rebuild the epilogue with more steps "
-                            "(spot-export --epilogue-steps)")
         stats = ctx.stats
         extra = stats.extra
         accepted = extra.setdefault("accepted_per_verify", [])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spot.runtime.engine import Engine
+from spot.runtime.step import Sampling
 
 
 @dataclass(frozen=True)
@@ -30,19 +31,23 @@ class BudgetChoice:
 
 def measure_latency_curve(engine: Engine, prefix_ids: np.ndarray, node_counts: list[int], repeats: int = 3,
                           rng_seed: int = 0) -> dict[int, float]:
-    """Median milliseconds of one block_logits pass over N random states after a prefill of `prefix_ids`."""
+    """Median milliseconds of one pass over N random states after a prefill of `prefix_ids`, as the decoders run
+    it (Engine.block_outputs): the logits to the host, or — on an engine that samples on the device — the target
+    and its epilogue with only the small outputs back (at T = 1: its noise included)."""
     rng = np.random.default_rng(rng_seed)
     b = engine.block_size
     engine.prefill(prefix_ids[: (len(prefix_ids) // b) * b])
+    sampling = Sampling(1.0, seed=0, exclude_token=engine.config.mask_token_id)
     curve = {}
     for n in node_counts:
         states = rng.integers(0, engine.config.vocab_size, size=(n, b))
         states[:, b // 2:] = engine.config.mask_token_id
-        engine.block_logits(states)  # warm-up (allocations, kernel selection)
+        steps = np.zeros(n, np.int64)
+        engine.block_outputs(states, steps, sampling, 0)  # warm-up (allocations, kernel selection)
         times = []
         for _ in range(repeats):
             t = time.perf_counter()
-            engine.block_logits(states)
+            engine.block_outputs(states, steps, sampling, 0)
             times.append(1e3 * (time.perf_counter() - t))
         curve[n] = float(np.median(times))
     return curve
