@@ -167,7 +167,10 @@ class OrtEngine(Engine):
 
     def _open_epilogue(self, sampler: str, threads: int | None):
         graphs = self.exported.manifest["graphs"]
-        if not use_device_sampler(sampler, self.device, "epilogue" in graphs):
+        usable = "epilogue" in graphs
+        if sampler == "auto":      # not an epilogue built for another block size (--block-size overrides the export's)
+            usable = usable and self.block_size == self.exported.block_size
+        if not use_device_sampler(sampler, self.device, usable):
             return None, None
         if "epilogue" not in graphs:
             raise SpotError(f"{self.exported.folder} has no sampling epilogue graph (needed by --sampler device)",
