@@ -248,6 +248,24 @@ def kv_places(rep: Report, name: str, folder, cfg: ModelConfig, device: str, sam
     print(f"       device KV cache {name}: {row}", flush=True)
 
 
+def tuner(rep: Report, name: str, engine, cfg: ModelConfig):
+    """The budget tuner on this engine (spot.bench.tune_budget, training-free tree decoder, T = 1): the latency
+    curve as the decoders' passes run, the chosen budget, and that budget beside standard decoding in one run — the
+    tuner's promise is a tokens/s ratio >= 0.95 (it picks 1 node where no tree pays), with identical outputs."""
+    from spot.bench import BenchConfig, Prompt, check_tuned_budget, tune_budget
+    from spot.runtime.spot import TreeBudget
+    ps = [Prompt(f"p{i}", p.tolist()) for i, p in enumerate(prompts(cfg))]
+    cands = [TreeBudget(n, min(d, cfg.block_size)) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8))]
+    tune = tune_budget(engine, ps, 1.0, cands, decoder="tree", node_counts=(1, 2, 4, 8, 16))
+    check = check_tuned_budget(engine, ps, tune, BenchConfig(max_new_tokens=NEW_BLOCKS * cfg.block_size), "tree")
+    rep.data["speedup"][f"{name} tuner"] = {"latency_ms": tune["latency_ms"], "choice": tune["choice"],
+                                           "check": check}
+    rep.check(f"{name}: the tuned budget keeps outputs identical and tokens/s >= 0.95x standard (T=1)",
+              all(v == 1.0 for v in check["identical_share"].values()) and check["within_5_percent"],
+              budget=check["budget"], ratio=check["tokens_per_s_ratio_to_standard"])
+    print(f"       tuner {name}: {tune['choice']} -> {check['tokens_per_s_ratio_to_standard']}", flush=True)
+
+
 def epilogue_checks(rep: Report, cfg: ModelConfig, providers: list, tag: str, nodes: int = 8, future: int = 3):
     from spot.export.epilogue import (OUTPUTS, EpilogueSpec, build_epilogue, make_epilogue_session,
                                       reference_epilogue, run_epilogue)
@@ -347,6 +365,7 @@ def main(argv=None) -> int:
         if quick:   # on GPU machines the CPU speed-up is not the point and costs a minute
             speedup(rep, "ort-cpu fp32", eng, cfg)
             kv_places(rep, "ort-cpu fp32", made["folders"]["fp32"], cfg, "cpu", "host")
+            tuner(rep, "ort-cpu fp32", eng, cfg)
     rep.section("ONNX Runtime CPU", ort_cpu)
     # the epilogue's float64 work is slow on a CPU core (benchmarks/epilogue_cost.py): keep the CPU case small
     rep.section("epilogue on ORT CPU", lambda: epilogue_checks(rep, cfg, ["CPUExecutionProvider"], "ort-cpu",
@@ -379,6 +398,8 @@ def main(argv=None) -> int:
                           identical=sum(same), of=len(same))
             speedup(rep, "ort-cuda fp16 device sampler", dev, cfg)
             kv_places(rep, "ort-cuda fp16", made["folders"]["fp16"], cfg, "cuda", "device")
+            tuner(rep, "ort-cuda fp16 (auto: device sampler and KV cache)",
+                  OrtEngine(made["folders"]["fp16"], device="cuda"), cfg)
             plan = BucketPlan.default(cfg.max_position_embeddings, cfg.block_size, 16, smallest=128)
             eng = StaticOrtEngine(made["folders"]["fp16"], plan, device="cuda")
             check_engine(rep, "ort-cuda-static fp16", eng, cpu_ref, cfg, 2e-2, cpu_tokens)
