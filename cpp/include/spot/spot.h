@@ -55,7 +55,9 @@ typedef enum spot_verify {
 typedef enum spot_device {
   SPOT_DEVICE_CPU = 0,     /* ONNX Runtime's CPU execution provider (the default) */
   SPOT_DEVICE_CUDA = 1,    /* the CUDA execution provider */
-  SPOT_DEVICE_TENSORRT = 2 /* TensorRT, CUDA for what it does not take; engines cached in $SPOT_CACHE/trt/ */
+  SPOT_DEVICE_TENSORRT = 2 /* TensorRT, CUDA for what it does not take; engines cached in $SPOT_CACHE/trt/. No
+                              profile shapes: TensorRT builds again when a shape (cache length, nodes) leaves the
+                              range it built for (docs/gpu-path.md); SPOT_DEVICE_CUDA runs without builds */
 } spot_device;
 
 /* Where F's sampling runs (the Python runtime's --sampler). HOST: the target's logits come to the host loop.
