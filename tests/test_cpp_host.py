@@ -199,6 +199,27 @@ def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
                                                      for r in spot_cases)
 
 
+def test_chunked_prefill_matches_the_python_runtime(spot_cli, tiny, tmp_path):
+    """An export with max_nodes 2 prefills in chunks of 2 x B = 16 tokens in both hosts: long prompts give the same
+    tokens and passes, with the host and with the device KV cache."""
+    folder, drafter_dir, _, drafter = tiny
+    narrow = export_checkpoint(resolve_source(str(folder.parent / "ckpt")), tmp_path / "narrow",
+                               ExportOptions(dtype="fp32", validate=False, max_nodes=2))
+    engine = OrtEngine(narrow)
+    assert engine.prefill_chunk == 16
+    prompts = [list(map(int, np.random.default_rng(s).integers(0, TINY.vocab_size - 2, n)))
+               for s, n in ((1, 50), (2, 67))]
+    cases = []
+    for pi, prompt in enumerate(prompts):
+        for opts in (case_options("standard", 0.0, 0, 16, 2, 1), case_options("spot", 1.0, 3, 16, 2, 1),
+                     case_options("threshold", 1.0, 4, 16, 2, 1, tau=0.5)):
+            cases.append({"prompt": pi, "prompt_ids": prompt, **opts,
+                          "expected": run_case(engine, drafter, prompt, opts)})
+    for flags in ((), ("--kv-cache", "device")):
+        bad = mismatches(cases, run_batch(spot_cli, narrow, drafter_dir, cases, *flags))
+        assert not bad, f"{len(bad)} of {len(cases)} cases differ ({flags}):\n" + "\n".join(bad[:20])
+
+
 def test_an_empty_prompt_matches_the_python_runtime(spot_cli, tiny):
     """No prompt: both hosts decode from an empty context (no prefill pass), the same tokens and passes."""
     folder, drafter_dir, engine, drafter = tiny

@@ -78,6 +78,27 @@ def test_fp32_logits_match_torch(tiny):
     assert worst <= 1e-4, worst
 
 
+@pytest.mark.parametrize("kv_cache", ["host", "device"])
+def test_long_prompts_prefill_in_chunks_of_the_widest_verify_pass(tiny, tmp_path, kv_cache):
+    """A prompt longer than max_nodes x B tokens is prefilled in chunks of that many tokens (one pass never holds
+    the logits and attention scores of the whole prompt): the same logits as torch's one-shot prefill within the
+    fp32 tolerance, and the same K/V as the unchunked export's up to float rounding."""
+    ckpt, fp32, _ = tiny
+    _, narrow = _export(TINY, tmp_path, "fp32", max_nodes=2)    # chunks of 2 x 4 = 8 tokens
+    chunked = OrtEngine(narrow, kv_cache=kv_cache)
+    assert chunked.prefill_chunk == 8 and OrtEngine(fp32).prefill_chunk == 64 * TINY.block_size
+    passes = []
+    extend = chunked._extend
+    chunked._extend = lambda ids, bias: (passes.append((ids.shape[0], bias.shape)), extend(ids, bias))
+    reference = TorchEngine.from_dir(ckpt)
+    ids = np.random.default_rng(3).integers(0, TINY.vocab_size - 2, size=7 * TINY.block_size)   # 28 tokens
+    chunked.prefill(ids)
+    reference.prefill(ids)
+    assert passes == [(8, (8, 8)), (8, (8, 16)), (8, (8, 24)), (4, (4, 28))] and chunked.cached_len == 28
+    states = _states(np.random.default_rng(4), 2, TINY)
+    assert np.abs(chunked.block_logits(states) - reference.block_logits(states)).max() <= 1e-4
+
+
 def test_fp16_logits_within_stated_tolerance(tiny):
     ckpt, _, fp16 = tiny
     engine = OrtEngine(fp16)

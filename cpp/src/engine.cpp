@@ -337,22 +337,28 @@ void TargetEngine::prefill(const std::vector<int64_t>& ids) {
   if (ids.empty()) return;
   const int64_t p = static_cast<int64_t>(ids.size());
   check_room(p);
-  // block-causal additive mask [P, P]: 0 where block(j) <= block(i), -inf elsewhere
-  std::vector<uint8_t> bias(static_cast<size_t>(p * p) * elem_, 0);
-  for (int64_t i = 0; i < p; ++i)
-    for (int64_t j = 0; j < p; ++j) {
-      if (j / b_ <= i / b_) continue;
-      uint8_t* at = bias.data() + static_cast<size_t>(i * p + j) * elem_;
-      if (elem_ == 4) {
-        float ninf = -INFINITY;
-        std::memcpy(at, &ninf, 4);
-      } else {
-        uint16_t h = fp16_neg_inf();
-        std::memcpy(at, &h, 2);
+  // in chunks of max_nodes x B tokens, as the Python engine: no prefill pass needs more activation memory than the
+  // widest verify pass the export was planned for (ONNX Runtime computes every output, the logits included)
+  const int64_t chunk = std::max<int64_t>(b_, max_nodes_ * b_);
+  for (int64_t start = 0; start < p; start += chunk) {
+    const int64_t s = std::min(chunk, p - start);
+    // additive mask [S, C + S]: the cache visible (earlier blocks); within the chunk 0 where block(j) <= block(i)
+    std::vector<uint8_t> bias(static_cast<size_t>(s * (cached_ + s)) * elem_, 0);
+    for (int64_t i = 0; i < s; ++i)
+      for (int64_t j = 0; j < s; ++j) {
+        if (j / b_ <= i / b_) continue;
+        uint8_t* at = bias.data() + static_cast<size_t>(i * (cached_ + s) + cached_ + j) * elem_;
+        if (elem_ == 4) {
+          float ninf = -INFINITY;
+          std::memcpy(at, &ninf, 4);
+        } else {
+          uint16_t h = fp16_neg_inf();
+          std::memcpy(at, &h, 2);
+        }
       }
-    }
-  extend(ids, p, bias);
-  cached_ = p;
+    extend(std::vector<int64_t>(ids.begin() + start, ids.begin() + start + s), s, bias);
+    cached_ += s;
+  }
 }
 
 void TargetEngine::check_states(const std::vector<int64_t>& states, int64_t n) const {

@@ -251,9 +251,20 @@ class OrtEngine(Engine):
         if self.device_kv is not None:
             self.device_kv.reset()
 
+    @property
+    def prefill_chunk(self) -> int:
+        """Prompt tokens per prefill pass: max_nodes x B, so that no prefill pass needs more activation memory than
+        the widest verify pass the export was planned for (ONNX Runtime computes every output, the logits of every
+        prompt token included; spot.export.memory_plan)."""
+        return max(1, self.exported.max_nodes) * self.block_size
+
     def _prefill(self, ids: np.ndarray) -> None:
-        blocks = np.arange(ids.shape[0]) // self.block_size
-        self._extend(ids, np.where(blocks[None, :] <= blocks[:, None], 0.0, -np.inf).astype(self.dtype))  # causal
+        for start in range(0, ids.shape[0], self.prefill_chunk):
+            part = ids[start:start + self.prefill_chunk]
+            blocks = np.arange(part.shape[0]) // self.block_size
+            causal = np.where(blocks[None, :] <= blocks[:, None], 0.0, -np.inf)    # within the chunk
+            visible = np.zeros((part.shape[0], self._cached()))                     # the cache: earlier blocks
+            self._extend(part, np.concatenate([visible, causal], axis=1).astype(self.dtype))
 
     def _step_bias(self) -> np.ndarray:
         return np.zeros((self.block_size, self._cached() + self.block_size), self.dtype)
