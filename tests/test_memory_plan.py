@@ -159,6 +159,22 @@ def test_cli_impossible_plan_is_an_error(tmp_path, monkeypatch):
 def test_cli_plan_without_local_weights_uses_the_builtin_config(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
     r = CliRunner().invoke(cli, ["export", "sdar-1.7b", "--plan", "orin-nano-8gb", "--max-context", "4096",
-                                 "--max-nodes", "16"])
+                                 "--max-nodes", "16", "--epilogue-steps", "0"])
     assert r.exit_code == 0, r.output
-    assert "sdar-1.7b" in r.output and "GiB: fits" in r.output
+    assert "sdar-1.7b" in r.output and "GiB: fits" in r.output and "sampling epilogue 0.00 GiB" in r.output
+
+
+def test_the_plan_counts_the_sampling_epilogue(cfg):
+    """The device sampler's epilogue (measured on ORT CPU: ~9.5 x its N x (D+1) x B x V float64 tensor) is a pass
+    term of its own: at SDAR's vocabulary it is the largest one, it grows with nodes and future steps, and no
+    epilogue means no term."""
+    from spot.export.memory_plan import EPILOGUE_PEAK_FACTOR
+    quant, dev = QuantScheme("int4"), DEVICES["orin-nx-16gb"]
+    with_epi = make_plan(cfg, "fp16", quant, 8192, 16, dev, "sdar-8b", epilogue_steps=4)
+    without = make_plan(cfg, "fp16", quant, 8192, 16, dev, "sdar-8b")
+    term = with_epi.activations["sampling_epilogue"]
+    assert term == int(EPILOGUE_PEAK_FACTOR * 16 * 5 * cfg.block_size * cfg.vocab_size * 8)
+    assert "sampling_epilogue" not in without.activations and with_epi.total == without.total + term
+    assert term > with_epi.activations["logits"] and with_epi.max_context < without.max_context
+    assert "sampling epilogue" in render(with_epi, cfg.block_size) and "--sampler host" in render(with_epi,
+                                                                                                     cfg.block_size)

@@ -11,7 +11,8 @@ A plan adds, in bytes (docs/quantization.md has the derivations):
                activations, the new K/V outputs, a second cache (a stored block is appended by building the longer
                cache beside the old one — kv_append.onnx's Concat with the device cache; the host cache is copied
                to the device for every pass instead) and, for quantized weights, one dequantized matrix in case
-               the runtime does not fuse DequantizeLinear into its GEMM,
+               the runtime does not fuse DequantizeLinear into its GEMM, and the sampling epilogue when the export
+               has one (the device sampler, auto on GPUs): EPILOGUE_PEAK_FACTOR x N x (D+1) x B x V x 8 bytes,
   runtime      CUDA context + TensorRT/cuBLAS workspaces + ONNX Runtime arena slack (assumed RUNTIME_GIB),
   OS share     kernel carve-outs + a headless L4T userland in the unified memory (assumed per device);
 and compares the sum with the device's memory. Every term but the weights grows linearly with the context, so the
@@ -29,6 +30,10 @@ from spot.errors import SpotError
 GIB = 2 ** 30
 RUNTIME_GIB = 0.9      # CUDA context (~0.3-0.5 GB with cuBLAS/cuDNN/TensorRT loaded) + workspaces + arena slack
 OS_GIB = 1.0           # carve-outs (the 8 GB Orin Nano shows ~7.4 GiB to Linux) + headless L4T services
+# The sampling epilogue's peak memory in units of its float64 noise/score tensor N x (D+1) x B x V x 8 bytes:
+# measured 9.3 (V 2048, N 16) and 8.8 (V 8192, N 4), D 8, on ORT CPU with the memory arena off (peak RSS); the GPU
+# providers plan memory the same way but were not measured
+EPILOGUE_PEAK_FACTOR = 9.5
 
 
 @dataclass(frozen=True)
@@ -84,9 +89,10 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * _itemsize(dtype)
 
 
-def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, quantized: bool) -> dict[str, int]:
+def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, quantized: bool,
+                      epilogue_steps: int = 0) -> dict[str, int]:
     """Transient bytes of one pass over `nodes` states of B tokens against `context` cached tokens (see the module
-    docstring); a dict of named terms."""
+    docstring); a dict of named terms. epilogue_steps: the export's sampling epilogue's D (0: none)."""
     e = _itemsize(dtype)
     n, s, t = nodes, cfg.block_size, context + cfg.block_size
     hq, hkv, d, h, inter, v = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size,
@@ -103,6 +109,8 @@ def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, qu
     }
     if quantized:
         terms["dequantized_matrix"] = max(h * inter, h * hq * d) * e
+    if epilogue_steps > 0:
+        terms["sampling_epilogue"] = int(EPILOGUE_PEAK_FACTOR * n * (epilogue_steps + 1) * s * v * 8)
     return terms
 
 
@@ -155,16 +163,18 @@ class MemoryPlan:
                                 "bandwidth_gbs": self.device.bandwidth_gbs}}
 
 
-def _fixed_and_per_token(cfg, dtype, nodes, quantized, fixed_extra) -> tuple[int, int]:
+def _fixed_and_per_token(cfg, dtype, nodes, quantized, fixed_extra, epilogue_steps=0) -> tuple[int, int]:
     """total(context) = fixed + per_token * context (every context-dependent term is linear)."""
     def total(c: int) -> int:
-        return kv_bytes_per_token(cfg, dtype) * c + sum(verify_pass_bytes(cfg, dtype, nodes, c, quantized).values())
+        return kv_bytes_per_token(cfg, dtype) * c + sum(verify_pass_bytes(cfg, dtype, nodes, c, quantized,
+                                                                          epilogue_steps).values())
     return fixed_extra + total(0), total(1) - total(0)
 
 
-def largest_context(cfg: ModelConfig, dtype: str, nodes: int, quantized: bool, fixed: int, budget: int) -> int:
+def largest_context(cfg: ModelConfig, dtype: str, nodes: int, quantized: bool, fixed: int, budget: int,
+                    epilogue_steps: int = 0) -> int:
     """Largest multiple of the block size <= max_position_embeddings whose total fits `budget` (0: none)."""
-    base, per_token = _fixed_and_per_token(cfg, dtype, nodes, quantized, fixed)
+    base, per_token = _fixed_and_per_token(cfg, dtype, nodes, quantized, fixed, epilogue_steps)
     if base > budget:
         return 0
     ctx = (budget - base) // per_token
@@ -180,7 +190,7 @@ def precision_label(dtype: str, quant) -> str:
 
 
 def make_plan(cfg: ModelConfig, dtype: str, quant, context: int, nodes: int, device: Device,
-              model: str = "model") -> MemoryPlan:
+              model: str = "model", epilogue_steps: int = 0) -> MemoryPlan:
     """The plan for `cfg` exported as `dtype` + `quant` decoding `nodes` states per pass at `context` tokens on
     `device`. SpotError when the weights alone (plus runtime and OS share) exceed the device."""
     quantized = quant is not None and quant.quantized
@@ -194,10 +204,11 @@ def make_plan(cfg: ModelConfig, dtype: str, quant, context: int, nodes: int, dev
     plan = MemoryPlan(model=model, device=device, dtype=dtype, weights=precision_label(dtype, quant),
                       parameters=cfg.parameter_count(), weight_bytes=w, kv_per_token=kv_bytes_per_token(cfg, dtype),
                       context=context, nodes=nodes, kv_bytes=kv_bytes_per_token(cfg, dtype) * context,
-                      activations=verify_pass_bytes(cfg, dtype, nodes, context, quantized), runtime_bytes=runtime,
-                      os_bytes=osb,
-                      max_context=largest_context(cfg, dtype, nodes, quantized, fixed, device.budget),
-                      max_context_one_node=largest_context(cfg, dtype, 1, quantized, fixed, device.budget))
+                      activations=verify_pass_bytes(cfg, dtype, nodes, context, quantized, epilogue_steps),
+                      runtime_bytes=runtime, os_bytes=osb,
+                      max_context=largest_context(cfg, dtype, nodes, quantized, fixed, device.budget, epilogue_steps),
+                      max_context_one_node=largest_context(cfg, dtype, 1, quantized, fixed, device.budget,
+                                                           epilogue_steps))
     return plan
 
 
@@ -227,7 +238,8 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-_NAMED = ("logits", "kv_broadcast", "attention_scores", "cache_copy")   # the verify-pass terms render names
+# the verify-pass terms render names
+_NAMED = ("logits", "kv_broadcast", "attention_scores", "cache_copy", "sampling_epilogue")
 
 
 def render(plan: MemoryPlan, block_size: int) -> str:
@@ -240,8 +252,8 @@ def render(plan: MemoryPlan, block_size: int) -> str:
         f"{_gib(plan.kv_bytes)}",
         f"  verify pass  {plan.nodes} nodes x {block_size} tokens: logits {_gib(a['logits'])}, K/V broadcast "
         f"{_gib(a['kv_broadcast'])}, attention scores {_gib(a['attention_scores'])}, cache copy "
-        f"{_gib(a['cache_copy'])}, other {_gib(plan.activation_bytes - sum(a[k] for k in _NAMED))}: "
-        f"{_gib(plan.activation_bytes)}",
+        f"{_gib(a['cache_copy'])}, sampling epilogue {_gib(a.get('sampling_epilogue', 0))}, other "
+        f"{_gib(plan.activation_bytes - sum(a.get(k, 0) for k in _NAMED))}: {_gib(plan.activation_bytes)}",
         f"  runtime      CUDA context + TensorRT/ORT workspaces (assumed): {_gib(plan.runtime_bytes)}",
         f"  OS share     carve-outs + headless L4T (assumed): {_gib(plan.os_bytes)}",
         f"  total        {_gib(plan.total)} of {plan.device.memory_gib:g} GiB: "
@@ -252,13 +264,17 @@ def render(plan: MemoryPlan, block_size: int) -> str:
     if plan.min_pass_ms is not None:
         lines.append(f"  memory-bound pass time >= weights / bandwidth = {_gib(plan.weight_bytes)} / "
                      f"{plan.device.bandwidth_gbs:g} GB/s = {plan.min_pass_ms:.0f} ms")
+    if a.get("sampling_epilogue", 0) > a["logits"]:
+        lines.append("  the sampling epilogue (the device sampler, auto on GPUs) is the largest pass term: fewer "
+                     "--max-nodes or --epilogue-steps shrink it, and decoding with --sampler host needs only the "
+                     "logits' copy")
     return "\n".join(lines)
 
 
 def plan_for_options(cfg: ModelConfig, options, context: int, model: str = "model") -> MemoryPlan:
     """The plan for an ExportOptions (spot.export.export) with options.plan set."""
     return make_plan(cfg, options.dtype, options.quant, context, options.max_nodes, resolve_device(options.plan),
-                     model)
+                     model, options.epilogue_depth(cfg.block_size))
 
 
 def check_plan_fits(cfg: ModelConfig, options, context: int, progress) -> MemoryPlan:
@@ -280,7 +296,8 @@ def manifest_memory(cfg: ModelConfig, options, context: int) -> dict:
     """The manifest's `memory` record: device-independent numbers, plus the plan when --plan was given."""
     quant = options.quant
     quantized = quant.quantized
-    act = verify_pass_bytes(cfg, options.dtype, options.max_nodes, context, quantized)
+    act = verify_pass_bytes(cfg, options.dtype, options.max_nodes, context, quantized,
+                            options.epilogue_depth(cfg.block_size))
     out = {"weight_bytes": weight_bytes(cfg, options.dtype, quant),
            "kv_bytes_per_token": kv_bytes_per_token(cfg, options.dtype),
            "kv_bytes_at_max_context": kv_bytes_per_token(cfg, options.dtype) * context,
