@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from spot.config import ModelConfig
-from spot.engines.ort_engine import OrtEngine, use_device_kv
+from spot.engines.ort_engine import OrtEngine, on_device
 from spot.errors import SpotError
 from spot.export.export import ExportOptions, export_checkpoint
 from spot.export.kv_append import validate_kv_append, write_kv_append
@@ -84,8 +84,9 @@ def test_device_cache_decodes_like_the_host_cache(folder, decoder, mode, sampler
 
 
 def test_where_the_cache_lives(folder, tmp_path):
-    assert not use_device_kv("auto", "cpu", True) and use_device_kv("auto", "cuda", True)
-    assert not use_device_kv("auto", "trt", False) and use_device_kv("device", "cpu", True)
+    kv = "KV cache place"
+    assert not on_device("auto", kv, "cpu", True) and on_device("auto", kv, "cuda", True)
+    assert not on_device("auto", kv, "trt", False) and on_device("device", kv, "cpu", True)
     assert OrtEngine(folder, threads=1).device_kv is None             # auto on the CPU: the numpy cache
     assert OrtEngine(folder, threads=1).placement == {"device": "cpu", "sampler": "host", "kv_cache": "host"}
     assert OrtEngine(folder, threads=1, kv_cache="device", sampler="device").placement == {

@@ -143,7 +143,8 @@ std::string trt_cache_dir(const ExportedFolder& f) {
   return join(join(base, "trt"), sha256_file(join(f.folder, kManifest)).substr(0, 16));
 }
 
-TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, Sampler sampler, KvCache kv_cache)
+TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, Placement sampler,
+                           Placement kv_cache)
     : cfg_(f.config),
       b_(f.block_size),
       max_context_(std::min(f.max_context, f.config.max_position_embeddings)),
@@ -168,14 +169,23 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
   open_kv_append(f, threads, device, kv_cache);
 }
 
+namespace {
+
+// spot.engines.ort_engine.on_device: device when asked, or on auto on a GPU provider when the graph is there
+bool on_device(Placement choice, Device device, bool available) {
+  return choice == Placement::kDevice || (choice == Placement::kAuto && device != Device::kCpu && available);
+}
+
+}  // namespace
+
 const MemoryPlace& TargetEngine::place(Device device) {
   if (!place_) place_ = std::make_unique<MemoryPlace>(device);
   return *place_;
 }
 
-void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device device, KvCache kv_cache) {
+void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device device, Placement kv_cache) {
   const bool has = !f.kv_append_graph.empty();
-  if (!(kv_cache == KvCache::kDevice || (kv_cache == KvCache::kAuto && device != Device::kCpu && has))) return;
+  if (!on_device(kv_cache, device, has)) return;
   if (!has)
     fail(SPOT_ERR_INCOMPATIBLE, f.folder + " has no kv_append graph (needed by the device KV cache): re-export it "
                                            "with this version's spot-export, or use the host KV cache");
@@ -190,9 +200,9 @@ void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device d
   place(device);
 }
 
-void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device device, Sampler sampler) {
+void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device device, Placement sampler) {
   const bool has = !f.epilogue_graph.empty();
-  if (!(sampler == Sampler::kDevice || (sampler == Sampler::kAuto && device != Device::kCpu && has))) return;
+  if (!on_device(sampler, device, has)) return;
   if (!has)
     fail(SPOT_ERR_INCOMPATIBLE, f.folder + " has no sampling epilogue graph (needed by the device sampler): "
                                            "re-export it with spot-export (it writes epilogue.onnx unless "
@@ -251,7 +261,6 @@ std::vector<OrtOutput> TargetEngine::run(const std::vector<std::string>& outputs
 
 TargetEngine::Feeds TargetEngine::feeds(const std::vector<int64_t>& ids, int64_t n, int64_t s,
                                         const std::vector<uint8_t>& bias, const std::vector<int64_t>& pos) const {
-  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
   Feeds f;
   f.names = {kInputs[0], kInputs[1], kInputs[2]};
   f.host = {
@@ -259,14 +268,21 @@ TargetEngine::Feeds TargetEngine::feeds(const std::vector<int64_t>& ids, int64_t
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {s}, pos.data(), pos.size() * sizeof(int64_t)},
       {kv_type_, {s, cached_ + s}, bias.data(), bias.size()},
   };
-  if (device_k_) {
-    f.device = {{kInputs[3], device_k_->value()}, {kInputs[4], device_v_->value()}};
-  } else {   // the host cache (empty while the device cache is)
-    f.names.insert(f.names.end(), {kInputs[3], kInputs[4]});
-    f.host.push_back({kv_type_, {L, H, cached_, D}, k_.data(), k_.size()});
-    f.host.push_back({kv_type_, {L, H, cached_, D}, v_.data(), v_.size()});
-  }
+  add_past(f.names, f.host, f.device);
   return f;
+}
+
+void TargetEngine::add_past(std::vector<std::string>& names, std::vector<InputTensor>& host,
+                            std::vector<BorrowedInput>& device) const {
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  if (device_k_) {
+    device.push_back({kInputs[3], device_k_->value()});
+    device.push_back({kInputs[4], device_v_->value()});
+  } else {
+    names.insert(names.end(), {kInputs[3], kInputs[4]});
+    host.push_back({kv_type_, {L, H, cached_, D}, k_.data(), k_.size()});
+    host.push_back({kv_type_, {L, H, cached_, D}, v_.data(), v_.size()});
+  }
 }
 
 std::vector<uint8_t> TargetEngine::step_bias() const {
@@ -287,13 +303,7 @@ void TargetEngine::extend(const std::vector<int64_t>& ids, int64_t s, const std:
   std::vector<std::string> names;
   std::vector<InputTensor> host;
   std::vector<BorrowedInput> device = {{"new_k", fresh[0].value()}, {"new_v", fresh[1].value()}};
-  if (device_k_) {
-    device.push_back({"past_k", device_k_->value()});
-    device.push_back({"past_v", device_v_->value()});
-  } else {
-    names = {"past_k", "past_v"};
-    host = {{kv_type_, {L, H, 0, D}, nullptr, 0}, {kv_type_, {L, H, 0, D}, nullptr, 0}};
-  }
+  add_past(names, host, device);
   std::vector<OrtOutput> kv = kv_append_->run_keeping(names, host, {"k", "v"}, *place_, device);
   const std::vector<int64_t> want = {L, H, cached_ + s, D};
   if (kv[0].shape() != want || kv[1].shape() != want)

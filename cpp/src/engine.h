@@ -34,15 +34,11 @@ struct ExportedFolder {
   std::string kv_append_graph;  // absolute path of kv_append.onnx; empty: exported before it (host cache only)
 };
 
-// Where F's sampling runs (spot.engines.ort_engine.use_device_sampler): host = the logits come to the host loop;
-// device = the export's sampling epilogue runs next to the target and only its samples come back; auto = device
-// on a GPU provider when the folder has an epilogue.
-enum class Sampler { kAuto, kHost, kDevice };
-
-// Where the KV cache lives (spot.engines.ort_engine.use_device_kv): host = host memory, sent with every pass;
-// device = OrtValues where the target runs, appended there by kv_append.onnx; auto = device on a GPU provider when
-// the folder has kv_append.onnx.
-enum class KvCache { kAuto, kHost, kDevice };
+// Where F's sampling runs and where the KV cache lives (spot.engines.ort_engine.on_device). Sampling: host = the
+// logits come to the host loop; device = the export's sampling epilogue runs next to the target and only its
+// samples come back. KV cache: host = host memory, sent with every pass; device = OrtValues where the target runs,
+// appended there by kv_append.onnx. auto = device on a GPU provider when the folder has that graph.
+enum class Placement { kAuto, kHost, kDevice };
 
 // Logits [N, B, V] float32 in the host memory ORT returned them in: never copied (16 x 32 x 151936 values are
 // ~300 MB for SDAR's vocabulary).
@@ -79,7 +75,7 @@ std::string trt_cache_dir(const ExportedFolder& folder);
 class TargetEngine {
  public:
   TargetEngine(const ExportedFolder& folder, int threads, Device device = Device::kCpu,
-               Sampler sampler = Sampler::kAuto, KvCache kv_cache = KvCache::kAuto);
+               Placement sampler = Placement::kAuto, Placement kv_cache = Placement::kAuto);
 
   int64_t block_size() const { return b_; }
   int64_t vocab() const { return cfg_.vocab_size; }
@@ -112,8 +108,12 @@ class TargetEngine {
   std::vector<OrtOutput> run(const std::vector<std::string>& outputs, const std::vector<int64_t>& ids, int64_t n,
                              int64_t s, const std::vector<uint8_t>& bias);
   void check_states(const std::vector<int64_t>& states, int64_t n) const;
-  void open_epilogue(const ExportedFolder& f, int threads, Device device, Sampler sampler);
-  void open_kv_append(const ExportedFolder& f, int threads, Device device, KvCache kv_cache);
+  void open_epilogue(const ExportedFolder& f, int threads, Device device, Placement sampler);
+  void open_kv_append(const ExportedFolder& f, int threads, Device device, Placement kv_cache);
+  // past_k / past_v where the cache is: borrowed device values, or host tensors (the host cache; empty while the
+  // device cache is)
+  void add_past(std::vector<std::string>& names, std::vector<InputTensor>& host,
+                std::vector<BorrowedInput>& device) const;
   const MemoryPlace& place(Device device);           // where the target's kept outputs live (made once)
   std::vector<uint8_t> step_bias() const;
   void check_ids(const std::vector<int64_t>& ids, const char* what) const;

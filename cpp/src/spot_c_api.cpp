@@ -61,8 +61,8 @@ bool map_option(int value, const T (&table)[N], T* out) {
 }
 
 constexpr spot::Device kDevices[] = {spot::Device::kCpu, spot::Device::kCuda, spot::Device::kTensorRT};
-constexpr spot::Sampler kSamplers[] = {spot::Sampler::kAuto, spot::Sampler::kHost, spot::Sampler::kDevice};
-constexpr spot::KvCache kKvCaches[] = {spot::KvCache::kAuto, spot::KvCache::kHost, spot::KvCache::kDevice};
+// spot_sampler and spot_kv_cache share their values: AUTO, HOST, DEVICE
+constexpr spot::Placement kPlacements[] = {spot::Placement::kAuto, spot::Placement::kHost, spot::Placement::kDevice};
 
 }  // namespace
 
@@ -108,15 +108,15 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
                      "spot_open: threads must be >= 0 (0 = ONNX Runtime's default), got " +
                          std::to_string(opts.threads));
   spot::Device device;
-  spot::Sampler sampler;
-  spot::KvCache kv_cache;
+  spot::Placement sampler;
+  spot::Placement kv_cache;
   if (!map_option(opts.device, kDevices, &device))
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: unknown device " + std::to_string(opts.device) +
                                                          ", expected SPOT_DEVICE_CPU, _CUDA or _TENSORRT");
-  if (!map_option(opts.sampler, kSamplers, &sampler))
+  if (!map_option(opts.sampler, kPlacements, &sampler))
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: unknown sampler " + std::to_string(opts.sampler) +
                                                          ", expected SPOT_SAMPLER_AUTO, _HOST or _DEVICE");
-  if (!map_option(opts.kv_cache, kKvCaches, &kv_cache))
+  if (!map_option(opts.kv_cache, kPlacements, &kv_cache))
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: unknown KV cache place " +
                                                          std::to_string(opts.kv_cache) +
                                                          ", expected SPOT_KV_CACHE_AUTO, _HOST or _DEVICE");

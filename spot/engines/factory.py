@@ -14,8 +14,8 @@ def open_engine(backend: str, model_dir: str | Path, block_size: int | None = No
                 sampler: str = "auto", kv_cache: str = "auto") -> Engine:
     """An engine over the checkpoint in `model_dir` decoding blocks of `block_size` (default: the config's).
 
-    ort only: sampler, where F's sampling runs — auto | host | device (spot.engines.ort_engine.use_device_sampler);
-    kv_cache, where the KV cache lives — auto | host | device (use_device_kv)."""
+    ort only: sampler, where F's sampling runs, and kv_cache, where the KV cache lives — auto | host | device
+    (spot.engines.ort_engine.on_device)."""
     if backend == "ort":  # an exported folder (spot-export), opened and checked by its manifest
         from spot.engines.ort_engine import OrtEngine
         if block_size is not None:

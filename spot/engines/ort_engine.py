@@ -18,8 +18,7 @@ from spot.export.manifest import NP_DTYPES, load_manifest
 from spot.runtime.engine import Engine
 
 DEVICES = ("cpu", "cuda", "trt")
-SAMPLERS = ("auto", "host", "device")
-KV_CACHES = ("auto", "host", "device")
+PLACES = ("auto", "host", "device")      # the choices of --sampler and --kv-cache
 _GPU_HINT = ("install onnxruntime-gpu (x86_64: `pip install onnxruntime-gpu`; Jetson/aarch64: the JetPack wheel "
              "from NVIDIA's Jetson AI Lab index, PyPI has none) in place of onnxruntime, or use --device cpu")
 
@@ -106,27 +105,20 @@ def epilogue_outputs(session, path) -> list[str]:
     return [n for n in OUTPUTS if n in have]
 
 
-def use_device_sampler(sampler: str, device: str, has_epilogue: bool) -> bool:
-    """--sampler: device = the epilogue graph samples next to the target (required); host = logits to numpy;
-    auto = device on GPU providers when the folder has an epilogue (on a CPU the epilogue's exact float64 softmax
-    over V costs more than the numpy step it replaces, and the logits are in host memory anyway)."""
-    if sampler not in SAMPLERS:
-        raise SpotError(f"unknown sampler {sampler!r}, expected one of {', '.join(SAMPLERS)}")
-    return sampler == "device" or (sampler == "auto" and device != "cpu" and has_epilogue)
-
-
-def use_device_kv(kv_cache: str, device: str, has_append: bool) -> bool:
-    """--kv-cache: device = the cache stays where the target runs (the export's kv_append graph appends to it
-    there; required); host = numpy arrays, sent with every pass; auto = device on GPU providers when the folder has
-    kv_append.onnx (on a CPU both are host memory: the numpy cache skips the IOBinding bookkeeping)."""
-    if kv_cache not in KV_CACHES:
-        raise SpotError(f"unknown KV cache place {kv_cache!r}, expected one of {', '.join(KV_CACHES)}")
-    return kv_cache == "device" or (kv_cache == "auto" and device != "cpu" and has_append)
+def on_device(choice: str, what: str, device: str, available: bool) -> bool:
+    """--sampler and --kv-cache (`what` names which, for the error): device = on the target's device, through the
+    export's graph for it (required; the epilogue samples next to the target, kv_append grows the cache there);
+    host = numpy on the host; auto = device on GPU providers when that graph is `available`. On a CPU auto is host:
+    the epilogue's exact float64 softmax over V costs more than the numpy step, and both caches are host memory
+    there (the numpy one skips the IOBinding bookkeeping)."""
+    if choice not in PLACES:
+        raise SpotError(f"unknown {what} {choice!r}, expected one of {', '.join(PLACES)}")
+    return choice == "device" or (choice == "auto" and device != "cpu" and available)
 
 
 class OrtEngine(Engine):
     """Engine over an exported folder. device: cpu | cuda | trt; threads: intra-op threads (None: ORT default);
-    sampler: auto | host | device (see use_device_sampler); kv_cache: auto | host | device (see use_device_kv)."""
+    sampler, kv_cache: auto | host | device (see on_device)."""
 
     name = "ort"
 
@@ -153,7 +145,7 @@ class OrtEngine(Engine):
     def _open_device_kv(self, kv_cache: str, threads: int | None):
         from spot.engines.device_kv import DeviceKVCache
         graphs = self.exported.manifest["graphs"]
-        if not use_device_kv(kv_cache, self.device, "kv_append" in graphs):
+        if not on_device(kv_cache, "KV cache place", self.device, "kv_append" in graphs):
             return None
         if "kv_append" not in graphs:
             raise SpotError(f"{self.exported.folder} has no kv_append graph (needed by --kv-cache device)",
@@ -170,7 +162,7 @@ class OrtEngine(Engine):
         usable = "epilogue" in graphs
         if sampler == "auto":      # not an epilogue built for another block size (--block-size overrides the export's)
             usable = usable and self.block_size == self.exported.block_size
-        if not use_device_sampler(sampler, self.device, usable):
+        if not on_device(sampler, "sampler", self.device, usable):
             return None, None
         if "epilogue" not in graphs:
             raise SpotError(f"{self.exported.folder} has no sampling epilogue graph (needed by --sampler device)",

@@ -88,9 +88,8 @@ class Generation:
 
 def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -> np.ndarray:
     prompt = np.asarray(prompt_ids)
-    if prompt.shape == (0,):
-        prompt = prompt.astype(np.int64)    # no prompt: generation from an empty context (as the C++ host)
-    if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
+    # an empty prompt (np.asarray([]) is float64) decodes from an empty context, as in the C++ host
+    if prompt.ndim != 1 or (prompt.size and prompt.dtype.kind not in "iu"):
         raise SpotError(f"prompt ids must be a 1-D list of integers, got shape {prompt.shape} dtype {prompt.dtype}")
     prompt = prompt.astype(np.int64)
     cfg = engine.config
