@@ -310,8 +310,12 @@ def test_device_sampler_matches_the_python_runtime(spot_cli, tiny):
     cases.append({"prompt": 0, "prompt_ids": prompts[0], **(o := case_options("tree", 1.0, 3, 24, 12, 6, top_k=5,
                                                                               mode=THRESHOLD)),
                   "expected": run_case(engine, drafter, prompts[0], o)})
-    bad = mismatches(cases, run_batch(spot_cli, folder, drafter_dir, cases, "--sampler", "device"))
+    results = run_batch(spot_cli, folder, drafter_dir, cases, "--sampler", "device")
+    bad = mismatches(cases, results)
     assert not bad, f"{len(bad)} of {len(cases)} cases differ:\n" + "\n".join(bad[:20])
+    # both hosts run the epilogue for the states the walk reads, one per call: once per commit step, any decoder
+    assert [r["epilogue_states"] for r in results] == [r["steps"] for r in results] == \
+        [c["expected"]["epilogue_states"] for c in cases]
     host = [run_case(host_engine, drafter, c["prompt_ids"], c) for c in cases]
     assert [h["token_ids"] for h in host] == [c["expected"]["token_ids"] for c in cases]
 

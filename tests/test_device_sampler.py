@@ -70,18 +70,61 @@ def test_nan_logits_are_a_clear_error(folders, tmp_path, sampler):
         generate(engine, _prompt(0, 5), max_new_tokens=4, sampling=Sampling(1.0, seed=3))
 
 
-def test_a_device_pass_returns_small_arrays(folders):
+def _count_epilogue_calls(engine) -> list:
+    calls, run = [], engine.epilogue.run_with_iobinding
+    engine.epilogue.run_with_iobinding = lambda binding: (calls.append(1), run(binding))[1]
+    return calls
+
+
+def test_a_device_pass_samples_a_state_when_it_is_read(folders):
+    """A pass returns deferred outputs: the epilogue runs for a state when its outputs are first read (once), over
+    that state's rows of the device logits bound in place, and gives that state's row of the whole pass's epilogue
+    bit for bit; the host receives small arrays only."""
+    from spot.export.epilogue import run_epilogue
+    from spot.runtime.outputs import DeferredOutputs
     engine = OrtEngine(folders[0], sampler="device", threads=1)
-    engine.prefill(_prompt(0, 8))
+    host = OrtEngine(folders[0], sampler="host", threads=1)
+    for e in (engine, host):
+        e.prefill(_prompt(0, 8))
+    calls = _count_epilogue_calls(engine)
     states = np.full((5, CFG.block_size), CFG.mask_token_id)
     states[1:, 0] = [3, 4, 5, 6]
-    outs = engine.block_outputs(states, [0, 1, 1, 1, 1], Sampling(1.0, seed=2), block=1)
-    assert all(isinstance(o, SampledOutputs) for o in outs)
-    per_state = sum(getattr(outs[0], f).size for f in ("token", "confidence", "future_tokens", "future_conf",
-                                                      "top_logprobs", "future_runner_up", "future_gap"))
+    steps, sampling = [0, 1, 1, 1, 1], Sampling(1.0, seed=2, exclude_token=CFG.mask_token_id)
+    outs = engine.block_outputs(states, steps, sampling, block=1)
+    assert all(isinstance(o, DeferredOutputs) and not o.sampled for o in outs) and not calls
+    want = run_epilogue(engine.epilogue, host.block_logits(states), steps, sampling, block=1)
+    for i in (3, 0, 3):
+        got = outs[i].outputs()
+        assert isinstance(got, SampledOutputs) and got.step == steps[i]
+        for field in ("token", "confidence", "future_tokens", "future_conf", "top_logprobs", "future_runner_up",
+                      "future_gap"):
+            assert np.array_equal(getattr(got, field), getattr(want, field)[i]), (i, field)
+    assert len(calls) == 2 and [o.sampled for o in outs] == [True, False, False, True, False]
+    per_state = sum(getattr(outs[0].outputs(), f).size for f in ("token", "confidence", "future_tokens",
+                                                                "future_conf", "top_logprobs", "future_runner_up",
+                                                                "future_gap"))
     assert per_state == CFG.block_size * (2 + 4 * DEPTH + 32)
     with pytest.raises(SpotError, match="samples on the device"):
-        outs[0].host_logits()
+        outs[1].host_logits()
+    assert not outs[1].sampled
+
+
+@exact_platform
+@pytest.mark.parametrize("decoder,mode", [("standard", "static"), ("tree", "static"), ("tree", "threshold")])
+def test_the_epilogue_runs_once_per_commit_step_whatever_the_tree(folders, decoder, mode):
+    """The walk reads F of the root and of each accepted node, and the state it ends at is the next round's root:
+    every decoder runs the epilogue once per commit step, for one state — as often as standard decoding — however
+    many nodes a verify pass holds (stats epilogue_states, counted at the engine's session)."""
+    engine = OrtEngine(folders[0], sampler="device", threads=1)
+    calls = _count_epilogue_calls(engine)
+    for temperature in (0.0, 1.0):
+        calls.clear()
+        req = DecodeRequest(max_new_tokens=16, mode=mode, tau=0.3,
+                            sampling=Sampling(temperature, seed=5), budget=TreeBudget(12, DEPTH))
+        stats = run_decoder(decoder, engine, _prompt(1, 6), req).stats
+        assert stats.extra["epilogue_states"] == len(calls) == stats.steps, (decoder, temperature)
+        if decoder != "standard":   # sampling every node of every pass would have taken more calls
+            assert sum(stats.extra["nodes_per_verify"]) + stats.passes["block"] > stats.steps
 
 
 @exact_platform
@@ -186,7 +229,7 @@ def test_runner_ups_from_the_epilogue_equal_the_host_ones_and_old_epilogues_stil
     legacy = OrtEngine(without("old-epilogue", ("future_runner_up", "future_gap")), sampler="device", threads=1)
     legacy.prefill(_prompt(0, 8))
     (out,) = legacy.block_outputs(states[:1], [0], Sampling(1.0, seed=2), block=1)
-    assert out.future_runner_up is None and out.stale(states[0] == CFG.mask_token_id).runner_up(1) is None
+    assert out.outputs().future_runner_up is None and out.stale(states[0] == CFG.mask_token_id).runner_up(1) is None
     req = DecodeRequest(max_new_tokens=12, sampling=Sampling(1.0, seed=3), budget=TreeBudget(6, DEPTH))
     assert run_decoder("tree", legacy, _prompt(2, 6), req).token_ids == \
         run_decoder("tree", host, _prompt(2, 6), req).token_ids

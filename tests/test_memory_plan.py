@@ -165,16 +165,20 @@ def test_cli_plan_without_local_weights_uses_the_builtin_config(tmp_path, monkey
 
 
 def test_the_plan_counts_the_sampling_epilogue(cfg):
-    """The device sampler's epilogue (measured on ORT CPU: ~9.5 x its N x (D+1) x B x V float64 tensor) is a pass
-    term of its own: at SDAR's vocabulary it is the largest one, it grows with nodes and future steps, and no
-    epilogue means no term."""
+    """The device sampler's epilogue (measured on ORT CPU: ~9 x its (D+1) x B x V float64 tensor per state) is a pass
+    term of its own: it grows with the future steps, not with the nodes (the hosts run it one state per call), it is
+    larger than the logits of a few nodes at SDAR's vocabulary, and no epilogue means no term."""
     from spot.export.memory_plan import EPILOGUE_PEAK_FACTOR
     quant, dev = QuantScheme("int4"), DEVICES["orin-nx-16gb"]
-    with_epi = make_plan(cfg, "fp16", quant, 8192, 16, dev, "sdar-8b", epilogue_steps=4)
-    without = make_plan(cfg, "fp16", quant, 8192, 16, dev, "sdar-8b")
+    with_epi = make_plan(cfg, "fp16", quant, 8192, 2, dev, "sdar-8b", epilogue_steps=4)
+    without = make_plan(cfg, "fp16", quant, 8192, 2, dev, "sdar-8b")
     term = with_epi.activations["sampling_epilogue"]
-    assert term == int(EPILOGUE_PEAK_FACTOR * 16 * 5 * cfg.block_size * cfg.vocab_size * 8)
+    assert term == int(EPILOGUE_PEAK_FACTOR * 5 * cfg.block_size * cfg.vocab_size * 8)
     assert "sampling_epilogue" not in without.activations and with_epi.total == without.total + term
     assert term > with_epi.activations["logits"] and with_epi.max_context < without.max_context
+    assert make_plan(cfg, "fp16", quant, 8192, 64, dev, "sdar-8b", epilogue_steps=4).activations[
+        "sampling_epilogue"] == term
+    assert make_plan(cfg, "fp16", quant, 8192, 2, dev, "sdar-8b", epilogue_steps=8).activations[
+        "sampling_epilogue"] == int(EPILOGUE_PEAK_FACTOR * 9 * cfg.block_size * cfg.vocab_size * 8)
     assert "sampling epilogue" in render(with_epi, cfg.block_size) and "--sampler host" in render(with_epi,
                                                                                                      cfg.block_size)

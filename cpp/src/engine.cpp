@@ -417,21 +417,27 @@ std::vector<T> epilogue_array(const OrtOutput& out, ONNXTensorElementDataType ty
 
 }  // namespace
 
-EpilogueResult TargetEngine::block_samples(const std::vector<int64_t>& states, int64_t n,
-                                           const std::vector<int64_t>& steps, const Sampling& sampling,
-                                           uint32_t block) {
-  if (!epilogue_) fail(SPOT_ERR_INTERNAL, "block_samples without the device sampler");
+OrtOutput TargetEngine::block_device_logits(const std::vector<int64_t>& states, int64_t n) {
+  if (!epilogue_) fail(SPOT_ERR_INTERNAL, "block_device_logits without the device sampler");
   check_states(states, n);
-  if (steps.size() != static_cast<size_t>(n)) fail(SPOT_ERR_INTERNAL, "block_samples: one step per state");
   const std::vector<int64_t> pos = positions(b_);
   const std::vector<uint8_t> bias = step_bias();
   Feeds f = feeds(states, n, b_, bias, pos);
   std::vector<OrtOutput> kept = session_->run_keeping(f.names, f.host, {"logits"}, *place_, f.device);
-  const OrtOutput& logits = kept[0];
+  if (kept[0].shape() != std::vector<int64_t>{n, b_, cfg_.vocab_size} ||
+      kept[0].type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
+    fail(SPOT_ERR_RUNTIME, "the target graph returned logits of an unexpected shape or type");
+  return std::move(kept[0]);
+}
+
+EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, const std::vector<int64_t>& state,
+                                          int64_t step, const Sampling& sampling, uint32_t block) {
+  if (!epilogue_) fail(SPOT_ERR_INTERNAL, "sample_state without the device sampler");
+  const OrtOutput rows = logits.row_view(row, 1);   // state `row`'s [1, B, V], bound in place
   const int64_t seed = sampling.seed, blk = block;   // the epilogue's scalars (top-p is refused upstream)
   const std::vector<std::string> names = {"node_steps", "seed", "block", "temperature", "top_k", "exclude_token"};
   const std::vector<InputTensor> scalars = {
-      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {n}, steps.data(), steps.size() * sizeof(int64_t)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {1}, &step, sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &seed, sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &blk, sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE, {}, &sampling.temperature, sizeof(double)},
@@ -440,29 +446,31 @@ EpilogueResult TargetEngine::block_samples(const std::vector<int64_t>& states, i
   };
   std::vector<OrtOutput> out;
   try {
-    out = epilogue_->run(names, scalars, epilogue_outputs_, {{"logits", logits.value()}});
+    out = epilogue_->run(names, scalars, epilogue_outputs_, {{"logits", rows.value()}});
   } catch (const SpotException&) {
-    // NaN / inf logits can send the epilogue's candidate indices out of range: a pass with host logits tells
-    // (block_logits' non-finite error) whether that was it
-    block_logits(states, n);
+    // NaN / inf logits can send the epilogue's candidate indices out of range: a pass over this state with host
+    // logits tells (block_logits' non-finite error) whether that was it; the walk reads a pass's outputs before the
+    // next store, so the cache is the one the pass ran against
+    block_logits(state, 1);
     throw;
   }
   const int64_t d = epilogue_steps_;
   const std::string& g = epilogue_graph_path_;
   EpilogueResult r;
-  r.n = n;
+  r.n = 1;
   r.b = b_;
   r.d = d;
   const auto I64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, F64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
-  r.token = epilogue_array<int64_t>(out[0], I64, {n, b_}, "token", g);
-  r.confidence = epilogue_array<double>(out[1], F64, {n, b_}, "confidence", g);
-  r.future_tokens = epilogue_array<int64_t>(out[2], I64, {n, d, b_}, "future_tokens", g);
-  r.future_conf = epilogue_array<double>(out[3], F64, {n, d, b_}, "future_conf", g);
-  r.top_logprobs = epilogue_array<float>(out[4], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {n, b_, 32}, "top_logprobs", g);
+  r.token = epilogue_array<int64_t>(out[0], I64, {1, b_}, "token", g);
+  r.confidence = epilogue_array<double>(out[1], F64, {1, b_}, "confidence", g);
+  r.future_tokens = epilogue_array<int64_t>(out[2], I64, {1, d, b_}, "future_tokens", g);
+  r.future_conf = epilogue_array<double>(out[3], F64, {1, d, b_}, "future_conf", g);
+  r.top_logprobs = epilogue_array<float>(out[4], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {1, b_, 32}, "top_logprobs", g);
   if (out.size() > 5) {
-    r.future_runner_up = epilogue_array<int64_t>(out[5], I64, {n, d, b_}, "future_runner_up", g);
-    r.future_gap = epilogue_array<double>(out[6], F64, {n, d, b_}, "future_gap", g);
+    r.future_runner_up = epilogue_array<int64_t>(out[5], I64, {1, d, b_}, "future_runner_up", g);
+    r.future_gap = epilogue_array<double>(out[6], F64, {1, d, b_}, "future_gap", g);
   }
+  ++sampled_states_;
   for (double c : r.confidence)   // NaN / inf logits make the softmax non-finite
     if (!std::isfinite(c)) non_finite(cached_);
   return r;

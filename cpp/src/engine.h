@@ -51,7 +51,8 @@ class HostLogits {
   OrtOutput out_;
 };
 
-// The sampling epilogue's results for N states (spot.export.epilogue.EpilogueResult), on the host.
+// The sampling epilogue's results for N states (spot.export.epilogue.EpilogueResult), on the host; the engine
+// samples one state per call (n = 1).
 struct EpilogueResult {
   int64_t n = 0, b = 0, d = 0;
   std::vector<int64_t> token;             // [N, B] F's sample at each state's step
@@ -88,11 +89,14 @@ class TargetEngine {
   // logits [N, B, V] float32 of N states [N*B] after the cache; stores nothing
   HostLogits block_logits(const std::vector<int64_t>& states, int64_t n);
   void store(const std::vector<int64_t>& state);             // appends the finished block's K/V
-  // with the device sampler: the epilogue's samples of N states [N*B] whose commit steps are steps [N]
+  // with the device sampler: a pass over N states [N*B] keeps its logits [N, B, V] where the target ran, and the
+  // epilogue samples one of them (row `row`, block state `state` [B], commit step `step`) when the host reads it
   bool samples_on_device() const { return epilogue_ != nullptr; }
   int64_t sampler_depth() const { return epilogue_steps_; }  // 0 without the device sampler
-  EpilogueResult block_samples(const std::vector<int64_t>& states, int64_t n, const std::vector<int64_t>& steps,
-                               const Sampling& sampling, uint32_t block);
+  int64_t sampled_states() const { return sampled_states_; }  // epilogue calls (one state each) so far
+  OrtOutput block_device_logits(const std::vector<int64_t>& states, int64_t n);
+  EpilogueResult sample_state(const OrtOutput& logits, int64_t row, const std::vector<int64_t>& state, int64_t step,
+                              const Sampling& sampling, uint32_t block);
 
  private:
   // The target's inputs for ids [N, S] after the cache: host tensors (borrowing ids, bias, pos and the host
@@ -133,6 +137,7 @@ class TargetEngine {
   std::unique_ptr<OrtOutput> device_k_, device_v_;   // the device cache [L, Hkv, C, D]; null while empty
   std::vector<std::string> epilogue_outputs_;
   int64_t epilogue_steps_ = 0;
+  int64_t sampled_states_ = 0;
   std::string epilogue_graph_path_;
   std::vector<uint8_t> k_, v_;               // the host cache [L, Hkv, C, D] in the model dtype (empty: device)
   int64_t cached_ = 0;

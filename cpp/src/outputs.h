@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "errors.h"
 #include "stale.h"
 #include "step.h"
 
@@ -32,6 +33,8 @@ class PassOutputs {
   // the stale view of a round drafting from the n-th state (committed at `step`); the outputs outlive it
   virtual std::unique_ptr<StaleView> stale(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx,
                                            uint32_t block, uint32_t step) const = 0;
+  // only the n-th state is read from now on (a walk's end, drafted from next round): release what the others need
+  virtual void settle(int64_t) {}
 };
 
 // The logits reached the host (outputs.HostOutputs).
@@ -53,29 +56,54 @@ class HostPassOutputs : public PassOutputs {
   int64_t b_, v_;
 };
 
-// The sampling epilogue ran next to the target (outputs.SampledOutputs): its samples equal the host's bit for bit.
-class SampledPassOutputs : public PassOutputs {
+// The logits stayed where the target ran (outputs.DeferredOutputs): the epilogue samples a state when it is first
+// read, over that state's rows alone, so a verify pass runs it for the states the walk visits (~accepted + 1), not
+// N, and its memory is one state's. Its samples equal the host's bit for bit.
+class DevicePassOutputs : public PassOutputs {
  public:
-  explicit SampledPassOutputs(EpilogueResult r) : r_(std::move(r)) {}
+  DevicePassOutputs(TargetEngine& engine, OrtOutput logits, const std::vector<int64_t>& states,
+                    std::vector<int64_t> steps, const Sampling& sampling, uint32_t block)
+      : engine_(engine), logits_(std::make_unique<OrtOutput>(std::move(logits))), states_(states),
+        steps_(std::move(steps)), sampling_(sampling), block_(block), done_(steps_.size()) {}
   std::vector<int64_t> next_state(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx, uint32_t,
                                   uint32_t) const override {
     const std::vector<int64_t> masked = masked_positions(state, ctx.mask_id);
     if (masked.empty()) return state;
+    const EpilogueResult& r = result(n);
     std::vector<int64_t> tokens(masked.size());
     std::vector<double> conf(masked.size());
     for (size_t k = 0; k < masked.size(); ++k) {
-      tokens[k] = r_.token[n * r_.b + masked[k]];
-      conf[k] = r_.confidence[n * r_.b + masked[k]];
+      tokens[k] = r.token[masked[k]];
+      conf[k] = r.confidence[masked[k]];
     }
     return commit_samples(state, masked, tokens, conf, ctx.rule);
   }
   std::unique_ptr<StaleView> stale(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx, uint32_t,
                                    uint32_t step) const override {
-    return std::make_unique<SampledStaleView>(r_, n, step + 1, state, ctx.mask_id);
+    return std::make_unique<SampledStaleView>(result(n), 0, step + 1, state, ctx.mask_id);
+  }
+  void settle(int64_t n) override {   // the end node of a walk: nothing else is read, the logits can go
+    result(n);
+    logits_.reset();
   }
 
  private:
-  EpilogueResult r_;
+  const EpilogueResult& result(int64_t n) const {
+    std::unique_ptr<EpilogueResult>& r = done_.at(static_cast<size_t>(n));
+    if (!r) {
+      if (!logits_) fail(SPOT_ERR_INTERNAL, "a settled pass's other states were read");
+      const int64_t b = engine_.block_size();
+      const std::vector<int64_t> state(states_.begin() + n * b, states_.begin() + (n + 1) * b);
+      r = std::make_unique<EpilogueResult>(engine_.sample_state(*logits_, n, state, steps_[n], sampling_, block_));
+    }
+    return *r;
+  }
+  TargetEngine& engine_;
+  std::unique_ptr<OrtOutput> logits_;   // [N, B, V] where the target ran; freed by settle
+  std::vector<int64_t> states_, steps_;
+  Sampling sampling_;
+  uint32_t block_;
+  mutable std::vector<std::unique_ptr<EpilogueResult>> done_;
 };
 
 // One target pass over N states [N*B] whose commit steps are steps [N]: the logits, or the epilogue's samples.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -272,36 +273,54 @@ class OrtEngine(Engine):
         return logits
 
     def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
-        """With the device sampler: the target's logits stay in an OrtValue on the device (IOBinding) and feed the
-        epilogue there; only its O(N x B x (D + 32)) outputs come back to the host."""
+        """With the device sampler: the target's logits stay in an OrtValue on the device (IOBinding); a state's
+        outputs run the epilogue over that state's rows when first read (DeferredOutputs), so a pass costs the
+        epilogue of the states the walk visits, not of all N, and its memory is one state's. Only the epilogue's
+        O(B x (D + 32)) outputs per state come back to the host."""
         if self.epilogue is None:
             return super()._block_outputs(states, steps, sampling, block, noise)
-        from spot.export.epilogue import EpilogueResult, epilogue_scalars
-        from spot.runtime.outputs import sampled_outputs
+        from spot.export.epilogue import epilogue_scalars
+        from spot.runtime.outputs import DeferredOutputs
         self._check_nodes(states.shape[0])
+        scalars = epilogue_scalars(steps, sampling, block)     # checks top-p and the counters' ranges once
         target = self._binding(states, self._step_bias())
         target.bind_output("logits", self.place)
         self.session.run_with_iobinding(target)
         (logits,) = target.get_outputs()
+        if logits.data_type() != "tensor(float)":
+            raise SpotError(f"{self.exported.graph_path('target')} returned logits of type {logits.data_type()}, "
+                            "expected tensor(float) (the epilogue's input)", "re-export the folder with spot-export")
+        return [DeferredOutputs(partial(self._sample_state, logits, i, states[i], scalars))
+                for i in range(states.shape[0])]
+
+    def _sample_state(self, logits, i: int, state: np.ndarray, scalars: dict):
+        """The epilogue over rows [i] of a pass's logits [N, B, V] (an OrtValue where the target ran), bound in place
+        at their offset: no copy. state [B]: that row's block state, for the error path."""
+        from spot.export.epilogue import EpilogueResult
+        from spot.runtime.outputs import sampled_outputs
+        b, v = self.block_size, self.config.vocab_size
         epi = self.epilogue.io_binding()
-        epi.bind_ortvalue_input("logits", logits)
-        for name, value in epilogue_scalars(steps, sampling, block).items():
-            epi.bind_cpu_input(name, value)
+        epi.bind_input("logits", self.place, 0, np.float32, [1, b, v], logits.data_ptr() + i * b * v * 4)
+        steps = scalars["node_steps"][i:i + 1]
+        for name, value in scalars.items():
+            epi.bind_cpu_input(name, steps if name == "node_steps" else value)
         for name in self._epilogue_outputs:
             epi.bind_output(name, "cpu")
         try:
             self.epilogue.run_with_iobinding(epi)
         except Exception as e:  # onnxruntime's own error types
-            # NaN / inf logits can send the epilogue's candidate indices out of range: a pass with host logits
-            # tells (the _checked_logits error) whether that was it
-            self._checked_logits(states)
+            # NaN / inf logits can send the epilogue's candidate indices out of range: a pass over this state with
+            # host logits tells (the _checked_logits error) whether that was it. The walk reads a pass's outputs
+            # before the next store, so the cache is still the one the pass ran against.
+            self._checked_logits(state[None])
             raise SpotError(f"onnxruntime failed running {self.exported.graph_path('epilogue')}: "
                             f"{str(e).splitlines()[0][:300]}", "decode with --sampler host, or re-export the folder") \
                 from None
         result = EpilogueResult(**dict(zip(self._epilogue_outputs, epi.copy_outputs_to_cpu())))
+        self.sampled_states += 1
         if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
             self._non_finite()
-        return sampled_outputs(result, steps)
+        return sampled_outputs(result, steps)[0]
 
     def _store(self, state: np.ndarray) -> None:
         self._extend(state, self._step_bias())

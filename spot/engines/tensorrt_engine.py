@@ -13,7 +13,8 @@ FP16/INT8 builder flags): the precision is the export's (`spot-export --dtype fp
 instead builds a weakly typed network from an fp32 export with BuilderFlag.FP16 (TensorRT picks fp16 kernels).
 Run: device buffers are torch CUDA tensors; the KV cache (spot.engines.kv_cache.StaticKVCache) stays on the device,
 the target's logits stay on the device and feed the sampling epilogue (spot.reference.noise_torch.epilogue_torch),
-so a verify pass copies O(N x B x (D + 32)) values to the host, never O(N x B x V).
+per state the walk reads (DeferredOutputs), so a verify pass copies O(B x (D + 32)) values per such state to the
+host, never O(N x B x V).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -290,26 +292,44 @@ class TrtEngine(Engine):
         return self.device_logits(states).cpu().numpy()
 
     def block_epilogue(self, states: np.ndarray, node_steps, sampling, block: int, future_steps: int):
-        """The sampling epilogue on the device logits (spot.reference.noise_torch.epilogue_torch): returns
-        spot.export.epilogue.EpilogueResult with O(N x B x (D + 32)) values copied to the host."""
-        from spot.export.epilogue import OUTPUTS, EpilogueResult, check_sampling
-        from spot.reference.noise_torch import epilogue_torch
+        """The sampling epilogue over every state of one pass (spot.reference.noise_torch.epilogue_torch): returns
+        spot.export.epilogue.EpilogueResult with O(N x B x (D + 32)) values copied to the host. The decoders use
+        `block_outputs`, which runs it per state on demand."""
+        from spot.export.epilogue import check_sampling
         check_sampling(sampling)
-        states = self._check_states(states)
+        logits = self._finite_device_logits(self._check_states(states))
+        return self._epilogue(logits, node_steps, sampling, block, future_steps)
+
+    def _finite_device_logits(self, states: np.ndarray):
         logits = self.device_logits(states)
         # before the twin: NaN / inf logits can turn its table lookups' indices out of range (on CUDA a device-side
         # assert that ends the process); one reduction on the device
         if not bool(logits.isfinite().all()):
             self._non_finite()
+        return logits
+
+    def _epilogue(self, logits, node_steps, sampling, block: int, future_steps: int):
+        from spot.export.epilogue import OUTPUTS, EpilogueResult
+        from spot.reference.noise_torch import epilogue_torch
         out = epilogue_torch(logits, node_steps, sampling.seed, block, sampling.temperature, sampling.top_k,
                              future_steps, sampling.exclude_token)
         return EpilogueResult(*(out[f].cpu().numpy() for f in OUTPUTS))
 
     def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
+        """As OrtEngine's: the logits stay on the device and each state's epilogue runs when the walk or the next
+        round first reads it (DeferredOutputs), over that state's rows only."""
         if self._future_steps is None:
             return super()._block_outputs(states, steps, sampling, block, noise)
-        from spot.runtime.outputs import sampled_outputs
-        return sampled_outputs(self.block_epilogue(states, steps, sampling, block, self._future_steps), steps)
+        from spot.export.epilogue import check_sampling
+        from spot.runtime.outputs import DeferredOutputs, sampled_outputs
+        check_sampling(sampling)
+        logits = self._finite_device_logits(states)
+
+        def sample(i: int):
+            result = self._epilogue(logits[i:i + 1], steps[i:i + 1], sampling, block, self._future_steps)
+            self.sampled_states += 1
+            return sampled_outputs(result, steps[i:i + 1])[0]
+        return [DeferredOutputs(partial(sample, i)) for i in range(states.shape[0])]
 
     def _store(self, state: np.ndarray) -> None:
         out = self._run(state[None], ["new_k", "new_v"])

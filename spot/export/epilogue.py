@@ -40,7 +40,8 @@ arithmetic nor float64: on a TensorRT deployment the target engine runs in Tenso
 same device buffers through ORT's CUDA EP or the torch twin (spot.reference.noise_torch.epilogue_torch, the same
 certified sampling); see docs/gpu-path.md. `EpilogueSpec(exact=False)` uses the backend's Exp/Log/ReduceSum
 everywhere instead (ulp-level differences in the confidences). Peak memory grows with N x (D+1) x B x V x 8 bytes
-times a few live intermediates, so large vocabularies are run in node chunks (`run_epilogue(..., chunk=...)`).
+times a few live intermediates: the engines call it for one state at a time, the states the walk reads
+(spot.runtime.outputs.DeferredOutputs); `run_epilogue(..., chunk=...)` chunks host arrays likewise.
 """
 from __future__ import annotations
 

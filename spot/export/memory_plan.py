@@ -12,7 +12,8 @@ A plan adds, in bytes (docs/quantization.md has the derivations):
                cache beside the old one — kv_append.onnx's Concat with the device cache; the host cache is copied
                to the device for every pass instead) and, for quantized weights, one dequantized matrix in case
                the runtime does not fuse DequantizeLinear into its GEMM, and the sampling epilogue when the export
-               has one (the device sampler, auto on GPUs): EPILOGUE_PEAK_FACTOR x N x (D+1) x B x V x 8 bytes,
+               has one (the device sampler, auto on GPUs): EPILOGUE_PEAK_FACTOR x (D+1) x B x V x 8 bytes — one
+               state's, whatever N: the hosts run it per state, for the states the walk reads,
   runtime      CUDA context + TensorRT/cuBLAS workspaces + ONNX Runtime arena slack (assumed RUNTIME_GIB),
   OS share     kernel carve-outs + a headless L4T userland in the unified memory (assumed per device);
 and compares the sum with the device's memory. Every term but the weights grows linearly with the context, so the
@@ -31,8 +32,8 @@ GIB = 2 ** 30
 RUNTIME_GIB = 0.9      # CUDA context (~0.3-0.5 GB with cuBLAS/cuDNN/TensorRT loaded) + workspaces + arena slack
 OS_GIB = 1.0           # carve-outs (the 8 GB Orin Nano shows ~7.4 GiB to Linux) + headless L4T services
 # The sampling epilogue's peak memory in units of its float64 noise/score tensor N x (D+1) x B x V x 8 bytes:
-# measured 9.3 (V 2048, N 16) and 8.8 (V 8192, N 4), D 8, on ORT CPU with the memory arena off (peak RSS); the GPU
-# providers plan memory the same way but were not measured
+# measured 8.99 (V 2048 and V 8192, N 1: the hosts' calls), 8.8 (V 2048, N 4), 9.3 (V 2048, N 16), D 8, B 32, on
+# ORT CPU with the memory arena off (peak RSS); the GPU providers plan memory the same way but were not measured
 EPILOGUE_PEAK_FACTOR = 9.5
 
 
@@ -109,8 +110,8 @@ def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, qu
     }
     if quantized:
         terms["dequantized_matrix"] = max(h * inter, h * hq * d) * e
-    if epilogue_steps > 0:
-        terms["sampling_epilogue"] = int(EPILOGUE_PEAK_FACTOR * n * (epilogue_steps + 1) * s * v * 8)
+    if epilogue_steps > 0:   # one state per call (spot.runtime.outputs.DeferredOutputs): not N
+        terms["sampling_epilogue"] = int(EPILOGUE_PEAK_FACTOR * (epilogue_steps + 1) * s * v * 8)
     return terms
 
 
@@ -265,8 +266,8 @@ def render(plan: MemoryPlan, block_size: int) -> str:
         lines.append(f"  memory-bound pass time >= weights / bandwidth = {_gib(plan.weight_bytes)} / "
                      f"{plan.device.bandwidth_gbs:g} GB/s = {plan.min_pass_ms:.0f} ms")
     if a.get("sampling_epilogue", 0) > a["logits"]:
-        lines.append("  the sampling epilogue (the device sampler, auto on GPUs) is the largest pass term: fewer "
-                     "--max-nodes or --epilogue-steps shrink it, and decoding with --sampler host needs only the "
+        lines.append("  the sampling epilogue (the device sampler, auto on GPUs; one state per call) is the largest "
+                     "pass term: fewer --epilogue-steps shrink it, and decoding with --sampler host needs only the "
                      "logits' copy")
     return "\n".join(lines)
 

@@ -7,10 +7,14 @@ SampledOutputs the sampling epilogue ran next to the target (spot.export.epilogu
                O(B x (D + 32)) values per state — F's samples at the state's step, the coupled samples of the
                next D steps and their runner-ups, the top-32 log-probabilities — equal to the numpy ones bit for
                bit, never the logits.
+DeferredOutputs a state's SampledOutputs, computed when first read: the logits stay on the device and the epilogue
+               runs for the states the walk visits (~ accepted steps + 1 of a pass's N) and the one a round drafts
+               from, one state per call — so its cost and peak memory do not grow with the tree.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -75,6 +79,33 @@ class SampledOutputs:
     def host_logits(self) -> np.ndarray:
         raise SpotError("this decoder reads the full logits, but the engine samples on the device and returns "
                         "only the epilogue's outputs", "use the host sampler (--sampler host) for it")
+
+
+class DeferredOutputs:
+    """SampledOutputs made by `sample()` on first use (one epilogue call over this state's logits), which is then
+    dropped: once sampled, nothing here holds the pass's device logits."""
+
+    def __init__(self, sample: Callable[[], SampledOutputs]):
+        self._sample: Callable[[], SampledOutputs] | None = sample
+        self._outputs: SampledOutputs | None = None
+
+    @property
+    def sampled(self) -> bool:
+        return self._outputs is not None
+
+    def outputs(self) -> SampledOutputs:
+        if self._outputs is None:
+            self._outputs, self._sample = self._sample(), None
+        return self._outputs
+
+    def next_state(self, state: np.ndarray, mask_id: int, rule: CommitRule) -> np.ndarray:
+        return self.outputs().next_state(state, mask_id, rule)
+
+    def stale(self, masked: np.ndarray, independent_noise: bool = False) -> SampledStaleView:
+        return self.outputs().stale(masked, independent_noise)
+
+    def host_logits(self) -> np.ndarray:
+        return SampledOutputs.host_logits(self)
 
 
 def host_outputs(logits: np.ndarray, steps, sampling: Sampling, block: int,

@@ -109,5 +109,6 @@ class SpotBlockDecoder:
                 ctx.noise.forget_before(step + 1)
             if end in incomplete:
                 current = fresh[incomplete.index(end)]
+            del fresh       # a device sampler's unread outputs hold the pass's logits on the device: not into the next
         stats.steps += step + 1 if (state == ctx.mask_id).any() else step
         return root

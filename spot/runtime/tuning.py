@@ -33,7 +33,8 @@ def measure_latency_curve(engine: Engine, prefix_ids: np.ndarray, node_counts: l
                           rng_seed: int = 0) -> dict[int, float]:
     """Median milliseconds of one pass over N random states after a prefill of `prefix_ids`, as the decoders run
     it (Engine.block_outputs): the logits to the host, or — on an engine that samples on the device — the target
-    and its epilogue with only the small outputs back (at T = 1: its noise included)."""
+    alone: its epilogue runs per state when the walk reads it, so the decoders' walk and sampling times (the host
+    ms choose_budget adds) carry that cost."""
     rng = np.random.default_rng(rng_seed)
     b = engine.block_size
     engine.prefill(prefix_ids[: (len(prefix_ids) // b) * b])
