@@ -114,7 +114,7 @@ def test_a_device_pass_samples_a_state_when_it_is_read(folders):
 def test_the_epilogue_runs_once_per_commit_step_whatever_the_tree(folders, decoder, mode):
     """The walk reads F of the root and of each accepted node, and the state it ends at is the next round's root:
     every decoder runs the epilogue once per commit step, for one state — as often as standard decoding — however
-    many nodes a verify pass holds (stats epilogue_states, counted at the engine's session)."""
+    many nodes a verify pass holds (stats epilogue_calls, counted at the engine's session)."""
     engine = OrtEngine(folders[0], sampler="device", threads=1)
     calls = _count_epilogue_calls(engine)
     for temperature in (0.0, 1.0):
@@ -122,7 +122,7 @@ def test_the_epilogue_runs_once_per_commit_step_whatever_the_tree(folders, decod
         req = DecodeRequest(max_new_tokens=16, mode=mode, tau=0.3,
                             sampling=Sampling(temperature, seed=5), budget=TreeBudget(12, DEPTH))
         stats = run_decoder(decoder, engine, _prompt(1, 6), req).stats
-        assert stats.extra["epilogue_states"] == len(calls) == stats.steps, (decoder, temperature)
+        assert stats.extra["epilogue_calls"] == len(calls) == stats.steps, (decoder, temperature)
         if decoder != "standard":   # sampling every node of every pass would have taken more calls
             assert sum(stats.extra["nodes_per_verify"]) + stats.passes["block"] > stats.steps
 

@@ -470,7 +470,7 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
     r.future_runner_up = epilogue_array<int64_t>(out[5], I64, {1, d, b_}, "future_runner_up", g);
     r.future_gap = epilogue_array<double>(out[6], F64, {1, d, b_}, "future_gap", g);
   }
-  ++sampled_states_;
+  ++epilogue_calls_;
   for (double c : r.confidence)   // NaN / inf logits make the softmax non-finite
     if (!std::isfinite(c)) non_finite(cached_);
   return r;

@@ -93,7 +93,7 @@ class TargetEngine {
   // epilogue samples one of them (row `row`, block state `state` [B], commit step `step`) when the host reads it
   bool samples_on_device() const { return epilogue_ != nullptr; }
   int64_t sampler_depth() const { return epilogue_steps_; }  // 0 without the device sampler
-  int64_t sampled_states() const { return sampled_states_; }  // epilogue calls (one state each) so far
+  int64_t epilogue_calls() const { return epilogue_calls_; }  // epilogue runs (one state each) so far
   OrtOutput block_device_logits(const std::vector<int64_t>& states, int64_t n);
   EpilogueResult sample_state(const OrtOutput& logits, int64_t row, const std::vector<int64_t>& state, int64_t step,
                               const Sampling& sampling, uint32_t block);
@@ -137,7 +137,7 @@ class TargetEngine {
   std::unique_ptr<OrtOutput> device_k_, device_v_;   // the device cache [L, Hkv, C, D]; null while empty
   std::vector<std::string> epilogue_outputs_;
   int64_t epilogue_steps_ = 0;
-  int64_t sampled_states_ = 0;
+  int64_t epilogue_calls_ = 0;
   std::string epilogue_graph_path_;
   std::vector<uint8_t> k_, v_;               // the host cache [L, Hkv, C, D] in the model dtype (empty: device)
   int64_t cached_ = 0;

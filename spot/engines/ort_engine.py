@@ -317,7 +317,7 @@ class OrtEngine(Engine):
                             f"{str(e).splitlines()[0][:300]}", "decode with --sampler host, or re-export the folder") \
                 from None
         result = EpilogueResult(**dict(zip(self._epilogue_outputs, epi.copy_outputs_to_cpu())))
-        self.sampled_states += 1
+        self.epilogue_calls += 1
         if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
             self._non_finite()
         return sampled_outputs(result, steps)[0]

@@ -327,7 +327,7 @@ class TrtEngine(Engine):
 
         def sample(i: int):
             result = self._epilogue(logits[i:i + 1], steps[i:i + 1], sampling, block, self._future_steps)
-            self.sampled_states += 1
+            self.epilogue_calls += 1
             return sampled_outputs(result, steps[i:i + 1])[0]
         return [DeferredOutputs(partial(sample, i)) for i in range(states.shape[0])]
 
