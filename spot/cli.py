@@ -191,9 +191,13 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
 @click.option("--epilogue-steps", type=int, default=None,
               help="Future steps D of the device sampling epilogue (epilogue.onnx, used on GPU paths; the deepest "
                    "SPOT tree it serves). Default: 8, or the block size if smaller. 0: no epilogue.")
+@click.option("--epilogue-positions", type=int, default=None,
+              help="Block positions per device-epilogue call (a divisor of the block size): its memory is "
+                   "9.5 x (D+1) x P x V x 8 bytes. Default: the most that keep it under 1 GiB.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_size, dry_run, no_validate,
-           validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, epilogue_steps, quiet):
+           validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, epilogue_steps,
+           epilogue_positions, quiet):
     """Export an SDAR checkpoint to an ONNX folder (SOURCE: a checkpoint folder or a preset: embedded,
     sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants)."""
     import json
@@ -208,7 +212,8 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     options = ExportOptions(dtype=dtype, opset=opset, max_nodes=max_nodes, max_context=max_context,
                             block_size=block_size, validate=not no_validate, validate_layers=validate_layers,
                             overwrite=overwrite, weights=weights, int4_block=int(int4_block),
-                            matmulnbits=ort_matmulnbits, plan=plan_device, epilogue_steps=epilogue_steps)
+                            matmulnbits=ort_matmulnbits, plan=plan_device, epilogue_steps=epilogue_steps,
+                            epilogue_positions=epilogue_positions)
     options.quant.check()
     progress = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
     if plan_only:

@@ -22,6 +22,7 @@ def cache_dir() -> Path:
 def exported_embedded(progress: Callable[[str], None]) -> Path:
     """The embedded model exported to fp32 ONNX, reused while its manifest checks out (re-exported otherwise)."""
     from spot.assets import embedded_model_dir
+    from spot.export.epilogue import INPUTS as EPILOGUE_INPUTS
     from spot.export.epilogue import OUTPUTS as EPILOGUE_OUTPUTS
     from spot.export.export import ExportOptions, export_checkpoint
     from spot.export.kv_append import INPUTS as KV_APPEND_INPUTS
@@ -30,11 +31,11 @@ def exported_embedded(progress: Callable[[str], None]) -> Path:
 
     src = embedded_model_dir()
     out = cache_dir() / "embedded-fp32-onnx"
-    # the weights' mtime, the shipped drafter's manifest (it holds the ONNX hash), the epilogue's outputs and the KV
-    # append graph's interface: a new drafter, epilogue or kv_append re-exports too
+    # the weights' mtime, the shipped drafter's manifest (it holds the ONNX hash), the epilogue's and the KV append
+    # graph's interfaces: a new drafter, epilogue or kv_append re-exports too
     stamp = f"{(src / 'model.safetensors').stat().st_mtime_ns} " \
             f"{hashlib.sha256((src / 'drafter.json').read_bytes()).hexdigest()[:16]} " \
-            f"{hashlib.sha256(','.join(EPILOGUE_OUTPUTS).encode()).hexdigest()[:8]} " \
+            f"{hashlib.sha256(','.join(EPILOGUE_INPUTS + EPILOGUE_OUTPUTS).encode()).hexdigest()[:8]} " \
             f"{hashlib.sha256(','.join(KV_APPEND_INPUTS).encode()).hexdigest()[:8]}"
     if out.is_dir():
         try:

@@ -314,10 +314,33 @@ def test_device_sampler_matches_the_python_runtime(spot_cli, tiny):
     bad = mismatches(cases, results)
     assert not bad, f"{len(bad)} of {len(cases)} cases differ:\n" + "\n".join(bad[:20])
     # both hosts run the epilogue for the states the walk reads, one per call: once per commit step, any decoder
-    assert [r["epilogue_calls"] for r in results] == [r["steps"] for r in results] == \
-        [c["expected"]["epilogue_calls"] for c in cases]
+    assert [r["epilogue_states"] for r in results] == [r["steps"] for r in results] == \
+        [c["expected"]["epilogue_states"] for c in cases]
     host = [run_case(host_engine, drafter, c["prompt_ids"], c) for c in cases]
     assert [h["token_ids"] for h in host] == [c["expected"]["token_ids"] for c in cases]
+
+
+def test_device_sampler_over_runs_of_positions(spot_cli, tiny, tmp_path):
+    """An export whose epilogue takes 2 of a state's 8 positions per call (spot-export --epilogue-positions): the C++
+    host joins the runs as the Python runtime does (the same tokens, passes and sampled states; at T = 1 a wrong
+    first position would change the noise); a positions_per_call that does not divide the block is refused."""
+    folder, drafter_dir, _, drafter = tiny
+    runs = export_checkpoint(resolve_source(str(folder.parent / "ckpt")), tmp_path / "runs",
+                             ExportOptions(dtype="fp32", validate=False, epilogue_positions=2))
+    engine = OrtEngine(runs, sampler="device")
+    cases = golden_cases(engine, drafter, random_prompts(2, seed=9), max_new_tokens=24, budget=12, depth=6,
+                         decoders=("standard", "tree", "spot", "spot-sets"))
+    results = run_batch(spot_cli, runs, drafter_dir, cases, "--sampler", "device")
+    assert not mismatches(cases, results)
+    assert [r["epilogue_states"] for r in results] == [c["expected"]["epilogue_states"] for c in cases]
+    # the same cases from whole-block calls: identical
+    assert [run_case(OrtEngine(folder, sampler="device"), drafter, c["prompt_ids"], c)["token_ids"]
+            for c in cases[:4]] == [c["expected"]["token_ids"] for c in cases[:4]]
+    manifest = json.loads((runs / "manifest.json").read_text())
+    manifest["graphs"]["epilogue"]["positions_per_call"] = 3
+    (runs / "manifest.json").write_text(json.dumps(manifest))
+    _fails(cli(spot_cli, "generate", "--model", runs, "--sampler", "device", "--verify", "none", "--prompt-ids",
+               "1,2"), CORRUPT, "positions_per_call must divide the block size 8, got 3")
 
 
 def test_device_sampler_refusals(spot_cli, tiny, tmp_path):

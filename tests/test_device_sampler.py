@@ -43,7 +43,9 @@ def folders(tmp_path_factory):
                                       ExportOptions(dtype="fp32", epilogue_steps=DEPTH))
     without = export_checkpoint(resolve_source(str(ckpt)), tmp / "onnx-plain",
                                 ExportOptions(dtype="fp32", epilogue_steps=0, validate=False))
-    return with_epilogue, without
+    runs = export_checkpoint(resolve_source(str(ckpt)), tmp / "onnx-runs",     # 2 positions per epilogue call
+                             ExportOptions(dtype="fp32", epilogue_steps=DEPTH, epilogue_positions=2, validate=False))
+    return with_epilogue, without, runs
 
 
 def _prompt(seed, n):
@@ -70,7 +72,7 @@ def test_nan_logits_are_a_clear_error(folders, tmp_path, sampler):
         generate(engine, _prompt(0, 5), max_new_tokens=4, sampling=Sampling(1.0, seed=3))
 
 
-def _count_epilogue_calls(engine) -> list:
+def _count_epilogue_runs(engine) -> list:
     calls, run = [], engine.epilogue.run_with_iobinding
     engine.epilogue.run_with_iobinding = lambda binding: (calls.append(1), run(binding))[1]
     return calls
@@ -86,7 +88,7 @@ def test_a_device_pass_samples_a_state_when_it_is_read(folders):
     host = OrtEngine(folders[0], sampler="host", threads=1)
     for e in (engine, host):
         e.prefill(_prompt(0, 8))
-    calls = _count_epilogue_calls(engine)
+    calls = _count_epilogue_runs(engine)
     states = np.full((5, CFG.block_size), CFG.mask_token_id)
     states[1:, 0] = [3, 4, 5, 6]
     steps, sampling = [0, 1, 1, 1, 1], Sampling(1.0, seed=2, exclude_token=CFG.mask_token_id)
@@ -114,15 +116,15 @@ def test_a_device_pass_samples_a_state_when_it_is_read(folders):
 def test_the_epilogue_runs_once_per_commit_step_whatever_the_tree(folders, decoder, mode):
     """The walk reads F of the root and of each accepted node, and the state it ends at is the next round's root:
     every decoder runs the epilogue once per commit step, for one state — as often as standard decoding — however
-    many nodes a verify pass holds (stats epilogue_calls, counted at the engine's session)."""
+    many nodes a verify pass holds (stats epilogue_states; runs counted at the engine's session)."""
     engine = OrtEngine(folders[0], sampler="device", threads=1)
-    calls = _count_epilogue_calls(engine)
+    calls = _count_epilogue_runs(engine)
     for temperature in (0.0, 1.0):
         calls.clear()
         req = DecodeRequest(max_new_tokens=16, mode=mode, tau=0.3,
                             sampling=Sampling(temperature, seed=5), budget=TreeBudget(12, DEPTH))
         stats = run_decoder(decoder, engine, _prompt(1, 6), req).stats
-        assert stats.extra["epilogue_calls"] == len(calls) == stats.steps, (decoder, temperature)
+        assert stats.extra["epilogue_states"] == len(calls) == stats.steps, (decoder, temperature)
         if decoder != "standard":   # sampling every node of every pass would have taken more calls
             assert sum(stats.extra["nodes_per_verify"]) + stats.passes["block"] > stats.steps
 
@@ -142,6 +144,26 @@ def test_device_sampler_decodes_like_the_host_sampler(folders, decoder, mode, te
         a, b = run_decoder(decoder, host, prompt, req), run_decoder(decoder, device, prompt, req)
         assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, i)
         assert a.stats.steps == b.stats.steps
+
+
+@exact_platform
+@pytest.mark.parametrize("decoder,mode", [("standard", "threshold"), ("tree", "static"), ("tree", "threshold")])
+def test_epilogue_runs_over_positions_decode_the_same(folders, decoder, mode):
+    """An export whose epilogue takes 2 of a state's 8 positions per call (less memory: spot-export
+    --epilogue-positions): the engine joins the runs, and decodes the tokens and passes of the host sampler."""
+    entry = json.loads((folders[2] / "manifest.json").read_text())["graphs"]["epilogue"]
+    assert entry["positions_per_call"] == 2 and "first_position" in entry["inputs"]
+    assert json.loads((folders[0] / "manifest.json").read_text())["graphs"]["epilogue"]["positions_per_call"] == 8
+    host = OrtEngine(folders[0], sampler="host", threads=1)
+    runs = OrtEngine(folders[2], sampler="device", threads=1)
+    calls = _count_epilogue_runs(runs)
+    for temperature in (0.0, 1.0):
+        calls.clear()
+        req = DecodeRequest(max_new_tokens=12, mode=mode, tau=0.3, sampling=Sampling(temperature, seed=7),
+                            budget=TreeBudget(6, DEPTH))
+        a, b = run_decoder(decoder, host, _prompt(3, 7), req), run_decoder(decoder, runs, _prompt(3, 7), req)
+        assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, temperature)
+        assert len(calls) == 4 * b.stats.extra["epilogue_states"] == 4 * b.stats.steps
 
 
 @exact_platform

@@ -20,7 +20,7 @@ from spot.runtime.step import Sampling
 onnx = pytest.importorskip("onnx")
 from spot.export.epilogue import (FALLBACK_OUTPUT, OUTPUTS, EpilogueSpec, epilogue_feeds,  # noqa: E402
                                   build_epilogue, build_noise_graph, check_sampling, declared_output_shapes,
-                                  make_epilogue_session,
+                                  graph_positions, make_epilogue_session,
                                   reference_epilogue, reference_noise, run_epilogue)
 
 
@@ -239,7 +239,7 @@ def test_vocabularies_at_most_the_candidates(vocab, temperature):
 
 
 def test_outputs_are_small_whatever_the_vocabulary():
-    """What a verify pass copies to the host: O(N x B x (D + 32)) values, no output with a vocabulary axis."""
+    """What a call copies to the host: O(N x B x (D + 32)) values, no output with a vocabulary axis."""
     for vocab, d in ((500, 3), (151936, 6)):
         model = build_epilogue(EpilogueSpec(vocab, 32, d))
         shapes = declared_output_shapes(model)
@@ -250,6 +250,27 @@ def test_outputs_are_small_whatever_the_vocabulary():
             assert vocab not in dims[1:], name
             per_node += int(np.prod(dims[1:]))
         assert per_node == 32 * (2 + 4 * d + 2 * 32)     # token, conf, 4 x future (+ runner-ups), 2 x top-32
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_position_runs_equal_whole_blocks(temperature):
+    """A graph built for runs of P positions (first_position p: rows p .. p + P - 1 of each state; less memory)
+    gives, run by run, the whole-block call's rows bit for bit."""
+    logits, steps = _logits(3, n=3), np.array([0, 2, 5])
+    sampling = Sampling(temperature=temperature, seed=4, top_k=7, exclude_token=V - 1)
+    whole = run_epilogue(make_epilogue_session(build_epilogue(EpilogueSpec(V, B, D))), logits, steps, sampling, 2)
+    want = reference_epilogue(logits, steps, sampling, 2, D)
+    for positions in (1, 4):
+        s = make_epilogue_session(build_epilogue(EpilogueSpec(V, B, D, positions)))
+        assert graph_positions(s) == positions
+        got = run_epilogue(s, logits, steps, sampling, 2)
+        for name in OUTPUTS:
+            assert np.array_equal(getattr(got, name), getattr(whole, name)), (positions, name)
+            assert np.array_equal(getattr(got, name), getattr(want, name)), (positions, name)
+    part = reference_epilogue(logits[:, 2:5], steps, sampling, 2, D, first_position=2)
+    assert np.array_equal(part.future_tokens, want.future_tokens[..., 2:5])
+    with pytest.raises(SpotError, match="divide the block size 8, got 3"):
+        EpilogueSpec(V, B, D, 3)
 
 
 def test_native_math_variant_is_close_but_not_exact():
@@ -294,11 +315,15 @@ def test_torch_twin_is_bit_identical_to_numpy(temperature, forced_fallback, excl
     try:
         with torch.inference_mode():
             got = epilogue_torch(torch.from_numpy(logits), [1, 4], 77, 3, temperature, 5, 2, exclude)
+            run = epilogue_torch(torch.from_numpy(logits[:, 3:6].copy()), [1, 4], 77, 3, temperature, 5, 2, exclude,
+                                 first_position=3)        # a run of positions: the same rows
     finally:
         torch.set_num_threads(threads)
     want = reference_epilogue(logits, [1, 4], sampling, 3, 2)
     for name in OUTPUTS:
         assert np.array_equal(got[name].numpy(), getattr(want, name)), name
+        at = np.s_[..., 3:6] if name.startswith("future_") else np.s_[:, 3:6]
+        assert np.array_equal(run[name].numpy(), getattr(want, name)[at]), name
 
 
 @needs_glibc_fma

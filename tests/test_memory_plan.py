@@ -164,21 +164,38 @@ def test_cli_plan_without_local_weights_uses_the_builtin_config(tmp_path, monkey
     assert "sdar-1.7b" in r.output and "GiB: fits" in r.output and "sampling epilogue 0.00 GiB" in r.output
 
 
+def test_cli_epilogue_positions(tmp_path, monkeypatch):
+    """--epilogue-positions sets the epilogue's positions per call (its memory term); it must divide the block."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    args = ["export", "sdar-1.7b-b32", "--weights", "int4", "--plan", "orin-nano-8gb", "--max-context", "4096",
+            "--max-nodes", "16"]
+    default, fewer = (CliRunner().invoke(cli, args + extra) for extra in ([], ["--epilogue-positions", "2"]))
+    assert default.exit_code == fewer.exit_code == 0, default.output + fewer.output
+    assert "sampling epilogue 0.77 GiB" in default.output and "sampling epilogue 0.19 GiB" in fewer.output
+    bad = CliRunner().invoke(cli, args + ["--epilogue-positions", "3"])
+    assert bad.exit_code != 0 and "--epilogue-positions must divide the block size 32, got 3" in bad.output
+
+
 def test_the_plan_counts_the_sampling_epilogue(cfg):
-    """The device sampler's epilogue (measured on ORT CPU: ~9 x its (D+1) x B x V float64 tensor per state) is a pass
-    term of its own: it grows with the future steps, not with the nodes (the hosts run it one state per call), it is
-    larger than the logits of a few nodes at SDAR's vocabulary, and no epilogue means no term."""
-    from spot.export.memory_plan import EPILOGUE_PEAK_FACTOR
+    """The device sampler's epilogue (measured on ORT CPU: ~9 x its (D+1) x P x V float64 tensor per call) is a
+    pass term of its own: it grows with the future steps and the positions per call, not with the nodes (the hosts
+    call it for one state at a time), and no epilogue means no term. The default positions keep it under 1 GiB."""
+    from spot.export.memory_plan import EPILOGUE_PEAK_FACTOR, EpilogueCall, default_epilogue_positions
     quant, dev = QuantScheme("int4"), DEVICES["orin-nx-16gb"]
-    with_epi = make_plan(cfg, "fp16", quant, 8192, 2, dev, "sdar-8b", epilogue_steps=4)
+    call = EpilogueCall(4, cfg.block_size)
+    with_epi = make_plan(cfg, "fp16", quant, 8192, 2, dev, "sdar-8b", epilogue=call)
     without = make_plan(cfg, "fp16", quant, 8192, 2, dev, "sdar-8b")
     term = with_epi.activations["sampling_epilogue"]
     assert term == int(EPILOGUE_PEAK_FACTOR * 5 * cfg.block_size * cfg.vocab_size * 8)
     assert "sampling_epilogue" not in without.activations and with_epi.total == without.total + term
     assert term > with_epi.activations["logits"] and with_epi.max_context < without.max_context
-    assert make_plan(cfg, "fp16", quant, 8192, 64, dev, "sdar-8b", epilogue_steps=4).activations[
+    assert make_plan(cfg, "fp16", quant, 8192, 64, dev, "sdar-8b", epilogue=call).activations[
         "sampling_epilogue"] == term
-    assert make_plan(cfg, "fp16", quant, 8192, 2, dev, "sdar-8b", epilogue_steps=8).activations[
-        "sampling_epilogue"] == int(EPILOGUE_PEAK_FACTOR * 9 * cfg.block_size * cfg.vocab_size * 8)
+    assert EpilogueCall(8, 32).peak_bytes(cfg.vocab_size) == int(EPILOGUE_PEAK_FACTOR * 9 * 32 * cfg.vocab_size * 8)
+    assert EpilogueCall(8, 8).peak_bytes(cfg.vocab_size) * 4 == EpilogueCall(8, 32).peak_bytes(cfg.vocab_size)
+    # the defaults: SDAR's vocabulary at B 32, D 8 -> 8 positions (0.77 GiB); at B 4 the whole block; tiny vocabularies
+    assert default_epilogue_positions(cfg.vocab_size, 32, 8) == 8
+    assert default_epilogue_positions(cfg.vocab_size, 4, 4) == 4 and default_epilogue_positions(2048, 32, 8) == 32
+    assert default_epilogue_positions(10 ** 9, 32, 8) == 1
     assert "sampling epilogue" in render(with_epi, cfg.block_size) and "--sampler host" in render(with_epi,
                                                                                                      cfg.block_size)

@@ -197,6 +197,13 @@ def test_epilogue_in_the_exported_folder_runs_on_the_engine_logits(exported):
                                                                                           sampling, 2, 2)
     for name in OUTPUTS:
         assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    # the TensorRT engine's sampling (the torch twin, never run on TensorRT here) over runs of positions: the same
+    torch = pytest.importorskip("torch")
+    from spot.engines.tensorrt_engine import TrtEngine
+    with torch.inference_mode():
+        runs = TrtEngine._epilogue(None, torch.from_numpy(logits), [0, 1, 2], sampling, 2, 2, positions=2)
+    for name in OUTPUTS:
+        assert np.array_equal(getattr(runs, name), getattr(want, name)), name
 
 
 # -- TensorRT: clean failures without it ----------------------------------------------------------------------------

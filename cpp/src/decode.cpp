@@ -192,7 +192,7 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
   sampling.top_p = req.top_p;
   NoiseRows noise(req.seed, cfg.vocab_size);
   BlockContext ctx{rule, sampling, cfg.mask_token_id, &gen.stats, &noise};
-  const int64_t calls_before = engine.epilogue_calls();
+  const int64_t sampled_before = engine.epilogue_states();
   const int64_t first = p / b;
   engine.prefill(std::vector<int64_t>(prompt.begin(), prompt.begin() + first * b));
   if (first) gen.stats.passes["prefill"] += 1;
@@ -223,7 +223,7 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
                            [&](int64_t t) { return std::find(stop.begin(), stop.end(), t) != stop.end(); });
     gen.token_ids.erase(it, gen.token_ids.end());
   }
-  gen.stats.epilogue_calls = engine.epilogue_calls() - calls_before;
+  gen.stats.epilogue_states = engine.epilogue_states() - sampled_before;
   gen.stats.seconds = (now_ms() - t_start) / 1e3;
   return gen;
 }

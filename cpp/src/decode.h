@@ -19,7 +19,7 @@ struct DecodeStats {
   std::map<std::string, int64_t> passes;   // prefill, block, verify, store
   int64_t steps = 0, blocks = 0;
   double seconds = 0, draft_ms = 0, walk_ms = 0, target_ms = 0;
-  int64_t epilogue_calls = 0;             // device sampling epilogue runs, one state each (0: host sampler)
+  int64_t epilogue_states = 0;            // states the device sampling epilogue sampled (0: host sampler)
   std::vector<int64_t> accepted_per_verify, nodes_per_verify;
 };
 

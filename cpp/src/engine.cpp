@@ -107,6 +107,7 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
     if (const Json* epi = m.at("graphs").find("epilogue"); epi && !epi->is_null()) {
       ef.epilogue_graph = join(folder, epi->at("file").str());
       ef.epilogue_steps = epi->at("future_steps").integer();
+      if (const Json* p = epi->find("positions_per_call"); p && !p->is_null()) ef.epilogue_positions = p->integer();
     }
     if (const Json* kv = m.at("graphs").find("kv_append"); kv && !kv->is_null())
       ef.kv_append_graph = join(folder, kv->at("file").str());
@@ -230,6 +231,16 @@ void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device de
   }
   epilogue_steps_ = f.epilogue_steps;
   epilogue_graph_path_ = f.epilogue_graph;
+  // positions per call: the manifest's when the graph takes first_position (ort_engine.epilogue_positions); an
+  // epilogue exported before position runs takes whole blocks (0)
+  const auto& in = epilogue_->input_names();
+  if (std::find(in.begin(), in.end(), "first_position") != in.end()) {
+    epilogue_positions_ = f.epilogue_positions > 0 ? f.epilogue_positions : b_;
+    if (epilogue_positions_ > b_ || b_ % epilogue_positions_)
+      fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + ": the epilogue's positions_per_call must divide the block "
+                                                         "size " + std::to_string(b_) + ", got " +
+                                                         std::to_string(epilogue_positions_));
+  }
   place(device);
 }
 
@@ -433,10 +444,10 @@ OrtOutput TargetEngine::block_device_logits(const std::vector<int64_t>& states, 
 EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, const std::vector<int64_t>& state,
                                           int64_t step, const Sampling& sampling, uint32_t block) {
   if (!epilogue_) fail(SPOT_ERR_INTERNAL, "sample_state without the device sampler");
-  const OrtOutput rows = logits.row_view(row, 1);   // state `row`'s [1, B, V], bound in place
   const int64_t seed = sampling.seed, blk = block;   // the epilogue's scalars (top-p is refused upstream)
-  const std::vector<std::string> names = {"node_steps", "seed", "block", "temperature", "top_k", "exclude_token"};
-  const std::vector<InputTensor> scalars = {
+  std::vector<std::string> names = {"node_steps", "seed", "block", "temperature", "top_k", "exclude_token"};
+  int64_t first = 0;
+  std::vector<InputTensor> scalars = {
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {1}, &step, sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &seed, sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &blk, sizeof(int64_t)},
@@ -444,33 +455,53 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &sampling.top_k, sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &sampling.exclude_token, sizeof(int64_t)},
   };
-  std::vector<OrtOutput> out;
-  try {
-    out = epilogue_->run(names, scalars, epilogue_outputs_, {{"logits", rows.value()}});
-  } catch (const SpotException&) {
-    // NaN / inf logits can send the epilogue's candidate indices out of range: a pass over this state with host
-    // logits tells (block_logits' non-finite error) whether that was it; the walk reads a pass's outputs before the
-    // next store, so the cache is the one the pass ran against
-    block_logits(state, 1);
-    throw;
+  if (epilogue_positions_ > 0) {   // the graph takes the run's first position
+    names.push_back("first_position");
+    scalars.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &first, sizeof(int64_t)});
   }
-  const int64_t d = epilogue_steps_;
+  const int64_t p = epilogue_positions_ > 0 ? epilogue_positions_ : b_, d = epilogue_steps_, v = cfg_.vocab_size;
   const std::string& g = epilogue_graph_path_;
+  const auto I64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, F64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
   EpilogueResult r;
   r.n = 1;
   r.b = b_;
   r.d = d;
-  const auto I64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, F64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
-  r.token = epilogue_array<int64_t>(out[0], I64, {1, b_}, "token", g);
-  r.confidence = epilogue_array<double>(out[1], F64, {1, b_}, "confidence", g);
-  r.future_tokens = epilogue_array<int64_t>(out[2], I64, {1, d, b_}, "future_tokens", g);
-  r.future_conf = epilogue_array<double>(out[3], F64, {1, d, b_}, "future_conf", g);
-  r.top_logprobs = epilogue_array<float>(out[4], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {1, b_, 32}, "top_logprobs", g);
-  if (out.size() > 5) {
-    r.future_runner_up = epilogue_array<int64_t>(out[5], I64, {1, d, b_}, "future_runner_up", g);
-    r.future_gap = epilogue_array<double>(out[6], F64, {1, d, b_}, "future_gap", g);
+  r.token.resize(b_);
+  r.confidence.resize(b_);
+  r.future_tokens.resize(d * b_);
+  r.future_conf.resize(d * b_);
+  r.top_logprobs.resize(b_ * 32);
+  // a run's [1, P] / [1, D, P] / [1, P, 32] output into the state's [B] / [D, B] / [B, 32] at positions first..
+  auto put = [&](auto& dst, const auto& src, int64_t rows, int64_t width) {
+    for (int64_t j = 0; j < rows; ++j)
+      std::copy(src.begin() + j * p * width, src.begin() + (j + 1) * p * width, dst.begin() + (j * b_ + first) * width);
+  };
+  for (first = 0; first < b_; first += p) {   // runs of the export's positions per call (memory)
+    const OrtOutput rows = logits.view(static_cast<size_t>((row * b_ + first) * v), {1, p, v});   // in place
+    std::vector<OrtOutput> out;
+    try {
+      out = epilogue_->run(names, scalars, epilogue_outputs_, {{"logits", rows.value()}});
+    } catch (const SpotException&) {
+      // NaN / inf logits can send the epilogue's candidate indices out of range: a pass over this state with host
+      // logits tells (block_logits' non-finite error) whether that was it; the walk reads a pass's outputs before
+      // the next store, so the cache is the one the pass ran against
+      block_logits(state, 1);
+      throw;
+    }
+    put(r.token, epilogue_array<int64_t>(out[0], I64, {1, p}, "token", g), 1, 1);
+    put(r.confidence, epilogue_array<double>(out[1], F64, {1, p}, "confidence", g), 1, 1);
+    put(r.future_tokens, epilogue_array<int64_t>(out[2], I64, {1, d, p}, "future_tokens", g), d, 1);
+    put(r.future_conf, epilogue_array<double>(out[3], F64, {1, d, p}, "future_conf", g), d, 1);
+    put(r.top_logprobs, epilogue_array<float>(out[4], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {1, p, 32},
+                                              "top_logprobs", g), 1, 32);
+    if (out.size() > 5) {
+      r.future_runner_up.resize(d * b_);
+      r.future_gap.resize(d * b_);
+      put(r.future_runner_up, epilogue_array<int64_t>(out[5], I64, {1, d, p}, "future_runner_up", g), d, 1);
+      put(r.future_gap, epilogue_array<double>(out[6], F64, {1, d, p}, "future_gap", g), d, 1);
+    }
   }
-  ++epilogue_calls_;
+  ++epilogue_states_;
   for (double c : r.confidence)   // NaN / inf logits make the softmax non-finite
     if (!std::isfinite(c)) non_finite(cached_);
   return r;

@@ -31,6 +31,7 @@ struct ExportedFolder {
   std::string target_graph;     // absolute path of target.onnx
   std::string epilogue_graph;   // absolute path of epilogue.onnx; empty: the export has no sampling epilogue
   int64_t epilogue_steps = 0;   // its future steps D (the deepest tree it serves)
+  int64_t epilogue_positions = 0;   // a state's positions per call (positions_per_call); 0: not recorded (B)
   std::string kv_append_graph;  // absolute path of kv_append.onnx; empty: exported before it (host cache only)
 };
 
@@ -93,7 +94,7 @@ class TargetEngine {
   // epilogue samples one of them (row `row`, block state `state` [B], commit step `step`) when the host reads it
   bool samples_on_device() const { return epilogue_ != nullptr; }
   int64_t sampler_depth() const { return epilogue_steps_; }  // 0 without the device sampler
-  int64_t epilogue_calls() const { return epilogue_calls_; }  // epilogue runs (one state each) so far
+  int64_t epilogue_states() const { return epilogue_states_; }  // states the epilogue sampled so far
   OrtOutput block_device_logits(const std::vector<int64_t>& states, int64_t n);
   EpilogueResult sample_state(const OrtOutput& logits, int64_t row, const std::vector<int64_t>& state, int64_t step,
                               const Sampling& sampling, uint32_t block);
@@ -137,7 +138,8 @@ class TargetEngine {
   std::unique_ptr<OrtOutput> device_k_, device_v_;   // the device cache [L, Hkv, C, D]; null while empty
   std::vector<std::string> epilogue_outputs_;
   int64_t epilogue_steps_ = 0;
-  int64_t epilogue_calls_ = 0;
+  int64_t epilogue_states_ = 0;
+  int64_t epilogue_positions_ = 0;           // positions per epilogue call; 0: whole blocks, no first_position input
   std::string epilogue_graph_path_;
   std::vector<uint8_t> k_, v_;               // the host cache [L, Hkv, C, D] in the model dtype (empty: device)
   int64_t cached_ = 0;

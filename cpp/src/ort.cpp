@@ -171,23 +171,20 @@ const void* OrtOutput::data() const {
   return p;
 }
 
-OrtOutput OrtOutput::row_view(int64_t first, int64_t count) const {
-  std::vector<int64_t> dims = shape();
-  if (type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || dims.empty() || first < 0 || count < 1 ||
-      first + count > dims[0])
-    fail(SPOT_ERR_INTERNAL, "row_view: rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
-                                ") of a float tensor with " + std::to_string(dims.empty() ? 0 : dims[0]) + " rows");
-  size_t row = 1;
-  for (size_t i = 1; i < dims.size(); ++i) row *= static_cast<size_t>(dims[i]);
+OrtOutput OrtOutput::view(size_t first, std::vector<int64_t> shape) const {
+  size_t have = 1, want = 1;
+  for (int64_t d : this->shape()) have *= static_cast<size_t>(d);
+  for (int64_t d : shape) want *= static_cast<size_t>(d);
+  if (type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || first + want > have)
+    fail(SPOT_ERR_INTERNAL, "view: elements [" + std::to_string(first) + ", " + std::to_string(first + want) +
+                                ") of a float tensor of " + std::to_string(have));
   const OrtApi& api = ort_api();
   const OrtMemoryInfo* where = nullptr;
   check(api.GetTensorMemoryInfo(v_, &where), "GetTensorMemoryInfo");
   float* base = static_cast<float*>(const_cast<void*>(data()));
-  dims[0] = count;
   OrtValue* view = nullptr;
-  check(api.CreateTensorWithDataAsOrtValue(where, base + static_cast<size_t>(first) * row,
-                                           static_cast<size_t>(count) * row * sizeof(float), dims.data(),
-                                           dims.size(), ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &view),
+  check(api.CreateTensorWithDataAsOrtValue(where, base + first, want * sizeof(float), shape.data(), shape.size(),
+                                           ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &view),
         "CreateTensorWithDataAsOrtValue");
   return OrtOutput(view);
 }

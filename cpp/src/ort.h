@@ -48,9 +48,9 @@ class OrtOutput {
   ONNXTensorElementDataType type() const;
   const void* data() const;          // where the tensor is (dereference host outputs only)
   const OrtValue* value() const { return v_; }
-  // Rows [first, first + count) of axis 0 as a tensor over the same memory (host or device), no copy: valid while
-  // this output lives. float32 tensors only (a pass's logits).
-  OrtOutput row_view(int64_t first, int64_t count) const;
+  // A tensor of `shape` over this one's elements from `first` on, in the same memory (host or device), no copy:
+  // valid while this output lives. float32 tensors only (a pass's logits).
+  OrtOutput view(size_t first, std::vector<int64_t> shape) const;
 
  private:
   OrtValue* v_;

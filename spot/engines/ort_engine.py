@@ -106,6 +106,21 @@ def epilogue_outputs(session, path) -> list[str]:
     return [n for n in OUTPUTS if n in have]
 
 
+def epilogue_positions(session, entry: dict, block_size: int) -> int | None:
+    """Positions of a state per epilogue call: the manifest's positions_per_call (a divisor of the block size, the
+    graph's static logits dim) when the graph takes first_position; None for an epilogue exported before position
+    runs (whole blocks)."""
+    from spot.export.epilogue import POSITION_INPUT, graph_positions
+    if POSITION_INPUT not in {i.name for i in session.get_inputs()}:
+        return None
+    p = int(entry.get("positions_per_call", block_size))
+    if not (1 <= p <= block_size and block_size % p == 0) or graph_positions(session) not in (p, None):
+        raise SpotError(f"the manifest's epilogue positions_per_call must divide the block size {block_size} and "
+                        f"match the graph's logits ({graph_positions(session)} positions), got {p}",
+                        "re-export the folder with spot-export")
+    return p
+
+
 def on_device(choice: str, what: str, device: str, available: bool) -> bool:
     """--sampler and --kv-cache (`what` names which, for the error): device = on the target's device, through the
     export's graph for it (required; the epilogue samples next to the target, kv_append grows the cache there);
@@ -177,6 +192,7 @@ class OrtEngine(Engine):
         session = make_session(self.exported.graph_path("epilogue"), "cpu" if self.device == "cpu" else "cuda",
                                self.exported.dtype, threads)
         self._epilogue_outputs = epilogue_outputs(session, self.exported.graph_path("epilogue"))
+        self._epilogue_positions = epilogue_positions(session, graphs["epilogue"], self.block_size)
         return session, int(graphs["epilogue"]["future_steps"])
 
     @property
@@ -294,20 +310,35 @@ class OrtEngine(Engine):
                 for i in range(states.shape[0])]
 
     def _sample_state(self, logits, i: int, state: np.ndarray, scalars: dict):
-        """The epilogue over rows [i] of a pass's logits [N, B, V] (an OrtValue where the target ran), bound in place
-        at their offset: no copy. state [B]: that row's block state, for the error path."""
+        """The epilogue over state i's rows of a pass's logits [N, B, V] (an OrtValue where the target ran), bound
+        in place at their offset (no copy), in runs of the export's positions per call. state [B]: that state, for
+        the error path."""
         from spot.export.epilogue import EpilogueResult
         from spot.runtime.outputs import sampled_outputs
-        b, v = self.block_size, self.config.vocab_size
-        epi = self.epilogue.io_binding()
-        epi.bind_input("logits", self.place, 0, np.float32, [1, b, v], logits.data_ptr() + i * b * v * 4)
+        from spot.export.epilogue import POSITION_INPUT
+        b, v, p = self.block_size, self.config.vocab_size, self._epilogue_positions or self.block_size
         steps = scalars["node_steps"][i:i + 1]
-        for name, value in scalars.items():
-            epi.bind_cpu_input(name, steps if name == "node_steps" else value)
-        for name in self._epilogue_outputs:
-            epi.bind_output(name, "cpu")
+        runs = []
+        for first in range(0, b, p):
+            epi = self.epilogue.io_binding()
+            epi.bind_input("logits", self.place, 0, np.float32, [1, p, v], logits.data_ptr() + (i * b + first) * v * 4)
+            for name, value in scalars.items():
+                epi.bind_cpu_input(name, steps if name == "node_steps" else value)
+            if self._epilogue_positions is not None:     # the graph takes the run's first position
+                epi.bind_cpu_input(POSITION_INPUT, np.array(first, np.int64))
+            for name in self._epilogue_outputs:
+                epi.bind_output(name, "cpu")
+            self._run_epilogue(epi, state)
+            runs.append(EpilogueResult(**dict(zip(self._epilogue_outputs, epi.copy_outputs_to_cpu()))))
+        result = runs[0] if len(runs) == 1 else EpilogueResult.concat(runs, along="positions")
+        self.epilogue_states += 1
+        if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
+            self._non_finite()
+        return sampled_outputs(result, steps)[0]
+
+    def _run_epilogue(self, binding, state: np.ndarray) -> None:
         try:
-            self.epilogue.run_with_iobinding(epi)
+            self.epilogue.run_with_iobinding(binding)
         except Exception as e:  # onnxruntime's own error types
             # NaN / inf logits can send the epilogue's candidate indices out of range: a pass over this state with
             # host logits tells (the _checked_logits error) whether that was it. The walk reads a pass's outputs
@@ -316,11 +347,6 @@ class OrtEngine(Engine):
             raise SpotError(f"onnxruntime failed running {self.exported.graph_path('epilogue')}: "
                             f"{str(e).splitlines()[0][:300]}", "decode with --sampler host, or re-export the folder") \
                 from None
-        result = EpilogueResult(**dict(zip(self._epilogue_outputs, epi.copy_outputs_to_cpu())))
-        self.epilogue_calls += 1
-        if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
-            self._non_finite()
-        return sampled_outputs(result, steps)[0]
 
     def _store(self, state: np.ndarray) -> None:
         self._extend(state, self._step_bias())

@@ -29,6 +29,7 @@ import numpy as np
 
 from spot.engines.buckets import BucketPlan, pad_nodes
 from spot.engines.kv_cache import StaticKVCache
+from spot.export.memory_plan import default_epilogue_positions
 from spot.errors import SpotError
 from spot.runtime.engine import Engine
 
@@ -253,6 +254,10 @@ class TrtEngine(Engine):
         self.cache = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, self.plan.capacities[0],
                                    cfg.head_dim, dt, like=torch.empty(0, device="cuda"))
         self._future_steps = sampler_steps
+        # positions per epilogue call (memory): the export's choice, else the default for this vocabulary
+        epilogue = self.exported.manifest["graphs"].get("epilogue") or {}
+        self._epilogue_positions = int(epilogue.get("positions_per_call") or default_epilogue_positions(
+            cfg.vocab_size, self.block_size, sampler_steps or 0))
 
     @property
     def sampler_depth(self) -> int | None:
@@ -308,12 +313,18 @@ class TrtEngine(Engine):
             self._non_finite()
         return logits
 
-    def _epilogue(self, logits, node_steps, sampling, block: int, future_steps: int):
+    def _epilogue(self, logits, node_steps, sampling, block: int, future_steps: int, positions: int | None = None):
+        """The torch twin over logits [N, B, V], `positions` of B per call (default: all)."""
         from spot.export.epilogue import OUTPUTS, EpilogueResult
         from spot.reference.noise_torch import epilogue_torch
-        out = epilogue_torch(logits, node_steps, sampling.seed, block, sampling.temperature, sampling.top_k,
-                             future_steps, sampling.exclude_token)
-        return EpilogueResult(*(out[f].cpu().numpy() for f in OUTPUTS))
+        b = logits.shape[1]
+        runs = []
+        for first in range(0, b, positions or b):
+            out = epilogue_torch(logits[:, first:first + (positions or b)], node_steps, sampling.seed, block,
+                                 sampling.temperature, sampling.top_k, future_steps, sampling.exclude_token,
+                                 first_position=first)
+            runs.append(EpilogueResult(*(out[f].cpu().numpy() for f in OUTPUTS)))
+        return runs[0] if len(runs) == 1 else EpilogueResult.concat(runs, along="positions")
 
     def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
         """As OrtEngine's: the logits stay on the device and each state's epilogue runs when the walk or the next
@@ -326,8 +337,9 @@ class TrtEngine(Engine):
         logits = self._finite_device_logits(states)
 
         def sample(i: int):
-            result = self._epilogue(logits[i:i + 1], steps[i:i + 1], sampling, block, self._future_steps)
-            self.epilogue_calls += 1
+            result = self._epilogue(logits[i:i + 1], steps[i:i + 1], sampling, block, self._future_steps,
+                                    self._epilogue_positions)
+            self.epilogue_states += 1
             return sampled_outputs(result, steps[i:i + 1])[0]
         return [DeferredOutputs(partial(sample, i)) for i in range(states.shape[0])]
 

@@ -64,7 +64,8 @@ CANDIDATES = 3                   # tokens per row re-scored with the exact noise
 NATIVE_NOISE_MARGIN = 2.0 ** -30
 TOP_K_LOGPROBS = 32              # = spot.runtime.stale.TOPK_FEATURES
 PAD_LOGPROB = -1e4               # stale.topk_logprobs' padding below 32 tokens
-INPUTS = ("logits", "node_steps", "seed", "block", "temperature", "top_k", "exclude_token")
+INPUTS = ("logits", "node_steps", "seed", "block", "temperature", "top_k", "exclude_token", "first_position")
+POSITION_INPUT = "first_position"   # absent from epilogues exported before position runs: they take whole blocks
 OUTPUTS = ("token", "confidence", "future_tokens", "future_conf", "top_logprobs", "top_ids", "future_runner_up",
            "future_gap")
 RUNNER_UP_OUTPUTS = OUTPUTS[-2:]  # absent from epilogues exported before runner-ups: their trees keep the winners
@@ -249,12 +250,11 @@ def _gumbel_from_words(o: OnnxOps, a: str, b: str, exact: bool) -> str:
     return o.mul(_log(o, o.mul(inner, o.f(-1.0)), exact), o.f(-1.0))              # -log(-log(u)), exact negations
 
 
-def _noise(o: OnnxOps, seed_u32: str, block_u32: str, steps_u32: str, block_size: int, tokens_u32: str,
+def _noise(o: OnnxOps, seed_u32: str, block_u32: str, steps_u32: str, positions: str, tokens_u32: str,
            exact: bool = True) -> str:
-    """Gumbel noise float64 for steps_u32 [N, S] (uint32), positions 0..B-1 and tokens_u32: either every token
-    ([V] -> noise [N, S, B, V]) or a few per row ([N, S, B, C] -> [N, S, B, C])."""
+    """Gumbel noise float64 for steps_u32 [N, S] (uint32), positions [P, 1] (uint32: the rows' block positions) and
+    tokens_u32: either every token ([V] -> noise [N, S, P, V]) or a few per row ([N, S, P, C] -> [N, S, P, C])."""
     steps = o.op("Unsqueeze", steps_u32, o.i([2, 3]))                               # [N,S,1,1]
-    positions = o.u32(np.arange(block_size, dtype=np.uint32).reshape(block_size, 1))   # [B,1]
     # the per-(step, position) prefix is computed on [N,S,B,1]; only the last mix runs over the tokens
     words = []
     for lane in (LANE_A, LANE_B):
@@ -288,14 +288,15 @@ def _runner_up_or_none(o: OnnxOps, best: str, second: str, best2: str) -> tuple[
     return o.where(none, o.i(-1), second), o.where(none, o.f(math.inf), o.sub(best, best2))
 
 
-def _sampled_top2(o: OnnxOps, z_filtered: str, noise_args: tuple, block_size: int, vocab: int,
+def _sampled_top2(o: OnnxOps, z_filtered: str, noise_args: tuple, vocab: int,
                   exact: bool) -> tuple[str, str, str]:
-    """_top2_dense of z_filtered [N,1,B,V] + gumbel [N,S,B,V] (exact or native) -> tokens, runner-ups, gaps [N,S,B]."""
-    g = _noise(o, *noise_args, block_size, _all_tokens(o, vocab), exact)
+    """_top2_dense of z_filtered [N,1,P,V] + gumbel [N,S,P,V] (exact or native) -> tokens, runner-ups, gaps [N,S,P];
+    noise_args: seed, block, steps, positions as _noise takes them."""
+    g = _noise(o, *noise_args, _all_tokens(o, vocab), exact)
     return _top2_dense(o, o.add(z_filtered, g), vocab)
 
 
-def _certified_top2(o: OnnxOps, z_filtered: str, noise_args: tuple, block_size: int, vocab: int,
+def _certified_top2(o: OnnxOps, z_filtered: str, noise_args: tuple, vocab: int,
                     margin: float) -> tuple[str, str, str, str]:
     """The exact winner and runner-up without the exact noise over V: rank every token by the backend's native Log
     noise, re-score the best CANDIDATES exactly, and certify that no other token can reach the top two.
@@ -305,13 +306,13 @@ def _certified_top2(o: OnnxOps, z_filtered: str, noise_args: tuple, block_size: 
     more than that, the candidates hold the exact top two (ties to the smallest id among the candidates; a tie with
     a non-candidate fails the certificate). Returns (tokens, runner-ups, gaps [N,S,B] as _top2_dense, certified []
     bool: every row passed)."""
-    g_native = _noise(o, *noise_args, block_size, _all_tokens(o, vocab), exact=False)
+    g_native = _noise(o, *noise_args, _all_tokens(o, vocab), exact=False)
     scores = o.add(z_filtered, g_native)                                             # [N,S,B,V]
     n_cand = min(CANDIDATES, vocab)
     n_top = min(CANDIDATES + 1, vocab)
     top_vals, top_ids = o.op_multi("TopK", [scores, o.i([n_top])], 2, axis=-1, largest=1, sorted=1)
     cand = o.op("Slice", top_ids, o.i([0]), o.i([n_cand]), o.i([-1]))               # [N,S,B,C]
-    g_exact = _noise(o, *noise_args, block_size, o.op("Cast", cand, to=TensorProto.UINT32), exact=True)
+    g_exact = _noise(o, *noise_args, o.op("Cast", cand, to=TensorProto.UINT32), exact=True)
     # z_filtered at the candidates: [N,1,B,V] -> gather along V with the candidates laid out [N,B,S*C]
     z_rows = o.op("Squeeze", z_filtered, o.i([1]))                                  # [N,B,V]
     cand_nbs = o.op("Transpose", cand, perm=[0, 2, 1, 3])                            # [N,B,S,C]
@@ -356,14 +357,14 @@ def _value_info(name: str, elem_type, shape):
 BRANCH_OUTPUTS = (("tokens", "INT64"), ("runner_up", "INT64"), ("gap", "DOUBLE"))
 
 
-def _branch(o: OnnxOps, name: str, values, d: int, b: int, fallback: str | None = None):
-    """An If branch returning tokens, runner-ups [N, D+1, B] int64 and gaps [N, D+1, B] float64 (values, in that
+def _branch(o: OnnxOps, name: str, values, d: int, p: int, fallback: str | None = None):
+    """An If branch returning tokens, runner-ups [N, D+1, P] int64 and gaps [N, D+1, P] float64 (values, in that
     order), and the fallback flag [] bool when given."""
     outputs = []
     for (role, elem), value in zip(BRANCH_OUTPUTS, values):
         out = f"{name}/{role}"
         o.nodes.append(helper.make_node("Identity", [value], [out]))
-        outputs.append(_value_info(out, getattr(TensorProto, elem), ["N", d + 1, b]))
+        outputs.append(_value_info(out, getattr(TensorProto, elem), ["N", d + 1, p]))
     if fallback is not None:
         o.nodes.append(helper.make_node("Identity", [fallback], [f"{name}/fallback"]))
         outputs.append(_value_info(f"{name}/fallback", TensorProto.BOOL, []))
@@ -385,6 +386,7 @@ class EpilogueSpec:
     vocab_size: int
     block_size: int
     future_steps: int               # D
+    positions: int | None = None    # P: a state's positions per call (a run from first_position); None: the block
     top_k_logprobs: int = TOP_K_LOGPROBS
     exact: bool = True              # False: the backend's own Exp/Log/ReduceSum (faster, ulp-level differences)
     noise_margin: float = NATIVE_NOISE_MARGIN   # the certificate's bound (tests set inf to force the fallback)
@@ -396,6 +398,10 @@ class EpilogueSpec:
         if self.vocab_size < 1 or self.block_size < 1:
             raise SpotError(f"epilogue needs vocab_size >= 1 and block_size >= 1, got {self.vocab_size}, "
                             f"{self.block_size}")
+        if self.positions is not None and not (1 <= self.positions <= self.block_size and
+                                               self.block_size % self.positions == 0):
+            raise SpotError(f"epilogue positions per call must divide the block size {self.block_size}, got "
+                            f"{self.positions}")
         if self.future_steps < 0:
             raise SpotError(f"future_steps (D) must be >= 0, got {self.future_steps}")
         if not self.noise_margin > 0:
@@ -407,11 +413,15 @@ class EpilogueSpec:
 
 
 def build_epilogue(spec: EpilogueSpec):
-    """The epilogue ModelProto (opset 18). N is dynamic; V, B, D and K are fixed at build time."""
+    """The epilogue ModelProto (opset 18). N is dynamic; V, D, K and P — the positions of a state per call: the
+    block's B, or runs of P from `first_position` (less memory) — are fixed at build time (static shapes let ONNX
+    Runtime plan its memory: a dynamic P raised the peak 1.7x)."""
     _need_onnx()
     o = OnnxOps("ep")
-    v, b, d, k = spec.vocab_size, spec.block_size, spec.future_steps, spec.k
-    rows = o.op("Cast", "logits", to=TensorProto.DOUBLE)                            # [N,B,V]
+    v, d, k, p = spec.vocab_size, spec.future_steps, spec.k, spec.positions or spec.block_size
+    rows = o.op("Cast", "logits", to=TensorProto.DOUBLE)                            # [N,P,V]
+    positions = o.op("Cast", o.add("first_position", o.i(np.arange(p, dtype=np.int64).reshape(p, 1))),
+                     to=TensorProto.UINT32)                                         # [P,1]
     t_pos = o.gt("temperature", o.f(0.0))
     z = o.where(t_pos, o.op("Div", rows, "temperature"), rows)
     zmax, e, total = _softmax_parts(o, z, v, spec.exact)                                        # e [N,B,V], total [N,B]
@@ -431,28 +441,28 @@ def build_epilogue(spec: EpilogueSpec):
     # then-branch (T > 0): winner and runner-up of the perturbed, filtered scaled logits at each of the D+1 steps
     ob = o.child("ep_sample")
     noise_args = (ob.op("Cast", "seed", to=TensorProto.UINT32), ob.op("Cast", "block", to=TensorProto.UINT32),
-                  ob.op("Cast", steps, to=TensorProto.UINT32))
+                  ob.op("Cast", steps, to=TensorProto.UINT32), positions)
     z_rows = ob.op("Unsqueeze", z_filtered, ob.i([1]))                               # [N,1,B,V]
     if spec.exact:
-        *fast, certified = _certified_top2(ob, z_rows, noise_args, b, v, spec.noise_margin)
+        *fast, certified = _certified_top2(ob, z_rows, noise_args, v, spec.noise_margin)
         # a row the certificate cannot settle (a near-tie, ~1e-9 of rows) reruns the whole batch with exact noise
         of, oe_ = ob.child("ep_fast"), ob.child("ep_exact")
-        exact_top2 = _sampled_top2(oe_, z_rows, noise_args, b, v, exact=True)
+        exact_top2 = _sampled_top2(oe_, z_rows, noise_args, v, exact=True)
         ob.adopt(of)
         ob.adopt(oe_)
-        sampled = _if(ob, certified, _branch(of, "certified", fast, d, b), _branch(oe_, "exact", exact_top2, d, b))
+        sampled = _if(ob, certified, _branch(of, "certified", fast, d, p), _branch(oe_, "exact", exact_top2, d, p))
         fallback = ob.op("Not", certified)
     else:
-        sampled = _sampled_top2(ob, z_rows, noise_args, b, v, exact=False)
+        sampled = _sampled_top2(ob, z_rows, noise_args, v, exact=False)
         fallback = ob.const(False, np.bool_)
     o.adopt(ob)
     # else-branch (T = 0): winner and runner-up of the logits, the same at every step
     og = o.child("ep_greedy")
-    shape = og.op("Concat", og.op("Shape", "node_steps"), og.i([d + 1, b]), axis=0)
+    shape = og.op("Concat", og.op("Shape", "node_steps"), og.i([d + 1, p]), axis=0)
     greedy = [og.op("Expand", og.op("Unsqueeze", x, og.i([1])), shape) for x in _top2_dense(og, z_greedy, v)]
     o.adopt(og)
-    tokens, runner_up, gap, _ = _if(o, t_pos, _branch(ob, "sample", sampled, d, b, fallback),
-                                    _branch(og, "greedy", greedy, d, b, og.const(False, np.bool_)),
+    tokens, runner_up, gap, _ = _if(o, t_pos, _branch(ob, "sample", sampled, d, p, fallback),
+                                    _branch(og, "greedy", greedy, d, p, og.const(False, np.bool_)),
                                     extra=(FALLBACK_OUTPUT,))
 
     # confidence: e[x] / sum(e), as numpy's take_along_axis(e, x) / e.sum(-1)
@@ -480,19 +490,20 @@ def build_epilogue(spec: EpilogueSpec):
     o.nodes.append(helper.make_node("Identity", [logp], ["top_logprobs"]))
     o.nodes.append(helper.make_node("Identity", [top_ids], ["top_ids"]))
 
-    inputs = [_value_info("logits", TensorProto.FLOAT, ["N", b, v]),
+    inputs = [_value_info("logits", TensorProto.FLOAT, ["N", p, v]),
               _value_info("node_steps", TensorProto.INT64, ["N"]),
               _value_info("seed", TensorProto.INT64, []), _value_info("block", TensorProto.INT64, []),
               _value_info("temperature", TensorProto.DOUBLE, []), _value_info("top_k", TensorProto.INT64, []),
-              _value_info("exclude_token", TensorProto.INT64, [])]
-    outputs = [_value_info("token", TensorProto.INT64, ["N", b]),
-               _value_info("confidence", TensorProto.DOUBLE, ["N", b]),
-               _value_info("future_tokens", TensorProto.INT64, ["N", d, b]),
-               _value_info("future_conf", TensorProto.DOUBLE, ["N", d, b]),
-               _value_info("top_logprobs", TensorProto.FLOAT, ["N", b, TOP_K_LOGPROBS]),
-               _value_info("top_ids", TensorProto.INT64, ["N", b, TOP_K_LOGPROBS]),
-               _value_info("future_runner_up", TensorProto.INT64, ["N", d, b]),
-               _value_info("future_gap", TensorProto.DOUBLE, ["N", d, b]),
+              _value_info("exclude_token", TensorProto.INT64, []),
+              _value_info("first_position", TensorProto.INT64, [])]
+    outputs = [_value_info("token", TensorProto.INT64, ["N", p]),
+               _value_info("confidence", TensorProto.DOUBLE, ["N", p]),
+               _value_info("future_tokens", TensorProto.INT64, ["N", d, p]),
+               _value_info("future_conf", TensorProto.DOUBLE, ["N", d, p]),
+               _value_info("top_logprobs", TensorProto.FLOAT, ["N", p, TOP_K_LOGPROBS]),
+               _value_info("top_ids", TensorProto.INT64, ["N", p, TOP_K_LOGPROBS]),
+               _value_info("future_runner_up", TensorProto.INT64, ["N", d, p]),
+               _value_info("future_gap", TensorProto.DOUBLE, ["N", d, p]),
                _value_info(FALLBACK_OUTPUT, TensorProto.BOOL, [])]
     graph = helper.make_graph(o.nodes, "spot_sampling_epilogue", inputs, outputs, initializer=o.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
@@ -507,8 +518,9 @@ def build_noise_graph(vocab_size: int, block_size: int, steps: int, exact: bool 
     _need_onnx()
     o = OnnxOps("noise")
     st = o.add(o.op("Unsqueeze", "node_steps", o.i([1])), o.i(np.arange(steps, dtype=np.int64)))
+    positions = o.u32(np.arange(block_size, dtype=np.uint32).reshape(block_size, 1))   # [B,1]
     g = _noise(o, o.op("Cast", "seed", to=TensorProto.UINT32), o.op("Cast", "block", to=TensorProto.UINT32),
-               o.op("Cast", st, to=TensorProto.UINT32), block_size, _all_tokens(o, vocab_size), exact)
+               o.op("Cast", st, to=TensorProto.UINT32), positions, _all_tokens(o, vocab_size), exact)
     o.nodes.append(helper.make_node("Identity", [g], ["gumbel"]))
     inputs = [_value_info("node_steps", TensorProto.INT64, ["N"]), _value_info("seed", TensorProto.INT64, []),
               _value_info("block", TensorProto.INT64, [])]
@@ -563,19 +575,22 @@ DEFAULT_FUTURE_STEPS = 8          # = the default tree depth of `spot generate` 
 
 
 def write_epilogue(folder: str | Path, vocab_size: int, block_size: int, future_steps: int,
-                   exact: bool = True) -> tuple[str, dict]:
-    """Save epilogue.onnx into `folder`; returns (file name, its manifest["graphs"]["epilogue"] entry)."""
-    spec = EpilogueSpec(vocab_size, block_size, future_steps, exact=exact)
+                   exact: bool = True, positions: int | None = None) -> tuple[str, dict]:
+    """Save epilogue.onnx into `folder`; returns (file name, its manifest["graphs"]["epilogue"] entry). positions:
+    how many of a state's positions one call takes (default: all B; fewer need less memory)."""
+    spec = EpilogueSpec(vocab_size, block_size, future_steps, positions, exact=exact)
     model = build_epilogue(spec)
     tmp = Path(folder) / (EPILOGUE_FILE + ".tmp")
     tmp.write_bytes(model.SerializeToString())
     tmp.replace(Path(folder) / EPILOGUE_FILE)
     return EPILOGUE_FILE, {"file": EPILOGUE_FILE, "opset": OPSET, "future_steps": future_steps, "exact": exact,
-                           "inputs": list(INPUTS), "outputs": declared_output_shapes(model)}
+                           "positions_per_call": positions or block_size, "inputs": list(INPUTS),
+                           "outputs": declared_output_shapes(model)}
 
 
 def validate_epilogue(folder: str | Path, vocab_size: int, block_size: int, future_steps: int,
                       max_values: int = 2_000_000) -> dict:
+    # runs of fewer positions than the block (EpilogueSpec.positions) are joined by run_epilogue, as the engines do
     """Run the saved epilogue on random logits of 2 states and require bit identity with the numpy runtime
     (reference_epilogue). Only where numpy is the reference platform (x86-64 glibc with FMA, docs/noise.md),
     and only up to max_values logits x steps (the exact float64 emulation is slow on a CPU)."""
@@ -599,13 +614,13 @@ def validate_epilogue(folder: str | Path, vocab_size: int, block_size: int, futu
     return {"checked": True, "temperatures": checked, "states": n}
 
 
-def add_to_folder(folder: str | Path, future_steps: int = 4, exact: bool = True) -> Path:
+def add_to_folder(folder: str | Path, future_steps: int = 4, exact: bool = True, positions: int | None = None) -> Path:
     """Write epilogue.onnx into an existing exported folder (spot-export) and register it in its manifest as the
     "epilogue" graph (vocabulary and block size from the manifest)."""
     from spot.export.manifest import add_files, load_manifest, write_manifest
     exported = load_manifest(folder)
     name, entry = write_epilogue(exported.folder, exported.config.vocab_size, exported.block_size, future_steps,
-                                 exact)
+                                 exact, positions)
     manifest = dict(exported.manifest)
     manifest["graphs"] = {**manifest["graphs"], "epilogue": entry}
     add_files(exported.folder, manifest, [name])
@@ -616,21 +631,25 @@ def add_to_folder(folder: str | Path, future_steps: int = 4, exact: bool = True)
 # -- running it -------------------------------------------------------------------------------------------------
 @dataclass
 class EpilogueResult:
-    token: np.ndarray            # [N,B] int64
-    confidence: np.ndarray       # [N,B] float64
-    future_tokens: np.ndarray    # [N,D,B] int64
-    future_conf: np.ndarray      # [N,D,B] float64
-    top_logprobs: np.ndarray     # [N,B,32] float32
-    top_ids: np.ndarray          # [N,B,32] int64 (-1 in the padding of vocabularies under 32)
+    """The epilogue's outputs for N states' rows at P positions (P = B: whole blocks)."""
+    token: np.ndarray            # [N,P] int64
+    confidence: np.ndarray       # [N,P] float64
+    future_tokens: np.ndarray    # [N,D,P] int64
+    future_conf: np.ndarray      # [N,D,P] float64
+    top_logprobs: np.ndarray     # [N,P,32] float32
+    top_ids: np.ndarray          # [N,P,32] int64 (-1 in the padding of vocabularies under 32)
     # the runner-up coupled samples of steps t_n+1 .. t_n+D (spot.runtime.step.top2_scaled): [N,D,B] int64 (-1 where
     # none) and the score gaps to the winners [N,D,B] float64 (inf there); None from an epilogue exported without them
     future_runner_up: np.ndarray | None = None
     future_gap: np.ndarray | None = None
 
     @staticmethod
-    def concat(parts: list["EpilogueResult"]) -> "EpilogueResult":
+    def concat(parts: list["EpilogueResult"], along: str = "nodes") -> "EpilogueResult":
+        """Join results of consecutive node ranges (along="nodes") or position runs (along="positions")."""
+        def axis(f):
+            return 0 if along == "nodes" else 2 if f.startswith("future_") else 1
         return EpilogueResult(*(None if getattr(parts[0], f) is None else
-                                np.concatenate([getattr(p, f) for p in parts], axis=0) for f in OUTPUTS))
+                                np.concatenate([getattr(p, f) for p in parts], axis=axis(f)) for f in OUTPUTS))
 
 
 def check_sampling(sampling: Sampling) -> None:
@@ -640,14 +659,16 @@ def check_sampling(sampling: Sampling) -> None:
                         "use top_p=1 with the epilogue, or decode with the host step function")
 
 
-def epilogue_feeds(logits: np.ndarray, node_steps, sampling: Sampling, block: int) -> dict:
-    """Every input of the epilogue as host arrays: logits [N,B,V] float32 plus epilogue_scalars."""
+def epilogue_feeds(logits: np.ndarray, node_steps, sampling: Sampling, block: int, first_position: int = 0) -> dict:
+    """Every input of the epilogue as host arrays: logits [N,P,V] float32 (positions first_position ..
+    first_position + P - 1 of each state) plus epilogue_scalars."""
     return {"logits": np.ascontiguousarray(logits, dtype=np.float32),
-            **epilogue_scalars(node_steps, sampling, block)}
+            **epilogue_scalars(node_steps, sampling, block), POSITION_INPUT: np.array(first_position, np.int64)}
 
 
 def epilogue_scalars(node_steps, sampling: Sampling, block: int) -> dict:
-    """The inputs besides the logits (which an engine may bind on the device): node_steps [N] and the scalars."""
+    """The inputs besides the logits (which an engine may bind on the device) and first_position (an engine's
+    position runs): node_steps [N] and the scalars."""
     check_sampling(sampling)
     steps = np.asarray(node_steps, dtype=np.int64).reshape(-1)
     if steps.size and (steps.min() < 0 or steps.max() > 0xFFFFFFFF):
@@ -658,6 +679,12 @@ def epilogue_scalars(node_steps, sampling: Sampling, block: int) -> dict:
             "seed": np.array(sampling.seed, np.int64), "block": np.array(block, np.int64),
             "temperature": np.array(sampling.temperature, np.float64), "top_k": np.array(sampling.top_k, np.int64),
             "exclude_token": np.array(sampling.exclude_token, np.int64)}
+
+
+def graph_positions(session) -> int | None:
+    """The positions per call an epilogue session takes (its logits' static dim 1); None where it is dynamic."""
+    dim = next(i for i in session.get_inputs() if i.name == "logits").shape[1]
+    return dim if isinstance(dim, int) else None
 
 
 def make_epilogue_session(model_or_path, providers=None, threads: int | None = None):
@@ -672,13 +699,20 @@ def make_epilogue_session(model_or_path, providers=None, threads: int | None = N
 
 def run_epilogue(session, logits: np.ndarray, node_steps, sampling: Sampling, block: int,
                  chunk: int | None = None) -> EpilogueResult:
-    """Run the epilogue on host arrays (tests, CPU). `chunk` bounds the nodes per call (memory)."""
-    n = logits.shape[0]
-    chunk = chunk or n
+    """Run the epilogue on host arrays logits [N,B,V] (tests, CPU): `chunk` nodes per call at most, in runs of the
+    positions the graph takes (graph_positions)."""
+    n, b = logits.shape[:2]
+    epilogue_scalars(node_steps, sampling, block)      # the counters' ranges, before any run
+    chunk, positions = chunk or n, graph_positions(session) or b
+    takes = {i.name for i in session.get_inputs()}
     parts = []
     for s in range(0, n, chunk):
-        feeds = epilogue_feeds(logits[s:s + chunk], np.asarray(node_steps)[s:s + chunk], sampling, block)
-        parts.append(EpilogueResult(*session.run(list(OUTPUTS), feeds)))
+        runs = []
+        for p in range(0, b, positions):
+            feeds = epilogue_feeds(logits[s:s + chunk, p:p + positions], np.asarray(node_steps)[s:s + chunk],
+                                   sampling, block, p)
+            runs.append(EpilogueResult(*session.run(list(OUTPUTS), {k: v for k, v in feeds.items() if k in takes})))
+        parts.append(runs[0] if len(runs) == 1 else EpilogueResult.concat(runs, along="positions"))
     return parts[0] if len(parts) == 1 else EpilogueResult.concat(parts)
 
 
@@ -699,20 +733,20 @@ def top_logprobs(logits: np.ndarray, temperature: float, k: int = TOP_K_LOGPROBS
 
 
 def reference_epilogue(logits: np.ndarray, node_steps, sampling: Sampling, block: int, future_steps: int,
-                       k: int = TOP_K_LOGPROBS) -> EpilogueResult:
+                       k: int = TOP_K_LOGPROBS, first_position: int = 0) -> EpilogueResult:
     """The epilogue computed with the runtime's own sampling (spot.runtime.step: scale_rows, then top2_scaled, whose
-    winners are sample_positions'), one node and step at a time."""
+    winners are sample_positions'), one node and step at a time; logits [N,P,V] are the rows of positions
+    first_position .. first_position + P - 1."""
     check_sampling(sampling)
-    n, b, v = logits.shape
+    n, p, v = logits.shape
     steps = np.asarray(node_steps, dtype=np.int64)
-    positions = np.arange(b)
-    shape = (n, future_steps + 1, b)
+    shape = (n, future_steps + 1, p)
     tok, second = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
     conf, gap = np.zeros(shape, np.float64), np.zeros(shape, np.float64)
     for j in range(n):
-        rows = scale_rows(logits[j], positions, sampling)
+        rows = scale_rows(logits[j], np.arange(p), sampling)
         for s in range(future_steps + 1):
-            g = step_gumbel(sampling, block, int(steps[j]) + s, positions, v)
+            g = step_gumbel(sampling, block, int(steps[j]) + s, first_position + np.arange(p), v)
             tok[j, s], second[j, s], gap[j, s] = top2_scaled(rows, g)
             conf[j, s] = confidence(rows, tok[j, s])
     lp, ids = top_logprobs(logits, sampling.temperature, k)

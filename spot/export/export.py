@@ -30,6 +30,7 @@ from spot.export.graph import (TargetGraph, WeightSpec, build_target_graph, chec
 from spot.export.epilogue import DEFAULT_FUTURE_STEPS, validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
 from spot.export.manifest import FORMAT, FORMAT_VERSION, NP_DTYPES, add_files, write_manifest
+from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
 
@@ -67,9 +68,19 @@ class ExportOptions:
     plan: str | None = None            # device whose memory plan is checked and recorded (spot.export.memory_plan)
     epilogue_steps: int | None = None  # D of the sampling epilogue graph (GPU paths); 0 = none; default:
                                        # DEFAULT_FUTURE_STEPS, or the block size when smaller
+    epilogue_positions: int | None = None  # block positions per epilogue call (memory); default:
+                                           # memory_plan.default_epilogue_positions
 
     def epilogue_depth(self, block_size: int) -> int:
         return min(DEFAULT_FUTURE_STEPS, block_size) if self.epilogue_steps is None else self.epilogue_steps
+
+    def epilogue_call(self, cfg: ModelConfig) -> EpilogueCall | None:
+        """How the hosts will call the export's epilogue (None: it has none)."""
+        d = self.epilogue_depth(cfg.block_size)
+        if d == 0:
+            return None
+        p = self.epilogue_positions or default_epilogue_positions(cfg.vocab_size, cfg.block_size, d)
+        return EpilogueCall(d, p)
 
     @property
     def quant(self) -> QuantScheme:
@@ -101,6 +112,10 @@ def check_options(cfg: ModelConfig, options: ExportOptions) -> int:
     if not 0 <= options.epilogue_depth(cfg.block_size) <= cfg.block_size:
         raise SpotError(f"--epilogue-steps must be in 0..{cfg.block_size} (the block size), got "
                         f"{options.epilogue_steps}", "it is the deepest SPOT tree the device sampler serves; 0 = none")
+    p = options.epilogue_positions
+    if p is not None and not (1 <= p <= cfg.block_size and cfg.block_size % p == 0):
+        raise SpotError(f"--epilogue-positions must divide the block size {cfg.block_size}, got {p}",
+                        "it is how many of a state's positions one epilogue call samples (memory)")
     return ctx
 
 
@@ -349,7 +364,8 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
         depth = options.epilogue_depth(cfg.block_size)
         if depth:
             progress(f"sampling epilogue graph (D = {depth} future steps)")
-            name, entry = write_epilogue(tmp, cfg.vocab_size, cfg.block_size, depth)
+            name, entry = write_epilogue(tmp, cfg.vocab_size, cfg.block_size, depth,
+                                         positions=options.epilogue_call(cfg).positions)
             if options.validate:
                 entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, cfg.block_size, depth)
             extra_graphs["epilogue"], extra_files = entry, [name]

@@ -12,8 +12,8 @@ A plan adds, in bytes (docs/quantization.md has the derivations):
                cache beside the old one — kv_append.onnx's Concat with the device cache; the host cache is copied
                to the device for every pass instead) and, for quantized weights, one dequantized matrix in case
                the runtime does not fuse DequantizeLinear into its GEMM, and the sampling epilogue when the export
-               has one (the device sampler, auto on GPUs): EPILOGUE_PEAK_FACTOR x (D+1) x B x V x 8 bytes — one
-               state's, whatever N: the hosts run it per state, for the states the walk reads,
+               has one (the device sampler, auto on GPUs): EPILOGUE_PEAK_FACTOR x (D+1) x P x V x 8 bytes — one
+               call's, whatever N: the hosts run it for one state's P positions per call (EpilogueCall),
   runtime      CUDA context + TensorRT/cuBLAS workspaces + ONNX Runtime arena slack (assumed RUNTIME_GIB),
   OS share     kernel carve-outs + a headless L4T userland in the unified memory (assumed per device);
 and compares the sum with the device's memory. Every term but the weights grows linearly with the context, so the
@@ -35,6 +35,26 @@ OS_GIB = 1.0           # carve-outs (the 8 GB Orin Nano shows ~7.4 GiB to Linux)
 # measured 8.99 (V 2048 and V 8192, N 1: the hosts' calls), 8.8 (V 2048, N 4), 9.3 (V 2048, N 16), D 8, B 32, on
 # ORT CPU with the memory arena off (peak RSS); the GPU providers plan memory the same way but were not measured
 EPILOGUE_PEAK_FACTOR = 9.5
+EPILOGUE_CALL_BUDGET = GIB   # the default positions per epilogue call keep its peak under this
+
+
+@dataclass(frozen=True)
+class EpilogueCall:
+    """One call of the sampling epilogue as the hosts make it: one state, `positions` of its B positions (all of
+    them, or runs of that many), D = `future_steps`."""
+    future_steps: int
+    positions: int
+
+    def peak_bytes(self, vocab: int) -> int:
+        return int(EPILOGUE_PEAK_FACTOR * (self.future_steps + 1) * self.positions * vocab * 8)
+
+
+def default_epilogue_positions(vocab: int, block_size: int, future_steps: int) -> int:
+    """The most positions per call (a divisor of the block size, at least 1) whose peak stays under
+    EPILOGUE_CALL_BUDGET: the whole block for small vocabularies, 8 of 32 at SDAR's (0.8 GiB at D 8)."""
+    fits = [p for p in range(1, block_size + 1) if block_size % p == 0 and
+            EpilogueCall(future_steps, p).peak_bytes(vocab) <= EPILOGUE_CALL_BUDGET]
+    return max(fits, default=1)
 
 
 @dataclass(frozen=True)
@@ -91,9 +111,9 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
 
 
 def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, quantized: bool,
-                      epilogue_steps: int = 0) -> dict[str, int]:
+                      epilogue: EpilogueCall | None = None) -> dict[str, int]:
     """Transient bytes of one pass over `nodes` states of B tokens against `context` cached tokens (see the module
-    docstring); a dict of named terms. epilogue_steps: the export's sampling epilogue's D (0: none)."""
+    docstring); a dict of named terms. epilogue: the export's sampling epilogue calls (None: no epilogue)."""
     e = _itemsize(dtype)
     n, s, t = nodes, cfg.block_size, context + cfg.block_size
     hq, hkv, d, h, inter, v = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size,
@@ -110,8 +130,8 @@ def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, qu
     }
     if quantized:
         terms["dequantized_matrix"] = max(h * inter, h * hq * d) * e
-    if epilogue_steps > 0:   # one state per call (spot.runtime.outputs.DeferredOutputs): not N
-        terms["sampling_epilogue"] = int(EPILOGUE_PEAK_FACTOR * (epilogue_steps + 1) * s * v * 8)
+    if epilogue is not None:   # one state per call (spot.runtime.outputs.DeferredOutputs): not N
+        terms["sampling_epilogue"] = epilogue.peak_bytes(v)
     return terms
 
 
@@ -164,18 +184,18 @@ class MemoryPlan:
                                 "bandwidth_gbs": self.device.bandwidth_gbs}}
 
 
-def _fixed_and_per_token(cfg, dtype, nodes, quantized, fixed_extra, epilogue_steps=0) -> tuple[int, int]:
+def _fixed_and_per_token(cfg, dtype, nodes, quantized, fixed_extra, epilogue=None) -> tuple[int, int]:
     """total(context) = fixed + per_token * context (every context-dependent term is linear)."""
     def total(c: int) -> int:
         return kv_bytes_per_token(cfg, dtype) * c + sum(verify_pass_bytes(cfg, dtype, nodes, c, quantized,
-                                                                          epilogue_steps).values())
+                                                                          epilogue).values())
     return fixed_extra + total(0), total(1) - total(0)
 
 
 def largest_context(cfg: ModelConfig, dtype: str, nodes: int, quantized: bool, fixed: int, budget: int,
-                    epilogue_steps: int = 0) -> int:
+                    epilogue: EpilogueCall | None = None) -> int:
     """Largest multiple of the block size <= max_position_embeddings whose total fits `budget` (0: none)."""
-    base, per_token = _fixed_and_per_token(cfg, dtype, nodes, quantized, fixed, epilogue_steps)
+    base, per_token = _fixed_and_per_token(cfg, dtype, nodes, quantized, fixed, epilogue)
     if base > budget:
         return 0
     ctx = (budget - base) // per_token
@@ -191,7 +211,7 @@ def precision_label(dtype: str, quant) -> str:
 
 
 def make_plan(cfg: ModelConfig, dtype: str, quant, context: int, nodes: int, device: Device,
-              model: str = "model", epilogue_steps: int = 0) -> MemoryPlan:
+              model: str = "model", epilogue: EpilogueCall | None = None) -> MemoryPlan:
     """The plan for `cfg` exported as `dtype` + `quant` decoding `nodes` states per pass at `context` tokens on
     `device`. SpotError when the weights alone (plus runtime and OS share) exceed the device."""
     quantized = quant is not None and quant.quantized
@@ -205,11 +225,11 @@ def make_plan(cfg: ModelConfig, dtype: str, quant, context: int, nodes: int, dev
     plan = MemoryPlan(model=model, device=device, dtype=dtype, weights=precision_label(dtype, quant),
                       parameters=cfg.parameter_count(), weight_bytes=w, kv_per_token=kv_bytes_per_token(cfg, dtype),
                       context=context, nodes=nodes, kv_bytes=kv_bytes_per_token(cfg, dtype) * context,
-                      activations=verify_pass_bytes(cfg, dtype, nodes, context, quantized, epilogue_steps),
+                      activations=verify_pass_bytes(cfg, dtype, nodes, context, quantized, epilogue),
                       runtime_bytes=runtime, os_bytes=osb,
-                      max_context=largest_context(cfg, dtype, nodes, quantized, fixed, device.budget, epilogue_steps),
+                      max_context=largest_context(cfg, dtype, nodes, quantized, fixed, device.budget, epilogue),
                       max_context_one_node=largest_context(cfg, dtype, 1, quantized, fixed, device.budget,
-                                                           epilogue_steps))
+                                                           epilogue))
     return plan
 
 
@@ -267,15 +287,15 @@ def render(plan: MemoryPlan, block_size: int) -> str:
                      f"{plan.device.bandwidth_gbs:g} GB/s = {plan.min_pass_ms:.0f} ms")
     if a.get("sampling_epilogue", 0) > a["logits"]:
         lines.append("  the sampling epilogue (the device sampler, auto on GPUs; one state per call) is the largest "
-                     "pass term: fewer --epilogue-steps shrink it, and decoding with --sampler host needs only the "
-                     "logits' copy")
+                     "pass term: fewer --epilogue-positions or --epilogue-steps shrink it, and decoding with "
+                     "--sampler host needs only the logits' copy")
     return "\n".join(lines)
 
 
 def plan_for_options(cfg: ModelConfig, options, context: int, model: str = "model") -> MemoryPlan:
     """The plan for an ExportOptions (spot.export.export) with options.plan set."""
     return make_plan(cfg, options.dtype, options.quant, context, options.max_nodes, resolve_device(options.plan),
-                     model, options.epilogue_depth(cfg.block_size))
+                     model, options.epilogue_call(cfg))
 
 
 def check_plan_fits(cfg: ModelConfig, options, context: int, progress) -> MemoryPlan:
@@ -297,8 +317,7 @@ def manifest_memory(cfg: ModelConfig, options, context: int) -> dict:
     """The manifest's `memory` record: device-independent numbers, plus the plan when --plan was given."""
     quant = options.quant
     quantized = quant.quantized
-    act = verify_pass_bytes(cfg, options.dtype, options.max_nodes, context, quantized,
-                            options.epilogue_depth(cfg.block_size))
+    act = verify_pass_bytes(cfg, options.dtype, options.max_nodes, context, quantized, options.epilogue_call(cfg))
     out = {"weight_bytes": weight_bytes(cfg, options.dtype, quant),
            "kv_bytes_per_token": kv_bytes_per_token(cfg, options.dtype),
            "kv_bytes_at_max_context": kv_bytes_per_token(cfg, options.dtype) * context,

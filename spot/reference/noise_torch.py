@@ -199,14 +199,16 @@ def _runner_up_or_none(best, second, best2) -> tuple[torch.Tensor, torch.Tensor]
     return torch.where(none, -1, second), torch.where(none, math.inf, best - best2)
 
 
-def certified_top2(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int) -> tuple[torch.Tensor, ...]:
-    """Winner, runner-up and gap [N,S,B] of zf[n,b,v] + gumbel(seed, block, steps[n,s], b, v), exactly, the way the
-    ONNX epilogue does it (spot.export.epilogue._certified_top2): rank with torch.log's noise, re-score the best
-    CANDIDATES with the exact noise, and fall back to the exact noise over V when a row is not certified."""
+def certified_top2(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int,
+                   first_position: int = 0) -> tuple[torch.Tensor, ...]:
+    """Winner, runner-up and gap [N,S,P] of zf[n,p,v] + gumbel(seed, block, steps[n,s], first_position + p, v),
+    exactly, the way the ONNX epilogue does it (spot.export.epilogue._certified_top2): rank with torch.log's noise,
+    re-score the best CANDIDATES with the exact noise, and fall back to the exact noise over V when a row is not
+    certified."""
     from spot.export.epilogue import CANDIDATES, NATIVE_NOISE_MARGIN
     dev = zf.device
     n, b, v = zf.shape
-    counters = (steps[:, :, None, None], torch.arange(b, device=dev)[None, None, :, None])
+    counters = (steps[:, :, None, None], first_position + torch.arange(b, device=dev)[None, None, :, None])
     u = uniform(seed, block, *counters, torch.arange(v, device=dev)[None, None, None, :], device=dev)
     scores = zf[:, None] + -torch.log(-torch.log(u))                               # [N,S,B,V]
     top = torch.topk(scores, min(CANDIDATES + 1, v), dim=-1)
@@ -231,11 +233,12 @@ def certified_top2(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int)
 
 
 def epilogue_torch(logits: torch.Tensor, node_steps, seed: int, block: int, temperature: float, top_k: int,
-                   future_steps: int, exclude_token: int = -1, k: int = 32) -> dict[str, torch.Tensor]:
-    """spot.export.epilogue's outputs from logits [N,B,V] float32 (any device): token [N,B], confidence [N,B],
-    future_tokens/future_conf/future_runner_up/future_gap [N,D,B], top_logprobs [N,B,32] float32, top_ids
-    [N,B,32]. exclude_token (the mask id; -1 = none) never wins an argmax but stays in the softmax. Top-p is
-    host-only."""
+                   future_steps: int, exclude_token: int = -1, k: int = 32,
+                   first_position: int = 0) -> dict[str, torch.Tensor]:
+    """spot.export.epilogue's outputs from logits [N,P,V] float32 (any device; the rows of positions first_position
+    .. first_position + P - 1): token [N,P], confidence [N,P], future_tokens/future_conf/future_runner_up/future_gap
+    [N,D,P], top_logprobs [N,P,32] float32, top_ids [N,P,32]. exclude_token (the mask id; -1 = none) never wins an
+    argmax but stays in the softmax. Top-p is host-only."""
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     dev = logits.device
@@ -253,7 +256,7 @@ def epilogue_torch(logits: torch.Tensor, node_steps, seed: int, block: int, temp
         if 0 < top_k < v:
             kth = torch.topk(z, top_k, dim=-1).values[..., top_k - 1:top_k]
             zf = torch.where(z < kth, -math.inf, z)
-        sampled = certified_top2(torch.where(excluded, -math.inf, zf), steps, seed, block)
+        sampled = certified_top2(torch.where(excluded, -math.inf, zf), steps, seed, block, first_position)
     else:
         sampled = [x[:, None].expand(n, future_steps + 1, b) for x in top2_dense(torch.where(excluded, -math.inf, z))]
     tokens, runner_up, gap = sampled

@@ -18,7 +18,7 @@ class Engine(ABC):
     """Subclasses implement `_prefill`, `_block_logits`, `_store`, `_reset`; callers use the public methods."""
 
     name = "engine"
-    epilogue_calls = 0     # device sampling epilogue runs, one state each (generate() reports the decode's share)
+    epilogue_states = 0    # states the device sampling epilogue sampled (generate() reports the decode's share)
 
     def __init__(self, config: ModelConfig, block_size: int | None = None):
         self.config = config

@@ -118,8 +118,8 @@ typedef struct spot_stats {
   double draft_ms;       /* per call: stale view, proposer (drafter) and tree building, all verify rounds */
   double walk_ms;        /* per call: the exact walk over the fresh logits, all verify rounds */
   double target_ms;      /* per call: the verify passes themselves */
-  int64_t epilogue_calls; /* device sampling epilogue runs, one state each: once per commit step for every
-                             decoder, the states the walk read; 0 with the host sampler */
+  int64_t epilogue_states; /* states the device sampling epilogue sampled (the states the walk read, once per
+                              commit step for every decoder); 0 with the host sampler */
 } spot_stats;
 
 typedef struct spot_model_info {
