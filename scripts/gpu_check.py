@@ -125,6 +125,11 @@ def make_model(cfg: ModelConfig, work: Path) -> dict:
     for dtype in ("fp32", "fp16"):
         folders[dtype] = export_checkpoint(resolve_source(str(work / "ckpt")), work / f"onnx-{dtype}",
                                            ExportOptions(dtype=dtype, max_nodes=16, validate=False))
+    # the device sampler's epilogue in runs of 2 positions per call (what --epilogue-positions does at SDAR's
+    # vocabulary): in-place bindings at offsets inside a state's rows
+    folders["fp16-runs"] = export_checkpoint(resolve_source(str(work / "ckpt")), work / "onnx-fp16-runs",
+                                             ExportOptions(dtype="fp16", max_nodes=16, validate=False,
+                                                           epilogue_positions=2))
     return {"model": model, "folders": folders}
 
 
@@ -248,6 +253,22 @@ def kv_places(rep: Report, name: str, folder, cfg: ModelConfig, device: str, sam
     print(f"       device KV cache {name}: {row}", flush=True)
 
 
+def device_sampler(rep: Report, name: str, folders: dict, cfg: ModelConfig, device: str):
+    """The device sampler (the export's epilogue bound to the target's logits where they are, one state per call,
+    whole blocks or runs of 2 positions) against the host sampler: the same tokens for the tree decoder at T = 0 and
+    1, and one sampled state per commit step."""
+    from spot.engines.ort_engine import OrtEngine
+    host = OrtEngine(folders["fp16"], device=device, sampler="host", kv_cache="host")
+    for kind in ("fp16", "fp16-runs"):
+        dev = OrtEngine(folders[kind], device=device, sampler="device", kv_cache="host")
+        for temp in (0.0, 1.0):
+            runs = [(decode(host, p, temp, "tree")[0], decode(dev, p, temp, "tree")[0]) for p in prompts(cfg)]
+            same = [a.token_ids == b.token_ids for a, b in runs]
+            per_step = [b.stats.extra["epilogue_states"] == b.stats.steps for _, b in runs]
+            rep.check(f"{name} {kind}: device sampler == host sampler, tree decoder (T={temp})",
+                      all(same) and all(per_step), identical=sum(same), of=len(same), once_per_step=all(per_step))
+
+
 def tuner(rep: Report, name: str, engine, cfg: ModelConfig):
     """The budget tuner on this engine (spot.bench.tune_budget, training-free tree decoder, T = 1): the latency
     curve as the decoders' passes run, the chosen budget, and that budget beside standard decoding in one run — the
@@ -368,6 +389,7 @@ def main(argv=None) -> int:
             speedup(rep, "ort-cpu fp32", eng, cfg)
             kv_places(rep, "ort-cpu fp32", made["folders"]["fp32"], cfg, "cpu", "host")
             tuner(rep, "ort-cpu fp32", eng, cfg)
+            device_sampler(rep, "ort-cpu", made["folders"], cfg, "cpu")
     rep.section("ONNX Runtime CPU", ort_cpu)
     # the epilogue's float64 work is slow on a CPU core (benchmarks/epilogue_cost.py): keep the CPU case small
     rep.section("epilogue on ORT CPU", lambda: epilogue_checks(rep, cfg, ["CPUExecutionProvider"], "ort-cpu",
@@ -391,13 +413,8 @@ def main(argv=None) -> int:
                 latency(rep, f"ort-cuda {dtype}", eng, cfg)
                 speedup(rep, f"ort-cuda {dtype}", eng, cfg)
             # the device sampler: logits stay on the GPU (IOBinding into epilogue.onnx), tokens must not change
-            host = OrtEngine(made["folders"]["fp16"], device="cuda", sampler="host", kv_cache="host")
+            device_sampler(rep, "ort-cuda", made["folders"], cfg, "cuda")
             dev = OrtEngine(made["folders"]["fp16"], device="cuda", sampler="device", kv_cache="host")
-            for temp in (0.0, 1.0):
-                same = [decode(host, p, temp, "tree")[0].token_ids == decode(dev, p, temp, "tree")[0].token_ids
-                        for p in prompts(cfg)]
-                rep.check(f"ort-cuda fp16: device sampler == host sampler, tree decoder (T={temp})", all(same),
-                          identical=sum(same), of=len(same))
             speedup(rep, "ort-cuda fp16 device sampler", dev, cfg)
             kv_places(rep, "ort-cuda fp16", made["folders"]["fp16"], cfg, "cuda", "device")
             tuner(rep, "ort-cuda fp16 (auto: device sampler and KV cache)",

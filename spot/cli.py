@@ -242,6 +242,24 @@ def verify(folder, quick):
     click.echo(f"ok: {folder}: {len(files)} files, {total / 2**20:.1f} MiB match the manifest")
 
 
+@main.command("upgrade-export")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--epilogue-steps", type=int, default=None,
+              help="Future steps D of the new sampling epilogue (default: the folder's; 0 removes it).")
+@click.option("--epilogue-positions", type=int, default=None,
+              help="Block positions per epilogue call (default: the most that keep a call under 1 GiB).")
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
+    """Rewrite an exported folder's sampling epilogue and kv_append graphs for this version, keeping its weights
+    (no re-export): hard links into a sibling folder, the new graphs checked, then swapped in by renames."""
+    from spot.export.upgrade import upgrade_export
+    progress = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+    manifest = upgrade_export(folder, epilogue_steps, epilogue_positions, progress)
+    epi = manifest["graphs"].get("epilogue")
+    click.echo(f"ok: {folder}: " + (f"epilogue D {epi['future_steps']}, {epi['positions_per_call']} positions per "
+                                    "call" if epi else "no epilogue") + ", kv_append")
+
+
 @main.command("train-target")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output Hugging Face folder. Default: the package's embedded model folder.")

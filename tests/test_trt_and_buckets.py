@@ -180,11 +180,11 @@ def test_spot_equals_standard_decoding_on_the_static_engine(exported, temperatur
 def test_epilogue_in_the_exported_folder_runs_on_the_engine_logits(exported):
     """epilogue.onnx registered in the manifest, fed by the static engine's logits, equals the numpy runtime."""
     from spot.engines.kv_cache import StaticOrtEngine
-    from spot.export.epilogue import (OUTPUTS, add_to_folder, make_epilogue_session, reference_epilogue,
-                                      run_epilogue)
+    from spot.export.epilogue import OUTPUTS, make_epilogue_session, reference_epilogue, run_epilogue
     from spot.export.manifest import load_manifest
+    from spot.export.upgrade import upgrade_export
     from spot.runtime.step import Sampling
-    add_to_folder(exported, future_steps=2)
+    upgrade_export(exported, future_steps=2, progress=lambda line: None)
     folder = load_manifest(exported, verify="full")
     assert folder.manifest["graphs"]["epilogue"]["outputs"]["future_tokens"] == ["N", 2, 4]
     static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
@@ -268,5 +268,6 @@ def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     names = [c["name"] for c in report["checks"]]
     assert any("epilogue (ort-cpu)" in n for n in names) and any("SPOT (tree)" in n for n in names)
+    assert any("fp16-runs: device sampler == host sampler" in n for n in names)
     assert all(c["passed"] for c in report["checks"]) and not report["errors"]
     assert set(report["latency_ms"]["ort-cpu fp32"]) == {"1", "2", "4", "8", "16"}

@@ -614,20 +614,6 @@ def validate_epilogue(folder: str | Path, vocab_size: int, block_size: int, futu
     return {"checked": True, "temperatures": checked, "states": n}
 
 
-def add_to_folder(folder: str | Path, future_steps: int = 4, exact: bool = True, positions: int | None = None) -> Path:
-    """Write epilogue.onnx into an existing exported folder (spot-export) and register it in its manifest as the
-    "epilogue" graph (vocabulary and block size from the manifest)."""
-    from spot.export.manifest import add_files, load_manifest, write_manifest
-    exported = load_manifest(folder)
-    name, entry = write_epilogue(exported.folder, exported.config.vocab_size, exported.block_size, future_steps,
-                                 exact, positions)
-    manifest = dict(exported.manifest)
-    manifest["graphs"] = {**manifest["graphs"], "epilogue": entry}
-    add_files(exported.folder, manifest, [name])
-    write_manifest(exported.folder, manifest)
-    return exported.folder / name
-
-
 # -- running it -------------------------------------------------------------------------------------------------
 @dataclass
 class EpilogueResult:

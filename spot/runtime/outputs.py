@@ -8,8 +8,8 @@ SampledOutputs the sampling epilogue ran next to the target (spot.export.epilogu
                next D steps and their runner-ups, the top-32 log-probabilities — equal to the numpy ones bit for
                bit, never the logits.
 DeferredOutputs a state's SampledOutputs, computed when first read: the logits stay on the device and the epilogue
-               runs for the states the walk visits (~ accepted steps + 1 of a pass's N) and the one a round drafts
-               from, one state per call — so its cost and peak memory do not grow with the tree.
+               runs for the states the walk visits (the one a round drafts from among them): once per commit step,
+               as in standard decoding, one state per call — its cost and peak memory do not grow with the tree.
 """
 from __future__ import annotations
 

@@ -1,0 +1,88 @@
+"""`spot upgrade-export DIR`: bring an exported folder's small graphs up to this version without exporting again.
+
+The sampling epilogue (epilogue.onnx: since session 14 it takes runs of `positions_per_call` positions, which is
+what keeps it under 1 GiB per call at SDAR's vocabulary) and the device KV cache's append (kv_append.onnx) are built
+from the manifest's model facts alone; the target graph and its weights (16 GB for SDAR-8B in fp16) stay as they
+are. The upgrade builds a sibling folder of hard links (no copy of the weights), writes the new graphs there, checks
+them bit for bit (as spot-export does) and swaps the folders by renames, so the folder is either the old one or the
+new one, never half of each.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from spot.errors import SpotError
+from spot.export.epilogue import DEFAULT_FUTURE_STEPS, validate_epilogue, write_epilogue
+from spot.export.kv_append import validate_kv_append, write_kv_append
+from spot.export.manifest import add_files, load_manifest, write_manifest
+from spot.export.memory_plan import EpilogueCall, default_epilogue_positions, verify_pass_bytes
+
+
+def upgrade_export(folder: str | Path, future_steps: int | None = None, positions: int | None = None,
+                   progress: Callable[[str], None] = print) -> dict:
+    """Rewrite `folder`'s epilogue (D = future_steps, default: the folder's own, else 8 or B; 0 removes it; P =
+    positions, default: memory_plan.default_epilogue_positions) and kv_append graphs. Returns the new manifest."""
+    folder = Path(folder)
+    exported = load_manifest(folder)                       # sizes checked: a damaged folder is refused here
+    cfg, b = exported.config, exported.block_size
+    manifest = dict(exported.manifest)
+    graphs = dict(manifest["graphs"])
+    old = graphs.get("epilogue") or {}
+    d = future_steps if future_steps is not None else int(old.get("future_steps", min(DEFAULT_FUTURE_STEPS, b)))
+    if not 0 <= d <= b:
+        raise SpotError(f"--epilogue-steps must be in 0..{b} (the block size), got {d}")
+    p = positions or (default_epilogue_positions(cfg.vocab_size, b, d) if d else b)
+    if not (1 <= p <= b and b % p == 0):
+        raise SpotError(f"--epilogue-positions must divide the block size {b}, got {p}")
+    tmp, previous = folder.with_name(folder.name + ".upgrading"), folder.with_name(folder.name + ".replaced")
+    for leftover in (tmp, previous):
+        if leftover.exists():
+            raise SpotError(f"{leftover} exists (an interrupted upgrade?)",
+                            f"if {folder} opens, remove {leftover}; else rename {leftover} back to {folder.name}")
+    progress(f"linking {folder} -> {tmp} (hard links: the weights are not copied)")
+    shutil.copytree(folder, tmp, copy_function=os.link)
+    try:
+        names = []
+        if d:
+            progress(f"sampling epilogue: D = {d} future steps, {p} of {b} positions per call")
+            name, entry = write_epilogue(tmp, cfg.vocab_size, b, d, positions=p)
+            entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, b, d)
+            graphs["epilogue"], names = entry, [name]
+        else:
+            graphs.pop("epilogue", None)
+            (tmp / "epilogue.onnx").unlink(missing_ok=True)
+            manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "epilogue.onnx"}
+        progress("kv_append graph (the device KV cache)")
+        layers, heads, dim, dtype = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, exported.dtype
+        name, entry = write_kv_append(tmp, layers, heads, dim, dtype)
+        entry["validation"] = validate_kv_append(tmp, layers, heads, dim, dtype)
+        graphs["kv_append"] = entry
+        manifest["graphs"] = graphs
+        manifest = add_files(tmp, manifest, [*names, name])
+        _refresh_memory_terms(manifest, cfg, dtype, EpilogueCall(d, p) if d else None)
+        write_manifest(tmp, manifest)
+        load_manifest(tmp)                                 # the new manifest reads back, every file there
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    folder.rename(previous)
+    tmp.rename(folder)
+    shutil.rmtree(previous)
+    progress(f"upgraded {folder}")
+    return manifest
+
+
+def _refresh_memory_terms(manifest: dict, cfg, dtype: str, epilogue: EpilogueCall | None) -> None:
+    """The manifest's verify-pass memory terms for the new epilogue (the plan recorded at export is left as it was:
+    re-run spot-export --plan for a device's figures)."""
+    memory = manifest.get("memory")
+    if not memory or "verify_pass_terms" not in memory:
+        return
+    quantized = bool(manifest.get("weights", {}).get("quantized", False))
+    terms = verify_pass_bytes(cfg, dtype, int(manifest["max_nodes"]), int(manifest["max_context"]), quantized,
+                              epilogue)
+    memory["verify_pass_terms"] = terms
+    memory["verify_pass_bytes_at_max_nodes_and_context"] = sum(terms.values())

@@ -1,0 +1,83 @@
+"""`spot upgrade-export`: an older export's small graphs rewritten in place of the folder, weights untouched."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from spot.cli import main as cli
+from spot.config import ModelConfig
+from spot.engines.ort_engine import OrtEngine
+from spot.export.export import ExportOptions, export_checkpoint
+from spot.export.manifest import load_manifest, write_manifest
+from spot.export.presets import resolve_source
+from spot.reference.model import random_model
+from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.spot import TreeBudget
+from spot.runtime.step import Sampling
+
+pytest.importorskip("onnx")
+
+CFG = ModelConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=128, block_size=8, mask_token_id=79,
+                  stop_ids=(78,))
+
+
+def _old_export(tmp_path):
+    """A folder as an earlier version wrote it, simulated: no kv_append graph, an epilogue entry without
+    positions_per_call."""
+    random_model(CFG, seed=1).save_pretrained(tmp_path / "ckpt")
+    folder = export_checkpoint(resolve_source(str(tmp_path / "ckpt")), tmp_path / "old",
+                               ExportOptions(dtype="fp32", validate=False, epilogue_steps=2))
+    manifest = dict(load_manifest(folder).manifest)
+    graphs = dict(manifest["graphs"])
+    graphs.pop("kv_append")
+    graphs["epilogue"] = {k: v for k, v in graphs["epilogue"].items() if k != "positions_per_call"}
+    (folder / "kv_append.onnx").unlink()
+    manifest["graphs"], manifest["files"] = graphs, {k: v for k, v in manifest["files"].items()
+                                                     if k != "kv_append.onnx"}
+    write_manifest(folder, manifest)
+    return folder
+
+
+def test_upgrade_rewrites_the_graphs_and_keeps_the_weights(tmp_path):
+    folder = _old_export(tmp_path)
+    weights = folder / "target.onnx.data"
+    inode, before = weights.stat().st_ino, load_manifest(folder).manifest
+    r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-steps", "3", "--epilogue-positions", "4"])
+    assert r.exit_code == 0, r.output
+    assert "epilogue D 3, 4 positions per call" in r.output
+    after = load_manifest(folder, "full").manifest          # every hash matches
+    assert weights.stat().st_ino == inode                   # hard-linked, not copied
+    assert after["files"]["target.onnx.data"] == before["files"]["target.onnx.data"]
+    assert after["graphs"]["epilogue"]["positions_per_call"] == 4 and after["graphs"]["epilogue"]["future_steps"] == 3
+    assert after["graphs"]["epilogue"]["validation"]["checked"] in (True, False) and "kv_append" in after["graphs"]
+    assert not any(p.name.startswith("old.") for p in tmp_path.iterdir())      # no leftovers
+    terms = after["memory"]["verify_pass_terms"]
+    assert terms["sampling_epilogue"] == int(9.5 * 4 * 4 * CFG.vocab_size * 8)
+    # it decodes as the host sampler does, with the device KV cache and the device sampler in runs of 4 positions
+    engine = OrtEngine(folder, sampler="device", kv_cache="device", threads=1)
+    host = OrtEngine(folder, sampler="host", kv_cache="host", threads=1)
+    prompt = np.arange(3, 14)
+    req = DecodeRequest(max_new_tokens=12, sampling=Sampling(1.0, seed=2), budget=TreeBudget(6, 3))
+    assert run_decoder("tree", engine, prompt, req).token_ids == run_decoder("tree", host, prompt, req).token_ids
+
+
+def test_upgrade_refuses_what_it_cannot_do(tmp_path):
+    folder = _old_export(tmp_path)
+    r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-positions", "3"])
+    assert r.exit_code != 0 and "must divide the block size 8, got 3" in r.output
+    (tmp_path / "old.upgrading").mkdir()
+    r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
+    assert r.exit_code != 0 and "old.upgrading exists" in r.output
+    os.rmdir(tmp_path / "old.upgrading")
+    r = CliRunner().invoke(cli, ["upgrade-export", str(tmp_path / "absent")])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    # --epilogue-steps 0 removes the epilogue
+    r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-steps", "0"])
+    assert r.exit_code == 0 and "no epilogue" in r.output
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert "epilogue" not in manifest["graphs"] and not (folder / "epilogue.onnx").exists()
