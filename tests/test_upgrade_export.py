@@ -66,8 +66,13 @@ def test_upgrade_rewrites_the_graphs_and_keeps_the_weights(tmp_path):
     assert run_decoder("tree", engine, prompt, req).token_ids == run_decoder("tree", host, prompt, req).token_ids
 
 
-def test_upgrade_refuses_what_it_cannot_do(tmp_path):
+def test_upgrade_refuses_what_it_cannot_do(tmp_path, monkeypatch):
     folder = _old_export(tmp_path)
+    with monkeypatch.context() as m:           # a filesystem without hard links: a clear error, nothing left over
+        m.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(OSError(1, "Operation not permitted")))
+        r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
+        assert r.exit_code != 0 and "could not hard-link" in r.output and "Traceback" not in r.output
+        assert not (tmp_path / "old.upgrading").exists() and load_manifest(folder, "full")
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-positions", "3"])
     assert r.exit_code != 0 and "must divide the block size 8, got 3" in r.output
     (tmp_path / "old.upgrading").mkdir()

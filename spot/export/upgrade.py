@@ -43,7 +43,13 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
             raise SpotError(f"{leftover} exists (an interrupted upgrade?)",
                             f"if {folder} opens, remove {leftover}; else rename {leftover} back to {folder.name}")
     progress(f"linking {folder} -> {tmp} (hard links: the weights are not copied)")
-    shutil.copytree(folder, tmp, copy_function=os.link)
+    try:
+        shutil.copytree(folder, tmp, copy_function=os.link)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SpotError(f"could not hard-link {folder} into {tmp}: {e}",
+                        "the upgrade needs write access beside the folder on a filesystem with hard links; "
+                        "else export again with spot-export") from None
     try:
         names = []
         if d:
