@@ -313,9 +313,8 @@ class OrtEngine(Engine):
         """The epilogue over state i's rows of a pass's logits [N, B, V] (an OrtValue where the target ran), bound
         in place at their offset (no copy), in runs of the export's positions per call. state [B]: that state, for
         the error path."""
-        from spot.export.epilogue import EpilogueResult
+        from spot.export.epilogue import POSITION_INPUT, EpilogueResult
         from spot.runtime.outputs import sampled_outputs
-        from spot.export.epilogue import POSITION_INPUT
         b, v, p = self.block_size, self.config.vocab_size, self._epilogue_positions or self.block_size
         steps = scalars["node_steps"][i:i + 1]
         runs = []

@@ -1,9 +1,11 @@
 """The sampling epilogue as an ONNX graph: everything vocabulary-sized that F and the drafter need, on the device.
 
 A verify pass yields logits [N,B,V] for N block states (~300 MB at 16 x 32 x 151936 in fp32). This graph, bound to
-those logits, returns only O(N x B x (D + 32)) values:
+those logits — the engines bind one state's rows per call, P positions at a time (B, or runs of P fixed at export:
+`first_position` says which) — returns only O(N x P x (D + 32)) values (written below for P = B):
 
   inputs   logits [N,B,V] float32      the target's logits of N block states
+           first_position [] int64     block position of the rows' first position (0 for whole blocks)
            node_steps [N] int64        commit step t_n of each state (SPEC §3's step index)
            seed, block [] int64        noise counters, in [0, 2**32)
            temperature [] float64      T >= 0; T = 0 is argmax with confidence softmax(L)
@@ -590,10 +592,10 @@ def write_epilogue(folder: str | Path, vocab_size: int, block_size: int, future_
 
 def validate_epilogue(folder: str | Path, vocab_size: int, block_size: int, future_steps: int,
                       max_values: int = 2_000_000) -> dict:
-    # runs of fewer positions than the block (EpilogueSpec.positions) are joined by run_epilogue, as the engines do
     """Run the saved epilogue on random logits of 2 states and require bit identity with the numpy runtime
-    (reference_epilogue). Only where numpy is the reference platform (x86-64 glibc with FMA, docs/noise.md),
-    and only up to max_values logits x steps (the exact float64 emulation is slow on a CPU)."""
+    (reference_epilogue); a graph taking runs of positions is run run by run and joined, as the engines do. Only
+    where numpy is the reference platform (x86-64 glibc with FMA, docs/noise.md), and only up to max_values logits x
+    steps (the exact float64 emulation is slow on a CPU)."""
     n = 2
     if not xm.reference_platform():
         return {"checked": False, "why": "the bit-exact reference is numpy on x86-64 glibc >= 2.28 with FMA"}
