@@ -54,6 +54,7 @@ def run_case(engine, drafter, prompt_ids: list[int], opts: dict) -> dict:
     return {"token_ids": [int(t) for t in gen.token_ids], "stopped": bool(gen.stopped),
             "target_passes": int(s.target_passes), "passes": passes, "steps": int(s.steps), "blocks": int(s.blocks),
             "epilogue_states": int(s.extra.get("epilogue_states", 0)),
+            "epilogue_ms": float(s.extra.get("epilogue_ms", 0.0)),
             "host": {"draft_ms": float(s.extra.get("draft_ms", 0.0)), "walk_ms": float(s.extra.get("walk_ms", 0.0)),
                      "target_ms": float(s.extra.get("target_ms", 0.0)), "seconds": float(s.seconds)}}
 

@@ -316,6 +316,7 @@ def test_device_sampler_matches_the_python_runtime(spot_cli, tiny):
     # both hosts run the epilogue for the states the walk reads, one per call: once per commit step, any decoder
     assert [r["epilogue_states"] for r in results] == [r["steps"] for r in results] == \
         [c["expected"]["epilogue_states"] for c in cases]
+    assert all(0 < r["epilogue_ms"] <= 1e3 * r["seconds"] for r in results)     # the time inside those calls
     host = [run_case(host_engine, drafter, c["prompt_ids"], c) for c in cases]
     assert [h["token_ids"] for h in host] == [c["expected"]["token_ids"] for c in cases]
 

@@ -18,6 +18,7 @@ from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.runtime.decode import generate
 from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.metrics import summarize
 from spot.runtime.outputs import SampledOutputs
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import CommitRule, Sampling
@@ -123,8 +124,11 @@ def test_the_epilogue_runs_once_per_commit_step_whatever_the_tree(folders, decod
         calls.clear()
         req = DecodeRequest(max_new_tokens=16, mode=mode, tau=0.3,
                             sampling=Sampling(temperature, seed=5), budget=TreeBudget(12, DEPTH))
-        stats = run_decoder(decoder, engine, _prompt(1, 6), req).stats
+        gen = run_decoder(decoder, engine, _prompt(1, 6), req)
+        stats = gen.stats
         assert stats.extra["epilogue_states"] == len(calls) == stats.steps, (decoder, temperature)
+        assert 0 < stats.extra["epilogue_ms"] <= 1e3 * stats.seconds
+        assert summarize([gen])["epilogue_ms_per_step"] == stats.extra["epilogue_ms"] / stats.steps
         if decoder != "standard":   # sampling every node of every pass would have taken more calls
             assert sum(stats.extra["nodes_per_verify"]) + stats.passes["block"] > stats.steps
 

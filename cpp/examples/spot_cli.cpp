@@ -190,9 +190,10 @@ void print_result_json(const spot_generate_options& o, const std::vector<int64_t
                 ", \"stopped\": %s, \"target_passes\": %" PRId64 ", \"passes\": {\"prefill\": %" PRId64
                 ", \"block\": %" PRId64 ", \"verify\": %" PRId64 ", \"store\": %" PRId64 "}, \"steps\": %" PRId64
                 ", \"blocks\": %" PRId64 ", \"seconds\": %.6f, \"draft_ms\": %.6f, \"walk_ms\": %.6f, "
-                "\"target_ms\": %.6f, \"epilogue_states\": %" PRId64 "}",
+                "\"target_ms\": %.6f, \"epilogue_states\": %" PRId64 ", \"epilogue_ms\": %.6f}",
                 s.stopped ? "true" : "false", s.target_passes, s.prefill_passes, s.block_passes, s.verify_passes,
-                s.store_passes, s.steps, s.blocks, s.seconds, s.draft_ms, s.walk_ms, s.target_ms, s.epilogue_states);
+                s.store_passes, s.steps, s.blocks, s.seconds, s.draft_ms, s.walk_ms, s.target_ms, s.epilogue_states,
+                s.epilogue_ms);
   out += buf;
   std::printf("%s\n", out.c_str());
 }

@@ -193,6 +193,7 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
   NoiseRows noise(req.seed, cfg.vocab_size);
   BlockContext ctx{rule, sampling, cfg.mask_token_id, &gen.stats, &noise};
   const int64_t sampled_before = engine.epilogue_states();
+  const double epilogue_ms_before = engine.epilogue_ms();
   const int64_t first = p / b;
   engine.prefill(std::vector<int64_t>(prompt.begin(), prompt.begin() + first * b));
   if (first) gen.stats.passes["prefill"] += 1;
@@ -224,6 +225,7 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
     gen.token_ids.erase(it, gen.token_ids.end());
   }
   gen.stats.epilogue_states = engine.epilogue_states() - sampled_before;
+  gen.stats.epilogue_ms = engine.epilogue_ms() - epilogue_ms_before;
   gen.stats.seconds = (now_ms() - t_start) / 1e3;
   return gen;
 }

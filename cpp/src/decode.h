@@ -20,6 +20,7 @@ struct DecodeStats {
   int64_t steps = 0, blocks = 0;
   double seconds = 0, draft_ms = 0, walk_ms = 0, target_ms = 0;
   int64_t epilogue_states = 0;            // states the device sampling epilogue sampled (0: host sampler)
+  double epilogue_ms = 0;                 // time inside those epilogue calls (part of walk_ms / the block passes)
   std::vector<int64_t> accepted_per_verify, nodes_per_verify;
 };
 

@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -444,6 +445,7 @@ OrtOutput TargetEngine::block_device_logits(const std::vector<int64_t>& states, 
 EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, const std::vector<int64_t>& state,
                                           int64_t step, const Sampling& sampling, uint32_t block) {
   if (!epilogue_) fail(SPOT_ERR_INTERNAL, "sample_state without the device sampler");
+  const auto t0 = std::chrono::steady_clock::now();
   const int64_t seed = sampling.seed, blk = block;   // the epilogue's scalars (top-p is refused upstream)
   std::vector<std::string> names = {"node_steps", "seed", "block", "temperature", "top_k", "exclude_token"};
   int64_t first = 0;
@@ -502,6 +504,7 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
     }
   }
   ++epilogue_states_;
+  epilogue_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   for (double c : r.confidence)   // NaN / inf logits make the softmax non-finite
     if (!std::isfinite(c)) non_finite(cached_);
   return r;

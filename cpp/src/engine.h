@@ -95,6 +95,7 @@ class TargetEngine {
   bool samples_on_device() const { return epilogue_ != nullptr; }
   int64_t sampler_depth() const { return epilogue_steps_; }  // 0 without the device sampler
   int64_t epilogue_states() const { return epilogue_states_; }  // states the epilogue sampled so far
+  double epilogue_ms() const { return epilogue_ms_; }             // and the milliseconds inside its calls
   OrtOutput block_device_logits(const std::vector<int64_t>& states, int64_t n);
   EpilogueResult sample_state(const OrtOutput& logits, int64_t row, const std::vector<int64_t>& state, int64_t step,
                               const Sampling& sampling, uint32_t block);
@@ -139,6 +140,7 @@ class TargetEngine {
   std::vector<std::string> epilogue_outputs_;
   int64_t epilogue_steps_ = 0;
   int64_t epilogue_states_ = 0;
+  double epilogue_ms_ = 0;
   int64_t epilogue_positions_ = 0;           // positions per epilogue call; 0: whole blocks, no first_position input
   std::string epilogue_graph_path_;
   std::vector<uint8_t> k_, v_;               // the host cache [L, Hkv, C, D] in the model dtype (empty: device)

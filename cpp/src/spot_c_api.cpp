@@ -232,6 +232,7 @@ spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_pro
       stats->draft_ms = gen.stats.draft_ms;
       stats->walk_ms = gen.stats.walk_ms;
       stats->epilogue_states = gen.stats.epilogue_states;
+      stats->epilogue_ms = gen.stats.epilogue_ms;
       stats->target_ms = gen.stats.target_ms;
     }
   });

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from functools import partial
 from pathlib import Path
 
@@ -315,6 +316,7 @@ class OrtEngine(Engine):
         the error path."""
         from spot.export.epilogue import POSITION_INPUT, EpilogueResult
         from spot.runtime.outputs import sampled_outputs
+        t0 = time.perf_counter()
         b, v, p = self.block_size, self.config.vocab_size, self._epilogue_positions or self.block_size
         steps = scalars["node_steps"][i:i + 1]
         runs = []
@@ -331,6 +333,7 @@ class OrtEngine(Engine):
             runs.append(EpilogueResult(**dict(zip(self._epilogue_outputs, epi.copy_outputs_to_cpu()))))
         result = runs[0] if len(runs) == 1 else EpilogueResult.concat(runs, along="positions")
         self.epilogue_states += 1
+        self.epilogue_seconds += time.perf_counter() - t0
         if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite
             self._non_finite()
         return sampled_outputs(result, steps)[0]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -337,9 +338,11 @@ class TrtEngine(Engine):
         logits = self._finite_device_logits(states)
 
         def sample(i: int):
+            t0 = time.perf_counter()
             result = self._epilogue(logits[i:i + 1], steps[i:i + 1], sampling, block, self._future_steps,
                                     self._epilogue_positions)
             self.epilogue_states += 1
+            self.epilogue_seconds += time.perf_counter() - t0
             return sampled_outputs(result, steps[i:i + 1])[0]
         return [DeferredOutputs(partial(sample, i)) for i in range(states.shape[0])]
 

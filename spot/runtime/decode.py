@@ -127,7 +127,7 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
     sampling = replace(sampling, exclude_token=cfg.mask_token_id)   # never commit the mask id itself
     noise = NoiseCache(sampling.seed, cfg.vocab_size) if sampling.temperature > 0 else None
     ctx = DecodeContext(rule, sampling, cfg.mask_token_id, stats, noise, observer)
-    sampled_before = engine.epilogue_states
+    epilogue_before = engine.epilogue_states, engine.epilogue_seconds
     p = prompt.size
     n_blocks = -(-(p + max_new_tokens) // b)
     first = p // b
@@ -151,7 +151,8 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
             break
     if stopped:
         generated = generated[: next(i for i, t in enumerate(generated) if t in stop)]
-    if engine.sampler_depth is not None:     # the device sampler: the states its epilogue sampled
-        stats.extra["epilogue_states"] = engine.epilogue_states - sampled_before
+    if engine.sampler_depth is not None:     # the device sampler: the states its epilogue sampled, and its time
+        stats.extra["epilogue_states"] = engine.epilogue_states - epilogue_before[0]
+        stats.extra["epilogue_ms"] = 1e3 * (engine.epilogue_seconds - epilogue_before[1])
     stats.seconds = time.perf_counter() - t0
     return Generation(generated, stopped, stats, p)

@@ -18,7 +18,9 @@ class Engine(ABC):
     """Subclasses implement `_prefill`, `_block_logits`, `_store`, `_reset`; callers use the public methods."""
 
     name = "engine"
-    epilogue_states = 0    # states the device sampling epilogue sampled (generate() reports the decode's share)
+    # the device sampling epilogue's work so far: states sampled and seconds inside its calls (generate() reports
+    # the decode's share; the walk's and sampling's times include those seconds)
+    epilogue_states, epilogue_seconds = 0, 0.0
 
     def __init__(self, config: ModelConfig, block_size: int | None = None):
         self.config = config

@@ -41,4 +41,7 @@ def summarize(runs: list, seconds_key: str = "seconds") -> dict:
         verifies = max(len(accepted), 1)
         for key in ("draft_ms", "walk_ms", "target_ms"):
             out[key + "_per_verify"] = sum(r.stats.extra.get(key, 0.0) for r in runs) / verifies
+    if any("epilogue_ms" in r.stats.extra for r in runs):   # the device sampler: once per commit step, any decoder
+        out["epilogue_ms_per_step"] = (sum(r.stats.extra.get("epilogue_ms", 0.0) for r in runs)
+                                       / max(sum(r.stats.steps for r in runs), 1))
     return out

@@ -120,6 +120,7 @@ typedef struct spot_stats {
   double target_ms;      /* per call: the verify passes themselves */
   int64_t epilogue_states; /* states the device sampling epilogue sampled (the states the walk read, once per
                               commit step for every decoder); 0 with the host sampler */
+  double epilogue_ms;      /* per call: time inside those epilogue runs (included in walk_ms for SPOT rounds) */
 } spot_stats;
 
 typedef struct spot_model_info {
