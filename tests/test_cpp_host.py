@@ -31,7 +31,8 @@ BUILD = CPP / "build"
 GOLDEN_DIR = ROOT / "tests" / "data" / "golden"
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_golden import case_options, golden_cases, model_identity, run_case  # noqa: E402
-from tinymodels import nan_weights_copy, renamed_input_drafter, train_encoder_drafter  # noqa: E402
+from tinymodels import (nan_weights_copy, renamed_input_drafter, train_encoder_drafter,  # noqa: E402
+                        whole_block_epilogue_copy)
 
 # spot_status codes of cpp/include/spot/spot.h
 INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED, RUNTIME = 1, 2, 3, 4, 5, 6
@@ -319,6 +320,23 @@ def test_device_sampler_matches_the_python_runtime(spot_cli, tiny):
     assert all(0 < r["epilogue_ms"] <= 1e3 * r["seconds"] for r in results)     # the time inside those calls
     host = [run_case(host_engine, drafter, c["prompt_ids"], c) for c in cases]
     assert [h["token_ids"] for h in host] == [c["expected"]["token_ids"] for c in cases]
+
+
+def test_device_sampler_with_an_epilogue_exported_before_position_runs(spot_cli, tiny, tmp_path):
+    """An epilogue without the first_position input (exported before position runs) takes whole blocks in both
+    hosts: the same tokens, passes and sampled states as the current export."""
+    folder, drafter_dir, _, drafter = tiny
+    old = whole_block_epilogue_copy(folder, tmp_path / "old")
+    engine = OrtEngine(old, sampler="device")
+    assert engine._epilogue_positions is None
+    cases = golden_cases(engine, drafter, random_prompts(1, seed=4), max_new_tokens=24, budget=12, depth=6,
+                         decoders=("standard", "spot"))
+    results = run_batch(spot_cli, old, drafter_dir, cases, "--sampler", "device")
+    assert not mismatches(cases, results)
+    assert [r["epilogue_states"] for r in results] == [r["steps"] for r in results]
+    current = OrtEngine(folder, sampler="device")
+    assert [run_case(current, drafter, c["prompt_ids"], c)["token_ids"] for c in cases] == \
+        [c["expected"]["token_ids"] for c in cases]
 
 
 def test_device_sampler_over_runs_of_positions(spot_cli, tiny, tmp_path):

@@ -53,6 +53,29 @@ def renamed_input_drafter(drafter_dir, out, old: str = "masked", new: str = "mas
     return out
 
 
+def whole_block_epilogue_copy(folder, out):
+    """A copy of an exported folder whose epilogue takes whole blocks with no first_position input, as epilogues
+    exported before position runs did (the input becomes a constant 0; manifest re-hashed, positions_per_call
+    dropped)."""
+    import shutil
+
+    from onnx import numpy_helper
+
+    from spot.export.manifest import add_files, load_manifest, write_manifest
+    shutil.copytree(folder, out)
+    model = onnx.load(str(out / "epilogue.onnx"))
+    kept = [i for i in model.graph.input if i.name != "first_position"]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.graph.initializer.append(numpy_helper.from_array(__import__("numpy").array(0, "int64"), "first_position"))
+    onnx.save(model, str(out / "epilogue.onnx"))
+    manifest = dict(load_manifest(out, verify="none").manifest)
+    entry = {k: v for k, v in manifest["graphs"]["epilogue"].items() if k != "positions_per_call"}
+    manifest["graphs"] = {**manifest["graphs"], "epilogue": entry}
+    write_manifest(out, add_files(out, manifest, ["epilogue.onnx"]))
+    return out
+
+
 def nan_weights_copy(folder, out):
     """A copy of an exported folder whose final norm weight is NaN (all-ones float32 bits), its manifest re-hashed:
     every logit is NaN."""
