@@ -21,22 +21,21 @@ def cache_dir() -> Path:
 
 def exported_embedded(progress: Callable[[str], None]) -> Path:
     """The embedded model exported to fp32 ONNX, reused while its manifest checks out (re-exported otherwise)."""
+    import spot.export
     from spot.assets import embedded_model_dir
-    from spot.export.epilogue import INPUTS as EPILOGUE_INPUTS
-    from spot.export.epilogue import OUTPUTS as EPILOGUE_OUTPUTS
     from spot.export.export import ExportOptions, export_checkpoint
-    from spot.export.kv_append import INPUTS as KV_APPEND_INPUTS
     from spot.export.manifest import load_manifest
     from spot.export.presets import resolve_source
 
     src = embedded_model_dir()
     out = cache_dir() / "embedded-fp32-onnx"
-    # the weights' mtime, the shipped drafter's manifest (it holds the ONNX hash), the epilogue's and the KV append
-    # graph's interfaces: a new drafter, epilogue or kv_append re-exports too
+    # the weights' mtime, the shipped drafter's manifest (it holds the ONNX hash) and the exporter's sources: a new
+    # drafter, or any change to how graphs are built (target, epilogue, kv_append), re-exports
+    exporter = hashlib.sha256()
+    for source in sorted(Path(spot.export.__file__).parent.glob("*.py")):
+        exporter.update(source.read_bytes())
     stamp = f"{(src / 'model.safetensors').stat().st_mtime_ns} " \
-            f"{hashlib.sha256((src / 'drafter.json').read_bytes()).hexdigest()[:16]} " \
-            f"{hashlib.sha256(','.join(EPILOGUE_INPUTS + EPILOGUE_OUTPUTS).encode()).hexdigest()[:8]} " \
-            f"{hashlib.sha256(','.join(KV_APPEND_INPUTS).encode()).hexdigest()[:8]}"
+            f"{hashlib.sha256((src / 'drafter.json').read_bytes()).hexdigest()[:16]} {exporter.hexdigest()[:16]}"
     if out.is_dir():
         try:
             load_manifest(out)                      # hashes: a damaged cache is re-exported, never used
