@@ -324,6 +324,9 @@ def markdown_table(result: dict) -> str:
             ("passes reduction", "passes_reduction", "{:.2f}x"), ("steps/verify", "steps_per_verify", "{:.2f}"),
             ("tokens/s", "tokens_per_s", "{:.1f}"), ("speed-up", "speedup", "{:.2f}x"),
             ("identical", "identical_share", "{:.0%}"), ("host ms/verify", None, None)]
+    if any("epilogue_ms_per_step" in row for row in result["rows"]):
+        # the device sampler: its epilogue runs inside the host times (once per commit step, any decoder)
+        cols.append(("device epilogue ms/step", "epilogue_ms_per_step", "{:.1f}"))
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
     for row in sorted(result["rows"], key=lambda r: (r["temperature"], r["variant"])):
         cells = []

@@ -305,6 +305,10 @@ def test_bench_and_tuner_on_a_device_sampling_engine(folders):
     assert result["config"]["independent_noise_ablation"] is False and result["engine"]["sampler"] == "device"
     assert any("independent-noise" in n for n in notes)
     assert all(row["identical_share"] in (None, 1.0) for row in result["rows"])
+    # the epilogue's time per commit step, for every row, and its column in the Markdown table
+    from spot.bench import markdown_table
+    assert all(row["epilogue_ms_per_step"] > 0 for row in result["rows"])
+    assert markdown_table(result).splitlines()[0].endswith("| device epilogue ms/step |")
     before = len(notes)
     with pytest.raises(SpotError, match=f"exceeds the {DEPTH} future steps"):
         run_bench(engine, prompts, replace(cfg, budgets=(TreeBudget(6, DEPTH + 1),)), progress=notes.append)
