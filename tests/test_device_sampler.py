@@ -170,6 +170,22 @@ def test_epilogue_runs_over_positions_decode_the_same(folders, decoder, mode):
         assert len(calls) == 4 * b.stats.extra["epilogue_states"] == 4 * b.stats.steps
 
 
+def test_a_manifest_that_misstates_the_epilogue_positions_is_refused(folders, tmp_path):
+    import shutil
+
+    from spot.export.manifest import load_manifest, write_manifest
+    for p, message in ((3, "positions_per_call must divide the block size 8, got 3"),
+                       (4, "positions_per_call is 4, the graph's logits take 2 positions")):
+        folder = tmp_path / f"p{p}"
+        shutil.copytree(folders[2], folder)
+        manifest = dict(load_manifest(folder).manifest)
+        manifest["graphs"] = {**manifest["graphs"],
+                              "epilogue": {**manifest["graphs"]["epilogue"], "positions_per_call": p}}
+        write_manifest(folder, manifest)
+        with pytest.raises(SpotError, match=message):
+            OrtEngine(folder, sampler="device", threads=1)
+
+
 @exact_platform
 def test_spot_with_the_drafter_on_the_device_sampler(folders, tmp_path):
     """The drafter reads the epilogue's top-32 log-probabilities and coupled confidences: the same trees, passes and

@@ -111,14 +111,15 @@ def epilogue_positions(session, entry: dict, block_size: int) -> int | None:
     """Positions of a state per epilogue call: the manifest's positions_per_call (a divisor of the block size, the
     graph's static logits dim) when the graph takes first_position; None for an epilogue exported before position
     runs (whole blocks)."""
-    from spot.export.epilogue import POSITION_INPUT, graph_positions
+    from spot.export.epilogue import POSITION_INPUT, check_positions, graph_positions
     if POSITION_INPUT not in {i.name for i in session.get_inputs()}:
         return None
     p = int(entry.get("positions_per_call", block_size))
-    if not (1 <= p <= block_size and block_size % p == 0) or graph_positions(session) not in (p, None):
-        raise SpotError(f"the manifest's epilogue positions_per_call must divide the block size {block_size} and "
-                        f"match the graph's logits ({graph_positions(session)} positions), got {p}",
-                        "re-export the folder with spot-export")
+    remedy = "re-export the folder with spot-export (or spot upgrade-export it)"
+    check_positions(p, block_size, "the manifest's epilogue positions_per_call", remedy)
+    if graph_positions(session) not in (p, None):
+        raise SpotError(f"the manifest's epilogue positions_per_call is {p}, the graph's logits take "
+                        f"{graph_positions(session)} positions", remedy)
     return p
 
 
@@ -190,8 +191,7 @@ class OrtEngine(Engine):
                             f"decodes blocks of {self.block_size}", "use the export's block size or --sampler host")
         # TensorRT has neither float64 nor uint32 arithmetic: on --device trt the epilogue runs on the CUDA EP,
         # on the same GPU, reading the target's logits where they are (docs/gpu-path.md)
-        session = make_session(self.exported.graph_path("epilogue"), "cpu" if self.device == "cpu" else "cuda",
-                               self.exported.dtype, threads)
+        session = make_session(self.exported.graph_path("epilogue"), self.place, self.exported.dtype, threads)
         self._epilogue_outputs = epilogue_outputs(session, self.exported.graph_path("epilogue"))
         self._epilogue_positions = epilogue_positions(session, graphs["epilogue"], self.block_size)
         return session, int(graphs["epilogue"]["future_steps"])
@@ -314,13 +314,13 @@ class OrtEngine(Engine):
         """The epilogue over state i's rows of a pass's logits [N, B, V] (an OrtValue where the target ran), bound
         in place at their offset (no copy), in runs of the export's positions per call. state [B]: that state, for
         the error path."""
-        from spot.export.epilogue import POSITION_INPUT, EpilogueResult
+        from spot.export.epilogue import POSITION_INPUT, EpilogueResult, join_runs
         from spot.runtime.outputs import sampled_outputs
         t0 = time.perf_counter()
         b, v, p = self.block_size, self.config.vocab_size, self._epilogue_positions or self.block_size
         steps = scalars["node_steps"][i:i + 1]
-        runs = []
-        for first in range(0, b, p):
+
+        def run(first: int) -> EpilogueResult:
             epi = self.epilogue.io_binding()
             epi.bind_input("logits", self.place, 0, np.float32, [1, p, v], logits.data_ptr() + (i * b + first) * v * 4)
             for name, value in scalars.items():
@@ -330,8 +330,8 @@ class OrtEngine(Engine):
             for name in self._epilogue_outputs:
                 epi.bind_output(name, "cpu")
             self._run_epilogue(epi, state)
-            runs.append(EpilogueResult(**dict(zip(self._epilogue_outputs, epi.copy_outputs_to_cpu()))))
-        result = runs[0] if len(runs) == 1 else EpilogueResult.concat(runs, along="positions")
+            return EpilogueResult(**dict(zip(self._epilogue_outputs, epi.copy_outputs_to_cpu())))
+        result = join_runs(b, p, run)
         self.epilogue_states += 1
         self.epilogue_seconds += time.perf_counter() - t0
         if not np.isfinite(result.confidence).all():   # NaN/inf logits make the softmax non-finite

@@ -316,16 +316,16 @@ class TrtEngine(Engine):
 
     def _epilogue(self, logits, node_steps, sampling, block: int, future_steps: int, positions: int | None = None):
         """The torch twin over logits [N, B, V], `positions` of B per call (default: all)."""
-        from spot.export.epilogue import OUTPUTS, EpilogueResult
+        from spot.export.epilogue import OUTPUTS, EpilogueResult, join_runs
         from spot.reference.noise_torch import epilogue_torch
         b = logits.shape[1]
-        runs = []
-        for first in range(0, b, positions or b):
-            out = epilogue_torch(logits[:, first:first + (positions or b)], node_steps, sampling.seed, block,
-                                 sampling.temperature, sampling.top_k, future_steps, sampling.exclude_token,
-                                 first_position=first)
-            runs.append(EpilogueResult(*(out[f].cpu().numpy() for f in OUTPUTS)))
-        return runs[0] if len(runs) == 1 else EpilogueResult.concat(runs, along="positions")
+        p = positions or b
+
+        def run(first: int) -> EpilogueResult:
+            out = epilogue_torch(logits[:, first:first + p], node_steps, sampling.seed, block, sampling.temperature,
+                                 sampling.top_k, future_steps, sampling.exclude_token, first_position=first)
+            return EpilogueResult(*(out[f].cpu().numpy() for f in OUTPUTS))
+        return join_runs(b, p, run)
 
     def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
         """As OrtEngine's: the logits stay on the device and each state's epilogue runs when the walk or the next

@@ -49,7 +49,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -400,10 +402,8 @@ class EpilogueSpec:
         if self.vocab_size < 1 or self.block_size < 1:
             raise SpotError(f"epilogue needs vocab_size >= 1 and block_size >= 1, got {self.vocab_size}, "
                             f"{self.block_size}")
-        if self.positions is not None and not (1 <= self.positions <= self.block_size and
-                                               self.block_size % self.positions == 0):
-            raise SpotError(f"epilogue positions per call must divide the block size {self.block_size}, got "
-                            f"{self.positions}")
+        if self.positions is not None:
+            check_positions(self.positions, self.block_size, "epilogue positions per call")
         if self.future_steps < 0:
             raise SpotError(f"future_steps (D) must be >= 0, got {self.future_steps}")
         if not self.noise_margin > 0:
@@ -640,6 +640,20 @@ class EpilogueResult:
                                 np.concatenate([getattr(p, f) for p in parts], axis=axis(f)) for f in OUTPUTS))
 
 
+def check_positions(positions: int, block_size: int, what: str, hint: str = "") -> None:
+    """SpotError unless `positions` (a state's positions per epilogue call, named `what` in the message) divides the
+    block size: a state's rows run in equal runs."""
+    if not (1 <= positions <= block_size and block_size % positions == 0):
+        raise SpotError(f"{what} must divide the block size {block_size}, got {positions}", hint)
+
+
+def join_runs(block_size: int, positions: int, run: Callable[[int], EpilogueResult]) -> EpilogueResult:
+    """run(first) for each run of `positions` positions from 0 to the block size, joined along the positions (one
+    run: returned as it is)."""
+    parts = [run(first) for first in range(0, block_size, positions)]
+    return parts[0] if len(parts) == 1 else EpilogueResult.concat(parts, along="positions")
+
+
 def check_sampling(sampling: Sampling) -> None:
     """The epilogue implements temperature, seed and top-k; top-p stays on the host (numpy step function)."""
     if sampling.top_p < 1.0:
@@ -693,14 +707,12 @@ def run_epilogue(session, logits: np.ndarray, node_steps, sampling: Sampling, bl
     epilogue_scalars(node_steps, sampling, block)      # the counters' ranges, before any run
     chunk, positions = chunk or n, graph_positions(session) or b
     takes = {i.name for i in session.get_inputs()}
-    parts = []
-    for s in range(0, n, chunk):
-        runs = []
-        for p in range(0, b, positions):
-            feeds = epilogue_feeds(logits[s:s + chunk, p:p + positions], np.asarray(node_steps)[s:s + chunk],
-                                   sampling, block, p)
-            runs.append(EpilogueResult(*session.run(list(OUTPUTS), {k: v for k, v in feeds.items() if k in takes})))
-        parts.append(runs[0] if len(runs) == 1 else EpilogueResult.concat(runs, along="positions"))
+
+    def run(s: int, first: int) -> EpilogueResult:
+        feeds = epilogue_feeds(logits[s:s + chunk, first:first + positions], np.asarray(node_steps)[s:s + chunk],
+                               sampling, block, first)
+        return EpilogueResult(*session.run(list(OUTPUTS), {k: v for k, v in feeds.items() if k in takes}))
+    parts = [join_runs(b, positions, partial(run, s)) for s in range(0, n, chunk)]
     return parts[0] if len(parts) == 1 else EpilogueResult.concat(parts)
 
 

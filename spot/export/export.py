@@ -27,7 +27,7 @@ from spot.config import ModelConfig, check_block_size, load_config
 from spot.errors import SpotError
 from spot.export.graph import (TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset,
                                io_contract)
-from spot.export.epilogue import DEFAULT_FUTURE_STEPS, validate_epilogue, write_epilogue
+from spot.export.epilogue import DEFAULT_FUTURE_STEPS, check_positions, validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
 from spot.export.manifest import FORMAT, FORMAT_VERSION, NP_DTYPES, add_files, write_manifest
 from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
@@ -112,9 +112,8 @@ def check_options(cfg: ModelConfig, options: ExportOptions) -> int:
     if not 0 <= options.epilogue_depth(cfg.block_size) <= cfg.block_size:
         raise SpotError(f"--epilogue-steps must be in 0..{cfg.block_size} (the block size), got "
                         f"{options.epilogue_steps}", "it is the deepest SPOT tree the device sampler serves; 0 = none")
-    p = options.epilogue_positions
-    if p is not None and not (1 <= p <= cfg.block_size and cfg.block_size % p == 0):
-        raise SpotError(f"--epilogue-positions must divide the block size {cfg.block_size}, got {p}",
+    if options.epilogue_positions is not None:
+        check_positions(options.epilogue_positions, cfg.block_size, "--epilogue-positions",
                         "it is how many of a state's positions one epilogue call samples (memory)")
     return ctx
 

@@ -15,28 +15,30 @@ from pathlib import Path
 from typing import Callable
 
 from spot.errors import SpotError
-from spot.export.epilogue import DEFAULT_FUTURE_STEPS, validate_epilogue, write_epilogue
+from spot.export.epilogue import validate_epilogue, write_epilogue
+from spot.export.export import ExportOptions, check_options
 from spot.export.kv_append import validate_kv_append, write_kv_append
 from spot.export.manifest import add_files, load_manifest, write_manifest
-from spot.export.memory_plan import EpilogueCall, default_epilogue_positions, verify_pass_bytes
+from spot.export.memory_plan import EpilogueCall, verify_pass_bytes
 
 
 def upgrade_export(folder: str | Path, future_steps: int | None = None, positions: int | None = None,
                    progress: Callable[[str], None] = print) -> dict:
-    """Rewrite `folder`'s epilogue (D = future_steps, default: the folder's own, else 8 or B; 0 removes it; P =
-    positions, default: memory_plan.default_epilogue_positions) and kv_append graphs. Returns the new manifest."""
+    """Rewrite `folder`'s epilogue (D = future_steps, default: the folder's own, else spot-export's; 0 removes it;
+    P = positions, default: spot-export's) and kv_append graphs. Returns the new manifest."""
     folder = Path(folder)
     exported = load_manifest(folder)                       # sizes checked: a damaged folder is refused here
-    cfg, b = exported.config, exported.block_size
+    cfg, b = exported.config.with_block_size(exported.block_size), exported.block_size
     manifest = dict(exported.manifest)
     graphs = dict(manifest["graphs"])
     old = graphs.get("epilogue") or {}
-    d = future_steps if future_steps is not None else int(old.get("future_steps", min(DEFAULT_FUTURE_STEPS, b)))
-    if not 0 <= d <= b:
-        raise SpotError(f"--epilogue-steps must be in 0..{b} (the block size), got {d}")
-    p = positions or (default_epilogue_positions(cfg.vocab_size, b, d) if d else b)
-    if not (1 <= p <= b and b % p == 0):
-        raise SpotError(f"--epilogue-positions must divide the block size {b}, got {p}")
+    # the options spot-export would take for this folder: its checks and defaults (--epilogue-steps/-positions)
+    options = ExportOptions(dtype=exported.dtype, max_nodes=int(manifest["max_nodes"]),
+                            max_context=int(manifest["max_context"]),
+                            epilogue_steps=future_steps if future_steps is not None else old.get("future_steps"),
+                            epilogue_positions=positions)
+    check_options(cfg, options)
+    epilogue = options.epilogue_call(cfg)
     tmp, previous = folder.with_name(folder.name + ".upgrading"), folder.with_name(folder.name + ".replaced")
     for leftover in (tmp, previous):
         if leftover.exists():
@@ -52,7 +54,8 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
                         "else export again with spot-export") from None
     try:
         names = []
-        if d:
+        if epilogue is not None:
+            d, p = epilogue.future_steps, epilogue.positions
             progress(f"sampling epilogue: D = {d} future steps, {p} of {b} positions per call")
             name, entry = write_epilogue(tmp, cfg.vocab_size, b, d, positions=p)
             entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, b, d)
@@ -68,7 +71,7 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
         graphs["kv_append"] = entry
         manifest["graphs"] = graphs
         manifest = add_files(tmp, manifest, [*names, name])
-        _refresh_memory_terms(manifest, cfg, dtype, EpilogueCall(d, p) if d else None)
+        _refresh_memory_terms(manifest, cfg, dtype, epilogue)
         write_manifest(tmp, manifest)
         load_manifest(tmp)                                 # the new manifest reads back, every file there
     except BaseException:
