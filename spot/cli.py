@@ -70,6 +70,11 @@ def placement_options(command):
              "host) or with numpy on the logits (host). auto: device on cuda/trt, host on cpu.")(command)
 
 
+def stderr_progress(quiet: bool):
+    """Progress lines to stderr (stdout stays the command's result), or none with --quiet."""
+    return (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+
+
 def find_drafter(path, model_dir):
     """The drafter given by --drafter, else drafter.onnx beside the model; SpotError naming where it looked."""
     from pathlib import Path
@@ -215,7 +220,7 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
                             matmulnbits=ort_matmulnbits, plan=plan_device, epilogue_steps=epilogue_steps,
                             epilogue_positions=epilogue_positions)
     options.quant.check()
-    progress = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+    progress = stderr_progress(quiet)
     if plan_only:
         from spot.export.memory_plan import plan_source, render
         plan, cfg = plan_source(resolved, options, progress)
@@ -253,7 +258,7 @@ def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
     """Rewrite an exported folder's sampling epilogue and kv_append graphs for this version, keeping its weights
     (no re-export): hard links into a sibling folder, the new graphs checked, then swapped in by renames."""
     from spot.export.upgrade import upgrade_export
-    progress = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+    progress = stderr_progress(quiet)
     manifest = upgrade_export(folder, epilogue_steps, epilogue_positions, progress)
     epi = manifest["graphs"].get("epilogue")
     click.echo(f"ok: {folder}: " + (f"epilogue D {epi['future_steps']}, {epi['positions_per_call']} positions per "
