@@ -586,3 +586,20 @@ def test_embedded_golden(spot_cli, tmp_path_factory):
     results = run_batch(spot_cli, out, drafter_dir if golden["drafter"] else None, cases)
     bad = mismatches(cases, results)
     assert not bad, f"{len(bad)} of {len(cases)} golden cases differ:\n" + "\n".join(bad[:20])
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_quantized_export_matches(spot_cli, tiny, tmp_path, weights):
+    """A weight-only quantized export: ONNX Runtime fuses DequantizeLinear -> MatMul into MatMulNBits, and the
+    manifest's ort_session_config keeps its activations float32 — the C++ host must apply it as the Python engine
+    does, or its logits (int8-quantized activations) and tokens differ."""
+    _, drafter_dir, _, drafter = tiny
+    folder = export_checkpoint(resolve_source(str(tiny[0].parent / "ckpt")), tmp_path / weights,
+                               ExportOptions(dtype="fp32", weights=weights, int4_block=32, validate=False))
+    assert json.loads((folder / "manifest.json").read_text())["ort_session_config"]
+    engine = OrtEngine(folder)
+    prompts = random_prompts(2, seed=9)
+    cases = golden_cases(engine, drafter, prompts, max_new_tokens=16, budget=8, depth=4, seeds_t1=(2,),
+                         decoders=("standard", "spot"))
+    bad = mismatches(cases, run_batch(spot_cli, folder, drafter_dir, cases))
+    assert not bad, "\n".join(bad)

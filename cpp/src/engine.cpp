@@ -112,6 +112,8 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
     }
     if (const Json* kv = m.at("graphs").find("kv_append"); kv && !kv->is_null())
       ef.kv_append_graph = join(folder, kv->at("file").str());
+    if (const Json* sc = m.find("ort_session_config"); sc && !sc->is_null())
+      for (const auto& [key, value] : sc->members()) ef.ort_session_config.emplace_back(key, value.str());
     m.at("files").members();
   } catch (const SpotException& e) {
     if (e.code() != SPOT_ERR_CORRUPT) throw;
@@ -154,6 +156,7 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
       elem_(f.dtype == "fp16" ? 2 : 4),
       kv_type_(f.dtype == "fp16" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
   SessionConfig sc = session_config(threads, device);
+  sc.config_entries = f.ort_session_config;
   if (device == Device::kTensorRT) {
     sc.trt_cache_dir = trt_cache_dir(f);
     sc.trt_fp16 = f.dtype == "fp16";

@@ -33,6 +33,9 @@ struct ExportedFolder {
   int64_t epilogue_steps = 0;   // its future steps D (the deepest tree it serves)
   int64_t epilogue_positions = 0;   // a state's positions per call (positions_per_call); 0: not recorded (B)
   std::string kv_append_graph;  // absolute path of kv_append.onnx; empty: exported before it (host cache only)
+  // the target session's config entries (manifest "ort_session_config": a quantized export keeps ORT's fused
+  // MatMulNBits on float32 activations), applied as the Python engine applies them
+  std::vector<std::pair<std::string, std::string>> ort_session_config;
 };
 
 // Where F's sampling runs and where the KV cache lives (spot.engines.ort_engine.on_device). Sampling: host = the

@@ -203,6 +203,8 @@ OrtSessionHandle::OrtSessionHandle(const std::string& path, const SessionConfig&
   if (st == nullptr) st = api.SetSessionLogSeverityLevel(so, 3);
   if (st == nullptr && cfg.intra_threads > 0) st = api.SetIntraOpNumThreads(so, cfg.intra_threads);
   if (st == nullptr && cfg.single_inter_thread) st = api.SetInterOpNumThreads(so, 1);
+  for (const auto& [key, value] : cfg.config_entries)
+    if (st == nullptr) st = api.AddSessionConfigEntry(so, key.c_str(), value.c_str());
   if (st == nullptr) st = api.CreateSession(g_env, path.c_str(), so, &session_);
   api.ReleaseSessionOptions(so);
   if (st != nullptr)

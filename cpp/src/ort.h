@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace spot {
@@ -26,6 +27,8 @@ struct SessionConfig {
   bool trt_fp16 = false;                 // TensorRT: build fp16 engines (an fp16 export)
   bool cuda_exact_arena = false;         // CUDA: grow the memory arena by what is requested, not to the next power
                                          // of two (a session whose outputs grow by one block per run: the KV cache)
+  // session config entries (AddSessionConfigEntry), e.g. a quantized export's manifest "ort_session_config"
+  std::vector<std::pair<std::string, std::string>> config_entries;
 };
 
 std::vector<std::string> available_providers();   // what the linked ONNX Runtime library offers
