@@ -207,3 +207,57 @@ def test_changed_folder_is_refused_on_open(tiny, tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(SpotError, match="target.onnx.data .* changed since export"):
         OrtEngine(folder)
+
+
+class _ShapeLog:
+    """A session proxy recording the input shapes of every target pass."""
+
+    def __init__(self, session):
+        self.session, self.shapes = session, []
+
+    def run(self, outputs, feeds):
+        self.shapes.append({k: tuple(v.shape) for k, v in feeds.items()})
+        return self.session.run(outputs, feeds)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+@pytest.mark.parametrize("decoder", ["standard", "tree"])
+def test_every_pass_under_tensorrt_lies_inside_the_recorded_profile(tmp_path, decoder):
+    """--device trt (ORT's TensorRT EP) runs the profile spot-export recorded: N 1..max_nodes states of one block
+    against 0..max_context - B cached tokens. Simulated on the CPU provider — the engine set up as on trt (the
+    profile; prefill one block per pass): every input shape of a long prompt's prefill, block steps, verify passes
+    of the tree decoder and stores lies between the profile's min and max, and the tokens equal the CPU engine's."""
+    from spot.engines.ort_engine import recorded_trt_profile
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.spot import TreeBudget
+    _, folder = _export(TINY, tmp_path, "fp32", validate=False, max_nodes=8, max_context=128)
+    cpu, as_trt = OrtEngine(folder), OrtEngine(folder)
+    as_trt.trt_profile = recorded_trt_profile(as_trt.exported)
+    as_trt.session = log = _ShapeLog(as_trt.session)
+    assert as_trt.prefill_chunk == TINY.block_size and cpu.prefill_chunk == 8 * TINY.block_size
+    prompt = np.random.default_rng(1).integers(0, TINY.vocab_size - 2, size=45)
+    req = DecodeRequest(max_new_tokens=40, sampling=Sampling(1.0, seed=4), budget=TreeBudget(8, 3))
+    assert run_decoder(decoder, as_trt, prompt, req).token_ids == run_decoder(decoder, cpu, prompt, req).token_ids
+    assert len(log.shapes) > 20
+    for shapes in log.shapes:
+        for name, shape in shapes.items():
+            lo, _, hi = as_trt.trt_profile.shapes[name]
+            assert all(a <= d <= b for a, d, b in zip(lo, shape, hi)), (name, shape, lo, hi)
+
+
+def test_tensorrt_needs_the_recorded_profile_and_its_block_size(tmp_path):
+    """An export without the profile (written before it was recorded) and a --block-size override are refused on
+    --device trt before any provider is asked for, with what to do."""
+    from spot.export.manifest import load_manifest, write_manifest
+    _, folder = _export(TINY, tmp_path, "fp32", validate=False)
+    with pytest.raises(SpotError, match="blocks of 4, the engine decodes blocks of 8"):
+        OrtEngine(folder, block_size=8, device="trt")
+    manifest = dict(load_manifest(folder).manifest)
+    manifest["graphs"] = {**manifest["graphs"], "target": {k: v for k, v in manifest["graphs"]["target"].items()
+                                                           if k != "tensorrt_profile"}}
+    write_manifest(folder, manifest)
+    with pytest.raises(SpotError, match="without a TensorRT shape profile") as e:
+        OrtEngine(folder, device="trt")
+    assert "spot upgrade-export" in e.value.hint and "--device cuda" in e.value.hint

@@ -62,14 +62,58 @@ def test_bucket_plan_checks_and_lookups():
 
 
 def test_trt_profiles_fix_the_capacity_per_profile():
+    """Per capacity: a block profile (N 1..8, S = B) and a prefill profile (N = 1, S 2B..chunk), so that no profile
+    spans N_max x chunk tokens (TensorRT sizes a profile's memory for its max shapes)."""
     plan = BucketPlan.default(256, 4, 8, smallest=64, prefill_blocks=2)
     profiles = plan.trt_profiles(layers=2, kv_heads=2, head_dim=16)
-    assert [p.name for p in profiles] == ["C64", "C128", "C256"]
-    p = profiles[1].shapes
-    assert p["past_k"] == ((2, 2, 128, 16),) * 3
-    assert p["input_ids"] == ((1, 4), (8, 4), (8, 8))
-    assert p["attn_bias"] == ((4, 132), (4, 132), (8, 136))
-    assert plan.profile_index(128) == 1
+    assert [p.name for p in profiles] == ["C64", "C64-prefill", "C128", "C128-prefill", "C256", "C256-prefill"]
+    block, prefill = profiles[2].shapes, profiles[3].shapes
+    assert block["past_k"] == prefill["past_k"] == ((2, 2, 128, 16),) * 3
+    assert block["input_ids"] == ((1, 4), (8, 4), (8, 4)) and prefill["input_ids"] == ((1, 8), (1, 8), (1, 8))
+    assert block["attn_bias"] == ((4, 132),) * 3 and prefill["attn_bias"] == ((8, 136),) * 3
+    assert plan.profile_index(128) == plan.profile_index(128, 4) == 2 and plan.profile_index(128, 8) == 3
+    one_block = BucketPlan.default(256, 4, 8, smallest=64, prefill_blocks=1)      # no prefill profiles
+    assert [p.name for p in one_block.trt_profiles(2, 2, 16)] == ["C64", "C128", "C256"]
+    assert one_block.profile_index(256) == 2
+
+
+def test_dynamic_trt_profile_spans_every_pass_of_one_block():
+    from spot.engines.buckets import Profile, dynamic_trt_profile
+    p = dynamic_trt_profile(TINY, max_nodes=8, max_context=256)
+    assert p.shapes["input_ids"] == ((1, 4), (8, 4), (8, 4))
+    assert p.shapes["past_k"] == ((2, 2, 0, 16), (2, 2, 124, 16), (2, 2, 252, 16))
+    assert p.shapes["attn_bias"] == ((4, 4), (4, 128), (4, 256)) and p.shapes["position_ids"] == ((4,),) * 3
+    assert Profile.from_dict("again", p.to_dict()).shapes == p.shapes
+    with pytest.raises(SpotError, match="malformed"):
+        Profile.from_dict("bad", {"min": {"input_ids": [1, 4]}})
+    with pytest.raises(SpotError, match="max_context 2"):
+        dynamic_trt_profile(TINY, max_nodes=8, max_context=2)
+
+
+def test_ort_tensorrt_provider_options(tmp_path, monkeypatch):
+    """--device trt: engine and timing caches, fp16 for an fp16 export, and the profile as ORT's shape strings
+    (the provider list is built without a GPU by faking what onnxruntime offers)."""
+    import onnxruntime as ort
+
+    from spot.engines.buckets import dynamic_trt_profile
+    from spot.engines.ort_engine import providers_for
+    monkeypatch.setattr(ort, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
+    profile = dynamic_trt_profile(TINY, max_nodes=8, max_context=256)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "manifest.json").write_text("{}")      # the engine cache is keyed by its hash
+    providers = providers_for("trt", tmp_path / "model", "fp16", trt_profile=profile)
+    name, opts = providers[0]
+    assert name == "TensorrtExecutionProvider" and providers[1][0] == "CUDAExecutionProvider"
+    assert opts["trt_engine_cache_enable"] and opts["trt_engine_cache_path"].startswith(str(tmp_path))
+    assert opts["trt_timing_cache_enable"] and opts["trt_fp16_enable"]
+    assert opts["trt_profile_min_shapes"] == ("input_ids:1x4,position_ids:4,attn_bias:4x4,past_k:2x2x0x16,"
+                                              "past_v:2x2x0x16")
+    assert opts["trt_profile_max_shapes"] == ("input_ids:8x4,position_ids:4,attn_bias:4x256,past_k:2x2x252x16,"
+                                              "past_v:2x2x252x16")
+    assert "input_ids:8x4" in opts["trt_profile_opt_shapes"]
+    assert "trt_profile_min_shapes" not in providers_for("trt", tmp_path / "model", "fp32")[0][1]
 
 
 # -- KV cache -----------------------------------------------------------------------------------------------------
@@ -145,6 +189,29 @@ def test_static_capacity_gives_the_dynamic_logits(exported):
         worst = max(worst, float(np.abs(dyn.block_logits(st) - static.block_logits(st)).max()))
     assert worst < 1e-5
     assert {(1, 4, 16), (4, 4, 16), (8, 4, 32), (8, 4, 64)} <= seen          # node and capacity buckets were used
+
+
+def test_static_engine_applies_a_quantized_exports_session_config(tmp_path):
+    """The static engine opens the target as OrtEngine does (ort_engine.target_session): a weight-only int8 export's
+    session config keeps ORT's fused MatMulNBits on float32 activations, so both engines agree within 1e-5 (int8
+    activations would differ by ~1e-2)."""
+    torch = pytest.importorskip("torch")
+    from spot.engines.kv_cache import StaticOrtEngine
+    from spot.engines.ort_engine import OrtEngine
+    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.presets import resolve_source
+    from spot.reference.model import random_model
+    random_model(TINY, seed=3).save_pretrained(tmp_path / "ckpt")
+    with torch.no_grad():
+        folder = export_checkpoint(resolve_source(str(tmp_path / "ckpt")), tmp_path / "int8",
+                                   ExportOptions(dtype="fp32", weights="int8", max_nodes=8, validate=False))
+    dyn, static = OrtEngine(folder), StaticOrtEngine(folder, BucketPlan.default(256, 4, 8, smallest=16))
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 120, 12)
+    dyn.prefill(ids)
+    static.prefill(ids)
+    st = _states(rng, 3)
+    assert np.abs(dyn.block_logits(st) - static.block_logits(st)).max() < 1e-5
 
 
 def test_padded_node_buckets_are_batch_invariant(exported):
@@ -229,28 +296,6 @@ def test_build_engine_cli_fails_cleanly(tmp_path):
     assert result.exit_code == 2
     assert "TensorRT" in result.output and "python3-libnvinfer" in result.output
     assert "Traceback" not in result.output
-
-
-def test_ort_tensorrt_provider_options(tmp_path):
-    from spot.engines.tensorrt_engine import ort_trt_providers
-    plan = BucketPlan.default(256, 4, 8, smallest=64, prefill_blocks=2)
-    providers = ort_trt_providers(tmp_path, fp16=True, plan=plan, layers=2, kv_heads=2, head_dim=16)
-    name, opts = providers[0]
-    assert name == "TensorrtExecutionProvider" and providers[1][0] == "CUDAExecutionProvider"
-    assert opts["trt_engine_cache_enable"] and opts["trt_engine_cache_path"] == str(tmp_path)
-    assert opts["trt_timing_cache_enable"] and opts["trt_fp16_enable"]
-    assert "past_k:2x2x64x16" in opts["trt_profile_min_shapes"]
-    assert "past_k:2x2x256x16" in opts["trt_profile_max_shapes"]
-    assert "input_ids:8x8" in opts["trt_profile_max_shapes"]
-
-
-def test_ort_tensorrt_provider_check_without_the_provider():
-    import onnxruntime as ort
-    from spot.engines.tensorrt_engine import check_ort_trt
-    if "TensorrtExecutionProvider" in ort.get_available_providers():
-        pytest.skip("this onnxruntime has the TensorRT provider")
-    with pytest.raises(SpotError, match="TensorrtExecutionProvider"):
-        check_ort_trt()
 
 
 @pytest.mark.slow

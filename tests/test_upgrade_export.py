@@ -35,6 +35,7 @@ def _old_export(tmp_path):
     manifest = dict(load_manifest(folder).manifest)
     graphs = dict(manifest["graphs"])
     graphs.pop("kv_append")
+    graphs["target"] = {k: v for k, v in graphs["target"].items() if k != "tensorrt_profile"}
     graphs["epilogue"] = {k: v for k, v in graphs["epilogue"].items() if k != "positions_per_call"}
     (folder / "kv_append.onnx").unlink()
     manifest["graphs"], manifest["files"] = graphs, {k: v for k, v in manifest["files"].items()
@@ -55,6 +56,7 @@ def test_upgrade_rewrites_the_graphs_and_keeps_the_weights(tmp_path):
     assert after["files"]["target.onnx.data"] == before["files"]["target.onnx.data"]
     assert after["graphs"]["epilogue"]["positions_per_call"] == 4 and after["graphs"]["epilogue"]["future_steps"] == 3
     assert after["graphs"]["epilogue"]["validation"]["checked"] in (True, False) and "kv_append" in after["graphs"]
+    assert after["graphs"]["target"]["tensorrt_profile"]["max"]["input_ids"] == [after["max_nodes"], CFG.block_size]
     assert not any(p.name.startswith("old.") for p in tmp_path.iterdir())      # no leftovers
     terms = after["memory"]["verify_pass_terms"]
     assert terms["sampling_epilogue"] == int(9.5 * 4 * 4 * CFG.vocab_size * 8)

@@ -68,12 +68,68 @@ def pad_nodes(states: np.ndarray, bucket: int) -> np.ndarray:
     return np.concatenate([states, np.repeat(states[-1:], bucket - n, axis=0)], axis=0)
 
 
+def target_input_shapes(layers: int, kv_heads: int, head_dim: int, nodes: int, tokens: int,
+                        cached: int) -> dict[str, tuple[int, ...]]:
+    """The target graph's input shapes (spot.export.graph) for one pass of `nodes` states of `tokens` tokens against
+    `cached` cached tokens: input_ids [N,S], position_ids [S], attn_bias [S,C+S], past_k/past_v [L,Hkv,C,D]."""
+    kv = (layers, kv_heads, cached, head_dim)
+    return {"input_ids": (nodes, tokens), "position_ids": (tokens,), "attn_bias": (tokens, cached + tokens),
+            "past_k": kv, "past_v": kv}
+
+
 @dataclass(frozen=True)
 class Profile:
     """One TensorRT optimisation profile: input name -> (min, opt, max) shapes."""
 
     name: str
     shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+
+    @staticmethod
+    def spanning(name: str, dims: tuple[int, int, int], lo: tuple[int, int, int], opt: tuple[int, int, int],
+                 hi: tuple[int, int, int]) -> "Profile":
+        """The profile whose min / opt / max are the target's input shapes at the passes lo, opt, hi, each given as
+        (nodes, tokens, cached); dims = (layers, kv_heads, head_dim)."""
+        ends = [target_input_shapes(*dims, *pass_) for pass_ in (lo, opt, hi)]
+        return Profile(name, {k: (ends[0][k], ends[1][k], ends[2][k]) for k in ends[0]})
+
+    def to_dict(self) -> dict:
+        """{"min" | "opt" | "max": {input: [dims]}} (the manifest's record)."""
+        return {end: {k: list(v[i]) for k, v in self.shapes.items()} for i, end in enumerate(("min", "opt", "max"))}
+
+    @staticmethod
+    def from_dict(name: str, d: dict) -> "Profile":
+        try:
+            inputs = list(d["min"])
+            shapes = {k: tuple(tuple(int(x) for x in d[end][k]) for end in ("min", "opt", "max")) for k in inputs}
+        except (KeyError, TypeError, ValueError) as e:
+            raise SpotError(f"the TensorRT profile {name} is malformed ({type(e).__name__}: {e}): expected "
+                            "{\"min\"|\"opt\"|\"max\": {input: [dims]}}") from None
+        return Profile(name, shapes)
+
+
+def dynamic_trt_profile(cfg, max_nodes: int, max_context: int) -> Profile:
+    """The one profile ONNX Runtime's TensorRT execution provider serves the dynamic-shape engines with (OrtEngine,
+    the C++ host; spot-export records it in the manifest): N in 1..max_nodes states of one block (S = B) against
+    0..max_context - B cached tokens (cfg: a ModelConfig).
+
+    ORT's TensorRT EP builds an engine for the shapes it has seen and builds again when a shape leaves that range
+    (the cache grows by a block at every store): explicit ranges make it one build. It runs on its first profile
+    only, and TensorRT sizes a profile's memory for its max shapes in every dimension at once, so S stays one
+    block: a range over prefill chunks too would reserve N_max x chunk tokens of activations, not the widest verify
+    pass the memory plan counts. On this provider the hosts therefore prefill one block per pass."""
+    b = cfg.block_size
+    top = max_context - b
+    if top < 0 or max_nodes < 1:
+        raise SpotError(f"no TensorRT profile for max_context {max_context} and max_nodes {max_nodes}: expected "
+                        f"max_context >= the block size {b} and max_nodes >= 1")
+    dims = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+    return Profile.spanning("dynamic", dims, (1, b, 0), (min(16, max_nodes), b, top // 2 // b * b),
+                            (max_nodes, b, top))
+
+
+def trt_shape_option(shapes: dict[str, tuple[int, ...]]) -> str:
+    """ORT's trt_profile_{min,opt,max}_shapes format: "name:AxBxC,name2:..."."""
+    return ",".join(f"{name}:{'x'.join(str(d) for d in shape)}" for name, shape in shapes.items())
 
 
 @dataclass(frozen=True)
@@ -126,24 +182,24 @@ class BucketPlan:
         return out
 
     def trt_profiles(self, layers: int, kv_heads: int, head_dim: int) -> list[Profile]:
-        """One profile per capacity bucket: N in [1, max node bucket], S in [B, prefill_chunk], C fixed.
-        The target graph's inputs (spot.export.graph): input_ids [N,S], position_ids [S], attn_bias [S,C+S],
-        past_k/past_v [L,Hkv,C,D]."""
-        b, n_max, s_max = self.block_size, self.nodes[-1], self.prefill_chunk
+        """Per capacity bucket C (cache fixed at C): a block profile — N in 1..max node bucket, S = B — and, when
+        prefill chunks are longer than a block, a prefill profile — N = 1, S in 2B..prefill_chunk. Two profiles, not
+        one spanning both, because TensorRT sizes a profile's memory for its max shapes in every dimension at once:
+        one range would reserve N_max x prefill_chunk tokens of activations. Order: profile_index."""
+        b, n_max, s_max, dims = self.block_size, self.nodes[-1], self.prefill_chunk, (layers, kv_heads, head_dim)
         profiles = []
         for c in self.capacities:
-            kv = (layers, kv_heads, c, head_dim)
-            profiles.append(Profile(f"C{c}", {
-                "input_ids": ((1, b), (n_max, b), (n_max, s_max)),
-                "position_ids": ((b,), (b,), (s_max,)),
-                "attn_bias": ((b, c + b), (b, c + b), (s_max, c + s_max)),
-                "past_k": (kv, kv, kv),
-                "past_v": (kv, kv, kv),
-            }))
+            profiles.append(Profile.spanning(f"C{c}", dims, (1, b, c), (n_max, b, c), (n_max, b, c)))
+            if s_max > b:
+                profiles.append(Profile.spanning(f"C{c}-prefill", dims, (1, 2 * b, c), (1, s_max, c),
+                                                 (1, s_max, c)))
         return profiles
 
-    def profile_index(self, capacity: int) -> int:
-        return self.capacities.index(capacity)
+    def profile_index(self, capacity: int, tokens: int | None = None) -> int:
+        """The profile of a pass of `tokens` tokens per state (default: one block) at a capacity bucket."""
+        per_capacity = 2 if self.prefill_chunk > self.block_size else 1
+        prefill = tokens is not None and tokens > self.block_size
+        return self.capacities.index(capacity) * per_capacity + int(prefill)
 
     def to_dict(self) -> dict:
         return {"block_size": self.block_size, "capacities": list(self.capacities), "nodes": list(self.nodes),

@@ -14,11 +14,12 @@ Works on numpy arrays (CPU, ORT) and torch tensors (CUDA device buffers for Tens
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from spot.engines.buckets import BucketPlan, pad_nodes
+from spot.engines.buckets import BucketPlan, Profile, pad_nodes
 from spot.errors import SpotError
 from spot.runtime.engine import Engine
 
@@ -104,7 +105,7 @@ class StaticOrtEngine(Engine):
 
     def __init__(self, model_dir: str | Path, plan: BucketPlan | None = None, device: str = "cpu",
                  threads: int | None = None):
-        from spot.engines.ort_engine import make_session
+        from spot.engines.ort_engine import target_session
         from spot.export.manifest import NP_DTYPES
         from spot.export.manifest import load_manifest
         self.exported = load_manifest(model_dir)
@@ -118,7 +119,13 @@ class StaticOrtEngine(Engine):
             raise SpotError(f"largest node bucket {self.plan.nodes[-1]} exceeds the export's max_nodes "
                             f"{self.exported.max_nodes}")
         self.dtype = np.dtype(NP_DTYPES[self.exported.dtype])
-        self.session = make_session(self.exported.graph_path("target"), device, self.exported.dtype, threads)
+        profile = None
+        if device == "trt":    # ORT's TensorRT EP: one profile over the plan, passes of one block (dynamic_trt_profile)
+            self.plan = replace(self.plan, prefill_chunk=self.block_size)
+            dims = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+            b, n, caps = self.block_size, self.plan.nodes[-1], self.plan.capacities
+            profile = Profile.spanning("static", dims, (1, b, caps[0]), (n, b, caps[len(caps) // 2]), (n, b, caps[-1]))
+        self.session = target_session(self.exported, device, threads, profile)
         self.cache = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, self.plan.capacities[0],
                                    cfg.head_dim, self.dtype)
         self.last_shapes: tuple[int, int, int] | None = None     # (N, S, C) of the last pass, for tests/benchmarks

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spot.engines.buckets import Profile, trt_shape_option
 from spot.errors import SpotError
 from spot.export.manifest import NP_DTYPES, load_manifest
 from spot.runtime.engine import Engine
@@ -40,9 +41,22 @@ def trt_cache_dir(folder: Path) -> Path:
     return base / "trt" / key
 
 
-def providers_for(device: str, folder: Path, dtype: str, cuda_options: dict | None = None) -> list:
+def trt_options(cache: Path, fp16: bool, profile: Profile | None) -> dict:
+    """ONNX Runtime TensorRT EP options: engine and timing caches under `cache`, fp16 kernels for an fp16 export and,
+    given a profile, its explicit min / opt / max shapes (one engine build for every pass it spans:
+    spot.engines.buckets.dynamic_trt_profile)."""
+    opts = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
+            "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache), "trt_fp16_enable": fp16}
+    if profile is not None:
+        for i, end in enumerate(("min", "opt", "max")):
+            opts[f"trt_profile_{end}_shapes"] = trt_shape_option({k: v[i] for k, v in profile.shapes.items()})
+    return opts
+
+
+def providers_for(device: str, folder: Path, dtype: str, cuda_options: dict | None = None,
+                  trt_profile: Profile | None = None) -> list:
     """Execution providers for --device, checked against what the installed onnxruntime offers; cuda_options: extra
-    CUDA provider options."""
+    CUDA provider options; trt_profile: the TensorRT shape profile of the graph (--device trt)."""
     ort = _ort()
     if device not in DEVICES:
         raise SpotError(f"unknown device {device!r} for the ort backend, expected one of {', '.join(DEVICES)}")
@@ -61,16 +75,15 @@ def providers_for(device: str, folder: Path, dtype: str, cuda_options: dict | No
                         "use an onnxruntime-gpu build with TensorRT (and TensorRT's libraries), or --device cuda")
     cache = trt_cache_dir(folder)
     cache.mkdir(parents=True, exist_ok=True)
-    trt = ("TensorrtExecutionProvider", {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
-                                         "trt_fp16_enable": dtype == "fp16"})
-    return [trt, cuda, "CPUExecutionProvider"]
+    return [("TensorrtExecutionProvider", trt_options(cache, dtype == "fp16", trt_profile)), cuda,
+            "CPUExecutionProvider"]
 
 
 def make_session(graph: Path, device: str, dtype: str, threads: int | None = None, config: dict | None = None,
-                 cuda_options: dict | None = None):
+                 cuda_options: dict | None = None, trt_profile: Profile | None = None):
     """An InferenceSession on the requested provider; SpotError when the provider did not actually load."""
     ort = _ort()
-    providers = providers_for(device, graph.parent, dtype, cuda_options)
+    providers = providers_for(device, graph.parent, dtype, cuda_options, trt_profile)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3          # warnings about unused initializers etc. are not the user's business
@@ -89,6 +102,25 @@ def make_session(graph: Path, device: str, dtype: str, threads: int | None = Non
         raise SpotError(f"onnxruntime fell back from {wanted} to {session.get_providers()[0]}: the provider's "
                         "libraries (CUDA, cuDNN, TensorRT) did not load", _GPU_HINT)
     return session
+
+
+def target_session(exported, device: str, threads: int | None = None, trt_profile: Profile | None = None):
+    """The session of an exported folder's target graph, with the manifest's session config (a quantized export
+    keeps float32 activations in ONNX Runtime's fused MatMulNBits: docs/quantization.md)."""
+    return make_session(exported.graph_path("target"), device, exported.dtype, threads,
+                        exported.manifest.get("ort_session_config"), trt_profile=trt_profile)
+
+
+def recorded_trt_profile(exported) -> Profile:
+    """The TensorRT shape profile spot-export recorded for the dynamic-shape engines (--device trt)."""
+    entry = exported.manifest["graphs"]["target"].get("tensorrt_profile")
+    if entry is None:
+        raise SpotError(f"{exported.folder} was exported without a TensorRT shape profile, which --device trt needs "
+                        "(without one, ONNX Runtime's TensorRT provider builds its engine again whenever the KV "
+                        "cache outgrows the shapes it has seen)",
+                        f"run `spot upgrade-export {exported.folder}` (seconds, the weights stay), or use "
+                        "--device cuda")
+    return Profile.from_dict(f"{exported.folder}'s tensorrt_profile", entry)
 
 
 def epilogue_outputs(session, path) -> list[str]:
@@ -147,13 +179,20 @@ class OrtEngine(Engine):
         self.device = device
         self.place = "cpu" if device == "cpu" else "cuda"    # where the target's outputs live (ORT device type)
         self.dtype = np.dtype(NP_DTYPES[self.exported.dtype])
-        self.session = make_session(self.exported.graph_path("target"), device, self.exported.dtype, threads,
-                                    self.exported.manifest.get("ort_session_config"))
+        self.trt_profile = self._trt_profile() if device == "trt" else None
+        self.session = target_session(self.exported, device, threads, self.trt_profile)
         cfg = self.config
         self._empty = np.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, 0, cfg.head_dim), self.dtype)
         self._k = self._v = self._empty
         self.device_kv = self._open_device_kv(kv_cache, threads)    # None: the numpy cache self._k / self._v
         self.epilogue, self._future_steps = self._open_epilogue(sampler, threads)
+
+    def _trt_profile(self) -> Profile:
+        if self.block_size != self.exported.block_size:
+            raise SpotError(f"--device trt runs the TensorRT profile recorded for blocks of "
+                            f"{self.exported.block_size}, the engine decodes blocks of {self.block_size}",
+                            "use the export's block size, or --device cuda")
+        return recorded_trt_profile(self.exported)
 
     @staticmethod
     def from_dir(model_dir, block_size: int | None = None, device: str = "cpu", threads: int | None = None,
@@ -265,7 +304,10 @@ class OrtEngine(Engine):
     def prefill_chunk(self) -> int:
         """Prompt tokens per prefill pass: max_nodes x B, so that no prefill pass needs more activation memory than
         the widest verify pass the export was planned for (ONNX Runtime computes every output, the logits of every
-        prompt token included; spot.export.memory_plan)."""
+        prompt token included; spot.export.memory_plan). On --device trt: the TensorRT profile's longest pass (one
+        block: spot.engines.buckets.dynamic_trt_profile says why)."""
+        if self.trt_profile is not None:
+            return self.trt_profile.shapes["position_ids"][2][0]
         return max(1, self.exported.max_nodes) * self.block_size
 
     def _prefill(self, ids: np.ndarray) -> None:

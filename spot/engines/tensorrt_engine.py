@@ -1,13 +1,14 @@
-"""TensorRT engines for the exported target graph, and ONNX Runtime's TensorRT execution provider as the simpler path.
+"""TensorRT engines for the exported target graph (ONNX Runtime's TensorRT execution provider, the simpler path, is
+`--device trt` of the ORT engines: spot.engines.ort_engine.providers_for).
 
 STATUS: written to the documented TensorRT 10.x / 11.x Python API (name-based tensors, execute_async_v3,
 optimisation profiles, timing cache) and NEVER RUN on this project's CI, which has no GPU and no TensorRT.
 Only the "TensorRT is missing" paths are tested (tests/test_trt_and_buckets.py). scripts/gpu_check.sh exercises the
 rest on a machine with an NVIDIA GPU; docs/gpu-path.md lists what ran where.
 
-Build (`spot build-engine DIR`): parse DIR/target.onnx (external weights next to it), one optimisation profile per
-KV-capacity bucket (spot.engines.buckets.BucketPlan.trt_profiles), a persistent timing cache, and an engine cache
-keyed by sha256(ONNX + weights) + TensorRT version + GPU name + build options.
+Build (`spot build-engine DIR`): parse DIR/target.onnx (external weights next to it), a block profile and a prefill
+profile per KV-capacity bucket (spot.engines.buckets.BucketPlan.trt_profiles), a persistent timing cache, and an
+engine cache keyed by sha256(ONNX + weights) + TensorRT version + GPU name + build options + profile layout.
 Precision: the network is strongly typed wherever TensorRT supports it (required in 11.x, which removed the
 FP16/INT8 builder flags): the precision is the export's (`spot-export --dtype fp16`). On 10.x, `fp16_flag=True`
 instead builds a weakly typed network from an fp32 export with BuilderFlag.FP16 (TensorRT picks fp16 kernels).
@@ -95,10 +96,15 @@ def _sha256_files(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+# the order of BucketPlan.trt_profiles, which TrtEngine's profile indices assume: an engine built with another
+# layout (one profile per capacity, before block and prefill profiles were split) is not reused
+PROFILE_LAYOUT = "block+prefill per capacity"
+
+
 def engine_cache_key(onnx_files: list[Path], version: str, gpu: str, options: BuildOptions, plan: BucketPlan) -> str:
     """sha256 over the ONNX graph + weights, the TensorRT version, the GPU name and the build options/buckets."""
-    meta = json.dumps({"trt": version, "gpu": gpu, "options": asdict(options), "plan": plan.to_dict()},
-                      sort_keys=True)
+    meta = json.dumps({"trt": version, "gpu": gpu, "options": asdict(options), "plan": plan.to_dict(),
+                       "profiles": PROFILE_LAYOUT}, sort_keys=True)
     return hashlib.sha256((_sha256_files(onnx_files) + meta).encode()).hexdigest()
 
 
@@ -279,7 +285,7 @@ class TrtEngine(Engine):
                  "position_ids": torch.arange(self.cache.length, self.cache.length + s, device="cuda"),
                  "attn_bias": self.cache.bias(s, self.block_size, np.float32).to(self.kv_dtype).contiguous(),
                  "past_k": self.cache.k, "past_v": self.cache.v}
-        return self.runner.run(feeds, self.plan.profile_index(self.cache.capacity), wanted)
+        return self.runner.run(feeds, self.plan.profile_index(self.cache.capacity, s), wanted)
 
     def _reset(self) -> None:
         self.cache.reset()
@@ -349,41 +355,3 @@ class TrtEngine(Engine):
     def _store(self, state: np.ndarray) -> None:
         out = self._run(state[None], ["new_k", "new_v"])
         self.cache.append(out["new_k"][:, 0], out["new_v"][:, 0])
-
-
-# -- ONNX Runtime's TensorRT execution provider ----------------------------------------------------------------------
-def _shape_list(shapes: dict[str, tuple[int, ...]]) -> str:
-    return ",".join(f"{name}:{'x'.join(str(d) for d in shape)}" for name, shape in shapes.items())
-
-
-def ort_trt_providers(cache: str | Path, fp16: bool = False, plan: BucketPlan | None = None, layers: int = 0,
-                      kv_heads: int = 0, head_dim: int = 0, workspace_gib: float = 4.0,
-                      cuda_graph: bool = False) -> list:
-    """Providers for onnxruntime.InferenceSession: TensorRT EP with engine and timing caches under `cache`
-    (then CUDA, then CPU as fallbacks). With a plan, explicit profile shapes cover the plan's largest bucket
-    (ORT's TensorRT EP takes one min/opt/max range per input)."""
-    cache = Path(cache)
-    opts = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
-            "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache),
-            "trt_fp16_enable": bool(fp16), "trt_max_workspace_size": int(workspace_gib * 2**30)}
-    if cuda_graph:
-        opts["trt_cuda_graph_enable"] = True
-    if plan is not None:
-        profiles = plan.trt_profiles(layers, kv_heads, head_dim)
-        lo = {k: v[0] for k, v in profiles[0].shapes.items()}
-        opt = {k: v[1] for k, v in profiles[-1].shapes.items()}
-        hi = {k: v[2] for k, v in profiles[-1].shapes.items()}
-        for name in ("past_k", "past_v"):
-            lo[name] = profiles[0].shapes[name][0]
-        opts.update({"trt_profile_min_shapes": _shape_list(lo), "trt_profile_opt_shapes": _shape_list(opt),
-                     "trt_profile_max_shapes": _shape_list(hi)})
-    return [("TensorrtExecutionProvider", opts), ("CUDAExecutionProvider", {}), "CPUExecutionProvider"]
-
-
-def check_ort_trt() -> None:
-    """SpotError unless onnxruntime offers the TensorRT execution provider."""
-    import onnxruntime as ort
-    if "TensorrtExecutionProvider" not in ort.get_available_providers():
-        raise SpotError(f"onnxruntime {ort.__version__} has no TensorrtExecutionProvider (it offers "
-                        f"{', '.join(ort.get_available_providers())})",
-                        "install onnxruntime-gpu built with TensorRT plus TensorRT's libraries; " + INSTALL_HINT)

@@ -24,6 +24,7 @@ from onnx import TensorProto, helper
 from spot import __version__
 from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32
 from spot.config import ModelConfig, check_block_size, load_config
+from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
 from spot.export.graph import (TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset,
                                io_contract)
@@ -302,7 +303,8 @@ def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, s
         "max_nodes": options.max_nodes, "max_context": max_context,
         "graphs": {"target": {"file": TARGET_FILE, "data": DATA_FILE, **io_contract(cfg, options.dtype),
                               "weights_layout": "linear weights stored transposed [in, out] for MatMul; "
-                                                "norm weights float32; embed [V, H]"},
+                                                "norm weights float32; embed [V, H]",
+                              "tensorrt_profile": dynamic_trt_profile(cfg, options.max_nodes, max_context).to_dict()},
                    **({"drafter": {"file": "drafter.onnx", "manifest": "drafter.json"}}
                       if "drafter.onnx" in copied else {}),
                    **(extra_graphs or {})},

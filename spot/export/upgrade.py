@@ -1,4 +1,5 @@
-"""`spot upgrade-export DIR`: bring an exported folder's small graphs up to this version without exporting again.
+"""`spot upgrade-export DIR`: bring an exported folder's small graphs (and the TensorRT shape profile its manifest records
+for --device trt) up to this version without exporting again.
 
 The sampling epilogue (epilogue.onnx: since session 14 it takes runs of `positions_per_call` positions, which is
 what keeps it under 1 GiB per call at SDAR's vocabulary) and the device KV cache's append (kv_append.onnx) are built
@@ -14,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.export import ExportOptions, check_options
@@ -69,6 +71,9 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
         name, entry = write_kv_append(tmp, layers, heads, dim, dtype)
         entry["validation"] = validate_kv_append(tmp, layers, heads, dim, dtype)
         graphs["kv_append"] = entry
+        progress("TensorRT shape profile for --device trt")
+        graphs["target"] = {**graphs["target"], "tensorrt_profile": dynamic_trt_profile(
+            cfg, int(manifest["max_nodes"]), int(manifest["max_context"])).to_dict()}
         manifest["graphs"] = graphs
         manifest = add_files(tmp, manifest, [*names, name])
         _refresh_memory_terms(manifest, cfg, dtype, epilogue)
