@@ -533,6 +533,21 @@ def test_gpu_devices_need_a_gpu_onnxruntime(spot_cli, tiny, device, tmp_path, mo
     assert proc.returncode == 64 and "--device expects cpu, cuda or trt, got gpu" in proc.stderr
 
 
+def test_tensorrt_needs_the_recorded_shape_profile(spot_cli, tiny, tmp_path, monkeypatch):
+    """--device trt runs the TensorRT shape profile spot-export records (the Python engine's contract); a folder
+    exported before it was recorded is refused before any provider or cache folder is touched, with the fix."""
+    old = tmp_path / "old"
+    shutil.copytree(tiny[0], old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    assert manifest["graphs"]["target"]["tensorrt_profile"]["max"]["position_ids"] == [TINY.block_size]
+    del manifest["graphs"]["target"]["tensorrt_profile"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))
+    proc = cli(spot_cli, "generate", "--model", old, "--device", "trt", "--prompt-ids", "1,2")
+    _fails(proc, INCOMPATIBLE, "without a TensorRT shape profile", "spot upgrade-export", "or use device cuda")
+    assert not (tmp_path / "cache").exists()
+
+
 def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
     _fails(cli(spot_cli, "generate", "--model", tiny[0], "--decoder", "spot", "--prompt-ids", "1,2"),
            INVALID_ARGUMENT, "needs a drafter")

@@ -74,6 +74,17 @@ ModelFacts parse_model(const Json& m) {
 
 uint16_t fp16_neg_inf() { return 0xFC00; }
 
+// {"input_ids": [1, 4], ...} -> "input_ids:1x4,..." (ORT's trt_profile_*_shapes format), in the manifest's order
+std::string trt_shape_option(const Json& shapes) {
+  std::string out;
+  for (const auto& [name, dims] : shapes.members()) {
+    out += (out.empty() ? "" : ",") + name + ":";
+    const auto& items = dims.items();
+    for (size_t i = 0; i < items.size(); ++i) out += (i ? "x" : "") + std::to_string(items[i].integer());
+  }
+  return out;
+}
+
 }  // namespace
 
 ExportedFolder load_exported_folder(const std::string& folder, spot_verify verify) {
@@ -112,6 +123,14 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
     }
     if (const Json* kv = m.at("graphs").find("kv_append"); kv && !kv->is_null())
       ef.kv_append_graph = join(folder, kv->at("file").str());
+    if (const Json* prof = target.find("tensorrt_profile"); prof && !prof->is_null()) {
+      ef.trt_profile_min = trt_shape_option(prof->at("min"));
+      ef.trt_profile_opt = trt_shape_option(prof->at("opt"));
+      ef.trt_profile_max = trt_shape_option(prof->at("max"));
+      const auto& tokens = prof->at("max").at("position_ids").items();
+      if (tokens.size() != 1) fail(SPOT_ERR_CORRUPT, "tensorrt_profile: position_ids must have one dimension");
+      ef.trt_profile_tokens = tokens[0].integer();
+    }
     if (const Json* sc = m.find("ort_session_config"); sc && !sc->is_null())
       for (const auto& [key, value] : sc->members()) ef.ort_session_config.emplace_back(key, value.str());
     m.at("files").members();
@@ -158,8 +177,17 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
   SessionConfig sc = session_config(threads, device);
   sc.config_entries = f.ort_session_config;
   if (device == Device::kTensorRT) {
+    if (f.trt_profile_min.empty())
+      fail(SPOT_ERR_INCOMPATIBLE, f.folder + " was exported without a TensorRT shape profile, which device trt needs "
+                                             "(without one, ONNX Runtime's TensorRT provider builds its engine again "
+                                             "whenever the KV cache outgrows the shapes it has seen): run `spot "
+                                             "upgrade-export " + f.folder + "`, or use device cuda");
     sc.trt_cache_dir = trt_cache_dir(f);
     sc.trt_fp16 = f.dtype == "fp16";
+    sc.trt_profile_min = f.trt_profile_min;
+    sc.trt_profile_opt = f.trt_profile_opt;
+    sc.trt_profile_max = f.trt_profile_max;
+    prefill_chunk_ = f.trt_profile_tokens;
   }
   session_ = std::make_unique<OrtSessionHandle>(f.target_graph, sc);
   for (const auto& want : kInputs)
@@ -363,8 +391,9 @@ void TargetEngine::prefill(const std::vector<int64_t>& ids) {
   const int64_t p = static_cast<int64_t>(ids.size());
   check_room(p);
   // in chunks of max_nodes x B tokens, as the Python engine: no prefill pass needs more activation memory than the
-  // widest verify pass the export was planned for (ONNX Runtime computes every output, the logits included)
-  const int64_t chunk = std::max<int64_t>(b_, max_nodes_ * b_);
+  // widest verify pass the export was planned for (ONNX Runtime computes every output, the logits included); on
+  // device trt the TensorRT profile's longest pass (one block: spot.engines.buckets.dynamic_trt_profile says why)
+  const int64_t chunk = prefill_chunk_ > 0 ? prefill_chunk_ : std::max<int64_t>(b_, max_nodes_ * b_);
   for (int64_t start = 0; start < p; start += chunk) {
     const int64_t s = std::min(chunk, p - start);
     // additive mask [S, C + S]: the cache visible (earlier blocks); within the chunk 0 where block(j) <= block(i)

@@ -82,7 +82,8 @@ void append_cuda(OrtSessionOptions* so, const SessionConfig& cfg) {
   check_provider(st, "CUDAExecutionProvider");
 }
 
-// The Python runtime's TensorRT options (ort_engine.providers_for): engines cached outside the exported folder.
+// The Python runtime's TensorRT options (ort_engine.trt_options): engine and timing caches outside the exported
+// folder, fp16 for an fp16 export, the export's shape profile (one engine build for every pass).
 void append_tensorrt(OrtSessionOptions* so, const SessionConfig& cfg) {
   const OrtApi& api = ort_api();
   std::error_code ec;
@@ -92,9 +93,16 @@ void append_tensorrt(OrtSessionOptions* so, const SessionConfig& cfg) {
                                "): set SPOT_CACHE to a writable folder");
   OrtTensorRTProviderOptionsV2* opts = nullptr;
   check_provider(api.CreateTensorRTProviderOptions(&opts), "TensorrtExecutionProvider");
-  const char* keys[] = {"trt_engine_cache_enable", "trt_engine_cache_path", "trt_fp16_enable"};
-  const char* values[] = {"1", cfg.trt_cache_dir.c_str(), cfg.trt_fp16 ? "1" : "0"};
-  OrtStatus* st = api.UpdateTensorRTProviderOptions(opts, keys, values, 3);
+  std::vector<const char*> keys = {"trt_engine_cache_enable", "trt_engine_cache_path", "trt_timing_cache_enable",
+                                   "trt_timing_cache_path", "trt_fp16_enable"};
+  std::vector<const char*> values = {"1", cfg.trt_cache_dir.c_str(), "1", cfg.trt_cache_dir.c_str(),
+                                     cfg.trt_fp16 ? "1" : "0"};
+  if (!cfg.trt_profile_min.empty()) {
+    keys.insert(keys.end(), {"trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes"});
+    values.insert(values.end(), {cfg.trt_profile_min.c_str(), cfg.trt_profile_opt.c_str(),
+                                 cfg.trt_profile_max.c_str()});
+  }
+  OrtStatus* st = api.UpdateTensorRTProviderOptions(opts, keys.data(), values.data(), keys.size());
   if (st == nullptr) st = api.SessionOptionsAppendExecutionProvider_TensorRT_V2(so, opts);
   api.ReleaseTensorRTProviderOptions(opts);
   check_provider(st, "TensorrtExecutionProvider");

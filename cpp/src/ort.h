@@ -25,6 +25,8 @@ struct SessionConfig {
   Device device = Device::kCpu;
   std::string trt_cache_dir;             // TensorRT: engine cache folder (created when absent)
   bool trt_fp16 = false;                 // TensorRT: build fp16 engines (an fp16 export)
+  // TensorRT: explicit shape ranges, ORT's trt_profile_{min,opt,max}_shapes strings ("name:AxB,..."); empty: none
+  std::string trt_profile_min, trt_profile_opt, trt_profile_max;
   bool cuda_exact_arena = false;         // CUDA: grow the memory arena by what is requested, not to the next power
                                          // of two (a session whose outputs grow by one block per run: the KV cache)
   // session config entries (AddSessionConfigEntry), e.g. a quantized export's manifest "ort_session_config"
