@@ -117,8 +117,12 @@ def find_drafter(path, model_dir):
               help="drafter.onnx (or its folder). Default: the one beside the model, if any.")
 @placement_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + stats.")
+@click.option("--stream", is_flag=True,
+              help="Print the output block by block as each block is final (with --json: one JSON line per block, "
+                   "{\"block_ids\": [...]}, before the result).")
 def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
-             max_new_tokens, backend, device, decoder, budget, depth, drafter_path, sampler, kv_cache, as_json):
+             max_new_tokens, backend, device, decoder, budget, depth, drafter_path, sampler, kv_cache, as_json,
+             stream):
     """Generate with one decoder. SPOT decoders give the same tokens as standard decoding, in fewer passes.
 
     \b
@@ -126,6 +130,7 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
       spot generate --prompt "def fibonacci(n):" --max-new-tokens 64
       spot generate --prompt "import os" --decoder spot --budget 16 --depth 8 --json
       spot generate --model out/embedded-fp32-onnx --backend ort --decoder spot-sets --tau 0.9
+      spot generate --prompt "class Stack:" --decoder spot --stream
     """
     import json
 
@@ -135,7 +140,7 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
     from spot.runtime.decoders import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
-    from spot.tokenizer import load_tokenizer, prompt_ids_for
+    from spot.tokenizer import TextStream, load_tokenizer, prompt_ids_for
 
     folder = model_dir if model_dir is not None else embedded_model_dir()
     load_config(folder)  # folder / config errors first, before the tokenizer and the weights
@@ -145,7 +150,17 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
     engine = open_engine(backend, folder, block_size, device, sampler, kv_cache)
     drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
     request = DecodeRequest(max_new_tokens, mode, tau, sampling, TreeBudget(budget, depth))
-    gen = run_decoder(decoder, engine, ids, request, drafter)
+    on_block, text_stream = None, None
+    if stream and as_json:
+        def on_block(block_ids):
+            click.echo(json.dumps({"block_ids": block_ids}))
+    elif stream:
+        text_stream = TextStream(tokenizer) if tokenizer is not None else None
+
+        def on_block(block_ids):
+            piece = text_stream.feed(block_ids) if text_stream else "".join(f" {i}" for i in block_ids)
+            click.echo(piece, nl=False)
+    gen = run_decoder(decoder, engine, ids, request, drafter, on_block)
     text = tokenizer.decode(gen.token_ids) if tokenizer is not None else None
     stats = gen.stats
     if as_json:
@@ -156,7 +171,10 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
             out["text"] = text
         click.echo(json.dumps(out))
         return
-    click.echo(text if text is not None else " ".join(map(str, gen.token_ids)))
+    if stream:
+        click.echo(text_stream.end() if text_stream else "")
+    else:
+        click.echo(text if text is not None else " ".join(map(str, gen.token_ids)))
     passes = ", ".join(f"{k} {v}" for k, v in sorted(stats.passes.items()))
     rate = len(gen.token_ids) / stats.seconds if stats.seconds > 0 else 0.0
     click.echo(f"[{decoder}: {len(gen.token_ids)} tokens, {stats.target_passes} target passes ({passes}), "
@@ -255,14 +273,15 @@ def verify(folder, quick):
               help="Block positions per epilogue call (default: the most that keep a call under 1 GiB).")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
-    """Rewrite an exported folder's sampling epilogue and kv_append graphs for this version, keeping its weights
-    (no re-export): hard links into a sibling folder, the new graphs checked, then swapped in by renames."""
+    """Rewrite an exported folder's sampling epilogue and kv_append graphs and its TensorRT shape profile (for
+    --device trt) for this version, keeping its weights (no re-export): hard links into a sibling folder, the new
+    graphs checked, then swapped in by renames."""
     from spot.export.upgrade import upgrade_export
     progress = stderr_progress(quiet)
     manifest = upgrade_export(folder, epilogue_steps, epilogue_positions, progress)
     epi = manifest["graphs"].get("epilogue")
     click.echo(f"ok: {folder}: " + (f"epilogue D {epi['future_steps']}, {epi['positions_per_call']} positions per "
-                                    "call" if epi else "no epilogue") + ", kv_append")
+                                    "call" if epi else "no epilogue") + ", kv_append, TensorRT profile")
 
 
 @main.command("train-target")

@@ -52,6 +52,30 @@ class SpotTokenizer:
         return self.encode(self.apply_chat_template([{"role": "user", "content": user_text}]))
 
 
+class TextStream:
+    """Text of a growing id sequence, piece by piece (streaming block by block): each `feed(ids)` returns the text
+    the new ids complete. The whole sequence is decoded each time — byte-level BPE pieces only read right across
+    token boundaries — and a trailing U+FFFD (a UTF-8 character whose bytes are not all there yet) is held back
+    until the next ids complete it (or `end()`). The pieces joined are tokenizer.decode(all ids)."""
+
+    def __init__(self, tokenizer: SpotTokenizer):
+        self.tokenizer, self.ids, self.shown = tokenizer, [], 0
+
+    def feed(self, ids) -> str:
+        self.ids.extend(int(i) for i in ids)
+        text = self.tokenizer.decode(self.ids)
+        ready = len(text.rstrip("\ufffd"))
+        if ready < self.shown:      # a held-back character decoded otherwise: never unsay printed text
+            ready = self.shown
+        piece, self.shown = text[self.shown:ready], ready
+        return piece
+
+    def end(self) -> str:
+        text = self.tokenizer.decode(self.ids)
+        piece, self.shown = text[self.shown:], len(text)
+        return piece
+
+
 def render_chat_template(template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
     try:
         import jinja2

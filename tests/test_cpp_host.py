@@ -429,6 +429,31 @@ def test_generate_command_prints_the_result(spot_cli, tiny):
     assert info["block_size"] == 8 and info["vocab_size"] == 300 and info["has_drafter"] is True
 
 
+@pytest.mark.parametrize("decoder,limit", [("spot", 0), ("spot-sets", 0), ("standard", 2), ("spot", 2)])
+def test_streaming_matches_the_python_runtime(spot_cli, tiny, decoder, limit):
+    """spot_generate_stream through `spot_cli generate --stream N`: the same pieces as the Python runtime's on_block,
+    in order, joined into the output; with N > 0 the callback ends generation after N blocks in both hosts
+    (stats->stopped = 2, "cancelled")."""
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.spot import TreeBudget
+    from spot.runtime.step import Sampling
+    folder, drafter_dir, engine, drafter = tiny
+    prompt = random_prompts(1, seed=6)[0]
+    opts = case_options(decoder, 1.0, 4, 30, 10, 5, tau=0.3)
+    pieces = []
+    req = DecodeRequest(max_new_tokens=30, tau=0.3, sampling=Sampling(1.0, seed=4), budget=TreeBudget(10, 5))
+    want = run_decoder(decoder, engine, prompt, req, drafter,
+                       on_block=lambda ids: pieces.append(list(ids)) or len(pieces) == limit)
+    proc = cli(spot_cli, "generate", "--model", folder, "--drafter", drafter_dir, "--stream", str(limit),
+               *request_line(opts, prompt).split())
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    got_pieces, result = [json.loads(x)["block_ids"] for x in lines[:-1]], json.loads(lines[-1])
+    assert got_pieces == pieces and result["token_ids"] == want.token_ids == sum(pieces, [])
+    assert result["cancelled"] is want.cancelled is (limit > 0) and result["blocks"] == want.stats.blocks
+    assert result["target_passes"] == want.stats.target_passes
+
+
 # -- bad input: exit code = spot_status, message on stderr ---------------------------------------------------------
 def _fails(proc: subprocess.CompletedProcess, code: int, *words: str) -> None:
     assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)

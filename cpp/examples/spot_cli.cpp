@@ -37,6 +37,7 @@ const char* kUsage =
     "                         [--budget N] [--depth D] [--mode static|threshold] [--top-k K] [--top-p P]\n"
     "                         [--stop-ids IDS] [--threads N] [--verify quick|full|none] [--device cpu|cuda|trt]\n"
     "                         [--sampler auto|host|device] [--kv-cache auto|host|device]\n"
+    "                         [--stream N]   (JSON line per final block; N > 0: stop after N blocks)\n"
     "       spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] [--sampler ...]\n"
     "                      [--kv-cache ...] < requests (one per line)\n"
     "       spot_cli info --model DIR [--drafter DIR] [--device ...] [--sampler ...] [--kv-cache ...]\n"
@@ -114,7 +115,23 @@ struct Request {
   spot_generate_options options;
   std::vector<int64_t> prompt, stop_ids;
   bool has_stop_ids = false;
+  int64_t stream = -1;   // --stream N: -1 off; print each final block's ids; N > 0: stop after N blocks
 };
+
+// The streaming callback of --stream: one JSON line per finished block, and the request's block limit (a user
+// interface would stop here when its user asks it to).
+struct StreamState {
+  int64_t limit, seen = 0;
+};
+
+int print_block(const int64_t* ids, size_t n, void* user) {
+  auto* state = static_cast<StreamState*>(user);
+  std::string line = "{\"block_ids\": [";
+  for (size_t i = 0; i < n; ++i) line += (i ? ", " : "") + std::to_string(ids[i]);
+  std::printf("%s]}\n", line.c_str());
+  std::fflush(stdout);
+  return state->limit > 0 && ++state->seen >= state->limit;
+}
 
 // Parses flags into open args and / or a request; a NULL target makes its flags illegal here.
 void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* open, Request* req) {
@@ -165,6 +182,9 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
       if (v == "static") req->options.mode = SPOT_MODE_STATIC;
       else if (v == "threshold") req->options.mode = SPOT_MODE_THRESHOLD;
       else throw UsageError{"--mode expects static or threshold"};
+    } else if (req && flag == "--stream") {
+      req->stream = parse_int(flag, v);
+      if (req->stream < 0) throw UsageError{"--stream expects N >= 0 (0: to the end), got " + v};
     } else if (req && flag == "--stop-ids") {
       req->stop_ids = parse_ids(flag, v);
       req->has_stop_ids = true;
@@ -187,11 +207,11 @@ void print_result_json(const spot_generate_options& o, const std::vector<int64_t
   out += "]";
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                ", \"stopped\": %s, \"target_passes\": %" PRId64 ", \"passes\": {\"prefill\": %" PRId64
+                ", \"stopped\": %s, \"cancelled\": %s, \"target_passes\": %" PRId64 ", \"passes\": {\"prefill\": %" PRId64
                 ", \"block\": %" PRId64 ", \"verify\": %" PRId64 ", \"store\": %" PRId64 "}, \"steps\": %" PRId64
                 ", \"blocks\": %" PRId64 ", \"seconds\": %.6f, \"draft_ms\": %.6f, \"walk_ms\": %.6f, "
                 "\"target_ms\": %.6f, \"epilogue_states\": %" PRId64 ", \"epilogue_ms\": %.6f}",
-                s.stopped ? "true" : "false", s.target_passes, s.prefill_passes, s.block_passes, s.verify_passes,
+                s.stopped == 1 ? "true" : "false", s.stopped == 2 ? "true" : "false", s.target_passes, s.prefill_passes, s.block_passes, s.verify_passes,
                 s.store_passes, s.steps, s.blocks, s.seconds, s.draft_ms, s.walk_ms, s.target_ms, s.epilogue_states,
                 s.epilogue_ms);
   out += buf;
@@ -208,8 +228,10 @@ spot_status run_request(spot_model* model, Request& req) {
   size_t n = 0;
   spot_stats stats;
   spot_error err;
-  spot_status st = spot_generate(model, req.prompt.data(), req.prompt.size(), &req.options, out.data(), out.size(),
-                                 &n, &stats, &err);
+  StreamState stream{req.stream};
+  spot_status st = spot_generate_stream(model, req.prompt.data(), req.prompt.size(), &req.options,
+                                        req.stream >= 0 ? print_block : nullptr, &stream, out.data(), out.size(), &n,
+                                        &stats, &err);
   if (st != SPOT_OK) {
     print_error_json(st, err.message);
     std::fprintf(stderr, "spot_cli: error (code %d, %s): %s\n", static_cast<int>(st), status_name(st), err.message);

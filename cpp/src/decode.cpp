@@ -209,20 +209,14 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
     engine.store(state);
     gen.stats.passes["store"] += 1;
     gen.stats.blocks += 1;
-    bool hit = false;
-    for (int64_t i = lead; i < b; ++i) {
-      gen.token_ids.push_back(state[i]);
-      hit |= std::find(stop.begin(), stop.end(), state[i]) != stop.end();
+    std::vector<int64_t> added;   // what this block adds to the output: cut before a stop id
+    for (int64_t i = lead; i < b && !gen.stopped; ++i) {
+      gen.stopped = std::find(stop.begin(), stop.end(), state[i]) != stop.end();
+      if (!gen.stopped) added.push_back(state[i]);
     }
-    if (hit) {
-      gen.stopped = true;
-      break;
-    }
-  }
-  if (gen.stopped) {
-    auto it = std::find_if(gen.token_ids.begin(), gen.token_ids.end(),
-                           [&](int64_t t) { return std::find(stop.begin(), stop.end(), t) != stop.end(); });
-    gen.token_ids.erase(it, gen.token_ids.end());
+    gen.token_ids.insert(gen.token_ids.end(), added.begin(), added.end());
+    if (req.on_block && req.on_block(added) && !gen.stopped && block < n_blocks - 1) gen.cancelled = true;
+    if (gen.stopped || gen.cancelled) break;
   }
   gen.stats.epilogue_states = engine.epilogue_states() - sampled_before;
   gen.stats.epilogue_ms = engine.epilogue_ms() - epilogue_ms_before;

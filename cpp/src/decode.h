@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -27,6 +28,7 @@ struct DecodeStats {
 struct Generation {
   std::vector<int64_t> token_ids;
   bool stopped = false;
+  bool cancelled = false;   // on_block ended generation before its last block
   DecodeStats stats;
 };
 
@@ -42,6 +44,9 @@ struct DecodeRequest {
   int64_t budget = 16;
   int64_t depth = 8;
   std::optional<std::vector<int64_t>> stop_ids;
+  // streaming (decode.generate's on_block): after each finished block, the ids it adds to the output (cut before a
+  // stop id); true ends generation after that block
+  std::function<bool(const std::vector<int64_t>&)> on_block;
 };
 
 Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* drafter,

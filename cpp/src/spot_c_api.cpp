@@ -172,6 +172,14 @@ size_t spot_output_capacity(const spot_model* model, size_t n_prompt, int max_ne
 spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_prompt,
                           const spot_generate_options* options, int64_t* out_ids, size_t out_capacity,
                           size_t* out_len, spot_stats* stats, spot_error* err) {
+  return spot_generate_stream(model, prompt, n_prompt, options, nullptr, nullptr, out_ids, out_capacity, out_len,
+                              stats, err);
+}
+
+spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_t n_prompt,
+                                 const spot_generate_options* options, spot_block_callback on_block,
+                                 void* user_data, int64_t* out_ids, size_t out_capacity, size_t* out_len,
+                                 spot_stats* stats, spot_error* err) {
   if (model == nullptr) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: model is NULL");
   if (prompt == nullptr && n_prompt > 0)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: prompt is NULL");
@@ -210,6 +218,10 @@ spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_pro
     req.budget = o.budget;
     req.depth = o.depth;
     if (o.stop_ids != nullptr) req.stop_ids = std::vector<int64_t>(o.stop_ids, o.stop_ids + o.n_stop_ids);
+    if (on_block != nullptr)
+      req.on_block = [on_block, user_data](const std::vector<int64_t>& ids) {
+        return on_block(ids.data(), ids.size(), user_data) != 0;
+      };
     std::vector<int64_t> ids(prompt, prompt + n_prompt);
     spot::Generation gen = spot::run_decoder(*model->engine, model->folder.config, model->drafter.get(), ids, req);
     if (gen.token_ids.size() > out_capacity) spot::fail(SPOT_ERR_INTERNAL, "output larger than its bound");
@@ -227,7 +239,7 @@ spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_pro
       stats->target_passes = stats->prefill_passes + stats->block_passes + stats->verify_passes + stats->store_passes;
       stats->steps = gen.stats.steps;
       stats->blocks = gen.stats.blocks;
-      stats->stopped = gen.stopped ? 1 : 0;
+      stats->stopped = gen.stopped ? 1 : gen.cancelled ? 2 : 0;
       stats->seconds = gen.stats.seconds;
       stats->draft_ms = gen.stats.draft_ms;
       stats->walk_ms = gen.stats.walk_ms;

@@ -84,6 +84,7 @@ class Generation:
     stopped: bool                 # a stop id ended generation
     stats: DecodeStats
     prompt_len: int = 0
+    cancelled: bool = False       # the on_block callback ended generation before its last block
 
 
 def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -> np.ndarray:
@@ -113,11 +114,14 @@ def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -
 
 def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRule = CommitRule(),
              sampling: Sampling = Sampling(), stop_ids=None, block_decoder: BlockDecoder = standard_block,
-             stats: DecodeStats | None = None, observer: Callable | None = None) -> Generation:
+             stats: DecodeStats | None = None, observer: Callable | None = None,
+             on_block: Callable[[list[int]], bool | None] | None = None) -> Generation:
     """Decode block by block up to the block boundary covering prompt + max_new_tokens (SPEC §1).
 
     Prefill stores the complete prompt blocks; the P mod B leftover prompt tokens open the first decoded block.
     After each finished block: a store pass, then stop if the block's generated part holds a stop id.
+    on_block (streaming): called after each finished block with the ids it adds to the output (cut before a stop
+    id), so the calls' ids joined are token_ids; a true return ends generation after that block (cancelled).
     """
     t0 = time.perf_counter()
     prompt = check_request(engine, prompt_ids, max_new_tokens)
@@ -135,7 +139,7 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
     if first:
         stats.passes["prefill"] += 1
     generated: list[int] = []
-    stopped = False
+    stopped = cancelled = False
     for block in range(first, n_blocks):
         state = np.full(b, cfg.mask_token_id, dtype=np.int64)
         lead = prompt[block * b:]
@@ -145,14 +149,16 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
         stats.passes["store"] += 1
         stats.blocks += 1
         new = state[lead.size:].tolist()
+        stopped = bool(stop.intersection(new))
+        if stopped:
+            new = new[: next(i for i, t in enumerate(new) if t in stop)]
         generated.extend(new)
-        if stop.intersection(new):
-            stopped = True
+        if on_block is not None and on_block(new) and not stopped and block < n_blocks - 1:
+            cancelled = True
+        if stopped or cancelled:
             break
-    if stopped:
-        generated = generated[: next(i for i, t in enumerate(generated) if t in stop)]
     if engine.sampler_depth is not None:     # the device sampler: the states its epilogue sampled, and its time
         stats.extra["epilogue_states"] = engine.epilogue_states - epilogue_before[0]
         stats.extra["epilogue_ms"] = 1e3 * (engine.epilogue_seconds - epilogue_before[1])
     stats.seconds = time.perf_counter() - t0
-    return Generation(generated, stopped, stats, p)
+    return Generation(generated, stopped, stats, p, cancelled)

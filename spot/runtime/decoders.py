@@ -12,6 +12,7 @@ standard, chain, tree, oracle and spot follow the commit rule given (static unle
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -52,14 +53,16 @@ def record_trajectories(trajectories: dict[int, list[np.ndarray]]):
     return observe
 
 
-def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, drafter=None) -> Generation:
-    """Decode `prompt_ids` with the decoder `name`; returns tokens and stats (no printing)."""
+def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, drafter=None,
+                on_block: Callable[[list[int]], bool | None] | None = None) -> Generation:
+    """Decode `prompt_ids` with the decoder `name`; returns tokens and stats (no printing). on_block: streaming, as
+    in decode.generate."""
     if name not in DECODERS:
         raise SpotError(f"unknown decoder {name!r}, expected one of {', '.join(DECODERS)}")
     rule = rule_for(name, req)
     common = dict(max_new_tokens=req.max_new_tokens, rule=rule, sampling=req.sampling, stop_ids=req.stop_ids)
     if name in ("standard", "threshold"):
-        return generate(engine, prompt_ids, block_decoder=standard_block, **common)
+        return generate(engine, prompt_ids, block_decoder=standard_block, on_block=on_block, **common)
     req.budget.check(engine)
     if name == "chain":
         proposer = ConfidenceOrderProposer(branch=1)
@@ -79,4 +82,4 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
         drafter.check_compatible(engine)
         proposer, budget = drafter.proposer(), req.budget
     return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, budget, req.independent_noise),
-                    **common)
+                    on_block=on_block, **common)

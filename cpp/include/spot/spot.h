@@ -113,7 +113,7 @@ typedef struct spot_stats {
   int64_t prefill_passes, block_passes, verify_passes, store_passes;
   int64_t steps;         /* commit steps */
   int64_t blocks;        /* finished blocks */
-  int stopped;           /* 1 when a stop id ended generation */
+  int stopped;           /* 1: a stop id ended generation; 2: the on_block callback did (spot_generate_stream) */
   double seconds;        /* wall time of the whole call */
   double draft_ms;       /* per call: stale view, proposer (drafter) and tree building, all verify rounds */
   double walk_ms;        /* per call: the exact walk over the fresh logits, all verify rounds */
@@ -155,6 +155,20 @@ SPOT_API size_t spot_output_capacity(const spot_model* model, size_t n_prompt, i
 SPOT_API spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_prompt,
                                    const spot_generate_options* options, int64_t* out_ids, size_t out_capacity,
                                    size_t* out_len, spot_stats* stats, spot_error* err);
+
+/* Streaming: called after each finished block with the ids that block adds to the output (the generated part of
+ * the block, cut before a stop id; n_ids may be 0), so the calls' ids joined are what spot_generate_stream writes to
+ * out_ids. `ids` is valid during the call only. Return 0 to go on, nonzero to end generation after this block
+ * (stats->stopped = 2). Called on the thread that called spot_generate_stream; it must not call back into the same
+ * model, and (a C function) must not throw. */
+typedef int (*spot_block_callback)(const int64_t* ids, size_t n_ids, void* user_data);
+
+/* spot_generate with a block callback (NULL: exactly spot_generate). Diffusion decoding finalises a block at a
+ * time, so this is the finest granularity at which output ids are final. */
+SPOT_API spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_t n_prompt,
+                                          const spot_generate_options* options, spot_block_callback on_block,
+                                          void* user_data, int64_t* out_ids, size_t out_capacity, size_t* out_len,
+                                          spot_stats* stats, spot_error* err);
 
 /* The noise of docs/noise.md: Gumbel(0, 1) as a pure function of five uint32 counters (exported for tests). */
 SPOT_API double spot_gumbel(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, uint32_t token);
