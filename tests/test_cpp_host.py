@@ -454,6 +454,20 @@ def test_streaming_matches_the_python_runtime(spot_cli, tiny, decoder, limit):
     assert result["target_passes"] == want.stats.target_passes
 
 
+def test_the_c_streaming_example(spot_cli, tiny):
+    """cpp/examples/stream.c, built as C99 (-pedantic: the header stays C): a line of ids per finished block, the
+    callback's stop after 2 blocks, and the same ids as spot_cli's streaming of that request."""
+    folder = tiny[0]
+    prompt = ",".join(map(str, random_prompts(1, seed=8)[0]))
+    proc = _run([str(spot_cli.parent / "spot_stream"), str(folder), prompt, "2"], timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    lines = [list(map(int, line.split())) for line in proc.stdout.splitlines()]
+    assert len(lines) == 2 and "stopped by the callback" in proc.stderr
+    ref = cli(spot_cli, "generate", "--model", folder, "--decoder", "tree", "--temperature", "1", "--seed", "1",
+              "--max-new-tokens", "48", "--prompt-ids", prompt, "--stream", "2")
+    assert [json.loads(x)["block_ids"] for x in ref.stdout.splitlines()[:-1]] == lines
+
+
 # -- bad input: exit code = spot_status, message on stderr ---------------------------------------------------------
 def _fails(proc: subprocess.CompletedProcess, code: int, *words: str) -> None:
     assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
