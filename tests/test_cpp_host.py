@@ -284,13 +284,22 @@ def test_baseline_graph_drafter_matches(spot_cli, tiny, tmp_path):
     assert not bad, "\n".join(bad)
 
 
-def test_fp16_export_matches(spot_cli, tiny, tmp_path):
-    """An fp16 export: the host's K/V cache holds float16 bits, and decoding still equals the Python runtime."""
+@pytest.mark.parametrize("variant,options", [
+    ("fp16", dict(dtype="fp16")),
+    ("int8", dict(dtype="fp32", weights="int8")),
+    ("int4", dict(dtype="fp32", weights="int4", int4_block=32))])
+def test_other_precisions_match(spot_cli, tiny, tmp_path, variant, options):
+    """fp16: the host's K/V cache holds float16 bits. int8 / int4 (weight-only): ONNX Runtime fuses DequantizeLinear ->
+    MatMul into MatMulNBits, and the manifest's ort_session_config keeps its activations float32 — the C++ host must
+    apply it as the Python engine does, or its logits (int8-quantized activations) and tokens differ. Decoding
+    equals the Python runtime in each."""
     _, drafter_dir, _, drafter = tiny
     # no validation: this peaked random model (weights of scale 0.6) is outside the fp16 tolerance of the exporter's
-    # torch comparison; what is tested here is that both hosts feed ORT the same fp16 cache
-    folder = export_checkpoint(resolve_source(str(tiny[0].parent / "ckpt")), tmp_path / "fp16",
-                               ExportOptions(dtype="fp16", validate=False))
+    # torch comparison; what is tested here is that both hosts run the same graph the same way
+    folder = export_checkpoint(resolve_source(str(tiny[0].parent / "ckpt")), tmp_path / variant,
+                               ExportOptions(validate=False, **options))
+    if variant != "fp16":
+        assert json.loads((folder / "manifest.json").read_text())["ort_session_config"]
     engine = OrtEngine(folder)
     prompts = random_prompts(2, seed=9)
     cases = golden_cases(engine, drafter, prompts, max_new_tokens=16, budget=8, depth=4, seeds_t1=(2,),
@@ -640,20 +649,3 @@ def test_embedded_golden(spot_cli, tmp_path_factory):
     results = run_batch(spot_cli, out, drafter_dir if golden["drafter"] else None, cases)
     bad = mismatches(cases, results)
     assert not bad, f"{len(bad)} of {len(cases)} golden cases differ:\n" + "\n".join(bad[:20])
-
-
-@pytest.mark.parametrize("weights", ["int8", "int4"])
-def test_quantized_export_matches(spot_cli, tiny, tmp_path, weights):
-    """A weight-only quantized export: ONNX Runtime fuses DequantizeLinear -> MatMul into MatMulNBits, and the
-    manifest's ort_session_config keeps its activations float32 — the C++ host must apply it as the Python engine
-    does, or its logits (int8-quantized activations) and tokens differ."""
-    _, drafter_dir, _, drafter = tiny
-    folder = export_checkpoint(resolve_source(str(tiny[0].parent / "ckpt")), tmp_path / weights,
-                               ExportOptions(dtype="fp32", weights=weights, int4_block=32, validate=False))
-    assert json.loads((folder / "manifest.json").read_text())["ort_session_config"]
-    engine = OrtEngine(folder)
-    prompts = random_prompts(2, seed=9)
-    cases = golden_cases(engine, drafter, prompts, max_new_tokens=16, budget=8, depth=4, seeds_t1=(2,),
-                         decoders=("standard", "spot"))
-    bad = mismatches(cases, run_batch(spot_cli, folder, drafter_dir, cases))
-    assert not bad, "\n".join(bad)
