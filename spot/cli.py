@@ -75,6 +75,20 @@ def stderr_progress(quiet: bool):
     return (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
 
 
+def read_prompt_file(path: str) -> str:
+    """The text of --prompt-file ('-': standard input), UTF-8; SpotError naming the file otherwise."""
+    import sys
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
+    except OSError as e:
+        raise SpotError(f"cannot read the prompt file {path}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpotError(f"the prompt file {path} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})",
+                        "convert it to UTF-8, or pass token ids with --prompt-ids") from None
+
+
 def find_drafter(path, model_dir):
     """The drafter given by --drafter, else drafter.onnx beside the model; SpotError naming where it looked."""
     from pathlib import Path
@@ -94,6 +108,8 @@ def find_drafter(path, model_dir):
               help="SDAR checkpoint folder (config.json + safetensors). Default: the embedded model.")
 @click.option("--prompt", default=None, help="Prompt text (needs the checkpoint's tokenizer).")
 @click.option("--prompt-ids", default=None, help="Prompt as comma-separated token ids, e.g. 151644,872,198.")
+@click.option("--prompt-file", type=click.Path(dir_okay=False, allow_dash=True, path_type=str), default=None,
+              help="Prompt text from a UTF-8 file ('-': standard input), as --prompt.")
 @click.option("--chat/--no-chat", default=None,
               help="Wrap --prompt in the chat template. Default: when the tokenizer has one.")
 @click.option("--block-size", type=int, default=None, help="Block size B. Default: the config's block_size.")
@@ -120,7 +136,7 @@ def find_drafter(path, model_dir):
 @click.option("--stream", is_flag=True,
               help="Print the output block by block as each block is final (with --json: one JSON line per block, "
                    "{\"block_ids\": [...]}, before the result).")
-def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
+def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
              max_new_tokens, backend, device, decoder, budget, depth, drafter_path, sampler, kv_cache, as_json,
              stream):
     """Generate with one decoder. SPOT decoders give the same tokens as standard decoding, in fewer passes.
@@ -144,6 +160,10 @@ def generate(model_dir, prompt, prompt_ids, chat, block_size, mode, tau, tempera
 
     folder = model_dir if model_dir is not None else embedded_model_dir()
     load_config(folder)  # folder / config errors first, before the tokenizer and the weights
+    if prompt_file is not None:
+        if prompt is not None:
+            raise SpotError("give one of --prompt TEXT or --prompt-file PATH, not both")
+        prompt = read_prompt_file(prompt_file)
     sampling = Sampling(temperature, top_k, top_p, seed)
     tokenizer = load_tokenizer(folder)
     ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)

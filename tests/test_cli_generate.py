@@ -110,7 +110,31 @@ ERROR_CASES = {
                       "max_new_tokens"),
     "text without tokenizer": (lambda d: ["--model", d["bare"], "--prompt", "hello"], "no tokenizer"),
     "no prompt": (lambda d: ["--model", d["bare"]], "exactly one"),
+    "missing prompt file": (lambda d: ["--model", d["tok"], "--prompt-file", str(d["root"] / "none.txt")],
+                            "cannot read the prompt file"),
+    "prompt file not UTF-8": (lambda d: ["--model", d["tok"], "--prompt-file", latin1_file(d)], "not UTF-8"),
+    "prompt and prompt file": (lambda d: ["--model", d["tok"], "--prompt", "a", "--prompt-file", latin1_file(d)],
+                               "not both"),
 }
+
+
+def latin1_file(d) -> str:
+    path = d["root"] / "latin1.txt"
+    path.write_bytes("café".encode("latin-1"))
+    return str(path)
+
+
+def test_prompt_file_and_stdin_equal_the_prompt_text(model_dirs):
+    text = "the cat sat\non the mat é"
+    path = model_dirs["root"] / "prompt.txt"
+    path.write_text(text, encoding="utf-8")
+    args = ("--model", model_dirs["tok"], "--max-new-tokens", 6, "--no-chat", "--json")
+    want = run_json("--prompt", text, *args[:-1])
+    got_file = run_json("--prompt-file", path, *args[:-1])
+    got_stdin = json.loads(CliRunner().invoke(main, ["generate", "--prompt-file", "-", *map(str, args)],
+                                              input=text.encode("utf-8")).stdout)
+    for got in (got_file, got_stdin):
+        assert got["token_ids"] == want["token_ids"] and got["prompt_len"] == want["prompt_len"]
 
 
 @pytest.mark.parametrize("case", list(ERROR_CASES))
