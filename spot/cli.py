@@ -237,10 +237,14 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
 @click.option("--epilogue-positions", type=int, default=None,
               help="Block positions per device-epilogue call (a divisor of the block size): its memory is "
                    "9.5 x (D+1) x P x V x 8 bytes. Default: the most that keep it under 1 GiB.")
+@click.option("--tensorrt", "tensorrt_mode", type=click.Choice(["auto", "yes", "no"]), default="auto",
+              show_default=True,
+              help="Also build the TensorRT engine (spot build-engine's defaults, into its cache): auto = when "
+                   "TensorRT and a CUDA GPU are here (engines are specific to the GPU and TensorRT version).")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_size, dry_run, no_validate,
            validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, epilogue_steps,
-           epilogue_positions, quiet):
+           epilogue_positions, tensorrt_mode, quiet):
     """Export an SDAR checkpoint to an ONNX folder (SOURCE: a checkpoint folder or a preset: embedded,
     sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants)."""
     import json
@@ -268,8 +272,10 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
         click.echo(json.dumps(run_dry_run(resolved, options, progress)))
         return
     tag = dtype if weights == "fp" else weights
-    export_checkpoint(resolved, Path(out) if out else Path(f"{resolved.default_name}-{tag}-onnx"), options,
-                      progress)
+    folder = export_checkpoint(resolved, Path(out) if out else Path(f"{resolved.default_name}-{tag}-onnx"),
+                               options, progress)
+    from spot.engines.tensorrt_engine import build_after_export
+    build_after_export(folder, tensorrt_mode, progress)
 
 
 @main.command("verify")
@@ -340,7 +346,8 @@ def train_target_cmd(out, steps, seed, minutes, work_dir, no_eval, quiet):
 @click.option("--workspace-gib", type=float, default=4.0, show_default=True, help="TensorRT workspace limit.")
 @click.option("--fp16-flag", is_flag=True, help="TensorRT 10 only: FP16 kernels for an fp32 export (weak typing).")
 def build_engine_cmd(folder, out, max_nodes, max_context, smallest_capacity, workspace_gib, fp16_flag):
-    """Build a TensorRT engine for an exported FOLDER (optimisation profile per KV-capacity bucket, timing cache)."""
+    """Build a TensorRT engine for an exported FOLDER (block and prefill profiles per KV-capacity bucket, timing
+    cache)."""
     from spot.engines.tensorrt_engine import BuildOptions, build_engine
     opts = BuildOptions(max_nodes=max_nodes, max_context=max_context, smallest_capacity=smallest_capacity,
                         workspace_gib=workspace_gib, fp16_flag=fp16_flag)

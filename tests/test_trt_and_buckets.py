@@ -298,6 +298,39 @@ def test_build_engine_cli_fails_cleanly(tmp_path):
     assert "Traceback" not in result.output
 
 
+@needs_no_trt
+def test_spot_export_builds_the_engine_where_tensorrt_exists(tmp_path):
+    """spot-export --tensorrt auto (the default) exports and says why no engine was built here and how to build it
+    on the target; --tensorrt yes fails after a complete export, naming what is missing; no says nothing."""
+    torch = pytest.importorskip("torch")
+    from spot.cli import main
+    from spot.reference.model import random_model
+    with torch.no_grad():
+        random_model(TINY, seed=3).save_pretrained(tmp_path / "ckpt")
+    base = ["export", str(tmp_path / "ckpt"), "--dtype", "fp32", "--no-validate"]
+    auto = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "auto")])
+    assert auto.exit_code == 0, auto.output
+    assert "TensorRT engine: not built here (TensorRT's Python package (tensorrt) is not installed)" in auto.stderr
+    assert f"spot build-engine {tmp_path / 'auto'}" in auto.stderr
+    required = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "yes"), "--tensorrt", "yes"])
+    assert required.exit_code == 2 and "is complete, but no TensorRT engine was built" in required.stderr
+    assert "python3-libnvinfer" in required.stderr and (tmp_path / "yes" / "manifest.json").is_file()
+    skipped = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "no"), "--tensorrt", "no"])
+    assert skipped.exit_code == 0 and "TensorRT" not in skipped.stderr
+
+
+def test_tensorrt_refuses_an_onnx_runtime_only_graph(tmp_path):
+    from spot.engines.tensorrt_engine import check_parsable
+
+    class Folder:
+        folder, manifest = tmp_path, {"ort_only": True}
+    with pytest.raises(SpotError, match="MatMulNBits") as e:
+        check_parsable(Folder())
+    assert "without --ort-matmulnbits" in e.value.hint
+    Folder.manifest = {"ort_only": False}
+    check_parsable(Folder())
+
+
 @pytest.mark.slow
 def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
     """scripts/gpu_check.py without a GPU: the CPU checks run (tiny model) and the JSON report is written."""

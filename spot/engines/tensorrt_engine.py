@@ -119,6 +119,15 @@ def _network_flags(trt, strongly_typed: bool) -> int:
     return flags
 
 
+def check_parsable(exported) -> None:
+    """SpotError when TensorRT cannot parse the folder's target graph (MatMulNBits is an ONNX Runtime operator)."""
+    if exported.manifest.get("ort_only"):
+        raise SpotError(f"{exported.folder} was exported with --ort-matmulnbits (com.microsoft MatMulNBits, an ONNX "
+                        "Runtime operator TensorRT cannot parse)",
+                        "re-export without --ort-matmulnbits (int4 as DequantizeLinear -> MatMul), or run it with "
+                        "--backend ort")
+
+
 def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), out: str | Path | None = None,
                  progress=print) -> Path:
     """Build (or reuse from the cache) a TensorRT engine for the exported folder; returns the engine file.
@@ -126,6 +135,7 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     from spot.export.manifest import load_manifest
     trt = _trt()
     exported = load_manifest(model_dir)
+    check_parsable(exported)
     cfg = exported.config
     major = trt_major()
     if options.fp16_flag and major >= 11:
@@ -182,6 +192,26 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
                                      "options": asdict(options), "plan": plan.to_dict()}, indent=2))
     progress(f"wrote {engine_file}")
     return engine_file
+
+
+def build_after_export(folder: str | Path, mode: str, progress=print) -> Path | None:
+    """spot-export --tensorrt: "auto" builds the engine (build_engine's defaults, the engine cache) when TensorRT,
+    a CUDA GPU and a graph TensorRT parses are all here, and otherwise says why not and how to build it later;
+    "yes" requires them; "no" skips. The export itself is complete either way."""
+    from spot.export.manifest import load_manifest
+    if mode == "no":
+        return None
+    try:
+        _trt()
+        _torch_cuda()
+        check_parsable(load_manifest(folder))
+    except SpotError as e:
+        if mode == "yes":
+            raise SpotError(f"the export in {folder} is complete, but no TensorRT engine was built: {e.message}",
+                            e.hint) from None
+        progress(f"TensorRT engine: not built here ({e.message}); on the target machine: spot build-engine {folder}")
+        return None
+    return build_engine(folder, BuildOptions(), progress=progress)
 
 
 # -- run ---------------------------------------------------------------------------------------------------------
