@@ -594,6 +594,12 @@ def test_tensorrt_needs_the_recorded_shape_profile(spot_cli, tiny, tmp_path, mon
     proc = cli(spot_cli, "generate", "--model", old, "--device", "trt", "--prompt-ids", "1,2")
     _fails(proc, INCOMPATIBLE, "without a TensorRT shape profile", "spot upgrade-export", "or use device cuda")
     assert not (tmp_path / "cache").exists()
+    manifest["graphs"]["target"]["tensorrt_profile"] = {"max": {"input_ids": [1, 8]}}     # damaged
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    proc = cli(spot_cli, "generate", "--model", old, "--device", "trt", "--prompt-ids", "1,2")
+    _fails(proc, CORRUPT, "tensorrt_profile is malformed", "spot upgrade-export")
+    # read only for device trt, as in Python: the CPU provider decodes this folder
+    assert cli(spot_cli, "generate", "--model", old, "--prompt-ids", "1,2", "--max-new-tokens", "4").returncode == 0
 
 
 def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):

@@ -261,3 +261,9 @@ def test_tensorrt_needs_the_recorded_profile_and_its_block_size(tmp_path):
     with pytest.raises(SpotError, match="without a TensorRT shape profile") as e:
         OrtEngine(folder, device="trt")
     assert "spot upgrade-export" in e.value.hint and "--device cuda" in e.value.hint
+    manifest["graphs"]["target"]["tensorrt_profile"] = {"max": {"input_ids": [1, 4]}}       # damaged
+    write_manifest(folder, manifest)
+    with pytest.raises(SpotError, match="tensorrt_profile is malformed") as e:
+        OrtEngine(folder, device="trt")
+    assert "spot upgrade-export" in e.value.hint
+    OrtEngine(folder)         # read only for --device trt

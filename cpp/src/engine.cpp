@@ -123,14 +123,6 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
     }
     if (const Json* kv = m.at("graphs").find("kv_append"); kv && !kv->is_null())
       ef.kv_append_graph = join(folder, kv->at("file").str());
-    if (const Json* prof = target.find("tensorrt_profile"); prof && !prof->is_null()) {
-      ef.trt_profile_min = trt_shape_option(prof->at("min"));
-      ef.trt_profile_opt = trt_shape_option(prof->at("opt"));
-      ef.trt_profile_max = trt_shape_option(prof->at("max"));
-      const auto& tokens = prof->at("max").at("position_ids").items();
-      if (tokens.size() != 1) fail(SPOT_ERR_CORRUPT, "tensorrt_profile: position_ids must have one dimension");
-      ef.trt_profile_tokens = tokens[0].integer();
-    }
     if (const Json* sc = m.find("ort_session_config"); sc && !sc->is_null())
       for (const auto& [key, value] : sc->members()) ef.ort_session_config.emplace_back(key, value.str());
     m.at("files").members();
@@ -177,17 +169,26 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
   SessionConfig sc = session_config(threads, device);
   sc.config_entries = f.ort_session_config;
   if (device == Device::kTensorRT) {
-    if (f.trt_profile_min.empty())
+    // the shape ranges spot-export recorded (spot.engines.ort_engine.recorded_trt_profile)
+    const Json* prof = f.manifest.at("graphs").at("target").find("tensorrt_profile");
+    if (prof == nullptr || prof->is_null())
       fail(SPOT_ERR_INCOMPATIBLE, f.folder + " was exported without a TensorRT shape profile, which device trt needs "
                                              "(without one, ONNX Runtime's TensorRT provider builds its engine again "
                                              "whenever the KV cache outgrows the shapes it has seen): run `spot "
                                              "upgrade-export " + f.folder + "`, or use device cuda");
+    try {
+      sc.trt_profile_min = trt_shape_option(prof->at("min"));
+      sc.trt_profile_opt = trt_shape_option(prof->at("opt"));
+      sc.trt_profile_max = trt_shape_option(prof->at("max"));
+      const auto& tokens = prof->at("max").at("position_ids").items();
+      if (tokens.size() != 1) fail(SPOT_ERR_CORRUPT, "position_ids must have one dimension");
+      prefill_chunk_ = tokens[0].integer();   // the profile's longest pass: one block
+    } catch (const SpotException& e) {
+      fail(SPOT_ERR_CORRUPT, f.folder + "/manifest.json: tensorrt_profile is malformed (" + e.what() +
+                                 "): run `spot upgrade-export " + f.folder + "`");
+    }
     sc.trt_cache_dir = trt_cache_dir(f);
     sc.trt_fp16 = f.dtype == "fp16";
-    sc.trt_profile_min = f.trt_profile_min;
-    sc.trt_profile_opt = f.trt_profile_opt;
-    sc.trt_profile_max = f.trt_profile_max;
-    prefill_chunk_ = f.trt_profile_tokens;
   }
   session_ = std::make_unique<OrtSessionHandle>(f.target_graph, sc);
   for (const auto& want : kInputs)

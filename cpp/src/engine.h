@@ -36,10 +36,6 @@ struct ExportedFolder {
   // the target session's config entries (manifest "ort_session_config": a quantized export keeps ORT's fused
   // MatMulNBits on float32 activations), applied as the Python engine applies them
   std::vector<std::pair<std::string, std::string>> ort_session_config;
-  // the TensorRT shape profile spot-export recorded (graphs.target.tensorrt_profile) as ORT's shape strings, and its
-  // longest pass in tokens (one block: prefill runs one block per pass on device trt); empty / 0: not recorded
-  std::string trt_profile_min, trt_profile_opt, trt_profile_max;
-  int64_t trt_profile_tokens = 0;
 };
 
 // Where F's sampling runs and where the KV cache lives (spot.engines.ort_engine.on_device). Sampling: host = the

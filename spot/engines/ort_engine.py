@@ -120,7 +120,10 @@ def recorded_trt_profile(exported) -> Profile:
                         "cache outgrows the shapes it has seen)",
                         f"run `spot upgrade-export {exported.folder}` (seconds, the weights stay), or use "
                         "--device cuda")
-    return Profile.from_dict(f"{exported.folder}'s tensorrt_profile", entry)
+    try:
+        return Profile.from_dict(f"{exported.folder}'s tensorrt_profile", entry)
+    except SpotError as e:
+        raise SpotError(e.message, f"run `spot upgrade-export {exported.folder}` to write it again") from None
 
 
 def epilogue_outputs(session, path) -> list[str]:
