@@ -629,6 +629,22 @@ def test_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp_path):
         calibrate_drafter(engine, drafter, ps, [0.0], [1.0], [0.0], budget, 16, flip_candidates=[3.0])
 
 
+def test_calibrating_the_drafter_of_an_exported_folder_keeps_the_folder_valid(drafter_dir, tmp_path):
+    """`spot calibrate-drafter --model DIR` writes DIR/drafter.json, which DIR's manifest lists with size and sha256:
+    the manifest is updated too, or every host would refuse DIR as changed since export."""
+    from spot.export.manifest import add_files, file_entry, write_manifest
+    from spot.training.calibration import write_calibration
+    for name in (DRAFTER_ONNX, DRAFTER_JSON):
+        (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
+    write_manifest(tmp_path, add_files(tmp_path, {"format": "spot-exported-model"}, [DRAFTER_ONNX, DRAFTER_JSON]))
+    result = {"order_temperature": 2.0, "runner_up_weight": 0.1, "set_flip_weight": 0.0, "calibration": {}}
+    write_calibration(tmp_path, result)
+    files = json.loads((tmp_path / "manifest.json").read_text())["files"]
+    assert files[DRAFTER_JSON] == file_entry(tmp_path / DRAFTER_JSON)
+    assert files[DRAFTER_ONNX] == file_entry(tmp_path / DRAFTER_ONNX)
+    assert Drafter.load(tmp_path).order_temperature == 2.0
+
+
 # -- runner-up children -------------------------------------------------------------------------------------------
 def brute_runner_up(logits, positions, sampling, block, step):
     """The second-best of (filtered L/T + the definition's noise) per position, and the score gap, in plain numpy."""

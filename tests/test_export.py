@@ -114,6 +114,16 @@ def test_fp16_and_opset18_exports_validate(ckpt, tmp_path, opset):
     assert sess.get_inputs()[2].type == "tensor(float16)" and sess.get_outputs()[0].type == "tensor(float)"
 
 
+def test_fp16_validation_scales_k_and_v_tolerances_separately(tmp_path):
+    """K and V are compared each against its own scale: in this model max |V| is ~9x max |K|, and the fp16 rounding
+    of V exceeded a tolerance taken from K (an fp16 export of a valid model was refused)."""
+    from tinymodels import save_tiny_model
+    out = export(save_tiny_model(tmp_path / "ck"), tmp_path / "f16", dtype="fp16")
+    cases = json.loads((out / "manifest.json").read_text())["validation"]["cases"]
+    assert all(c["ok"] for c in cases)
+    assert any(c["tol_v"] > 2 * c["tol_k"] and c["max_abs_dv"] > c["tol_k"] for c in cases)
+
+
 def test_bf16_source_checkpoint_exports_and_validates(tmp_path):
     """A bf16 sharded checkpoint written by scripts/make_random_checkpoint.py (the benchmark's input)."""
     import importlib.util
