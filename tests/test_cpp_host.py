@@ -475,6 +475,11 @@ def test_the_c_streaming_example(spot_cli, tiny):
     ref = cli(spot_cli, "generate", "--model", folder, "--decoder", "tree", "--temperature", "1", "--seed", "1",
               "--max-new-tokens", "48", "--prompt-ids", prompt, "--stream", "2")
     assert [json.loads(x)["block_ids"] for x in ref.stdout.splitlines()[:-1]] == lines
+    for args, words in (([prompt + ","], "comma-separated integers"), (["1,,3"], "comma-separated integers"),
+                        (["abc"], "expects an integer"), ([prompt, "-1"], "STOP_AFTER_BLOCKS"),
+                        ([prompt, "2", "extra"], "usage")):
+        proc = _run([str(spot_cli.parent / "spot_stream"), str(folder), *args], timeout=600)
+        assert proc.returncode == 64 and words in proc.stderr, (args, proc.stderr)
 
 
 # -- bad input: exit code = spot_status, message on stderr ---------------------------------------------------------
@@ -609,6 +614,14 @@ def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
     assert proc.returncode == 64 and "oracle" in proc.stderr
     proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1,x")
     assert proc.returncode == 64 and "expects an integer" in proc.stderr
+    # values beyond the C API's int fields are usage errors, not wrapped (4294967304 used to decode as 8)
+    for flag in ("--max-new-tokens", "--budget", "--depth", "--top-k", "--threads"):
+        proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1", flag, "4294967304")
+        assert proc.returncode == 64 and f"{flag} expects an integer in [-2147483648, 2147483647]" in proc.stderr
+    proc = cli(spot_cli, "generate", "--model", tiny[0], "--max-new-tokens", "4")
+    assert proc.returncode == 64 and "--prompt-ids is required" in proc.stderr
+    proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1,2,")
+    assert proc.returncode == 64 and "trailing comma" in proc.stderr
     # a batch reports a failed request and goes on with the next one
     proc = cli(spot_cli, "batch", "--model", tiny[0], stdin="--budget 0 --decoder tree --prompt-ids 1\n"
                                                             "--prompt-ids 1,2 --max-new-tokens 4\n")

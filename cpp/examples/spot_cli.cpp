@@ -16,6 +16,7 @@
 // 64 for a usage error.
 #include <cerrno>
 #include <cinttypes>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +91,15 @@ int64_t parse_int(const std::string& flag, const std::string& v) {
   return x;
 }
 
+// A flag whose C API field is an int: a value outside int's range is a usage error, not a silent wrap.
+int parse_int32(const std::string& flag, const std::string& v) {
+  const int64_t x = parse_int(flag, v);
+  if (x < INT_MIN || x > INT_MAX)
+    throw UsageError{flag + " expects an integer in [" + std::to_string(INT_MIN) + ", " + std::to_string(INT_MAX) +
+                     "], got " + v};
+  return static_cast<int>(x);
+}
+
 double parse_double(const std::string& flag, const std::string& v) {
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
@@ -100,6 +110,7 @@ double parse_double(const std::string& flag, const std::string& v) {
 std::vector<int64_t> parse_ids(const std::string& flag, const std::string& v) {
   std::vector<int64_t> ids;
   if (v.empty()) return ids;
+  if (v.back() == ',') throw UsageError{flag + " expects comma-separated integers, got a trailing comma in '" + v + "'"};
   std::stringstream ss(v);
   std::string item;
   while (std::getline(ss, item, ',')) ids.push_back(parse_int(flag, item));
@@ -115,6 +126,7 @@ struct Request {
   spot_generate_options options;
   std::vector<int64_t> prompt, stop_ids;
   bool has_stop_ids = false;
+  bool has_prompt = false;   // --prompt-ids given (an empty list is a choice; no flag is a mistake)
   int64_t stream = -1;   // --stream N: -1 off; print each final block's ids; N > 0: stop after N blocks
 };
 
@@ -141,7 +153,7 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
     const std::string& v = args[++i];
     if (open && flag == "--model") open->model = v;
     else if (open && flag == "--drafter") open->drafter = v;
-    else if (open && flag == "--threads") open->options.threads = static_cast<int>(parse_int(flag, v));
+    else if (open && flag == "--threads") open->options.threads = parse_int32(flag, v);
     else if (open && flag == "--verify") {
       if (v == "quick") open->options.verify = SPOT_VERIFY_QUICK;
       else if (v == "full") open->options.verify = SPOT_VERIFY_FULL;
@@ -166,17 +178,20 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
       spot_error err;
       spot_status st = spot_decoder_from_name(v.c_str(), &req->options.decoder, &err);
       if (st != SPOT_OK) throw UsageError{err.message};
-    } else if (req && flag == "--prompt-ids") req->prompt = parse_ids(flag, v);
+    } else if (req && flag == "--prompt-ids") {
+      req->prompt = parse_ids(flag, v);
+      req->has_prompt = true;
+    }
     else if (req && flag == "--temperature") req->options.temperature = parse_double(flag, v);
     else if (req && flag == "--seed") {
       int64_t s = parse_int(flag, v);
       if (s < 0 || s > 0xFFFFFFFFll) throw UsageError{"--seed must be in [0, 2**32), got " + v};
       req->options.seed = static_cast<uint32_t>(s);
     } else if (req && flag == "--tau") req->options.tau = parse_double(flag, v);
-    else if (req && flag == "--max-new-tokens") req->options.max_new_tokens = static_cast<int>(parse_int(flag, v));
-    else if (req && flag == "--budget") req->options.budget = static_cast<int>(parse_int(flag, v));
-    else if (req && flag == "--depth") req->options.depth = static_cast<int>(parse_int(flag, v));
-    else if (req && flag == "--top-k") req->options.top_k = static_cast<int>(parse_int(flag, v));
+    else if (req && flag == "--max-new-tokens") req->options.max_new_tokens = parse_int32(flag, v);
+    else if (req && flag == "--budget") req->options.budget = parse_int32(flag, v);
+    else if (req && flag == "--depth") req->options.depth = parse_int32(flag, v);
+    else if (req && flag == "--top-k") req->options.top_k = parse_int32(flag, v);
     else if (req && flag == "--top-p") req->options.top_p = parse_double(flag, v);
     else if (req && flag == "--mode") {
       if (v == "static") req->options.mode = SPOT_MODE_STATIC;
@@ -216,6 +231,10 @@ void print_result_json(const spot_generate_options& o, const std::vector<int64_t
                 s.epilogue_ms);
   out += buf;
   std::printf("%s\n", out.c_str());
+}
+
+void require_prompt(const Request& req) {
+  if (!req.has_prompt) throw UsageError{"--prompt-ids is required (--prompt-ids '' for an empty prompt)"};
 }
 
 spot_status run_request(spot_model* model, Request& req) {
@@ -291,6 +310,7 @@ int run(int argc, char** argv) {
     Request req;
     spot_generate_options_init(&req.options);
     parse_flags(args, 2, &oa, &req);
+    require_prompt(req);
     spot_status st;
     spot_model* model = open_model(oa, &st);
     if (model == nullptr) return st;
@@ -312,6 +332,7 @@ int run(int argc, char** argv) {
       spot_generate_options_init(&req.options);
       try {
         parse_flags(words, 0, nullptr, &req);
+        require_prompt(req);
       } catch (const UsageError& e) {
         print_error_json(SPOT_ERR_INVALID_ARGUMENT, e.message.c_str());
         if (!first_failure) first_failure = kUsageExit;
