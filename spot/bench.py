@@ -54,9 +54,15 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max
     bare list of ids) per line."""
     path = Path(path)
     if not path.is_file():
-        raise SpotError(f"prompt file {path} does not exist", "pass a JSONL file with one {\"text\": ...} per line")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise SpotError(f"prompt file {path} {what}", "pass a JSONL file with one {\"text\": ...} per line")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SpotError(f"prompt file {path} is not UTF-8 text (byte {e.start})",
+                        "write it as UTF-8 JSONL, one {\"text\": ...} or {\"ids\": [...]} per line") from None
     prompts = []
-    for n, line in enumerate(path.read_text().splitlines()):
+    for n, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
         try:

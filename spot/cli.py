@@ -31,6 +31,12 @@ class SpotGroup(click.Group):
             if ctx.meta.get("spot.debug"):
                 raise
             self._fail(ctx, e.message, e.hint)
+        except OSError as e:     # a path the user gave or the environment: not found, not writable, a file in the way
+            if ctx.meta.get("spot.debug"):
+                raise
+            where = f": {e.filename}" if e.filename else ""
+            self._fail(ctx, f"{e.strerror or e}{where}",
+                       "check the path, that its folder exists and is writable, and free disk space")
         except ModuleNotFoundError as e:
             package = (e.name or "").split(".")[0]
             if ctx.meta.get("spot.debug") or package not in OPTIONAL_EXTRAS:
@@ -390,6 +396,8 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
     from spot.config import load_config
     from spot.engines.factory import open_engine
     from spot.tokenizer import load_tokenizer
+    from pathlib import Path
+
     from spot.training.traces import TracePlan, collect_traces, corpus_prompts as draw_prompts, prompts_from_jsonl
 
     folder = model_dir if model_dir is not None else embedded_model_dir()
@@ -406,6 +414,10 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
         prompts = draw_prompts(tokenizer, corpus_prompts, seed)
     plan = TracePlan(_float_list(temperatures, "--temperatures"), tuple(r.strip() for r in rules.split(",")), tau,
                      seeds, max_new_tokens, depth, cycle)
+    out_path = Path(out)
+    if out_path.is_dir():
+        raise SpotError(f"--out {out} is a folder, expected a trace file name (e.g. {out_path / 'traces.npz'})")
+    out_path.parent.mkdir(parents=True, exist_ok=True)     # a bad --out fails now, not after the decoding
     engine = open_engine(backend, folder, block_size, device, sampler="host")   # traces record the full logits
     traces = collect_traces(engine, prompts, plan, minutes=minutes, progress=None if quiet else click.echo,
                             model_dir=str(folder))

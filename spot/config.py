@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -143,6 +144,9 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise SpotError(f"{path} is not valid JSON ({e})", "restore the file from the checkpoint") from None
+    if not isinstance(raw, dict):
+        raise SpotError(f"{path} is a JSON {type(raw).__name__}, expected an object of model settings",
+                        "restore config.json from the checkpoint")
     model_type = raw.get("model_type")
     if model_type == "sdar_moe":
         raise SpotError("model_type 'sdar_moe' (SDAR-30B-A3B, mixture of experts) is not supported",
@@ -160,22 +164,40 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         raise SpotError("attention_bias=true is not supported: SDAR has no attention biases")
     if raw.get("rope_scaling"):
         raise SpotError(f"rope_scaling {raw['rope_scaling']!r} is not supported, expected null")
-    n_heads = int(raw["num_attention_heads"])
-    head_dim = int(raw.get("head_dim") or raw["hidden_size"] // n_heads)
-    block_size = int(raw.get("block_size") or DEFAULT_BLOCK_SIZE)
+    def integer(key: str, default=None, minimum: int = 1) -> int:
+        """raw[key] as an int (a JSON integer; null or absent: default), else SpotError naming key and value."""
+        value = raw.get(key)
+        if value is None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+            raise SpotError(f"{path}: {key} is {raw.get(key)!r}, expected an integer >= {minimum}",
+                            "restore config.json from the checkpoint")
+        return int(value)
+
+    def number(key: str, default: float) -> float:
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise SpotError(f"{path}: {key} is {value!r}, expected a positive number",
+                            "restore config.json from the checkpoint")
+        return float(value)
+
+    n_heads = integer("num_attention_heads")
+    hidden = integer("hidden_size")
+    head_dim = integer("head_dim", hidden // n_heads)
+    block_size = integer("block_size", DEFAULT_BLOCK_SIZE)
     cfg = ModelConfig(
-        vocab_size=int(raw["vocab_size"]),
-        hidden_size=int(raw["hidden_size"]),
-        intermediate_size=int(raw["intermediate_size"]),
-        num_hidden_layers=int(raw["num_hidden_layers"]),
+        vocab_size=integer("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=integer("intermediate_size"),
+        num_hidden_layers=integer("num_hidden_layers"),
         num_attention_heads=n_heads,
-        num_key_value_heads=int(raw.get("num_key_value_heads") or n_heads),
+        num_key_value_heads=integer("num_key_value_heads", n_heads),
         head_dim=head_dim,
-        max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(raw.get("rope_theta", 1e6)),
+        max_position_embeddings=integer("max_position_embeddings", 32768),
+        rms_norm_eps=number("rms_norm_eps", 1e-6),
+        rope_theta=number("rope_theta", 1e6),
         block_size=block_size,
-        mask_token_id=int(raw.get("mask_token_id", DEFAULT_MASK_TOKEN_ID)),
+        mask_token_id=integer("mask_token_id", DEFAULT_MASK_TOKEN_ID, minimum=0),
         stop_ids=_stop_ids_from(model_dir, raw),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         torch_dtype=str(raw.get("torch_dtype", "bfloat16")),

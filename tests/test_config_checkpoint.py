@@ -129,6 +129,25 @@ def test_missing_folder_and_missing_config(tmp_path):
 def test_invalid_config_json(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     assert "not valid JSON" in error_of(load_config, tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    assert "is a JSON list, expected an object" in error_of(load_config, tmp_path)
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("num_hidden_layers", "two", "num_hidden_layers is 'two', expected an integer >= 1"),
+    ("num_key_value_heads", "2", "num_key_value_heads is '2'"),
+    ("hidden_size", 2.5, "hidden_size is 2.5"),
+    ("vocab_size", True, "vocab_size is True"),
+    ("intermediate_size", 0, "intermediate_size is 0"),
+    ("mask_token_id", -1, "mask_token_id is -1, expected an integer >= 0"),
+    ("rope_theta", "1e6", "rope_theta is '1e6', expected a positive number"),
+    ("rms_norm_eps", float("nan"), "rms_norm_eps is nan"),
+])
+def test_config_values_of_the_wrong_type_are_named(tmp_path, key, value, words):
+    """A config.json value of the wrong type or range: one SpotError naming the key and the value (it was a
+    ValueError / TypeError traceback)."""
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(**{key: value})))
+    assert words in error_of(load_config, tmp_path)
 
 
 # -- checkpoint ------------------------------------------------------------------------------------------------------

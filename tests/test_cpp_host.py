@@ -563,7 +563,9 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     (["--prompt-ids", "1,300,2"], INVALID_ARGUMENT, ["token id 300 is outside the vocabulary [0, 300)"]),
     (["--prompt-ids", "1,-4"], INVALID_ARGUMENT, ["outside the vocabulary"]),
     (["--prompt-ids", "5,299"], INVALID_ARGUMENT, ["mask token id 299"]),
-    (["--decoder", "tree", "--budget", "200", "--depth", "8"], INVALID_ARGUMENT, ["exceed the export's max_nodes"]),
+    (["--decoder", "tree", "--budget", "200", "--depth", "8"], INVALID_ARGUMENT,
+     ["budget 200 nodes exceeds the 64 states one verify pass"]),
+    (["--decoder", "spot", "--budget", "100000"], INVALID_ARGUMENT, ["budget 100000 nodes exceeds"]),
 ])
 def test_invalid_options_are_refused(spot_cli, tiny, flags, code, words):
     args = ["generate", "--model", tiny[0], "--drafter", tiny[1], "--prompt-ids", "1,2,3", *flags]

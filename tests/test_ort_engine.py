@@ -181,6 +181,23 @@ def test_limits_from_manifest_are_enforced(tmp_path):
         generate(engine, np.arange(10), max_new_tokens=10)
 
 
+def test_a_budget_beyond_the_exports_max_nodes_is_refused_before_decoding(tmp_path):
+    """Checked with the other budget checks, before any pass (it used to surface from the first verify pass, after
+    building a tree of that many nodes: 100,000 nodes took minutes); torch engines cap it at 4096."""
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.spot import TreeBudget
+    ckpt, out = _export(TINY, tmp_path, "fp32", validate=False, max_nodes=8)
+    engine = OrtEngine(out)
+    for budget in (TreeBudget(9, 3), TreeBudget(100000, 3)):
+        with pytest.raises(SpotError, match="states one verify pass of this engine takes") as e:
+            run_decoder("tree", engine, np.arange(4), DecodeRequest(max_new_tokens=8, budget=budget))
+        assert "--max-nodes" in e.value.hint
+    assert run_decoder("tree", engine, np.arange(4), DecodeRequest(max_new_tokens=8, budget=TreeBudget(8, 3))).stats
+    with pytest.raises(SpotError, match="budget 5000 nodes exceeds the 4096"):
+        run_decoder("tree", TorchEngine.from_dir(ckpt), np.arange(4),
+                    DecodeRequest(max_new_tokens=8, budget=TreeBudget(5000, 3)))
+
+
 def test_missing_execution_provider_is_a_clear_error(tiny):
     _, fp32, _ = tiny
     available = ort.get_available_providers()

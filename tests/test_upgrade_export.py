@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,6 +76,18 @@ def test_upgrade_refuses_what_it_cannot_do(tmp_path, monkeypatch):
         r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
         assert r.exit_code != 0 and "could not hard-link" in r.output and "Traceback" not in r.output
         assert not (tmp_path / "old.upgrading").exists() and load_manifest(folder, "full")
+    real_rename = Path.rename
+    for failing in ("old", "old.upgrading"):    # a folder that cannot be renamed (immutable, busy): rolled back
+        with monkeypatch.context() as m:
+            def rename(self, target, failing=failing):
+                if self.name == failing:
+                    raise OSError(1, "Operation not permitted")
+                return real_rename(self, target)
+            m.setattr(Path, "rename", rename)
+            r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
+        assert r.exit_code == 2 and "could not move" in r.output and "is unchanged" in r.output, r.output
+        assert not (tmp_path / "old.upgrading").exists() and not (tmp_path / "old.replaced").exists()
+        assert "kv_append" not in load_manifest(folder, "full").manifest["graphs"]      # the old folder, intact
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-positions", "3"])
     assert r.exit_code != 0 and "must divide the block size 8, got 3" in r.output
     (tmp_path / "old.upgrading").mkdir()

@@ -34,8 +34,15 @@ std::vector<int64_t> standard_block(TargetEngine& engine, std::vector<int64_t> s
   return state;
 }
 
-void check_budget(int64_t nodes, int64_t depth, int64_t block_size) {
+// spot.TreeBudget.check
+void check_budget(int64_t nodes, int64_t depth, const TargetEngine& engine) {
+  const int64_t block_size = engine.block_size();
   if (nodes < 1) fail(SPOT_ERR_INVALID_ARGUMENT, "budget must be >= 1 node, got " + std::to_string(nodes));
+  if (nodes > engine.max_nodes())
+    fail(SPOT_ERR_INVALID_ARGUMENT, "budget " + std::to_string(nodes) + " nodes exceeds the " +
+                                        std::to_string(engine.max_nodes()) + " states one verify pass of this " +
+                                        "engine takes (the export's max_nodes): use a smaller budget, or re-export " +
+                                        "with a larger --max-nodes");
   if (depth < 1 || depth > block_size)
     fail(SPOT_ERR_INVALID_ARGUMENT, "depth must be in 1.." + std::to_string(block_size) +
                                         " (the block size), got " + std::to_string(depth));
@@ -64,7 +71,7 @@ std::pair<int64_t, std::vector<int64_t>> walk(const std::vector<Node>& tree, con
 
 std::vector<int64_t> spot_block(TargetEngine& engine, std::vector<int64_t> state, uint32_t block,
                                 const BlockContext& ctx, Proposer& proposer, int64_t nodes, int64_t depth) {
-  check_budget(nodes, depth, engine.block_size());
+  check_budget(nodes, depth, engine);
   DecodeStats& stats = *ctx.stats;
   std::unique_ptr<PassOutputs> last = block_pass(engine, state, {0}, ctx, block);
   int64_t last_row = 0;   // the row of `last` that `state` was seen in
@@ -137,7 +144,7 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
   std::unique_ptr<Proposer> proposer;
   int64_t nodes = req.budget, depth = req.depth;
   if (name != "standard" && name != "threshold") {
-    check_budget(req.budget, req.depth, b);
+    check_budget(req.budget, req.depth, engine);
     if (name == "chain") {
       proposer = std::make_unique<ConfidenceOrderProposer>(1);
       nodes = req.depth + 1;   // a chain: one node per depth

@@ -134,6 +134,10 @@ class StaticOrtEngine(Engine):
     def max_context(self) -> int:
         return self.plan.max_context
 
+    @property
+    def max_nodes(self) -> int:
+        return self.plan.nodes[-1]
+
     def reserve(self, total_tokens: int) -> None:
         """Size the cache for a request of `total_tokens` (prompt + new tokens, whole blocks) up front."""
         self.cache.ensure(self.plan.capacity_for(total_tokens))

@@ -252,6 +252,10 @@ class OrtEngine(Engine):
     def max_context(self) -> int:
         return min(self.exported.max_context, self.config.max_position_embeddings)
 
+    @property
+    def max_nodes(self) -> int:
+        return self.exported.max_nodes
+
     # -- graph calls -------------------------------------------------------------------------------------------
     def _cached(self) -> int:
         return self._k.shape[2] if self.device_kv is None else self.device_kv.length

@@ -304,6 +304,10 @@ class TrtEngine(Engine):
     def max_context(self) -> int:
         return self.plan.max_context
 
+    @property
+    def max_nodes(self) -> int:
+        return self.plan.nodes[-1]
+
     def reserve(self, total_tokens: int) -> None:
         self.cache.ensure(self.plan.capacity_for(total_tokens))
 

@@ -12,6 +12,19 @@ except ImportError:  # pragma: no cover - exercised only without the export extr
     torch = None
 
 
+def torch_device(name: str):
+    """torch.device for --device (cpu, cuda, cuda:N, ...); SpotError when torch cannot use it here."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SpotError(f"unknown device {name!r} for the torch backend, expected cpu or cuda (cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SpotError(f"--device {name}: this torch {torch.__version__} has no usable CUDA device",
+                        "install a CUDA build of torch (Jetson: NVIDIA's JetPack wheel), or use --device cpu, or "
+                        "--backend ort --device cuda on an exported folder")
+    return device
+
+
 class TorchEngine(Engine):
     name = "torch"
 
@@ -19,7 +32,7 @@ class TorchEngine(Engine):
         if torch is None:
             raise SpotError("the torch backend needs torch", "pip install 'spot-edge[export]' (torch==2.13.0)")
         super().__init__(model.cfg, block_size)
-        self.device = torch.device(device)
+        self.device = torch_device(device)
         self.model = model.to(self.device).eval()
         self._k = self._v = None
 
@@ -27,6 +40,7 @@ class TorchEngine(Engine):
     def from_dir(model_dir, block_size: int | None = None, device: str = "cpu", dtype: str = "fp32") -> "TorchEngine":
         if torch is None:
             raise SpotError("the torch backend needs torch", "pip install 'spot-edge[export]' (torch==2.13.0)")
+        torch_device(device)          # before the weights are read
         from spot.checkpoint import Checkpoint
         from spot.reference.model import SDARModel
         dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -82,8 +82,19 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    folder.rename(previous)
-    tmp.rename(folder)
+    try:
+        folder.rename(previous)
+    except OSError as e:          # e.g. an immutable or busy folder: the old one stays, the new one goes
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SpotError(f"could not move {folder} aside to swap the upgraded folder in: {e.strerror}",
+                        f"{folder} is unchanged; check that it and its parent can be renamed") from None
+    try:
+        tmp.rename(folder)
+    except OSError as e:
+        previous.rename(folder)   # back as it was
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SpotError(f"could not move the upgraded folder to {folder}: {e.strerror}",
+                        f"{folder} is unchanged") from None
     shutil.rmtree(previous)
     progress(f"upgraded {folder}")
     return manifest

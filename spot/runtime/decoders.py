@@ -81,5 +81,6 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
                             "pass --drafter PATH or use an exported folder that ships drafter.onnx")
         drafter.check_compatible(engine)
         proposer, budget = drafter.proposer(), req.budget
+    budget.check(engine)          # the tree actually built (a chain's: depth + 1 nodes)
     return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, budget, req.independent_noise),
                     on_block=on_block, **common)

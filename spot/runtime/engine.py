@@ -14,6 +14,9 @@ from spot.errors import SpotError
 from spot.runtime.outputs import host_outputs
 
 
+MAX_VERIFY_NODES = 4096
+
+
 class Engine(ABC):
     """Subclasses implement `_prefill`, `_block_logits`, `_store`, `_reset`; callers use the public methods."""
 
@@ -116,6 +119,12 @@ class Engine(ABC):
     @property
     def max_context(self) -> int:
         return self.config.max_position_embeddings
+
+    @property
+    def max_nodes(self) -> int:
+        """The most candidate states one verify pass takes (an export's max_nodes; spot-export's --max-nodes limit
+        for engines without one: beyond it, building the tree alone takes seconds)."""
+        return MAX_VERIFY_NODES
 
     # -- implementation ----------------------------------------------------------------------------------------
     @abstractmethod

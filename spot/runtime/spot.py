@@ -28,6 +28,10 @@ class TreeBudget:
         samples on the device, within its epilogue's future steps (a one-node tree runs the standard loop)."""
         if self.nodes < 1:
             raise SpotError(f"budget must be >= 1 node, got {self.nodes}")
+        if self.nodes > engine.max_nodes:
+            raise SpotError(f"budget {self.nodes} nodes exceeds the {engine.max_nodes} states one verify pass of this "
+                            "engine takes (the export's max_nodes)",
+                            "use a smaller --budget, or re-export with a larger --max-nodes")
         if not 1 <= self.depth <= engine.block_size:
             raise SpotError(f"depth must be in 1..{engine.block_size} (the block size), got {self.depth}")
         if self.nodes > 1 and engine.sampler_depth is not None and self.depth > engine.sampler_depth:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -144,8 +145,9 @@ class Traces:
                 meta = json.loads(str(z["meta"]))
                 rows = {f: z[f"row_{f}"] for f in ROW_FIELDS}
                 traces = {f: z[f"trace_{f}"] for f in TRACE_FIELDS}
-        except (KeyError, ValueError, OSError) as e:
-            raise SpotError(f"{path} is not a trace file written by `spot traces` ({e})") from None
+        except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+            raise SpotError(f"{path} is not a trace file written by `spot traces` ({type(e).__name__}: {e})",
+                            "collect traces with `spot traces`") from None
         if meta.get("format") != TRACE_FORMAT or meta.get("format_version") != TRACE_VERSION:
             raise SpotError(f"{path} has format {meta.get('format')!r} v{meta.get('format_version')}, expected "
                             f"{TRACE_FORMAT!r} v{TRACE_VERSION}", "collect traces again with `spot traces`")
