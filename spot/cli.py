@@ -15,6 +15,8 @@ from spot.errors import SpotError
 from spot.demo import DEMO_TEMPERATURE
 from spot.runtime.decoders import DECODERS
 
+DEFAULT_DEPTH = 8           # spot generate's tree depth, capped at the block size (SDAR's B = 4)
+
 
 # Optional packages -> the extra that installs them: the runtime (generate/bench/tune/verify on an exported folder with
 # --backend ort) needs none of them; export, training, the torch backend and plots do.
@@ -134,7 +136,8 @@ def find_drafter(path, model_dir):
                    "spot/spot-sets: SPOT with the drafter; oracle / order-oracle: diagnostic ceilings (true "
                    "states / true positions with the drafter's tokens).")
 @click.option("--budget", type=int, default=16, show_default=True, help="Tree nodes per verify pass (SPOT).")
-@click.option("--depth", type=int, default=8, show_default=True, help="Deepest tree node below the root (SPOT).")
+@click.option("--depth", type=int, default=None,
+              help="Deepest tree node below the root (SPOT). Default: 8, or the block size if smaller.")
 @click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
               help="drafter.onnx (or its folder). Default: the one beside the model, if any.")
 @placement_options
@@ -175,6 +178,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
     engine = open_engine(backend, folder, block_size, device, sampler, kv_cache)
     drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
+    depth = min(DEFAULT_DEPTH, engine.block_size) if depth is None else depth
     request = DecodeRequest(max_new_tokens, mode, tau, sampling, TreeBudget(budget, depth))
     on_block, text_stream = None, None
     if stream and as_json:

@@ -59,6 +59,14 @@ def test_prompt_ids_without_tokenizer(model_dirs):
     assert out["block_size"] == 8 and out["prompt_len"] == 5
 
 
+def test_default_depth_fits_a_block_of_4(model_dirs):
+    """SDAR's block size is 4: the default tree depth is min(8, B), so `--decoder tree` runs without --depth."""
+    out = run_json("--model", model_dirs["bare"], "--prompt-ids", "1,2,3", "--max-new-tokens", 8, "--decoder", "tree")
+    assert out["block_size"] == 4 and out["passes"]["verify"] > 0
+    result = run("--model", model_dirs["bare"], "--prompt-ids", "1,2,3", "--decoder", "tree", "--depth", 8)
+    assert result.exit_code == 2 and "depth must be in 1..4" in result.stderr     # an explicit depth is checked
+
+
 def test_human_output_is_text_plus_one_stats_line(model_dirs):
     result = run("--model", model_dirs["bare"], "--prompt-ids", "1,2,3", "--max-new-tokens", 5)
     assert result.exit_code == 0, result.output

@@ -86,7 +86,7 @@ void spot_generate_options_init(spot_generate_options* o) {
   o->tau = 0.9;
   o->max_new_tokens = 64;
   o->budget = 16;
-  o->depth = 8;
+  o->depth = 0;   // min(8, block size) at generate time
   o->mode = SPOT_MODE_STATIC;
   o->top_k = 0;
   o->top_p = 1.0;
@@ -216,7 +216,7 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
     req.top_k = o.top_k;
     req.top_p = o.top_p;
     req.budget = o.budget;
-    req.depth = o.depth;
+    req.depth = o.depth == 0 ? std::min<int64_t>(8, model->engine->block_size()) : o.depth;
     if (o.stop_ids != nullptr) req.stop_ids = std::vector<int64_t>(o.stop_ids, o.stop_ids + o.n_stop_ids);
     if (on_block != nullptr)
       req.on_block = [on_block, user_data](const std::vector<int64_t>& ids) {

@@ -99,7 +99,8 @@ typedef struct spot_generate_options {
   double tau;              /* threshold rule: commit every masked position with confidence > tau */
   int max_new_tokens;      /* >= 1; generation runs to the block boundary covering prompt + max_new_tokens */
   int budget;              /* tree/spot/spot-sets: nodes per verify pass (root included), >= 1 */
-  int depth;               /* chain/tree/spot/spot-sets: deepest node below the root, 1..block size */
+  int depth;               /* chain/tree/spot/spot-sets: deepest node below the root, 1..block size; 0 (the
+                              default): 8, or the block size if smaller (spot generate's default) */
   spot_mode mode;          /* commit rule of standard, chain, tree and spot (threshold and spot-sets: always
                               threshold); standard + SPOT_MODE_THRESHOLD = threshold decoding, as in Python */
   int top_k;               /* >= 0; 0 disables top-k filtering (T > 0 only; confidences stay unfiltered) */
@@ -135,7 +136,7 @@ typedef struct spot_model_info {
 /* Defaults: verify quick, drafter from the folder, ORT's default threads. */
 SPOT_API void spot_open_options_init(spot_open_options* options);
 /* Defaults of the Python runtime's DecodeRequest: standard, T 0, seed 0, tau 0.9, 64 new tokens, budget 16,
- * depth 8, static mode, no top-k / top-p, the manifest's stop ids. */
+ * depth 0 (= 8, or the block size if smaller), static mode, no top-k / top-p, the manifest's stop ids. */
 SPOT_API void spot_generate_options_init(spot_generate_options* options);
 
 /* Open an exported folder by its manifest.json (files checked against it). `options` may be NULL. On failure *out
