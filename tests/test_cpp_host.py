@@ -507,6 +507,9 @@ def test_bad_folders_are_refused(spot_cli, tiny, tmp_path):
     with open(data, "r+b") as f:
         f.truncate(data.stat().st_size - 1)
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "target.onnx.data", "bytes")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (changed / "manifest.json").write_text(json.dumps({**manifest, "stop_ids": [12]}))      # edited, not hashed
+    _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "stop_ids differ from model.*")
     (changed / "manifest.json").write_text("{not json")
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "not valid JSON")
 

@@ -242,6 +242,11 @@ def test_quick_check_samples_large_files_and_full_check_reads_all(exported, tmp_
     (lambda m: {**m, "format_version": 99}, "has format_version 99, this spot reads 1"),
     (lambda m: {k: v for k, v in m.items() if k != "max_nodes"}, "lacks field 'max_nodes'"),
     (lambda m: {**m, "model": {"vocab_size": "many"}}, "invalid model config"),
+    (lambda m: {**m, "max_nodes": "64"}, "max_nodes is '64', expected an integer >= 1"),
+    (lambda m: {**m, "max_context": 1e9}, "max_context is 1000000000.0, expected an integer"),
+    (lambda m: {**m, "dtype": "int8"}, "dtype is 'int8', expected one of fp32, fp16"),
+    (lambda m: {**m, "stop_ids": [12]}, r"stop_ids is \[12\] but model.stop_ids is"),
+    (lambda m: {**m, "mask_token_id": 5}, "mask_token_id is 5 but model.mask_token_id is"),
 ])
 def test_a_foreign_or_damaged_manifest_is_refused(exported, tmp_path, edit, message):
     folder = _copy(exported, tmp_path)

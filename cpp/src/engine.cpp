@@ -123,6 +123,17 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
     }
     if (const Json* kv = m.at("graphs").find("kv_append"); kv && !kv->is_null())
       ef.kv_append_graph = join(folder, kv->at("file").str());
+    // the decoding defaults copied from the model config (spot.export.manifest.check_manifest_fields): the
+    // manifest is not hashed, so an edit is refused rather than half used
+    bool same = ef.block_size == ef.config.block_size;
+    if (const Json* mask = m.find("mask_token_id")) same = same && mask->integer() == ef.config.mask_token_id;
+    if (const Json* stops = m.find("stop_ids")) {
+      std::vector<int64_t> ids;
+      for (const Json& t : stops->items()) ids.push_back(t.integer());
+      same = same && ids == ef.config.stop_ids;
+    }
+    if (!same)
+      fail(SPOT_ERR_CORRUPT, "block_size / mask_token_id / stop_ids differ from model.* (edited?)");
     if (const Json* sc = m.find("ort_session_config"); sc && !sc->is_null())
       for (const auto& [key, value] : sc->members()) ef.ort_session_config.emplace_back(key, value.str());
     m.at("files").members();

@@ -148,5 +148,23 @@ def load_manifest(folder: str | Path, verify: str = "quick") -> ExportedModel:
         config = ModelConfig.from_dict(manifest["model"])
     except (KeyError, TypeError) as e:
         raise SpotError(f"{path} has an invalid model config ({e})", remedy) from None
+    check_manifest_fields(path, manifest, config, remedy)
     verify_files(folder, manifest["files"], verify)
     return ExportedModel(folder, manifest, config)
+
+
+def check_manifest_fields(path: Path, manifest: dict, config: ModelConfig, remedy: str) -> None:
+    """The manifest is not hashed: its numbers are checked for type, and its decoding defaults against the model
+    config they were copied from (the hosts decode with model.*), so an edited manifest is refused, not half-used."""
+    for key in ("block_size", "max_nodes", "max_context"):
+        value = manifest[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpotError(f"{path}: {key} is {value!r}, expected an integer >= 1", remedy)
+    if manifest["dtype"] not in NP_DTYPES:
+        raise SpotError(f"{path}: dtype is {manifest['dtype']!r}, expected one of {', '.join(NP_DTYPES)}", remedy)
+    model = {"block_size": config.block_size, "mask_token_id": config.mask_token_id,
+             "stop_ids": list(config.stop_ids)}
+    for key, want in model.items():
+        if key in manifest and manifest[key] != want:
+            raise SpotError(f"{path}: {key} is {manifest[key]!r} but model.{key} is {want!r} (edited?)",
+                            f"decoding uses model.{key}: edit both, or {remedy}")
