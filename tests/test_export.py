@@ -257,6 +257,19 @@ def test_a_foreign_or_damaged_manifest_is_refused(exported, tmp_path, edit, mess
     assert "re-export" in e.value.hint
 
 
+def test_a_preset_with_another_models_checkpoint_is_refused():
+    """`spot-export sdar-4b --checkpoint <the 8B>` would have exported the 8B under the 4B's name."""
+    import pathlib
+    fixture = pathlib.Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sdar-8b-chat"
+    if not (fixture / "config.json").is_file():
+        pytest.skip("../shared/fixtures/sdar-8b-chat is not here")
+    from spot.export.export import dry_run
+    with pytest.raises(SpotError, match="is not sdar-4b: hidden_size 4096 \\(preset: 2560\\)") as e:
+        dry_run(resolve_source("sdar-4b", str(fixture), True), ExportOptions(), lambda line: None)
+    assert "preset of that checkpoint" in e.value.hint
+    assert dry_run(resolve_source("sdar-8b", str(fixture), True), ExportOptions(), lambda line: None)["layers"] == 36
+
+
 def test_not_an_exported_folder(ckpt, tmp_path):
     with pytest.raises(SpotError, match="not an exported spot model folder") as e:
         load_manifest(ckpt)
@@ -326,7 +339,8 @@ def test_preset_resolves_hf_cache_layout(ckpt, tmp_path, monkeypatch):
 
 
 def test_preset_block_size_is_recorded(ckpt, tmp_path):
-    src = resolve_source("sdar-8b-b16", checkpoint=str(ckpt))
+    # the tiny checkpoint stands in for the preset's architecture (a real mismatch is refused: test above)
+    src = replace(resolve_source("sdar-8b-b16", checkpoint=str(ckpt)), builtin_config=load_config(ckpt))
     out = export_checkpoint(src, tmp_path / "b16", ExportOptions(dtype="fp32", validate=False))
     m = json.loads((out / "manifest.json").read_text())
     assert m["block_size"] == 16 and m["source"]["preset"] == "sdar-8b-b16"
@@ -375,4 +389,4 @@ def test_cli_export_verify_and_errors(ckpt, tmp_path):
     r = runner.invoke(cli, ["export", str(ckpt), "--dtype", "bf16", "--out", str(tmp_path / "y")])
     assert r.exit_code == 2 and "bf16" in r.output and not (tmp_path / "y").exists()
     r = runner.invoke(cli, ["export", "sdar-8b", "--dry-run", "--quiet", "--checkpoint", str(ckpt)])
-    assert r.exit_code == 0 and json.loads(r.output)["layers"] == TINY.num_hidden_layers
+    assert r.exit_code == 2 and "is not sdar-8b: hidden_size 64 (preset: 4096)" in r.output

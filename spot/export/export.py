@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 
 from spot import __version__
 from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32
-from spot.config import ModelConfig, check_block_size, load_config
+from spot.config import ModelConfig, check_block_size
 from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
 from spot.export.graph import (TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset,
@@ -338,7 +338,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     if out.exists() and not options.overwrite:
         raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
     check_dtype(options.dtype)
-    cfg = effective_config(load_config(source.checkpoint), source, options, progress)
+    cfg = effective_config(source.checkpoint_config(), source, options, progress)
     max_context = check_options(cfg, options)
     ckpt = Checkpoint(source.checkpoint, cfg)
     graph = build_target_graph(cfg, options.dtype, options.opset, options.quant)
@@ -410,7 +410,7 @@ def dry_run(source: Source, options: ExportOptions = ExportOptions(), progress: 
     t0 = time.perf_counter()
     check_dtype(options.dtype)
     if source.checkpoint is not None:
-        cfg, where = load_config(source.checkpoint), str(source.checkpoint)
+        cfg, where = source.checkpoint_config(), str(source.checkpoint)
     else:
         cfg, where = source.builtin_config, f"built-in config of {source.preset} (no local checkpoint)"
     cfg = effective_config(cfg, source, options, progress)

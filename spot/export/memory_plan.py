@@ -331,10 +331,9 @@ def manifest_memory(cfg: ModelConfig, options, context: int) -> dict:
 def plan_source(source, options, progress) -> tuple[MemoryPlan, ModelConfig]:
     """`spot-export SOURCE --plan DEVICE` without --out: the plan of the source's config (its checkpoint folder's
     config.json, else the preset's built-in config: no weights needed)."""
-    from spot.config import load_config
     from spot.export.export import check_options, effective_config
     if source.checkpoint is not None:
-        cfg = load_config(source.checkpoint)
+        cfg = source.checkpoint_config()
     elif source.builtin_config is not None:
         cfg = source.builtin_config
     else:

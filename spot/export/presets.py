@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from spot.config import DEFAULT_MASK_TOKEN_ID, DEFAULT_STOP_IDS, ModelConfig
+from spot.config import DEFAULT_MASK_TOKEN_ID, DEFAULT_STOP_IDS, ModelConfig, load_config
 from spot.errors import SpotError
 
 QWEN3_VOCAB = 151936
@@ -85,6 +85,21 @@ class Source:
     block_size: int | None       # the preset's block size (overrides a config.json that lacks/misstates it)
     builtin_config: ModelConfig | None
     default_name: str
+
+    def checkpoint_config(self) -> ModelConfig:
+        """config.json of the checkpoint; for a preset, checked to be that preset's architecture (a preset given
+        another model's --checkpoint would export under the preset's name)."""
+        cfg = load_config(self.checkpoint)
+        want = self.builtin_config
+        if want is not None:
+            fields = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                      "intermediate_size", "vocab_size")
+            differ = [f"{f} {getattr(cfg, f)} (preset: {getattr(want, f)})" for f in fields
+                      if getattr(cfg, f) != getattr(want, f)]
+            if differ:
+                raise SpotError(f"the checkpoint {self.checkpoint} is not {self.preset}: {', '.join(differ)}",
+                                "use the preset of that checkpoint, or pass the folder itself as SOURCE")
+        return cfg
 
 
 def resolve_source(source: str, checkpoint: str | None = None, dry_run: bool = False) -> Source:
