@@ -86,12 +86,19 @@ def stderr_progress(quiet: bool):
 def read_prompt_file(path: str) -> str:
     """The text of --prompt-file ('-': standard input), UTF-8; SpotError naming the file otherwise."""
     import sys
+    limit = 64 * 2**20     # far beyond any context; a device or a wrong file is refused before it fills memory
     try:
-        data = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
+        if path == "-":
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(limit + 1)
     except OSError as e:
         raise SpotError(f"cannot read the prompt file {path}: {e.strerror}") from None
+    if len(data) > limit:
+        raise SpotError(f"the prompt file {path} is larger than 64 MiB", "pass the prompt text itself")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")     # a leading byte-order mark is not part of the prompt
     except UnicodeDecodeError as e:
         raise SpotError(f"the prompt file {path} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})",
                         "convert it to UTF-8, or pass token ids with --prompt-ids") from None
@@ -154,7 +161,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     Examples:
       spot generate --prompt "def fibonacci(n):" --max-new-tokens 64
       spot generate --prompt "import os" --decoder spot --budget 16 --depth 8 --json
-      spot generate --model out/embedded-fp32-onnx --backend ort --decoder spot-sets --tau 0.9
+      spot generate --model out/embedded-fp32-onnx --backend ort --decoder spot-sets --tau 0.9 --prompt "x = ["
       spot generate --prompt "class Stack:" --decoder spot --stream
     """
     import json
@@ -228,7 +235,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
 @click.option("--block-size", type=int, default=None, help="Decoding block size (default: preset, else config).")
 @click.option("--dry-run", is_flag=True, help="Build and check the graph of the real config without weights.")
 @click.option("--no-validate", is_flag=True, help="Skip the comparison with the torch reference (not advised).")
-@click.option("--validate-layers", type=int, default=None,
+@click.option("--validate-layers", type=click.IntRange(min=1), default=None,
               help="Validate the first K layers only (default: all up to 300M parameters, else 2).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out folder.")
 @click.option("--weights", type=click.Choice(["fp", "int8", "int4"]), default="fp", show_default=True,
@@ -599,8 +606,9 @@ def _budgets(text: str):
 @click.option("--block-size", type=int, default=None)
 @click.option("--prompts", "prompts_path", type=click.Path(path_type=str), default=None,
               help="JSONL of prompts ({\"text\"} or {\"ids\"}). Default: the embedded held-out set.")
-@click.option("--limit", type=int, default=10, show_default=True, help="Number of prompts.")
-@click.option("--prompt-tokens", type=int, default=128, show_default=True, help="Keep the last N prompt tokens.")
+@click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True, help="Number of prompts.")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Keep the last N prompt tokens.")
 @click.option("--decoders", default="standard,threshold,chain,tree,oracle,order-oracle,spot,spot-sets",
               show_default=True)
 @click.option("--temperatures", default="0,0.5,1.0", show_default=True)

@@ -219,7 +219,7 @@ def prompt_ids_for(tokenizer: SpotTokenizer | None, prompt: str | None, prompt_i
     chat=None means: chat-format text prompts when the tokenizer has a chat template.
     """
     if (prompt is None) == (prompt_ids is None):
-        raise SpotError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+        raise SpotError("give exactly one of --prompt TEXT, --prompt-file PATH or --prompt-ids 1,2,3")
     if prompt_ids is not None:
         if chat:
             raise SpotError("--chat applies to text prompts, not to --prompt-ids",

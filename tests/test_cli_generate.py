@@ -123,7 +123,17 @@ ERROR_CASES = {
     "prompt file not UTF-8": (lambda d: ["--model", d["tok"], "--prompt-file", latin1_file(d)], "not UTF-8"),
     "prompt and prompt file": (lambda d: ["--model", d["tok"], "--prompt", "a", "--prompt-file", latin1_file(d)],
                                "not both"),
+    "exported folder on torch": (lambda d: ["--model", exported_like(d), "--prompt-ids", "1"],
+                                 "is an exported ONNX folder"),
 }
+
+
+def exported_like(d) -> str:
+    folder = d["root"] / "exported-like"
+    if not folder.exists():
+        shutil.copytree(d["bare"], folder)
+        (folder / "manifest.json").write_text("{}")
+    return str(folder)
 
 
 def latin1_file(d) -> str:
@@ -135,7 +145,7 @@ def latin1_file(d) -> str:
 def test_prompt_file_and_stdin_equal_the_prompt_text(model_dirs):
     text = "the cat sat\non the mat é"
     path = model_dirs["root"] / "prompt.txt"
-    path.write_text(text, encoding="utf-8")
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))      # a byte-order mark is not part of the prompt
     args = ("--model", model_dirs["tok"], "--max-new-tokens", 6, "--no-chat", "--json")
     want = run_json("--prompt", text, *args[:-1])
     got_file = run_json("--prompt-file", path, *args[:-1])

@@ -296,6 +296,7 @@ int cmd_noise() {
     double g = spot_gumbel(uint32_t(seed), uint32_t(block), uint32_t(step), uint32_t(position), uint32_t(token));
     std::printf("%08x %08x %a %a\n", a, b, u, g);
   }
+  if (!std::cin.eof()) throw UsageError{"noise reads lines of five integers 'seed block step position token'"};
   return 0;
 }
 

@@ -250,8 +250,8 @@ void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device de
   if (!on_device(sampler, device, has)) return;
   if (!has)
     fail(SPOT_ERR_INCOMPATIBLE, f.folder + " has no sampling epilogue graph (needed by the device sampler): "
-                                           "re-export it with spot-export (it writes epilogue.onnx unless "
-                                           "--epilogue-steps 0), or use the host sampler");
+                                           "add one with `spot upgrade-export " + f.folder + "` (--epilogue-steps "
+                                           "N, N > 0; the weights stay), or use the host sampler");
   if (f.epilogue_steps < 1)
     fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + ": the epilogue's future_steps must be >= 1");
   // TensorRT has neither float64 nor uint32 arithmetic: the epilogue runs on the CUDA provider (as in Python)

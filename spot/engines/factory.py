@@ -25,6 +25,9 @@ def open_engine(backend: str, model_dir: str | Path, block_size: int | None = No
         if value == "device":
             raise SpotError(f"--{option} device needs the ort backend (an exported folder with {graph}), got "
                             f"--backend {backend}", f"use --backend ort, or --{option} host")
+    if (Path(model_dir) / "manifest.json").is_file():
+        raise SpotError(f"{model_dir} is an exported ONNX folder, and --backend {backend} reads Hugging Face "
+                        "checkpoints", "use --backend ort")
     cfg = load_config(model_dir)  # clear errors (missing folder, model_type) before any heavy import
     block_size = cfg.block_size if block_size is None else block_size
     check_block_size(block_size, cfg.max_position_embeddings)

@@ -226,8 +226,8 @@ class OrtEngine(Engine):
             return None, None
         if "epilogue" not in graphs:
             raise SpotError(f"{self.exported.folder} has no sampling epilogue graph (needed by --sampler device)",
-                            "re-export it with spot-export (it writes epilogue.onnx unless --epilogue-steps 0), "
-                            "or use --sampler host")
+                            f"add one with `spot upgrade-export {self.exported.folder}` (--epilogue-steps N, "
+                            "N > 0; the weights stay), or use --sampler host")
         if self.block_size != self.exported.block_size:
             raise SpotError(f"the epilogue graph is built for blocks of {self.exported.block_size}, the engine "
                             f"decodes blocks of {self.block_size}", "use the export's block size or --sampler host")

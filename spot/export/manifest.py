@@ -134,7 +134,9 @@ def load_manifest(folder: str | Path, verify: str = "quick") -> ExportedModel:
     """Open an exported folder by its manifest; SpotError (naming the file) when it is absent, foreign or changed."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise SpotError(f"exported model folder {folder} does not exist", "export one with `spot-export`")
+        what = "is a file" if folder.exists() else "does not exist"
+        raise SpotError(f"exported model folder {folder} {what}", "pass the folder spot-export wrote, or export "
+                        "one with `spot-export`")
     path = folder / MANIFEST_NAME
     if not path.is_file():
         hint = ("this looks like a Hugging Face checkpoint: export it first with `spot-export "
