@@ -696,7 +696,9 @@ def tune(model_dir, backend, device, temperature, limit, drafter_path, sampler, 
 
     from spot.bench import tune_budget, tuning_prompts, tuning_room
     from spot.runtime.spot import TreeBudget
+    from spot.runtime.step import Sampling
 
+    Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep
     if limit < 1:
         raise SpotError(f"--limit must be >= 1, got {limit}")
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device, sampler, kv_cache)
