@@ -5,7 +5,9 @@ Each command lives in this file as a thin shell over library functions: parse, c
 """
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 import click
 
@@ -64,6 +66,9 @@ class SpotGroup(click.Group):
 def main(ctx, debug):
     """spot: SPOT speculative decoding for SDAR diffusion LMs on ONNX Runtime / TensorRT."""
     ctx.meta["spot.debug"] = debug
+    # SIGTERM (a service manager, `timeout`) unwinds like Ctrl-C, so that half-written outputs are removed
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def placement_options(command):
