@@ -287,7 +287,8 @@ def test_baseline_graph_drafter_matches(spot_cli, tiny, tmp_path):
 @pytest.mark.parametrize("variant,options", [
     ("fp16", dict(dtype="fp16")),
     ("int8", dict(dtype="fp32", weights="int8")),
-    ("int4", dict(dtype="fp32", weights="int4", int4_block=32))])
+    ("int4", dict(dtype="fp32", weights="int4", int4_block=32)),
+    ("int8-fp16", dict(dtype="fp16", weights="int8"))])
 def test_other_precisions_match(spot_cli, tiny, tmp_path, variant, options):
     """fp16: the host's K/V cache holds float16 bits. int8 / int4 (weight-only): ONNX Runtime fuses DequantizeLinear ->
     MatMul into MatMulNBits, and the manifest's ort_session_config keeps its activations float32 — the C++ host must

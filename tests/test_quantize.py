@@ -102,8 +102,9 @@ def test_scheme_checks():
     with pytest.raises(SpotError, match="does not divide the model's intermediate_size 96") as e:
         QuantScheme("int4", 64).check_config(odd)
     assert "--int4-block 32" in e.value.hint
-    assert QuantScheme("int4").graph_opset(17) == 21 and QuantScheme("int8").graph_opset(18) == 18
-    assert QuantScheme("int4", matmulnbits=True).graph_opset(17) == 17
+    assert QuantScheme("int4").graph_opset(17, "fp32") == 21 and QuantScheme("int8").graph_opset(18, "fp32") == 18
+    assert QuantScheme("int8").graph_opset(17, "fp16") == 19
+    assert QuantScheme("int4", matmulnbits=True).graph_opset(17, "fp16") == 17
 
 
 # -- the exported files ----------------------------------------------------------------------------------------------
@@ -191,10 +192,13 @@ def test_streamed_chunks_give_identical_bytes(ckpt, exports, tmp_path, monkeypat
         assert (out / DATA_FILE).read_bytes() == (exports[kind] / DATA_FILE).read_bytes()
 
 
-def test_fp16_int4_export_validates(ckpt, tmp_path):
-    out = export(ckpt, tmp_path / "f16-int4", dtype="fp16", weights="int4", int4_block=32)
+@pytest.mark.parametrize("weights,opset", [("int4", 21), ("int8", 19)])
+def test_fp16_quantized_exports_validate(ckpt, tmp_path, weights, opset):
+    """fp16 scales: int4 is opset 21 anyway; int8 needs 19, the first DequantizeLinear taking float16 scales (at the
+    requested 17 the graph failed onnx.checker with a traceback — SDAR-8B's int8 route)."""
+    out = export(ckpt, tmp_path / f"f16-{weights}", dtype="fp16", weights=weights, int4_block=32)
     m = json.loads((out / "manifest.json").read_text())
-    assert m["dtype"] == "fp16" and m["weights"]["scale_dtype"] == "fp16"
+    assert m["dtype"] == "fp16" and m["weights"]["scale_dtype"] == "fp16" and m["opset"] == opset
     assert all(c["ok"] for c in m["validation"]["cases"])
     inits = _initializers(out)
     assert inits["model.layers.0.mlp.down_proj.weight.scale"].dtype == np.float16

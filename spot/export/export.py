@@ -149,7 +149,7 @@ def make_model(graph: TargetGraph, layout: dict[str, tuple[int, int]], location:
     g = helper.make_graph(graph.nodes, name, graph.inputs, graph.outputs, initializer=graph.constants + weights)
     imports = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v) for d, v in graph.domains.items()]
     model = helper.make_model(g, opset_imports=imports, producer_name="spot-export", producer_version=__version__)
-    model.ir_version = {17: 8, 18: 9, 21: 10}[graph.opset]   # the IR versions of opset 17/18/21 (ONNX 1.12/13/16)
+    model.ir_version = {17: 8, 18: 9, 19: 9, 21: 10}[graph.opset]   # opset 17/18/19/21 (ONNX 1.12/13/14/16)
     return model
 
 

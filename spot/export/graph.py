@@ -215,7 +215,7 @@ def build_target_graph(cfg: ModelConfig, dtype: str, opset: int = 17, quant=None
     if quant is not None and quant.quantized:
         quant.check()
         quant.check_config(cfg)
-        opset = quant.graph_opset(opset)
+        opset = quant.graph_opset(opset, dtype)
     g = TargetGraph(opset=opset, quant=quant, domains=dict(quant.domains) if quant is not None else {})
     b = _Builder(g)
     elem = ONNX_DTYPES[dtype]

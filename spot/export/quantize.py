@@ -11,7 +11,8 @@ Scheme (`spot-export --weights int8|int4`, docs/quantization.md):
 
 Graph forms:
   - standard ("dq"): DequantizeLinear(q, scale) -> MatMul, q stored [in, out] like the fp weights.
-      int8: per-axis DQ (axis 1), opset 13+, so the graph keeps the requested opset 17/18.
+      int8: per-axis DQ (axis 1): the requested opset 17/18 with fp32 scales; opset 19 with fp16 scales (the first
+      DequantizeLinear taking float16 scales; TensorRT 10.3 parses up to 20).
       int4: blocked DQ (axis 0, block_size), the INT4 element type: opset 21 (graph opset 21, IR 10).
       INT4 tensors are packed two values per byte, LOW NIBBLE FIRST, in row-major order (ONNX's layout,
       also TensorRT's).
@@ -41,6 +42,7 @@ QMAX = {"int8": 127, "int4": 7}
 LINEAR_SUFFIXES = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                    "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
 INT4_OPSET = 21                 # INT4 element type + DequantizeLinear block_size
+INT8_FP16_OPSET = 19            # DequantizeLinear with float16 scales
 NBITS_ACCURACY_LEVEL = 1        # MatMulNBits: 1 = float32 activations (4 would quantize them to int8)
 ORT_SESSION_CONFIG = {"session.qdq_matmulnbits_accuracy_level": str(NBITS_ACCURACY_LEVEL)}
 # source elements quantized per chunk: half the fp16 writer's 4M, so an int4/int8 export's temporaries (source
@@ -94,10 +96,13 @@ class QuantScheme:
                 raise SpotError(f"int4 packs two output channels per byte, but the model's {what} is odd ({out_f})",
                                 "use --weights int8")
 
-    def graph_opset(self, requested: int) -> int:
-        """The opset the graph is written at: int4 DequantizeLinear needs 21, everything else keeps `requested`."""
+    def graph_opset(self, requested: int, dtype: str) -> int:
+        """The opset the graph is written at: int4 DequantizeLinear needs 21, int8 with fp16 scales 19 (the first
+        DequantizeLinear taking float16 scales); everything else keeps `requested`."""
         if self.weights == "int4" and not self.matmulnbits:
             return INT4_OPSET
+        if self.weights == "int8" and dtype == "fp16":
+            return max(requested, INT8_FP16_OPSET)
         return requested
 
     @property
