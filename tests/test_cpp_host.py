@@ -570,6 +570,7 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     (["--decoder", "tree", "--budget", "200", "--depth", "8"], INVALID_ARGUMENT,
      ["budget 200 nodes exceeds the 64 states one verify pass"]),
     (["--decoder", "spot", "--budget", "100000"], INVALID_ARGUMENT, ["budget 100000 nodes exceeds"]),
+    (["--threads", "100000"], INVALID_ARGUMENT, ["threads must be in 0..256"]),
 ])
 def test_invalid_options_are_refused(spot_cli, tiny, flags, code, words):
     args = ["generate", "--model", tiny[0], "--drafter", tiny[1], "--prompt-ids", "1,2,3", *flags]

@@ -257,6 +257,17 @@ def test_a_foreign_or_damaged_manifest_is_refused(exported, tmp_path, edit, mess
     assert "re-export" in e.value.hint
 
 
+def test_the_checkpoint_itself_is_never_the_output(ckpt, tmp_path):
+    """--out SOURCE --overwrite (or a folder holding SOURCE) would replace the checkpoint by the export."""
+    import shutil
+    src = tmp_path / "parent" / "ck"
+    shutil.copytree(ckpt, src)
+    for out in (src, src.parent, tmp_path):
+        with pytest.raises(SpotError, match="would delete the checkpoint"):
+            export(src, out, overwrite=True, validate=False)
+    assert (src / "config.json").is_file() and any(src.glob("*.safetensors"))
+
+
 def test_a_preset_with_another_models_checkpoint_is_refused():
     """`spot-export sdar-4b --checkpoint <the 8B>` would have exported the 8B under the 4B's name."""
     import pathlib

@@ -210,6 +210,8 @@ def test_missing_execution_provider_is_a_clear_error(tiny):
             OrtEngine(fp32, device="trt")
     with pytest.raises(SpotError, match="unknown device 'tpu'"):
         OrtEngine(fp32, device="tpu")
+    with pytest.raises(SpotError, match=r"threads must be in 0..256 \(0: ONNX Runtime's default\), got 100000"):
+        OrtEngine(fp32, threads=100000)     # ONNX Runtime would start them all (and run out of memory)
 
 
 def test_changed_folder_is_refused_on_open(tiny, tmp_path):

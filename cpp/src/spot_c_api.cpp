@@ -60,6 +60,7 @@ bool map_option(int value, const T (&table)[N], T* out) {
   return true;
 }
 
+constexpr int kMaxThreads = 256;   // spot.engines.ort_engine.MAX_THREADS
 constexpr spot::Device kDevices[] = {spot::Device::kCpu, spot::Device::kCuda, spot::Device::kTensorRT};
 // spot_sampler and spot_kv_cache share their values: AUTO, HOST, DEVICE
 constexpr spot::Placement kPlacements[] = {spot::Placement::kAuto, spot::Placement::kHost, spot::Placement::kDevice};
@@ -103,10 +104,10 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
   if (options != nullptr) opts = *options;
   if (opts.verify != SPOT_VERIFY_QUICK && opts.verify != SPOT_VERIFY_FULL && opts.verify != SPOT_VERIFY_NONE)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_open: unknown verify level");
-  if (opts.threads < 0)
+  if (opts.threads < 0 || opts.threads > kMaxThreads)   // ORT makes each thread up front: 100000 exhausted memory
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
-                     "spot_open: threads must be >= 0 (0 = ONNX Runtime's default), got " +
-                         std::to_string(opts.threads));
+                     "spot_open: threads must be in 0.." + std::to_string(kMaxThreads) +
+                         " (0 = ONNX Runtime's default), got " + std::to_string(opts.threads));
   spot::Device device;
   spot::Placement sampler;
   spot::Placement kv_cache;

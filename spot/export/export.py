@@ -335,6 +335,10 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     if source.checkpoint is None:
         raise SpotError(f"no checkpoint folder for {source.preset}", "pass --checkpoint DIR")
     out = Path(out)
+    source_dir = Path(source.checkpoint).resolve()
+    if out.resolve() == source_dir or out.resolve() in source_dir.parents:
+        raise SpotError(f"--out {out} is the checkpoint folder {source.checkpoint} or holds it: replacing it would "
+                        "delete the checkpoint", "choose another --out")
     if out.exists() and not options.overwrite:
         raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
     check_dtype(options.dtype)
