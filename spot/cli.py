@@ -338,7 +338,8 @@ def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
 @click.option("--steps", type=int, default=None,
               help="Optimizer steps (8 x 256 tokens each). Default: the embedded model's recipe (2800).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--minutes", type=float, default=None, help="Wall-clock cap; stops early and still writes the folder.")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Wall-clock cap; stops early and still writes the folder.")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Checkpoints and train.log (resumed when present). Default: next to --out.")
 @click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation written into training_report.json.")
@@ -378,9 +379,12 @@ def build_engine_cmd(folder, out, max_nodes, max_context, smallest_capacity, wor
 
 def _float_list(text: str, what: str) -> tuple[float, ...]:
     try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
+        values = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise SpotError(f"{what} must be comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise SpotError(f"{what} must name at least one number, got {text!r}")
+    return values
 
 
 @main.command("traces")
@@ -399,7 +403,7 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
               help="One request per prompt, going round temperature x rule x seed (more prompts per minute).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--depth", type=int, default=16, show_default=True, help="Staleness 1..D recorded per step.")
-@click.option("--minutes", type=float, default=None, help="Stop collecting after this long.")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None, help="Stop collecting after this long.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the corpus prompt draw.")
 @click.option("--block-size", type=int, default=None, help="Block size. Default: the config's.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
@@ -450,18 +454,19 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
               help="Folder for drafter.onnx + drafter.json. Default: the target folder the traces came from.")
 @click.option("--epochs", type=int, default=4, show_default=True)
 @click.option("--batch-size", type=int, default=256, show_default=True)
-@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--minutes", type=float, default=None, help="Wall-clock cap on training.")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None, help="Wall-clock cap on training.")
 @click.option("--tau", type=float, default=None, help="Threshold the membership head learns. Default: the traces'.")
-@click.option("--threads", type=int, default=1, show_default=True)
+@click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True)
 @click.option("--width", type=int, default=128, show_default=True, help="Order model width (reference: 128).")
 @click.option("--layers", type=int, default=3, show_default=True, help="Encoder layers (reference: 3).")
 @click.option("--heads", type=int, default=8, show_default=True, help="Attention heads (reference: 8).")
 @click.option("--ffn", type=int, default=512, show_default=True, help="FFN width (reference: 512).")
+@click.option("--overwrite", is_flag=True, help="Replace a drafter already in the output folder.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, seed, minutes, tau, threads, width,
-                      layers, heads, ffn, quiet):
+                      layers, heads, ffn, overwrite, quiet):
     """Train the order model on traces, calibrate SPOT-Sets' threshold, export drafter.onnx + drafter.json."""
     from spot.training.drafter import DrafterTrainSettings, OrderModelConfig, train_drafter
     from spot.training.traces import Traces, concat_traces
@@ -475,6 +480,9 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
         out = traces.meta.get("model_dir")
         if not out:
             raise SpotError("the traces do not name their target folder", "pass --out FOLDER")
+    from pathlib import Path
+    if (Path(out) / "drafter.onnx").exists() and not overwrite:   # e.g. the embedded model's shipped drafter
+        raise SpotError(f"{out} already has a drafter (drafter.onnx)", "pass --overwrite to replace it, or --out FOLDER")
     settings = DrafterTrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, minutes=minutes,
                                     tau=traces.meta["tau"] if tau is None else tau, threads=threads)
     log = (lambda _: None) if quiet else click.echo

@@ -528,6 +528,15 @@ def test_cli_traces_and_train_drafter(tmp_path):
     assert arch["parameters"] < 0.05e6
     drafter = Drafter.load(tmp_path / "target")
     drafter.check_compatible(TorchEngine(model))
+    # the folder has a drafter now (for the embedded model: the shipped one): not replaced without --overwrite
+    again = ["train-drafter", "--traces", str(tmp_path / "t.npz"), "--epochs", "1", "--batch-size", "64", "--width",
+             "32", "--layers", "1", "--heads", "4", "--ffn", "64", "--quiet"]
+    res = runner.invoke(main, again)
+    assert res.exit_code == 2 and "already has a drafter" in res.output and "--overwrite" in res.output
+    assert runner.invoke(main, [*again, "--overwrite"]).exit_code == 0
+    for bad in (["--minutes", "0"], ["--lr", "-1"], ["--threads", "0"]):
+        res = runner.invoke(main, [*again, "--overwrite", *bad])
+        assert res.exit_code == 2 and "Traceback" not in res.output, (bad, res.output)
     res = runner.invoke(main, ["traces", "--model", str(tmp_path / "target"), "--out", str(tmp_path / "u.npz")])
     assert res.exit_code == 2 and "exactly one of --prompts" in res.output
 
