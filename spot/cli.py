@@ -252,7 +252,8 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
               help="int4 as com.microsoft MatMulNBits: ONNX Runtime only (TensorRT cannot parse it).")
 @click.option("--plan", "plan_device", default=None, metavar="DEVICE",
               help="Memory plan for orin-nano-8gb, orin-nx-16gb, agx-orin-32gb, agx-orin-64gb or <N>GB: printed "
-                   "(and nothing exported) unless --out is given; with --out the export must fit.")
+                   "(and nothing exported; exit status 1 when it does not fit) unless --out is given; with --out "
+                   "the export must fit.")
 @click.option("--epilogue-steps", type=int, default=None,
               help="Future steps D of the device sampling epilogue (epilogue.onnx, used on GPU paths; the deepest "
                    "SPOT tree it serves). Default: 8, or the block size if smaller. 0: no epilogue.")
@@ -289,6 +290,8 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
         from spot.export.memory_plan import plan_source, render
         plan, cfg = plan_source(resolved, options, progress)
         click.echo(render(plan, cfg.block_size))
+        if not plan.fits:        # for scripts: 0 fits, 1 does not fit, 2 an error (e.g. the weights alone)
+            sys.exit(1)
         return
     if dry_run:
         click.echo(json.dumps(run_dry_run(resolved, options, progress)))

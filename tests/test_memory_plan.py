@@ -156,6 +156,17 @@ def test_cli_impossible_plan_is_an_error(tmp_path, monkeypatch):
     assert "does not fit Jetson Orin Nano 8GB" in r.output and "--weights int4" in r.output
 
 
+def test_cli_plan_that_does_not_fit_exits_1(tmp_path, monkeypatch):
+    """A printed plan that does not fit exits 1 (scripts test it); bad device sizes are clear errors."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    r = CliRunner().invoke(cli, ["export", "sdar-8b-b32", "--weights", "int4", "--plan", "orin-nano-8gb",
+                                 "--max-nodes", "16"])
+    assert r.exit_code == 1 and "does NOT fit" in r.output
+    for size in ("0GB", "99999999999999999999GB"):
+        r = CliRunner().invoke(cli, ["export", "sdar-8b", "--plan", size])
+        assert r.exit_code == 2 and "a device size must be in (0, 4096] GiB" in r.output
+
+
 def test_cli_plan_without_local_weights_uses_the_builtin_config(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
     r = CliRunner().invoke(cli, ["export", "sdar-1.7b", "--plan", "orin-nano-8gb", "--max-context", "4096",

@@ -85,8 +85,10 @@ def resolve_device(text: str) -> Device:
     if key in DEVICES:
         return DEVICES[key]
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*gi?b", key)
-    if m and float(m.group(1)) > 0:
+    if m:
         gib = float(m.group(1))
+        if not 0 < gib <= 4096:
+            raise SpotError(f"--plan {text}: a device size must be in (0, 4096] GiB", "for example --plan 12GB")
         return Device(key, f"{gib:g} GiB device", gib, None)
     raise SpotError(f"unknown --plan device {text!r}", f"use one of {', '.join(DEVICES)} or a size like 12GB")
 
@@ -279,15 +281,16 @@ def render(plan: MemoryPlan, block_size: int) -> str:
         f"  OS share     carve-outs + headless L4T (assumed): {_gib(plan.os_bytes)}",
         f"  total        {_gib(plan.total)} of {plan.device.memory_gib:g} GiB: "
         + ("fits" if plan.fits else "does NOT fit"),
-        f"  largest context that fits: {plan.max_context} tokens at {plan.nodes} nodes per pass, "
+        f"  largest context that fits: {plan.max_context} tokens at {plan.nodes} node{'s' if plan.nodes > 1 else ''} "
+        "per pass, "
         f"{plan.max_context_one_node} tokens at 1 node (standard decoding)",
     ]
     if plan.min_pass_ms is not None:
         lines.append(f"  memory-bound pass time >= weights / bandwidth = {_gib(plan.weight_bytes)} / "
                      f"{plan.device.bandwidth_gbs:g} GB/s = {plan.min_pass_ms:.0f} ms")
     if a.get("sampling_epilogue", 0) > a["logits"]:
-        lines.append("  the sampling epilogue (the device sampler, auto on GPUs; one state per call) is the largest "
-                     "pass term: fewer --epilogue-positions or --epilogue-steps shrink it, and decoding with "
+        lines.append("  the sampling epilogue (the device sampler, auto on GPUs; one state per call) takes more than "
+                     "the logits: fewer --epilogue-positions or --epilogue-steps shrink it, and decoding with "
                      "--sampler host needs only the logits' copy")
     return "\n".join(lines)
 
