@@ -246,8 +246,8 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
 @click.option("--weights", type=click.Choice(["fp", "int8", "int4"]), default="fp", show_default=True,
               help="Linear-layer weights: fp (= --dtype), int8 per channel or int4 in blocks (weight-only; embed, "
                    "lm_head stay in --dtype). int4 graphs are opset 21.")
-@click.option("--int4-block", type=click.Choice(["32", "64", "128"]), default="128", show_default=True,
-              help="Input features per int4 scale.")
+@click.option("--int4-block", type=click.Choice(["32", "64", "128"]), default=None,
+              help="Input features per int4 scale (--weights int4 only). Default: 128.")
 @click.option("--ort-matmulnbits", is_flag=True,
               help="int4 as com.microsoft MatMulNBits: ONNX Runtime only (TensorRT cannot parse it).")
 @click.option("--plan", "plan_device", default=None, metavar="DEVICE",
@@ -275,13 +275,16 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
 
     from spot.export.export import ExportOptions, dry_run as run_dry_run, export_checkpoint
     from spot.export.presets import resolve_source
+    from spot.export.quantize import DEFAULT_INT4_BLOCK
 
     plan_only = plan_device is not None and out is None
     resolved = resolve_source(source, checkpoint, dry_run or plan_only)
     dtype = dtype or ("fp32" if resolved.preset == "embedded" else "fp16")
+    if int4_block is not None and weights != "int4":
+        raise SpotError(f"--int4-block applies to --weights int4, got --weights {weights}")
     options = ExportOptions(dtype=dtype, opset=opset, max_nodes=max_nodes, max_context=max_context,
                             block_size=block_size, validate=not no_validate, validate_layers=validate_layers,
-                            overwrite=overwrite, weights=weights, int4_block=int(int4_block),
+                            overwrite=overwrite, weights=weights, int4_block=int(int4_block or DEFAULT_INT4_BLOCK),
                             matmulnbits=ort_matmulnbits, plan=plan_device, epilogue_steps=epilogue_steps,
                             epilogue_positions=epilogue_positions)
     options.quant.check()

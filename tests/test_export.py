@@ -401,3 +401,5 @@ def test_cli_export_verify_and_errors(ckpt, tmp_path):
     assert r.exit_code == 2 and "bf16" in r.output and not (tmp_path / "y").exists()
     r = runner.invoke(cli, ["export", "sdar-8b", "--dry-run", "--quiet", "--checkpoint", str(ckpt)])
     assert r.exit_code == 2 and "is not sdar-8b: hidden_size 64 (preset: 4096)" in r.output
+    r = runner.invoke(cli, ["export", str(ckpt), "--dry-run", "--weights", "int8", "--int4-block", "64"])
+    assert r.exit_code == 2 and "--int4-block applies to --weights int4, got --weights int8" in r.output

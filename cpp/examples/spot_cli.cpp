@@ -40,7 +40,7 @@ const char* kUsage =
     "                         [--sampler auto|host|device] [--kv-cache auto|host|device]\n"
     "                         [--stream N]   (JSON line per final block; N > 0: stop after N blocks)\n"
     "       spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] [--sampler ...]\n"
-    "                      [--kv-cache ...] < requests (one per line)\n"
+    "                      [--kv-cache ...] < requests (one per line; blank lines are skipped)\n"
     "       spot_cli info --model DIR [--drafter DIR] [--device ...] [--sampler ...] [--kv-cache ...]\n"
     "       spot_cli noise < lines 'seed block step position token'\n";
 
@@ -149,6 +149,7 @@ int print_block(const int64_t* ids, size_t n, void* user) {
 void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* open, Request* req) {
   for (size_t i = start; i < args.size(); ++i) {
     const std::string& flag = args[i];
+    if (flag.rfind("--", 0) != 0) throw UsageError{"expected --flag value pairs, got '" + flag + "'"};
     if (i + 1 >= args.size()) throw UsageError{flag + " needs a value"};
     const std::string& v = args[++i];
     if (open && flag == "--model") open->model = v;

@@ -35,7 +35,7 @@ def passes_by_setting(engine, drafter: Drafter, prompts: list[list[int]], temper
     temperatures (seed 0), per candidate value of the drafter setting `name` (ORDER_TEMPERATURE, RUNNER_UP_WEIGHT
     or SET_FLIP_WEIGHT; the others stay the drafter's)."""
     if not prompts:
-        raise SpotError("no calibration prompts", "pass --prompts N (> 0) or a --prompts-file with prompts")
+        raise SpotError("no calibration prompts", "pass --corpus-prompts N (N > 0) or --prompts FILE.jsonl")
     tau = DecodeRequest().tau if drafter.tau is None else float(drafter.tau)     # the request default otherwise
     out = {}
     for i, value in enumerate(candidates):
@@ -103,12 +103,14 @@ def calibrate_drafter(engine, drafter: Drafter, prompts: list[list[int]], temper
                         f"{list(flip_candidates)} and {list(temperatures)}",
                         "e.g. --candidates 0.5,1,2,3 --runner-up-weights 0,0.1,0.17,0.3 --set-flip-weights 0,0.1,1 "
                         "--temperatures 0,1")
-    for t in candidates:                # refuses bad candidates before any decoding
-        drafter.with_settings(order_temperature=t)
-    for w in runner_up_candidates:
-        drafter.with_settings(runner_up_weight=w)
-    for w in flip_candidates:
-        drafter.with_settings(set_flip_weight=w)
+    for flag, name, values in (("--candidates", ORDER_TEMPERATURE, candidates),     # before any decoding
+                               ("--runner-up-weights", RUNNER_UP_WEIGHT, runner_up_candidates),
+                               ("--set-flip-weights", SET_FLIP_WEIGHT, flip_candidates)):
+        for value in values:
+            try:
+                drafter.with_settings(**{name: value})
+            except SpotError as e:      # the value came from the command line, not from drafter.json
+                raise SpotError(f"{flag}: {e.message.split(': ', 1)[-1]}", f"fix {flag}") from None
     order = passes_by_setting(engine, drafter, prompts, temperatures, ORDER_TEMPERATURE, candidates, budget,
                               max_new_tokens, progress)
     best_t = best_order_temperature(order)
