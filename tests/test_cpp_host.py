@@ -634,9 +634,9 @@ def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
                                                             "--prompt-ids 1,2 --max-new-tokens 4\n")
     lines = [json.loads(x) for x in proc.stdout.splitlines()]
     assert lines[0]["error"]["code"] == INVALID_ARGUMENT and "token_ids" in lines[1]
+    assert proc.returncode == INVALID_ARGUMENT
     proc = cli(spot_cli, "batch", "--model", tiny[0], stdin="garbage\n")
     assert "expected --flag value pairs, got 'garbage'" in json.loads(proc.stdout)["error"]["message"]
-    assert proc.returncode == INVALID_ARGUMENT
 
 
 # -- the embedded model: the committed golden file -----------------------------------------------------------------
