@@ -90,7 +90,6 @@ def stderr_progress(quiet: bool):
 
 def read_prompt_file(path: str) -> str:
     """The text of --prompt-file ('-': standard input), UTF-8; SpotError naming the file otherwise."""
-    import sys
     limit = 64 * 2**20     # far beyond any context; a device or a wrong file is refused before it fills memory
     try:
         if path == "-":
@@ -409,7 +408,8 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
               help="One request per prompt, going round temperature x rule x seed (more prompts per minute).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--depth", type=int, default=16, show_default=True, help="Staleness 1..D recorded per step.")
-@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None, help="Stop collecting after this long.")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop collecting after this long.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the corpus prompt draw.")
 @click.option("--block-size", type=int, default=None, help="Block size. Default: the config's.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
@@ -462,7 +462,8 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
 @click.option("--batch-size", type=int, default=256, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None, help="Wall-clock cap on training.")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Wall-clock cap on training.")
 @click.option("--tau", type=float, default=None, help="Threshold the membership head learns. Default: the traces'.")
 @click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True)
 @click.option("--width", type=int, default=128, show_default=True, help="Order model width (reference: 128).")
@@ -488,7 +489,8 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
             raise SpotError("the traces do not name their target folder", "pass --out FOLDER")
     from pathlib import Path
     if (Path(out) / "drafter.onnx").exists() and not overwrite:   # e.g. the embedded model's shipped drafter
-        raise SpotError(f"{out} already has a drafter (drafter.onnx)", "pass --overwrite to replace it, or --out FOLDER")
+        raise SpotError(f"{out} already has a drafter (drafter.onnx)",
+                        "pass --overwrite to replace it, or --out FOLDER")
     settings = DrafterTrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, minutes=minutes,
                                     tau=traces.meta["tau"] if tau is None else tau, threads=threads)
     log = (lambda _: None) if quiet else click.echo

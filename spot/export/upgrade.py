@@ -1,5 +1,5 @@
-"""`spot upgrade-export DIR`: bring an exported folder's small graphs (and the TensorRT shape profile its manifest records
-for --device trt) up to this version without exporting again.
+"""`spot upgrade-export DIR`: bring an exported folder's small graphs (and the TensorRT shape profile its manifest
+records for --device trt) up to this version without exporting again.
 
 The sampling epilogue (epilogue.onnx: since session 14 it takes runs of `positions_per_call` positions, which is
 what keeps it under 1 GiB per call at SDAR's vocabulary) and the device KV cache's append (kv_append.onnx) are built
