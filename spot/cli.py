@@ -5,6 +5,7 @@ Each command lives in this file as a thin shell over library functions: parse, c
 """
 from __future__ import annotations
 
+import copy
 import signal
 import sys
 import threading
@@ -740,9 +741,16 @@ def tune(model_dir, backend, device, temperature, limit, drafter_path, sampler, 
     click.echo(json.dumps(out, indent=2))
 
 
-def export_main():  # console script `spot-export` == `spot export`
+# `spot-export` == `spot export`: a hidden copy of the command under the script's name, run with an empty program
+# name, so that its usage line reads "spot-export [OPTIONS] SOURCE" (not "spot-export export ...")
+_export_alias = copy.copy(export)
+_export_alias.hidden = True
+main.add_command(_export_alias, "spot-export")
+
+
+def export_main():  # console script `spot-export`
     sys.argv[0] = "spot-export"
-    main(["export", *sys.argv[1:]], prog_name="spot-export")
+    main(["spot-export", *sys.argv[1:]], prog_name="")
 
 
 if __name__ == "__main__":

@@ -281,6 +281,20 @@ def test_a_preset_with_another_models_checkpoint_is_refused():
     assert dry_run(resolve_source("sdar-8b", str(fixture), True), ExportOptions(), lambda line: None)["layers"] == 36
 
 
+def test_spot_export_script_usage_and_errors(monkeypatch, capsys):
+    """The `spot-export` console script: its own usage line, and user errors as one line (exit 2)."""
+    import sys
+    from spot.cli import export_main
+    for argv, code in ((["spot-export", "--help"], 0), (["spot-export", "/nonexistent"], 2)):
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as e:
+            export_main()
+        assert e.value.code == code
+    out = capsys.readouterr()
+    assert "Usage: spot-export [OPTIONS] SOURCE" in out.out
+    assert "error: '/nonexistent' is neither an existing folder nor a preset" in out.err
+
+
 def test_not_an_exported_folder(ckpt, tmp_path):
     with pytest.raises(SpotError, match="not an exported spot model folder") as e:
         load_manifest(ckpt)
