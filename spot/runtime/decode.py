@@ -19,6 +19,9 @@ from spot.runtime.noise import NoiseCache
 from spot.runtime.step import CommitRule, Sampling
 
 
+PASS_KINDS = ("prefill", "block", "verify", "store")
+
+
 @dataclass
 class DecodeStats:
     """Target passes by kind (prefill, block = first pass of a block or a standard step, verify, store),
@@ -35,7 +38,9 @@ class DecodeStats:
         return sum(self.passes.values())
 
     def to_dict(self) -> dict:
-        return {"target_passes": self.target_passes, "passes": dict(self.passes), "steps": self.steps,
+        """Every pass kind listed, zeros too (the C++ host's JSON does the same)."""
+        passes = {kind: int(self.passes.get(kind, 0)) for kind in PASS_KINDS} | dict(self.passes)
+        return {"target_passes": self.target_passes, "passes": passes, "steps": self.steps,
                 "blocks": self.blocks, "seconds": self.seconds, **self.extra}
 
 
