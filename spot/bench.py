@@ -364,10 +364,11 @@ def markdown_table(result: dict) -> str:
 
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    from spot.plots import publish
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    os.replace(tmp, path)
+    publish(tmp, path)
 
 
 def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:

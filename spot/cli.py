@@ -269,7 +269,14 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
            validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, epilogue_steps,
            epilogue_positions, tensorrt_mode, quiet):
     """Export an SDAR checkpoint to an ONNX folder (SOURCE: a checkpoint folder or a preset: embedded,
-    sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants)."""
+    sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants).
+
+    \b
+    Examples:
+      spot-export sdar-8b --checkpoint /path/to/SDAR-8B-Chat --out sdar-8b-fp16-onnx
+      spot-export sdar-8b-b32 --weights int4 --plan orin-nx-16gb --max-nodes 16
+      spot-export embedded --out embedded-fp32-onnx
+    """
     import json
     from pathlib import Path
 
@@ -310,7 +317,12 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
 @click.argument("folder", type=click.Path())
 @click.option("--quick", is_flag=True, help="Sizes + sampled hashes of large files instead of full sha256.")
 def verify(folder, quick):
-    """Check every file of an exported folder against its manifest (full sha256 by default)."""
+    """Check every file of an exported folder against its manifest (full sha256 by default).
+
+    \b
+    Example:
+      spot verify sdar-8b-fp16-onnx
+    """
     from spot.export.manifest import load_manifest
 
     exported = load_manifest(folder, "quick" if quick else "full")
@@ -329,7 +341,12 @@ def verify(folder, quick):
 def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
     """Rewrite an exported folder's sampling epilogue and kv_append graphs and its TensorRT shape profile (for
     --device trt) for this version, keeping its weights (no re-export): hard links into a sibling folder, the new
-    graphs checked, then swapped in by renames."""
+    graphs checked, then swapped in by renames.
+
+    \b
+    Example:
+      spot upgrade-export sdar-8b-fp16-onnx --epilogue-positions 2
+    """
     from spot.export.upgrade import upgrade_export
     progress = stderr_progress(quiet)
     manifest = upgrade_export(folder, epilogue_steps, epilogue_positions, progress)
@@ -351,7 +368,12 @@ def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
 @click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation written into training_report.json.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def train_target_cmd(out, steps, seed, minutes, work_dir, no_eval, quiet):
-    """Train the embedded SDAR target on the Python standard library (block diffusion, BPE 2048, block 32)."""
+    """Train the embedded SDAR target on the Python standard library (block diffusion, BPE 2048, block 32).
+
+    \b
+    Example:
+      spot train-target --out /tmp/embedded --minutes 90
+    """
     from pathlib import Path
 
     from spot.training.target import train_target
@@ -376,7 +398,12 @@ def train_target_cmd(out, steps, seed, minutes, work_dir, no_eval, quiet):
 @click.option("--fp16-flag", is_flag=True, help="TensorRT 10 only: FP16 kernels for an fp32 export (weak typing).")
 def build_engine_cmd(folder, out, max_nodes, max_context, smallest_capacity, workspace_gib, fp16_flag):
     """Build a TensorRT engine for an exported FOLDER (block and prefill profiles per KV-capacity bucket, timing
-    cache)."""
+    cache).
+
+    \b
+    Example:
+      spot build-engine sdar-8b-fp16-onnx --max-nodes 16 --max-context 8192
+    """
     from spot.engines.tensorrt_engine import BuildOptions, build_engine
     opts = BuildOptions(max_nodes=max_nodes, max_context=max_context, smallest_capacity=smallest_capacity,
                         workspace_gib=workspace_gib, fp16_flag=fp16_flag)
@@ -418,7 +445,12 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules, tau, seeds, cycle, max_new_tokens,
                depth, minutes, seed, block_size, backend, device, quiet):
-    """Collect standard-decoding traces for training the drafter (SPEC §6)."""
+    """Collect standard-decoding traces for training the drafter (SPEC §6).
+
+    \b
+    Example:
+      spot traces --corpus-prompts 400 --cycle --minutes 8 --depth 16 --out traces.npz
+    """
     from spot.assets import embedded_model_dir
     from spot.config import load_config
     from spot.engines.factory import open_engine
@@ -475,7 +507,12 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, seed, minutes, tau, threads, width,
                       layers, heads, ffn, overwrite, quiet):
-    """Train the order model on traces, calibrate SPOT-Sets' threshold, export drafter.onnx + drafter.json."""
+    """Train the order model on traces, calibrate SPOT-Sets' threshold, export drafter.onnx + drafter.json.
+
+    \b
+    Example:
+      spot train-drafter --traces traces.npz --minutes 8 --out my-drafter
+    """
     from spot.training.drafter import DrafterTrainSettings, OrderModelConfig, train_drafter
     from spot.training.traces import Traces, concat_traces
 
@@ -582,8 +619,11 @@ def demo(prompt_index, max_new_tokens, temperature, seed, budget, depth):
       spot demo --temperature 0 --prompt-index 5
       spot demo --temperature 1.0 --seed 3
     """
-    from spot.demo import run_demo
+    from spot.demo import heldout_count, run_demo
 
+    if not 0 <= prompt_index < heldout_count():
+        raise SpotError(f"--prompt-index must be in 0..{heldout_count() - 1} (the held-out prompts), got "
+                        f"{prompt_index}")
     r = run_demo(prompt_index, max_new_tokens, temperature, seed, budget, depth,
                  progress=lambda line: click.echo(line, err=True))
     click.echo(f"prompt ({r['prompt_file']}, last 128 tokens):\n{r['prompt']}")
@@ -593,7 +633,8 @@ def demo(prompt_index, max_new_tokens, temperature, seed, budget, depth):
     verdict = "IDENTICAL" if r["identical"] else "DIFFERENT (a bug: please report it)"
     click.echo(f"\noutputs {verdict}; SPOT used {r['passes_reduction']:.2f}x fewer target passes, "
                f"wall-clock speed-up {r['speedup']:.2f}x on this CPU (ONNX Runtime)")
-    if round(r["speedup"], 2) < 1.0:     # as printed: no "why slower" beside a speed-up shown as 1.00x
+    # as printed: no "why slower" beside a speed-up shown as 1.00x, nor without verify passes (--budget 1)
+    if round(r["speedup"], 2) < 1.0 and r["spot"]["verify_passes"] > 0:
         click.echo(f"why: one verify pass of up to {budget} states cost {r['verify_cost']:.1f}x a standard pass here "
                    f"and the drafter + host loop {r['host_cost']:.1f}x more;\n     on a compute-bound CPU that "
                    f"outweighs {r['passes_reduction']:.2f}x fewer passes. Where a pass is memory-bound (GPUs, Jetson "
@@ -635,7 +676,8 @@ def _budgets(text: str):
               show_default=True)
 @click.option("--temperatures", default="0,0.5,1.0", show_default=True)
 @click.option("--seeds", default="0", show_default=True)
-@click.option("--budgets", default="16x8", show_default=True, help="Comma-separated NODESxDEPTH.")
+@click.option("--budgets", default=None,
+              help="Comma-separated NODESxDEPTH. Default: 16x8, or 16xB when the block size B is smaller.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--tau", type=float, default=0.9, show_default=True)
 @click.option("--drafter", "drafter_path", default=None, help="drafter.onnx (default: beside the model).")
@@ -661,13 +703,15 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     from spot.bench import BenchConfig, load_prompts, markdown_table, run_bench, tune_by_temperature, write_report
     from spot.runtime.decoders import DECODERS as ALL
 
-    names = tuple(d.strip() for d in decoders.split(",") if d.strip())
+    names = tuple(dict.fromkeys(d.strip() for d in decoders.split(",") if d.strip()))
+    if not names:
+        raise SpotError("--decoders names no decoder", f"e.g. --decoders standard,spot (any of {', '.join(ALL)})")
     unknown = [d for d in names if d not in ALL]
     if unknown:
         raise SpotError(f"unknown decoder(s) {', '.join(unknown)}, expected some of {', '.join(ALL)}")
     try:
-        temps = tuple(float(t) for t in temperatures.split(","))
-        seed_list = tuple(int(x) for x in seeds.split(","))
+        temps = tuple(dict.fromkeys(float(t) + 0.0 for t in temperatures.split(",")))     # -0.0 is 0.0
+        seed_list = tuple(dict.fromkeys(int(x) for x in seeds.split(",")))
     except ValueError:
         raise SpotError("--temperatures and --seeds take comma-separated numbers, e.g. 0,0.5,1.0") from None
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
@@ -684,6 +728,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         if not sep or not name or not path:
             raise SpotError(f"--compare-drafter expects NAME=PATH, got {spec!r}")
         others[name] = find_drafter(path, folder)
+    budgets = budgets or f"16x{min(DEFAULT_DEPTH, engine.block_size)}"     # SDAR's B = 4: 16x4
     cfg = BenchConfig(names, temps, seed_list, _budgets(budgets), max_new_tokens, tau)
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     result = run_bench(engine, prompts, cfg, drafter, progress=say, other_drafters=others)

@@ -117,18 +117,22 @@ def check_block_size(block_size: int, max_positions: int | None = None) -> None:
 def _stop_ids_from(model_dir: Path, raw: dict) -> tuple[int, ...]:
     """generation_config.json's eos_token_id (int or list) wins; else config's eos; else the chat defaults."""
     gen = model_dir / "generation_config.json"
-    eos = None
+    eos, source = None, gen
     if gen.is_file():
         try:
-            eos = json.loads(gen.read_text()).get("eos_token_id")
+            gen_cfg = json.loads(gen.read_text())
         except json.JSONDecodeError as e:
             raise SpotError(f"{gen} is not valid JSON ({e})", "restore the file from the checkpoint") from None
+        eos = gen_cfg.get("eos_token_id") if isinstance(gen_cfg, dict) else None
     if eos is None:
-        eos = raw.get("eos_token_id")
+        eos, source = raw.get("eos_token_id"), model_dir / "config.json"
     if eos is None:
         return DEFAULT_STOP_IDS
-    ids = [eos] if isinstance(eos, int) else list(eos)
-    return tuple(int(i) for i in ids)
+    ids = [eos] if not isinstance(eos, list) else eos
+    if not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        raise SpotError(f"{source}: eos_token_id is {eos!r}, expected a token id or a list of token ids",
+                        "restore the file from the checkpoint")
+    return tuple(ids)
 
 
 def load_config(model_dir: str | Path) -> ModelConfig:

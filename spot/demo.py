@@ -50,11 +50,20 @@ def exported_embedded(progress: Callable[[str], None]) -> Path:
     return out
 
 
+def _heldout_records() -> list[dict]:
+    from spot.assets import embedded_model_dir
+    path = embedded_model_dir() / "heldout_prompts.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def heldout_count() -> int:
+    return len(_heldout_records())
+
+
 def heldout_prompt(index: int, max_tokens: int) -> tuple[str, list[int]]:
     from spot.assets import embedded_model_dir
     from spot.tokenizer import load_tokenizer
-    path = embedded_model_dir() / "heldout_prompts.jsonl"
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    lines = _heldout_records()
     rec = lines[index % len(lines)]
     ids = load_tokenizer(embedded_model_dir()).encode(rec["text"])[-max_tokens:]
     return rec.get("file", str(index)), ids
@@ -75,6 +84,7 @@ def run_demo(prompt_index: int = 0, max_new_tokens: int = 64, temperature: float
     drafter = load_drafter(folder / "drafter.onnx")
     name, ids = heldout_prompt(prompt_index, 128)
     req = DecodeRequest(max_new_tokens, sampling=Sampling(temperature, seed=seed), budget=TreeBudget(nodes, depth))
+    req.budget.check(engine)        # before the standard decode, not after it
     run_decoder("standard", engine, ids, req)          # warm-up: first-call allocations out of the timing
     results = {}
     for decoder in ("standard", "spot"):

@@ -19,11 +19,20 @@ def _pyplot():
     return plt
 
 
+def publish(tmp: str | Path, path: Path) -> None:
+    """Rename a finished temporary file to `path`, readable as a file created there would be: mkstemp makes 0600
+    files, a report is shared (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+
+
 def _save(fig, path: Path) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".png")
     os.close(fd)
     fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    publish(tmp, path)
     return path
 
 

@@ -191,7 +191,27 @@ ERRORS = [
     (["calibrate-drafter", "--drafter", "/nonexistent/d"], "does not exist"),
     (["calibrate-drafter", "--runner-up-weights", "0,2"], "expected a number in [0, 1]"),
     (["tune", "--limit", "0"], "--limit must be >= 1"),
+    (["bench", "--decoders", ","], "--decoders names no decoder"),
+    (["demo", "--prompt-index", "-1"], "--prompt-index must be in 0.."),
 ]
+
+
+def test_bench_defaults_fit_a_block_of_4_and_reports_are_readable(as_embedded, tmp_path):
+    """The default budget is 16x8 capped at the block size (the stand-in's B = 4, SDAR's too), and the reports
+    are written readable (0666 less the umask), not as mkstemp's 0600."""
+    import os
+    import stat
+    report = tmp_path / "r"
+    r = run("bench", "--limit", "1", "--temperatures", "0,0,-0", "--decoders", "standard,tree,tree",
+            "--max-new-tokens", "8", "--no-plots", "--report", str(report))
+    assert r.exit_code == 0, r.output
+    result = json.loads((report / "bench.json").read_text())
+    assert {row["variant"] for row in result["rows"]} == {"standard", "tree@16x4"}
+    assert len(result["rows"]) == 2          # duplicate decoders and temperatures (0, -0) run once
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("bench.json", "bench.md"):
+        assert stat.S_IMODE((report / name).stat().st_mode) == 0o666 & ~umask
 
 
 @pytest.mark.parametrize("args,message", ERRORS, ids=[" ".join(a[:2]) + f"-{i}" for i, (a, _) in enumerate(ERRORS)])
@@ -229,3 +249,13 @@ def test_tuning_prompts_come_from_the_corpus_train_split():
     fallback = [Prompt("a", [1, 2, 3]), Prompt("b", [4, 5]), Prompt("c", [6])]
     prompts, source = tuning_prompts(None, fallback, n=2)
     assert prompts == fallback[:2] and "no tokenizer" in source
+
+
+def test_every_command_has_help_with_examples():
+    """The README's promise: every command's --help shows examples."""
+    from spot.cli import main
+    for name, command in main.commands.items():
+        if command.hidden:
+            continue
+        r = CliRunner().invoke(main, [name, "--help"])
+        assert r.exit_code == 0 and "Example" in r.output, name

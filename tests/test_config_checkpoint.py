@@ -133,6 +133,18 @@ def test_invalid_config_json(tmp_path):
     assert "is a JSON list, expected an object" in error_of(load_config, tmp_path)
 
 
+@pytest.mark.parametrize("eos", ["abc", [151645, None], 1.5, True, [], [-1]])
+def test_a_malformed_eos_token_id_is_named(tmp_path, eos):
+    """eos_token_id (generation_config.json, else config.json) of the wrong type: one error naming file and value
+    (a string was read character by character, a float or null raised TypeError)."""
+    (tmp_path / "config.json").write_text(json.dumps(hf_config()))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    assert "generation_config.json: eos_token_id is" in error_of(load_config, tmp_path)
+    (tmp_path / "generation_config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**hf_config(), "eos_token_id": eos}))
+    assert "config.json: eos_token_id is" in error_of(load_config, tmp_path)
+
+
 @pytest.mark.parametrize("key, value, words", [
     ("num_hidden_layers", "two", "num_hidden_layers is 'two', expected an integer >= 1"),
     ("num_key_value_heads", "2", "num_key_value_heads is '2'"),
