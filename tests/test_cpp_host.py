@@ -435,6 +435,8 @@ def test_generate_command_prints_the_result(spot_cli, tiny):
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert {k: got[k] for k in COMPARED} == {k: want[k] for k in COMPARED}
+    standard = json.loads(cli(spot_cli, "generate", "--model", folder, "--prompt-ids", "1,2,3").stdout)
+    assert standard["target_ms"] > 0 and standard["draft_ms"] == 0     # standard's passes are timed too, as in Python
     info = json.loads(cli(spot_cli, "info", "--model", folder, "--drafter", drafter_dir).stdout)
     assert info["block_size"] == 8 and info["vocab_size"] == 300 and info["has_drafter"] is True
 

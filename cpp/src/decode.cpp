@@ -25,7 +25,9 @@ std::vector<int64_t> standard_block(TargetEngine& engine, std::vector<int64_t> s
                                     const BlockContext& ctx) {
   uint32_t step = 0;
   while (has_mask(state, ctx.mask_id)) {
+    const double t0 = now_ms();
     std::unique_ptr<PassOutputs> out = block_pass(engine, state, {step}, ctx, block);
+    ctx.stats->target_ms += now_ms() - t0;   // decode.standard_block: standard decoding's passes (the tuner's charge)
     ctx.stats->passes["block"] += 1;
     state = out->next_state(0, state, ctx, block, step);
     ++step;

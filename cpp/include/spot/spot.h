@@ -118,7 +118,8 @@ typedef struct spot_stats {
   double seconds;        /* wall time of the whole call */
   double draft_ms;       /* per call: stale view, proposer (drafter) and tree building, all verify rounds */
   double walk_ms;        /* per call: the exact walk over the fresh logits, all verify rounds */
-  double target_ms;      /* per call: the verify passes themselves */
+  double target_ms;      /* per call: the target passes the decoder timed — the verify passes of chain / tree / spot
+                            / spot-sets, every block pass of standard / threshold decoding (as the Python runtime) */
   int64_t epilogue_states; /* states the device sampling epilogue sampled (the states the walk read, once per
                               commit step for every decoder); 0 with the host sampler */
   double epilogue_ms;      /* per call: time inside those epilogue runs (included in walk_ms for SPOT rounds) */
