@@ -43,13 +43,14 @@ class Sampling:
 
     def __post_init__(self):
         if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise SpotError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise SpotError(f"temperature must be a finite number >= 0, got {self.temperature}",
+                            "0 decodes greedily (argmax); 1 samples from the model's distribution")
         if self.top_k < 0:
-            raise SpotError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+            raise SpotError(f"top_k must be >= 0 (0 disables it), got {self.top_k}", "e.g. --top-k 40, or 0")
         if not 0.0 < self.top_p <= 1.0:
-            raise SpotError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SpotError(f"top_p must be in (0, 1], got {self.top_p}", "e.g. --top-p 0.9, or 1 to disable it")
         if not 0 <= self.seed <= 0xFFFFFFFF:
-            raise SpotError(f"seed must be in [0, 2**32), got {self.seed}")
+            raise SpotError(f"seed must be in [0, 2**32), got {self.seed}", "any integer from 0 to 4294967295")
 
 
 @dataclass(frozen=True)
