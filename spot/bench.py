@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from spot.errors import SpotError
+from spot.files import write_text_atomic
 from spot.runtime.decoders import DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import TreeBudget
@@ -362,24 +362,15 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from spot.plots import publish
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    publish(tmp, path)
-
-
 def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:
     """bench.json, bench.md and, when matplotlib is installed and plots=True, PNG plots. Returns the paths."""
     out = Path(out_dir)
     written = [out / "bench.json", out / "bench.md"]
-    write_atomic(written[0], json.dumps(result, indent=2))
+    write_text_atomic(written[0], json.dumps(result, indent=2))
     md = "# spot bench\n\n" + markdown_table(result)
     if "tune" in result:
         md += "\n## Budget tuning\n\n```\n" + json.dumps(result["tune"], indent=2) + "\n```\n"
-    write_atomic(written[1], md)
+    write_text_atomic(written[1], md)
     if plots:
         from spot.plots import plot_report  # optional dependency
         written += plot_report(result, out)

@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 
 from spot.errors import SpotError
+from spot.files import publish
 
 
 def _pyplot():
@@ -17,15 +18,6 @@ def _pyplot():
         raise SpotError("plots need matplotlib, which is not installed",
                         "pip install 'spot-edge[plots]' or pass --no-plots") from None
     return plt
-
-
-def publish(tmp: str | Path, path: Path) -> None:
-    """Rename a finished temporary file to `path`, readable as a file created there would be: mkstemp makes 0600
-    files, a report is shared (0666 less the umask)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
 
 
 def _save(fig, path: Path) -> Path:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Callable
 
 from spot.errors import SpotError
+from spot.files import write_text_atomic
 from spot.runtime.decoders import DecodeRequest, run_decoder
-from spot.runtime.drafter import (DRAFTER_JSON, ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT, Drafter,
-                                  resolve_paths)
+from spot.runtime.drafter import ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT, Drafter, resolve_paths
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 
@@ -70,9 +69,7 @@ def write_calibration(drafter_path: str | Path, result: dict) -> Path:
     for name in (ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT):
         manifest[name] = result[name]
     manifest["order_calibration"] = result["calibration"]
-    tmp = json_path.with_name(DRAFTER_JSON + ".partial")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, json_path)
+    write_text_atomic(json_path, json.dumps(manifest, indent=2) + "\n")
     _rerecord_in_export(json_path)
     return json_path
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from spot.config import ModelConfig
 from spot.errors import SpotError
+from spot.files import write_text_atomic
 from spot.reference.model import SDARModel
 from spot.training import bpe, corpus
 
@@ -204,12 +205,6 @@ def _masked_ce(model, x0, bias, gen, ratio):
 def save_atomic(obj, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
     os.replace(tmp, path)
 
 
