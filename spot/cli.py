@@ -526,8 +526,10 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
         if not out:
             raise SpotError("the traces do not name their target folder", "pass --out FOLDER")
     from pathlib import Path
-    if (Path(out) / "drafter.onnx").exists() and not overwrite:   # e.g. the embedded model's shipped drafter
-        raise SpotError(f"{out} already has a drafter (drafter.onnx)",
+
+    from spot.runtime.drafter import DRAFTER_ONNX
+    if (Path(out) / DRAFTER_ONNX).exists() and not overwrite:   # e.g. the embedded model's shipped drafter
+        raise SpotError(f"{out} already has a drafter ({DRAFTER_ONNX})",
                         "pass --overwrite to replace it, or --out FOLDER")
     settings = DrafterTrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, minutes=minutes,
                                     tau=traces.meta["tau"] if tau is None else tau, threads=threads)
@@ -619,11 +621,8 @@ def demo(prompt_index, max_new_tokens, temperature, seed, budget, depth):
       spot demo --temperature 0 --prompt-index 5
       spot demo --temperature 1.0 --seed 3
     """
-    from spot.demo import heldout_count, run_demo
+    from spot.demo import run_demo
 
-    if not 0 <= prompt_index < heldout_count():
-        raise SpotError(f"--prompt-index must be in 0..{heldout_count() - 1} (the held-out prompts), got "
-                        f"{prompt_index}")
     r = run_demo(prompt_index, max_new_tokens, temperature, seed, budget, depth,
                  progress=lambda line: click.echo(line, err=True))
     click.echo(f"prompt ({r['prompt_file']}, last 128 tokens):\n{r['prompt']}")

@@ -50,21 +50,14 @@ def exported_embedded(progress: Callable[[str], None]) -> Path:
     return out
 
 
-def _heldout_records() -> list[dict]:
-    from spot.assets import embedded_model_dir
-    path = embedded_model_dir() / "heldout_prompts.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
-def heldout_count() -> int:
-    return len(_heldout_records())
-
-
 def heldout_prompt(index: int, max_tokens: int) -> tuple[str, list[int]]:
     from spot.assets import embedded_model_dir
     from spot.tokenizer import load_tokenizer
-    lines = _heldout_records()
-    rec = lines[index % len(lines)]
+    path = embedded_model_dir() / "heldout_prompts.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    if not 0 <= index < len(lines):
+        raise SpotError(f"--prompt-index must be in 0..{len(lines) - 1} (the held-out prompts), got {index}")
+    rec = lines[index]
     ids = load_tokenizer(embedded_model_dir()).encode(rec["text"])[-max_tokens:]
     return rec.get("file", str(index)), ids
 
@@ -78,11 +71,11 @@ def run_demo(prompt_index: int = 0, max_new_tokens: int = 64, temperature: float
     from spot.runtime.step import Sampling
     from spot.tokenizer import load_tokenizer
 
+    name, ids = heldout_prompt(prompt_index, 128)     # a bad index is refused before the export
     folder = exported_embedded(progress)
     engine = OrtEngine(folder)
     tokenizer = load_tokenizer(folder)
     drafter = load_drafter(folder / "drafter.onnx")
-    name, ids = heldout_prompt(prompt_index, 128)
     req = DecodeRequest(max_new_tokens, sampling=Sampling(temperature, seed=seed), budget=TreeBudget(nodes, depth))
     req.budget.check(engine)        # before the standard decode, not after it
     run_decoder("standard", engine, ids, req)          # warm-up: first-call allocations out of the timing

@@ -122,9 +122,15 @@ def dynamic_trt_profile(cfg, max_nodes: int, max_context: int) -> Profile:
     if top < 0 or max_nodes < 1:
         raise SpotError(f"no TensorRT profile for max_context {max_context} and max_nodes {max_nodes}: expected "
                         f"max_context >= the block size {b} and max_nodes >= 1")
-    dims = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
-    return Profile.spanning("dynamic", dims, (1, b, 0), (min(16, max_nodes), b, top // 2 // b * b),
-                            (max_nodes, b, top))
+    return block_trt_profile("dynamic", cfg, (min(16, max_nodes), max_nodes), (0, top // 2 // b * b, top))
+
+
+def block_trt_profile(name: str, cfg, nodes: tuple[int, int], cached: tuple[int, int, int]) -> Profile:
+    """One profile for ORT's TensorRT EP over passes of one block (S = B): 1..nodes[1] states (opt nodes[0])
+    against `cached` = (min, opt, max) cached tokens — dynamic_trt_profile, and StaticOrtEngine over its plan's
+    capacity buckets."""
+    b, dims = cfg.block_size, (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+    return Profile.spanning(name, dims, (1, b, cached[0]), (nodes[0], b, cached[1]), (nodes[1], b, cached[2]))
 
 
 def trt_shape_option(shapes: dict[str, tuple[int, ...]]) -> str:

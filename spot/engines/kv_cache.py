@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spot.engines.buckets import BucketPlan, Profile, pad_nodes
+from spot.engines.buckets import BucketPlan, block_trt_profile, pad_nodes
 from spot.errors import SpotError
 from spot.runtime.engine import Engine
 
@@ -122,9 +122,9 @@ class StaticOrtEngine(Engine):
         profile = None
         if device == "trt":    # ORT's TensorRT EP: one profile over the plan, passes of one block (dynamic_trt_profile)
             self.plan = replace(self.plan, prefill_chunk=self.block_size)
-            dims = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
-            b, n, caps = self.block_size, self.plan.nodes[-1], self.plan.capacities
-            profile = Profile.spanning("static", dims, (1, b, caps[0]), (n, b, caps[len(caps) // 2]), (n, b, caps[-1]))
+            caps, n = self.plan.capacities, self.plan.nodes[-1]
+            profile = block_trt_profile("static", cfg.with_block_size(self.block_size), (n, n),
+                                        (caps[0], caps[len(caps) // 2], caps[-1]))
         self.session = target_session(self.exported, device, threads, profile)
         self.cache = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, self.plan.capacities[0],
                                    cfg.head_dim, self.dtype)
