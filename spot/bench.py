@@ -234,24 +234,24 @@ TUNE_NEW_TOKENS = 48       # tokens decoded per prompt while the tuner measures 
 
 def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: list[TreeBudget],
                 drafter=None, decoder: str = "spot", node_counts=(1, 2, 4, 8, 16, 32, 64),
-                progress: Callable[[str], None] | None = None, curve: dict | None = None) -> dict:
+                progress: Callable[[str], None] | None = None, curve: dict | None = None, tau: float = 0.9) -> dict:
     """Measure latency(N) on this engine (unless `curve` already holds it) and steps/verify per candidate budget on
     `prompts` at `temperature`; pick the budget with the highest expected tokens/s (choose_budget). Acceptance
-    depends on the temperature, so a choice holds for the temperature it was measured at."""
+    depends on the temperature, so a choice holds for the temperature it was measured at. A decoder of the
+    threshold rule (spot-sets; tau) is compared with threshold decoding, any other with standard decoding."""
     candidates = [b for b in candidates if b.fits(engine)]   # deeper than the block or the device epilogue: none
     if curve is None:
         curve = measure_latency_curve(engine, np.asarray(prompts[0].ids), sorted(set(node_counts) | {1}))
         if progress:
             progress("latency ms by nodes: " + ", ".join(f"{n}:{ms:.1f}" for n, ms in curve.items()))
-    standard = [run_decoder("standard", engine, p.ids, DecodeRequest(TUNE_NEW_TOKENS, sampling=Sampling(temperature)))
-                for p in prompts]
+    request = DecodeRequest(TUNE_NEW_TOKENS, tau=tau, sampling=Sampling(temperature))
+    baseline = "threshold" if rule_for(decoder, request).kind == THRESHOLD else "standard"
+    standard = [run_decoder(baseline, engine, p.ids, request) for p in prompts]
     standard_host = (sum(g.stats.extra.get("sample_ms", 0.0) for g in standard)
                      / max(sum(g.stats.steps for g in standard), 1))
     spv, host = {}, {}
     for budget in candidates:
-        gens = [run_decoder(decoder, engine, p.ids,
-                            DecodeRequest(TUNE_NEW_TOKENS, sampling=Sampling(temperature), budget=budget), drafter)
-                for p in prompts]
+        gens = [run_decoder(decoder, engine, p.ids, replace(request, budget=budget), drafter) for p in prompts]
         s = summarize(gens)
         spv[(budget.nodes, budget.depth)] = s.get("steps_per_verify", 1.0)
         host[(budget.nodes, budget.depth)] = s.get("draft_ms_per_verify", 0.0) + s.get("walk_ms_per_verify", 0.0)

@@ -17,6 +17,7 @@ from spot.engines.factory import BACKENDS
 from spot.errors import SpotError
 from spot.demo import DEMO_TEMPERATURE
 from spot.runtime.decoders import DECODERS
+from spot.tuned import TUNABLE_DECODERS
 
 DEFAULT_DEPTH = 8           # spot generate's tree depth, capped at the block size (SDAR's B = 4)
 
@@ -147,7 +148,9 @@ def find_drafter(path, model_dir):
               help="standard/threshold: one pass per step; chain/tree: SPOT with the training-free order; "
                    "spot/spot-sets: SPOT with the drafter; oracle / order-oracle: diagnostic ceilings (true "
                    "states / true positions with the drafter's tokens).")
-@click.option("--budget", type=int, default=16, show_default=True, help="Tree nodes per verify pass (SPOT).")
+@click.option("--budget", default="16", show_default=True,
+              help="Tree nodes per verify pass (SPOT), or auto: the budget `spot tune` recorded for this model, "
+                   "engine, decoder and machine (nodes and depth, tuned at the nearest temperature).")
 @click.option("--depth", type=int, default=None,
               help="Deepest tree node below the root (SPOT). Default: 8, or the block size if smaller.")
 @click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
@@ -175,10 +178,10 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     from spot.config import load_config
     from spot.engines.factory import open_engine
     from spot.runtime.decoders import DecodeRequest, run_decoder
-    from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
     from spot.tokenizer import TextStream, load_tokenizer, prompt_ids_for
 
+    nodes = _budget_nodes(budget, decoder)      # before the weights load
     folder = model_dir if model_dir is not None else embedded_model_dir()
     load_config(folder)  # folder / config errors first, before the tokenizer and the weights
     if prompt_file is not None:
@@ -190,8 +193,17 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
     engine = open_engine(backend, folder, block_size, device, sampler, kv_cache)
     drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
-    depth = min(DEFAULT_DEPTH, engine.block_size) if depth is None else depth
-    request = DecodeRequest(max_new_tokens, mode, tau, sampling, TreeBudget(budget, depth))
+    request = DecodeRequest(max_new_tokens, mode, tau, sampling)
+    tune_command = " ".join(["spot tune", *(["--model", model_dir] if model_dir is not None else []),
+                             "--backend", backend, "--device", device,
+                             *(["--sampler", sampler] if sampler != "auto" else []),
+                             *(["--kv-cache", kv_cache] if kv_cache != "auto" else []),
+                             *(["--block-size", str(block_size)] if block_size is not None else []),
+                             "--decoder", decoder, "--temperature", f"{temperature:g}",
+                             *(["--tau", f"{tau:g}"] if decoder == "spot-sets" else [])])
+    tree_budget, tuned = _tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, request,
+                                      tune_command)
+    request = DecodeRequest(max_new_tokens, mode, tau, sampling, tree_budget)
     on_block, text_stream = None, None
     if stream and as_json:
         def on_block(block_ids):
@@ -208,7 +220,8 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     if as_json:
         out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "prompt_len": gen.prompt_len,
                "block_size": engine.block_size, "mode": mode, "decoder": decoder, "backend": backend,
-               "placement": engine.placement, **stats.to_dict()}
+               "placement": engine.placement, "budget": {"nodes": tree_budget.nodes, "depth": tree_budget.depth,
+                                                         "tuned": tuned}, **stats.to_dict()}
         if text is not None:
             out["text"] = text
         click.echo(json.dumps(out))
@@ -222,6 +235,38 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     click.echo(f"[{decoder}: {len(gen.token_ids)} tokens, {stats.target_passes} target passes ({passes}), "
                f"{stats.steps} steps, {stats.seconds:.2f} s, {rate:.1f} tok/s{', stopped' if gen.stopped else ''}]",
                err=True)
+
+
+def _budget_nodes(budget: str, decoder: str) -> int | None:
+    """--budget: a number of nodes, or None for auto; 1 (no tree) for standard / threshold decoding."""
+    if budget.strip().lower() == "auto":
+        if decoder in ("standard", "threshold"):
+            return 1
+        if decoder not in TUNABLE_DECODERS:
+            raise SpotError(f"--budget auto applies to the decoders {', '.join(TUNABLE_DECODERS)} (those `spot tune` "
+                            f"tunes), got --decoder {decoder}", "pass --budget N --depth D")
+        return None
+    try:
+        return int(budget)
+    except ValueError:
+        raise SpotError(f"--budget takes a number of nodes or auto, got {budget!r}") from None
+
+
+def _tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, drafter, request, tune_command: str):
+    """--budget N / --depth D (default depth: 8, at most the block size), or --budget auto (nodes None): the budget
+    `spot tune` recorded (spot.tuned; tune_command is the command that records it). Returns (TreeBudget, where an
+    auto budget came from, or None)."""
+    from spot.runtime.decoders import rule_for
+    from spot.runtime.spot import TreeBudget
+    if nodes is not None:
+        return TreeBudget(nodes, min(DEFAULT_DEPTH, engine.block_size) if depth is None else depth), None
+    if depth is not None:
+        raise SpotError("--depth is part of the tuned budget with --budget auto", "leave out --depth, or pass "
+                        "--budget N --depth D")
+    from spot.tuned import tuned_budget, tuning_key
+    key = tuning_key(engine, backend, folder, decoder, drafter, rule_for(decoder, request))
+    found, tuned_at, path = tuned_budget(key, request.sampling.temperature, tune_command)
+    return found, {"temperature": tuned_at, "record": str(path)}
 
 
 @main.command("export")
@@ -745,29 +790,42 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None)
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--block-size", type=int, default=None, help="Block size B. Default: the config's block_size.")
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--limit", type=int, default=2, show_default=True,
               help="Prompts used to measure acceptance (cut from the embedded corpus's train split with the "
                    "model's tokenizer).")
 @click.option("--drafter", "drafter_path", default=None)
+@click.option("--decoder", type=click.Choice(TUNABLE_DECODERS), default=None,
+              help="Decoder to tune. Default: spot with a drafter (--drafter, or the one beside the model), else "
+                   "tree.")
+@click.option("--tau", type=float, default=0.9, show_default=True, help="Threshold of spot-sets.")
+@click.option("--save/--no-save", default=True, show_default=True,
+              help="Record the choice for `--budget auto` (in $SPOT_CACHE/tuning, for this model, engine, decoder "
+                   "and machine).")
 @placement_options
-def tune(model_dir, backend, device, temperature, limit, drafter_path, sampler, kv_cache):
-    """Measure verify latency vs node count on this engine and pick the tokens/s-optimal tree budget.
+def tune(model_dir, backend, device, block_size, temperature, limit, drafter_path, decoder, tau, save, sampler, kv_cache):
+    """Measure verify latency vs node count on this engine and pick the tokens/s-optimal tree budget; `spot generate
+    --budget auto` then decodes with it.
 
     \b
-    Example:
-      spot tune --model out/embedded-fp32-onnx --backend ort
+    Examples:
+      spot tune --model out/embedded-fp32-onnx --backend ort --temperature 1
+      spot generate --model out/embedded-fp32-onnx --backend ort --decoder spot --budget auto --temperature 1 \\
+          --prompt "import os"
     """
     import json
 
     from spot.bench import tune_budget, tuning_prompts, tuning_room
+    from spot.runtime.decoders import DecodeRequest, rule_for
     from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
+    from spot.tuned import save_tuning, tuning_key
 
     Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep
     if limit < 1:
         raise SpotError(f"--limit must be >= 1, got {limit}")
-    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device, sampler, kv_cache)
+    engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
     prompts, source = tuning_prompts(tokenizer, [], limit, max_tokens=tuning_room(engine))
     if not prompts:
         raise SpotError(f"spot tune cuts its prompts from the embedded corpus's train split with the model's "
@@ -775,13 +833,23 @@ def tune(model_dir, backend, device, temperature, limit, drafter_path, sampler, 
                         "`spot bench --tune --prompts FILE.jsonl` with token ids")
     click.echo(f"measuring acceptance on {len(prompts)} prompts from the {source}", err=True)
     drafter = None
-    try:
+    if decoder in ("spot", "spot-sets"):
         drafter = find_drafter(drafter_path, folder)
-    except SpotError:
-        click.echo("no drafter found: tuning the training-free tree decoder", err=True)
+    elif decoder is None:
+        try:
+            drafter, decoder = find_drafter(drafter_path, folder), "spot"
+        except SpotError:
+            click.echo("no drafter found: tuning the training-free tree decoder", err=True)
+            decoder = "tree"
     cands = [TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16))]
-    out = tune_budget(engine, prompts, temperature, cands, drafter, "spot" if drafter else "tree",
-                      progress=lambda line: click.echo(line, err=True))
+    out = tune_budget(engine, prompts, temperature, cands, drafter, decoder,
+                      progress=lambda line: click.echo(line, err=True), tau=tau)
+    out["decoder"] = decoder
+    if save:
+        rule = rule_for(decoder, DecodeRequest(tau=tau))
+        path = save_tuning(tuning_key(engine, backend, folder, decoder, drafter, rule), out)
+        click.echo(f"recorded {out['choice']['nodes']}x{out['choice']['depth']} at temperature {temperature:g} in "
+                   f"{path} (used by --budget auto)", err=True)
     click.echo(json.dumps(out, indent=2))
 
 

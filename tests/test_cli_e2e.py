@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -259,3 +260,51 @@ def test_every_command_has_help_with_examples():
             continue
         r = CliRunner().invoke(main, [name, "--help"])
         assert r.exit_code == 0 and "Example" in r.output, name
+
+
+def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embedded, tmp_path):
+    """`spot tune` records its choice per model, engine, decoder and machine; `spot generate --budget auto` decodes
+    with the one tuned at the nearest temperature (same tokens as standard decoding), and says how to make one."""
+    gen = ("generate", "--prompt-ids", "5,6,7,8", "--max-new-tokens", "8", "--json")
+    missing = run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0.9")
+    assert missing.exit_code == 2 and "no tuned budget" in missing.stderr, missing.output
+    assert "run `spot tune --backend torch --device cpu --decoder spot --temperature 0.9` first" in missing.stderr
+
+    tuned = run("tune", "--temperature", "1", "--limit", "1")
+    assert tuned.exit_code == 0, tuned.output
+    choice = json.loads(tuned.stdout)["choice"]
+    assert "recorded" in tuned.stderr and "used by --budget auto" in tuned.stderr
+    auto = json.loads(run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0.9").stdout)
+    assert (auto["budget"]["nodes"], auto["budget"]["depth"]) == (choice["nodes"], choice["depth"])
+    assert auto["budget"]["tuned"]["temperature"] == 1.0
+    standard = json.loads(run(*gen, "--temperature", "0.9").stdout)
+    assert auto["token_ids"] == standard["token_ids"]
+
+    # a record per temperature: T = 0 goes beside T = 1 and serves T = 0.2; --no-save records nothing
+    assert run("tune", "--temperature", "0", "--limit", "1", "--no-save").exit_code == 0
+    again = json.loads(run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0.2").stdout)
+    assert again["budget"]["tuned"]["temperature"] == 1.0
+    assert run("tune", "--temperature", "0", "--limit", "1").exit_code == 0
+    record = json.loads((tmp_path / "cache" / "tuning").joinpath(Path(again["budget"]["tuned"]["record"]).name)
+                        .read_text())
+    assert set(record["by_temperature"]) == {"0", "1"} and record["key"]["decoder"] == "spot"
+    nearest = json.loads(run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0.2").stdout)
+    assert nearest["budget"]["tuned"]["temperature"] == 0.0
+
+    # another decoder, tau or block size is another key; --depth is the record's; chain has no tuned budget
+    for args, says in ((("--decoder", "spot-sets"), "--decoder spot-sets --temperature 0 --tau 0.9"),
+                       (("--decoder", "tree"), "--decoder tree"),
+                       (("--decoder", "spot", "--block-size", "8"), "--block-size 8 --decoder spot"),
+                       (("--decoder", "spot", "--depth", "2"), "--depth is part of the tuned budget"),
+                       (("--decoder", "chain"), "--budget auto applies to the decoders spot, spot-sets, tree")):
+        r = run(*gen, *args, "--budget", "auto")
+        assert r.exit_code == 2 and says in r.stderr and "Traceback" not in r.output, (args, r.output)
+    assert run(*gen, "--budget", "auto").exit_code == 0          # standard decoding: no tree to size
+    bad = run(*gen, "--decoder", "spot", "--budget", "16x8")
+    assert bad.exit_code == 2 and "--budget takes a number of nodes or auto, got '16x8'" in bad.stderr
+
+    # a damaged record is named, with the way out
+    path = Path(nearest["budget"]["tuned"]["record"])
+    path.write_text("{")
+    broken = run(*gen, "--decoder", "spot", "--budget", "auto")
+    assert broken.exit_code == 2 and str(path) in broken.stderr and "run `spot tune` again" in broken.stderr

@@ -1,0 +1,119 @@
+"""Tuned tree budgets, recorded per engine, decoder and machine: `spot tune` writes them, `--budget auto` reads them.
+
+Which budget is fastest depends on the device's latency curve (spot.runtime.tuning) and on acceptance, which depends on
+the model, the drafter and its tree settings, the commit rule and the temperature. A record therefore lives under a
+key naming all of them (`tuning_key`), in $SPOT_CACHE/tuning/<hash of the key>.json, one entry per tuned temperature.
+A record from another machine or engine is never found (its key differs); an outdated one on this machine only costs
+speed: SPOT's output is the same at every budget.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from spot.descriptors import load_descriptor
+from spot.errors import SpotError
+from spot.files import write_text_atomic
+from spot.runtime.spot import TreeBudget
+from spot.runtime.step import THRESHOLD
+
+FORMAT, FORMAT_VERSION = "spot-tuning", 1
+TUNABLE_DECODERS = ("spot", "spot-sets", "tree")    # decoders whose speed the (nodes, depth) budget sets
+
+
+def tuning_dir() -> Path:
+    return Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot")) / "tuning"
+
+
+def machine_identity() -> dict:
+    """The host a latency curve was measured on: name, architecture, CPU model and count."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"host": platform.node(), "arch": platform.machine(), "cpu": cpu, "cpus": os.cpu_count()}
+
+
+def model_fingerprint(folder: str | Path) -> str:
+    """sha256 naming the model in `folder`: an export's manifest.json (it records every file's hash), else a
+    checkpoint's config.json with its weight files' names and sizes (hashing GBs of weights per request would cost
+    more than it saves)."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    manifest = folder / "manifest.json"
+    if manifest.is_file():
+        h.update(manifest.read_bytes())
+    else:
+        h.update((folder / "config.json").read_bytes())
+        for f in sorted(folder.glob("*.safetensors")):
+            h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return h.hexdigest()
+
+
+def tuning_key(engine, backend: str, folder: str | Path, decoder: str, drafter=None, rule=None) -> dict:
+    """What a tuned budget holds for: model, engine and its placement, decoder (with the drafter's identity and tree
+    settings, and the threshold rule's tau where it applies) and machine. rule: the decoder's CommitRule."""
+    if decoder not in TUNABLE_DECODERS:
+        raise SpotError(f"--budget auto applies to the decoders {', '.join(TUNABLE_DECODERS)}, got {decoder!r}",
+                        "pass --budget N --depth D")
+    key = {"model": model_fingerprint(folder), "backend": backend, "block_size": engine.block_size,
+           "placement": engine.placement, "decoder": decoder, "machine": machine_identity()}
+    if rule is not None and rule.kind == THRESHOLD:
+        key["tau"] = rule.tau
+    if drafter is not None:
+        key["drafter"] = {"onnx_sha256": drafter.manifest["onnx_sha256"],
+                          "order_temperature": drafter.order_temperature,
+                          "runner_up_weight": drafter.runner_up_weight, "set_flip_weight": drafter.set_flip_weight}
+    return key
+
+
+def record_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return tuning_dir() / f"{digest}.json"
+
+
+REMEDY = "delete the file and run `spot tune` again"
+
+
+def load_record(path: Path) -> dict:
+    data = load_descriptor(path, FORMAT, FORMAT_VERSION, ("key", "by_temperature"), REMEDY)
+    if not isinstance(data["by_temperature"], dict):
+        raise SpotError(f"{path}: by_temperature is not an object", REMEDY)
+    return data
+
+
+def save_tuning(key: dict, tune_result: dict) -> Path:
+    """Record spot.bench.tune_budget's result under `key`, beside the temperatures tuned before; the file path."""
+    path = record_path(key)
+    record = load_record(path) if path.is_file() else {"format": FORMAT, "format_version": FORMAT_VERSION,
+                                                        "key": key, "by_temperature": {}}
+    t = float(tune_result["temperature"])
+    record["by_temperature"][f"{t:g}"] = {**tune_result["choice"], "temperature": t,
+                                          "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def tuned_budget(key: dict, temperature: float, tune_command: str) -> tuple[TreeBudget, float, Path]:
+    """The budget tuned under `key` at the temperature nearest `temperature` (acceptance, and so the choice, moves
+    with it): (budget, the temperature it was tuned at, the record's path). SpotError naming `tune_command`, the
+    command that makes one, when there is none."""
+    path = record_path(key)
+    if not path.is_file():
+        raise SpotError(f"no tuned budget for this model, engine, decoder and machine (looked for {path})",
+                        f"run `{tune_command}` first, or pass --budget N --depth D")
+    entries = load_record(path)["by_temperature"].values()
+    try:
+        tuned_at, best = min(((float(e["temperature"]), e) for e in entries),
+                             key=lambda te: (abs(te[0] - temperature), te[0]))
+        return TreeBudget(int(best["nodes"]), int(best["depth"])), tuned_at, path
+    except (KeyError, TypeError, ValueError):
+        raise SpotError(f"{path} holds no valid tuned budget", REMEDY) from None
