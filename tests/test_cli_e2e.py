@@ -300,6 +300,12 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
         r = run(*gen, *args, "--budget", "auto")
         assert r.exit_code == 2 and says in r.stderr and "Traceback" not in r.output, (args, r.output)
     assert run(*gen, "--budget", "auto").exit_code == 0          # standard decoding: no tree to size
+    sets = run("tune", "--decoder", "spot-sets", "--tau", "0.5", "--limit", "1")     # against threshold decoding
+    assert sets.exit_code == 0, sets.output
+    sets_auto = json.loads(run(*gen, "--decoder", "spot-sets", "--tau", "0.5", "--budget", "auto").stdout)
+    threshold = json.loads(run(*gen, "--decoder", "threshold", "--tau", "0.5").stdout)
+    assert sets_auto["token_ids"] == threshold["token_ids"] and sets_auto["budget"]["tuned"]["temperature"] == 0
+    assert sets_auto["budget"]["tuned"]["record"] != nearest["budget"]["tuned"]["record"]
     bad = run(*gen, "--decoder", "spot", "--budget", "16x8")
     assert bad.exit_code == 2 and "--budget takes a number of nodes or auto, got '16x8'" in bad.stderr
 
