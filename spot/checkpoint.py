@@ -19,6 +19,7 @@ from spot.errors import SpotError
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64, "I64": np.int64,
            "I32": np.int32, "I8": np.int8, "U8": np.uint8}
+WEIGHT_DTYPES = ("BF16", "F16", "F32")    # what an SDAR weight may be stored as (other dtypes: buffers, never read)
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
@@ -39,7 +40,9 @@ class TensorInfo:
 
 
 def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
-    """Parse one .safetensors file's header; raise SpotError naming the file when it is truncated or corrupt."""
+    """Parse one .safetensors file's header; raise SpotError naming the file when it is truncated or corrupt: as
+    the safetensors library, every tensor's bytes must lie in the data area without overlapping another's."""
+    refetch = "the download is probably incomplete or corrupt: fetch the file again"
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -50,24 +53,33 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
             if hlen > size - 8 or hlen > 100_000_000:
                 raise ValueError(f"header length {hlen} exceeds the file size {size}")
             header = json.loads(f.read(hlen))
+        if not isinstance(header, dict):
+            raise ValueError(f"its header is a JSON {type(header).__name__}, expected an object")
     except FileNotFoundError:
+        if path.is_symlink():       # a Hugging Face cache snapshot links to blobs; a partial download leaves none
+            raise SpotError(f"weights file {path} is a broken link (to {os.readlink(path)})",
+                            "the download is incomplete: fetch the checkpoint again") from None
         raise SpotError(f"weights file {path} is missing", "download the complete checkpoint") from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise SpotError(f"{path} is not a valid safetensors file ({e})",
-                        "the download is probably incomplete or corrupt: fetch the file again") from None
+        raise SpotError(f"{path} is not a valid safetensors file ({e})", refetch) from None
     base = 8 + hlen
     out: dict[str, TensorInfo] = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
         try:
-            start, end = meta["data_offsets"]
+            start, end = (int(v) for v in meta["data_offsets"])
             dtype, shape = meta["dtype"], tuple(int(s) for s in meta["shape"])
+            if not all(isinstance(v, int) for v in (*meta["data_offsets"], *meta["shape"])):
+                raise TypeError("offsets and shape must be integers")
         except (KeyError, TypeError, ValueError):
-            raise SpotError(f"{path}: malformed header entry for tensor {name!r}",
-                            "fetch the file again") from None
+            raise SpotError(f"{path}: malformed header entry for tensor {name!r}", refetch) from None
         if dtype not in _DTYPES:
-            raise SpotError(f"{path}: tensor {name} has dtype {dtype}, expected one of BF16, F16, F32")
+            raise SpotError(f"{path}: tensor {name} has dtype {dtype}, expected one of {', '.join(_DTYPES)}",
+                            f"SDAR weights are {', '.join(WEIGHT_DTYPES)}: fetch the checkpoint again")
+        if not 0 <= start <= end or any(d < 0 for d in shape):
+            raise SpotError(f"{path}: tensor {name} has data_offsets [{start}, {end}] and shape {list(shape)}, "
+                            "expected 0 <= start <= end and dimensions >= 0", refetch)
         if base + end > size:
             raise SpotError(f"{path} is truncated: tensor {name} ends at byte {base + end}, file has {size}",
                             "the download is incomplete: fetch the file again")
@@ -76,7 +88,32 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
             raise SpotError(f"{path}: tensor {name} has {end - start} bytes, expected {expected} for "
                             f"{dtype}{list(shape)}", "the file is corrupt: fetch it again")
         out[name] = TensorInfo(name, path, dtype, shape, base + start, end - start)
+    spans = sorted(out.values(), key=lambda t: (t.offset, t.nbytes))
+    for before, after in zip(spans, spans[1:]):
+        if after.offset < before.offset + before.nbytes:
+            raise SpotError(f"{path}: tensors {before.name} and {after.name} overlap (bytes {after.offset - base}.."
+                            f"{before.offset + before.nbytes - base} of the data)", refetch)
     return out
+
+
+def read_weight_map(index: Path) -> dict[str, str]:
+    """model.safetensors.index.json's weight_map: tensor name -> shard file name (a file of the checkpoint folder
+    itself); SpotError naming the file otherwise."""
+    remedy = "restore the file from the checkpoint (it maps every tensor name to a shard file name)"
+    try:
+        data = json.loads(index.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpotError(f"{index} is not a valid safetensors index ({e})", remedy) from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        got = type(weight_map).__name__ if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise SpotError(f"{index} is not a valid safetensors index: weight_map must be an object of tensor name -> "
+                        f"shard file name, got {got if not isinstance(weight_map, dict) else 'non-string shards'}",
+                        remedy)
+    outside = [s for s in weight_map.values() if Path(s).name != s or s in ("", ".", "..")]
+    if outside:
+        raise SpotError(f"{index} names shard {outside[0]!r}, expected a file name in its own folder", remedy)
+    return weight_map
 
 
 class Checkpoint:
@@ -89,29 +126,29 @@ class Checkpoint:
         self._validate()
 
     def _index(self) -> dict[str, TensorInfo]:
+        """Tensor name -> where its bytes are. As transformers: model.safetensors when present, else the index's
+        shards, each tensor from the shard the index names."""
         index = self.dir / INDEX_NAME
         single = self.dir / SINGLE_NAME
+        if single.is_file() or (single.is_symlink() and not index.is_file()):
+            return read_safetensors_header(single)
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError) as e:
-                raise SpotError(f"{index} is not a valid safetensors index ({e})",
-                                "restore the file from the checkpoint") from None
+            weight_map = read_weight_map(index)
             shards = sorted(set(weight_map.values()))
             missing = [s for s in shards if not (self.dir / s).is_file()]
             if missing:
+                broken = [s for s in missing if (self.dir / s).is_symlink()]
                 raise SpotError(f"{len(missing)} shard(s) named in {INDEX_NAME} are missing from {self.dir}: "
-                                f"{', '.join(missing[:4])}", "download every shard of the checkpoint")
-            tensors: dict[str, TensorInfo] = {}
-            for shard in shards:
-                tensors.update(read_safetensors_header(self.dir / shard))
-            absent = [n for n, s in weight_map.items() if n not in tensors or tensors[n].file.name != s]
+                                f"{', '.join(missing[:4])}" + (f" ({len(broken)} of them broken links: an "
+                                                               "incomplete download)" if broken else ""),
+                                "download every shard of the checkpoint")
+            headers = {shard: read_safetensors_header(self.dir / shard) for shard in shards}
+            absent = [n for n, s in weight_map.items() if n not in headers[s]]
             if absent:
                 raise SpotError(f"{len(absent)} tensor(s) listed in {INDEX_NAME} are not in their shard, "
-                                f"e.g. {absent[0]}", "the shards do not match the index: download them again")
-            return tensors
-        if single.is_file():
-            return read_safetensors_header(single)
+                                f"e.g. {absent[0]} (not in {weight_map[absent[0]]})",
+                                "the shards do not match the index: download them again")
+            return {n: headers[s][n] for n, s in weight_map.items()}
         raise SpotError(f"{self.dir} has neither {SINGLE_NAME} nor {INDEX_NAME}",
                         "download the weights (*.safetensors) next to config.json")
 
@@ -122,10 +159,14 @@ class Checkpoint:
             raise SpotError(f"checkpoint {self.dir} lacks {len(missing)} tensor(s) the config requires, "
                             f"e.g. {missing[0]}", "the checkpoint does not match its config.json")
         for name, shape in expected.items():
-            got = self.tensors[name].shape
-            if got != shape:
-                raise SpotError(f"tensor {name} has shape {list(got)}, expected {list(shape)} from config.json",
-                                "the checkpoint does not match its config.json")
+            info = self.tensors[name]
+            if info.shape != shape:
+                raise SpotError(f"tensor {name} has shape {list(info.shape)}, expected {list(shape)} from "
+                                "config.json", "the checkpoint does not match its config.json")
+            if info.dtype not in WEIGHT_DTYPES:
+                raise SpotError(f"tensor {name} in {info.file} is stored as {info.dtype}, expected one of "
+                                f"{', '.join(WEIGHT_DTYPES)}", "the checkpoint is corrupt or not an SDAR "
+                                "checkpoint: fetch it again")
 
     def tensor(self, name: str) -> np.ndarray:
         """Read one tensor as float32 (a fresh array; the file is memory-mapped only while reading)."""

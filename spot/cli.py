@@ -27,6 +27,20 @@ DEFAULT_DEPTH = 8           # spot generate's tree depth, capped at the block si
 OPTIONAL_EXTRAS = {"torch": "export", "onnx": "export", "safetensors": "export", "matplotlib": "plots"}
 
 
+def os_error_hint(e: OSError) -> str:
+    """What to check for an OSError, by its errno (the message says which path)."""
+    import errno
+    return {errno.EACCES: "check the permissions of that path (reading it, or writing in its folder)",
+            errno.EPERM: "check the permissions of that path (reading it, or writing in its folder)",
+            errno.ENOENT: "check the path: it, or the folder it should be written in, does not exist",
+            errno.ENOSPC: "free disk space, or write to another disk",
+            errno.EDQUOT: "free disk space (the disk quota is used up), or write to another disk",
+            errno.EROFS: "that file system is read-only: choose a path on a writable one",
+            errno.EISDIR: "that path is a folder: give a file path",
+            errno.ENOTDIR: "a part of that path is a file, not a folder"}.get(
+        e.errno, "check the path, its permissions, and free disk space")
+
+
 class SpotGroup(click.Group):
     """Turns SpotError — and a missing optional package — into one clear line + hint (exit 2) unless --debug."""
 
@@ -41,8 +55,7 @@ class SpotGroup(click.Group):
             if ctx.meta.get("spot.debug"):
                 raise
             where = f": {e.filename}" if e.filename else ""
-            self._fail(ctx, f"{e.strerror or e}{where}",
-                       "check the path, that its folder exists and is writable, and free disk space")
+            self._fail(ctx, f"{e.strerror or e}{where}", os_error_hint(e))
         except ModuleNotFoundError as e:
             package = (e.name or "").split(".")[0]
             if ctx.meta.get("spot.debug") or package not in OPTIONAL_EXTRAS:

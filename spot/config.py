@@ -140,6 +140,9 @@ def load_config(model_dir: str | Path) -> ModelConfig:
     model_dir = Path(model_dir)
     if not model_dir.exists():
         raise SpotError(f"model folder {model_dir} does not exist", "pass the folder that holds config.json")
+    if not model_dir.is_dir():
+        raise SpotError(f"{model_dir} is a file, expected a model folder", "pass the folder that holds config.json "
+                        "(and the *.safetensors files, or an export's manifest.json)")
     path = model_dir / "config.json"
     if not path.is_file():
         raise SpotError(f"{model_dir} has no config.json: not a Hugging Face checkpoint folder",

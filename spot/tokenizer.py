@@ -101,11 +101,27 @@ def render_chat_template(template: str, messages: list[dict], add_generation_pro
                         "pass --no-chat to use the prompt as raw text") from None
 
 
+RESTORE = "restore the file from the checkpoint"
+
+
 def _read_json(path: Path) -> dict:
+    """A tokenizer file's JSON object; SpotError naming the file when it is not JSON or not an object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpotError(f"{path} is not valid JSON ({e})", "restore the file from the checkpoint") from None
+        raise SpotError(f"{path} is not valid JSON ({e})", RESTORE) from None
+    if not isinstance(data, dict):
+        raise SpotError(f"{path} holds a JSON {type(data).__name__}, expected an object", RESTORE)
+    return data
+
+
+def _token_ids(path: Path, data: dict) -> dict[str, int]:
+    """A {token: id} object (vocab.json, added_tokens.json) checked: ids are non-negative integers."""
+    bad = next(((t, i) for t, i in data.items() if not isinstance(i, int) or isinstance(i, bool) or i < 0), None)
+    if bad is not None:
+        raise SpotError(f"{path} maps {bad[0]!r} to {bad[1]!r}, expected an object of token -> id (an integer "
+                        ">= 0)", RESTORE)
+    return data
 
 
 def added_tokens(model_dir: Path) -> dict[int, dict]:
@@ -117,11 +133,18 @@ def added_tokens(model_dir: Path) -> dict[int, dict]:
     out: dict[int, dict] = {}
     path = model_dir / "added_tokens.json"
     if path.is_file():
-        for content, idx in _read_json(path).items():
-            out[int(idx)] = {"content": content, "special": True}
+        for content, idx in _token_ids(path, _read_json(path)).items():
+            out[idx] = {"content": content, "special": True}
     path = model_dir / "tokenizer_config.json"
     if path.is_file():
-        for idx, entry in (_read_json(path).get("added_tokens_decoder") or {}).items():
+        decoder = _read_json(path).get("added_tokens_decoder") or {}
+        if not isinstance(decoder, dict):
+            raise SpotError(f"{path}: added_tokens_decoder is a {type(decoder).__name__}, expected an object of "
+                            "id -> token", RESTORE)
+        for idx, entry in decoder.items():
+            if not (idx.isdigit() and isinstance(entry, dict) and isinstance(entry.get("content"), str)):
+                raise SpotError(f"{path}: added_tokens_decoder entry {idx!r} is {entry!r}, expected an id -> "
+                                "{\"content\": token, ...}", RESTORE)
             out[int(idx)] = dict(entry)
     return out
 
@@ -137,6 +160,9 @@ def _chat_template_from(model_dir: Path) -> str | None:
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default") or next(iter(named.values()), None)
+    if template is not None and not isinstance(template, str):
+        raise SpotError(f"{cfg_path}: chat_template is a {type(template).__name__}, expected a string (or a list of "
+                        "{\"name\", \"template\"} objects)", RESTORE)
     return template or None
 
 
@@ -144,14 +170,14 @@ def build_qwen2_bpe(vocab_path: Path, merges_path: Path, extra_tokens: dict[int,
     """A byte-level BPE tokenizer equal to transformers' Qwen2TokenizerFast for these files."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-    vocab = _read_json(vocab_path)
+    vocab = _token_ids(vocab_path, _read_json(vocab_path))
     merges = []
     for line in merges_path.read_text(encoding="utf-8").splitlines():
         if line.startswith("#version") or not line.strip():
             continue
         parts = line.split(" ")
         if len(parts) != 2:
-            raise SpotError(f"{merges_path}: malformed merge line {line!r}", "restore the file from the checkpoint")
+            raise SpotError(f"{merges_path}: malformed merge line {line!r}", RESTORE)
         merges.append((parts[0], parts[1]))
     # Added tokens go into the model vocabulary too, so that each keeps its exact id (ids may have gaps).
     for idx, entry in extra_tokens.items():
@@ -188,8 +214,7 @@ def load_tokenizer(model_dir: str | Path) -> SpotTokenizer | None:
         try:
             tok = Tokenizer.from_file(str(tokenizer_json))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
-            raise SpotError(f"{tokenizer_json} could not be read ({e})",
-                            "restore the file from the checkpoint") from None
+            raise SpotError(f"{tokenizer_json} could not be read ({e})", RESTORE) from None
     elif vocab.is_file() and merges.is_file():
         tok = build_qwen2_bpe(vocab, merges, added_tokens(model_dir))
     else:

@@ -314,3 +314,19 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     path.write_text("{")
     broken = run(*gen, "--decoder", "spot", "--budget", "auto")
     assert broken.exit_code == 2 and str(path) in broken.stderr and "run `spot tune` again" in broken.stderr
+
+
+def test_os_errors_are_one_line_with_a_hint_for_their_cause(as_embedded, tmp_path):
+    """A path the system refuses: one error line naming it, with a hint for that cause (not a write hint for a
+    read error)."""
+    import errno
+
+    from spot.cli import os_error_hint
+    (tmp_path / "file").write_text("x")
+    r = run("bench", "--decoders", "standard", "--limit", "1", "--temperatures", "0", "--max-new-tokens", "4",
+            "--no-plots", "--report", str(tmp_path / "file" / "report"))
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "error: Not a directory: " in r.stderr and "a part of that path is a file" in r.stderr
+    assert "permissions" in os_error_hint(OSError(errno.EACCES, "Permission denied", "x"))
+    assert "disk" in os_error_hint(OSError(errno.ENOSPC, "No space left on device", "x"))
+    assert "check the path" in os_error_hint(OSError(errno.EIO, "Input/output error", "x"))

@@ -124,6 +124,8 @@ def test_missing_folder_and_missing_config(tmp_path):
     assert "does not exist" in error_of(load_config, tmp_path / "nope")
     assert "no config.json" in error_of(load_config, tmp_path)
     assert "does not exist" in error_of(Checkpoint, tmp_path / "nope")
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    assert "is a file, expected a model folder" in error_of(load_config, tmp_path / "weights.bin")
 
 
 def test_invalid_config_json(tmp_path):
@@ -199,6 +201,119 @@ def test_index_naming_a_tensor_its_shard_lacks(tmp_path):
     index["weight_map"]["model.layers.9.mlp.up_proj.weight"] = "model-00001-of-00002.safetensors"
     (folder / INDEX_NAME).write_text(json.dumps(index))
     assert "model.layers.9.mlp.up_proj.weight" in error_of(Checkpoint, folder)
+
+
+def rewrite_header(path: Path, edit) -> None:
+    """Replace a safetensors file's header by edit(header) (the data bytes stay)."""
+    data = path.read_bytes()
+    hlen = int.from_bytes(data[:8], "little")
+    header = edit(json.loads(data[8:8 + hlen]))
+    hbytes = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    hbytes += b" " * (-len(hbytes) % 8)
+    path.write_bytes(len(hbytes).to_bytes(8, "little") + hbytes + data[8 + hlen:])
+
+
+@pytest.mark.parametrize("index, says", [
+    ([], "got a JSON list"), ({"weight_map": None}, "got NoneType"), ({"weight_map": ["a"]}, "got list"),
+    ({"weight_map": {"model.norm.weight": 3}}, "non-string shards"),
+    ({"weight_map": {"model.norm.weight": "../outside/x.safetensors"}}, "expected a file name in its own folder"),
+])
+def test_index_of_the_wrong_shape_is_named(tmp_path, index, says):
+    """An index that parses as JSON but is not {tensor: shard file name}: one error naming it (Checkpoint and the
+    dry run's index reader alike)."""
+    from spot.export.export import _index_names
+    folder = write_checkpoint(tmp_path / "m", random_tensors(), shards=2)
+    (folder / INDEX_NAME).write_text(json.dumps(index))
+    for fn in (Checkpoint, _index_names):
+        msg = error_of(fn, folder)
+        assert INDEX_NAME in msg and "not a valid safetensors index" in msg or "own folder" in msg, msg
+        assert says in msg, msg
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda h: [1, 2, 3], "header is a JSON list, expected an object"),
+    (lambda h: {**h, "model.norm.weight": {**h["model.norm.weight"], "shape": "16"}}, "malformed header entry"),
+    (lambda h: {**h, "model.norm.weight": {**h["model.norm.weight"], "data_offsets": [-8, 56]}},
+     "expected 0 <= start <= end"),
+    (lambda h: {**h, "model.norm.weight": {**h["model.norm.weight"], "dtype": "F8_E4M3"}},
+     "dtype F8_E4M3, expected one of"),
+])
+def test_safetensors_headers_that_are_not_a_valid_layout(tmp_path, edit, says):
+    folder = write_checkpoint(tmp_path / "m", random_tensors())
+    rewrite_header(folder / "model.safetensors", edit)
+    assert says in error_of(Checkpoint, folder)
+
+
+def test_overlapping_tensors_are_refused(tmp_path):
+    """Two tensors over the same bytes (both sizes right): the safetensors library refuses it, and so does spot —
+    else one tensor silently reads another's weights."""
+    folder = write_checkpoint(tmp_path / "m", random_tensors())
+
+    def overlap(h):
+        a, b = h["model.layers.0.input_layernorm.weight"], h["model.layers.1.input_layernorm.weight"]
+        b["data_offsets"] = list(a["data_offsets"])
+        return h
+    rewrite_header(folder / "model.safetensors", overlap)
+    msg = error_of(Checkpoint, folder)
+    assert "overlap" in msg and "input_layernorm.weight" in msg
+
+
+@pytest.mark.parametrize("dtype", ["I32", "F64", "U8"])
+def test_a_weight_stored_as_another_dtype_is_refused(tmp_path, dtype):
+    """The right shape in an integer or float64 layout: refused naming the tensor (it used to be cast to float32
+    and decoded), while a buffer of such a dtype that the model does not read is allowed."""
+    name = "model.layers.0.mlp.gate_proj.weight"
+    itemsize = {"F32": 4, "I32": 4, "F64": 8, "U8": 1, "I64": 8}
+    tensors = {n: (a, "F32") for n, a in random_tensors().items()} | {"extra.position_ids": (np.zeros(2), "I64")}
+    tensors[name] = (tensors[name][0], dtype)
+    header, blobs, offset = {}, [], 0
+    for n, (arr, dt) in tensors.items():      # zeros of the right size: only the layout matters here
+        size = arr.size * itemsize[dt]
+        header[n] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + size]}
+        blobs.append(bytes(size))
+        offset += size
+    folder = write_checkpoint(tmp_path / "m", random_tensors())
+    hbytes = json.dumps(header).encode()
+    hbytes += b" " * (-len(hbytes) % 8)
+    (folder / "model.safetensors").write_bytes(len(hbytes).to_bytes(8, "little") + hbytes + b"".join(blobs))
+    msg = error_of(Checkpoint, folder)
+    assert name in msg and f"stored as {dtype}" in msg and "BF16, F16, F32" in msg
+
+
+def test_each_tensor_comes_from_the_shard_the_index_names(tmp_path):
+    """A tensor present in two shards is read from the one the index names (as transformers), not from whichever
+    shard was read last."""
+    tensors = random_tensors()
+    folder = write_checkpoint(tmp_path / "m", tensors, shards=2)
+    weight_map = json.loads((folder / INDEX_NAME).read_text())["weight_map"]
+    name = "model.norm.weight"
+    home = weight_map[name]
+    other = next(s for s in set(weight_map.values()) if s != home)
+    others = {n: tensors[n] for n, s in weight_map.items() if s == other}
+    write_safetensors(folder / other, {**others, name: np.full_like(tensors[name], 7.0)}, "F32")
+    assert np.array_equal(Checkpoint(folder).tensor(name), tensors[name])
+
+
+def test_model_safetensors_wins_over_an_index(tmp_path):
+    """With both model.safetensors and an index, transformers loads the single file: so does spot."""
+    tensors = random_tensors(seed=1)
+    folder = write_checkpoint(tmp_path / "m", random_tensors(seed=2), shards=2)
+    write_safetensors(folder / "model.safetensors", tensors, "F32")
+    ckpt = Checkpoint(folder)
+    assert {i.file.name for i in ckpt.tensors.values()} == {"model.safetensors"}
+    assert np.array_equal(ckpt.tensor("model.norm.weight"), tensors["model.norm.weight"])
+
+
+def test_broken_links_are_named(tmp_path):
+    """A Hugging Face cache snapshot links to blobs; an incomplete download leaves links to nothing."""
+    folder = write_checkpoint(tmp_path / "m", random_tensors())
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(tmp_path / "blobs" / "abc")
+    assert "is a broken link" in error_of(Checkpoint, folder)
+    sharded = write_checkpoint(tmp_path / "s", random_tensors(), shards=2)
+    (sharded / "model-00002-of-00002.safetensors").unlink()
+    (sharded / "model-00002-of-00002.safetensors").symlink_to(tmp_path / "blobs" / "def")
+    assert "1 of them broken links" in error_of(Checkpoint, sharded)
 
 
 def test_tensor_missing(tmp_path):

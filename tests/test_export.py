@@ -327,6 +327,16 @@ def test_shard_missing_from_index_is_refused(ckpt, tmp_path):
     assert not (tmp_path / "o").exists() and _no_leftovers(tmp_path) == []
 
 
+def test_broken_tokenizer_files_are_refused_before_the_weights(ckpt, tmp_path):
+    """The export copies the tokenizer files: one that would fail `spot generate --prompt` is refused up front."""
+    folder = _copy(ckpt, tmp_path)
+    (folder / "vocab.json").write_text("[]")
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    with pytest.raises(SpotError, match="vocab.json holds a JSON list, expected an object"):
+        export(folder, tmp_path / "o")
+    assert not (tmp_path / "o").exists() and _no_leftovers(tmp_path) == []
+
+
 @pytest.mark.parametrize("kw,match", [({"dtype": "bf16"}, "bf16 is not supported"),
                                       ({"dtype": "int3"}, "unknown dtype"),
                                       ({"opset": 13}, "opset 13 is not supported"),

@@ -108,3 +108,25 @@ def test_prompt_argument_errors():
         prompt_ids_for(None, None, "1", True)
     with pytest.raises(SpotError, match="chat template failed"):
         render_chat_template("{{ raise_exception('no system role') }}", [])
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("tokenizer_config.json", [], "holds a JSON list, expected an object"),
+    ("tokenizer_config.json", {"added_tokens_decoder": 5}, "added_tokens_decoder is a int"),
+    ("tokenizer_config.json", {"added_tokens_decoder": {"7": "x"}}, "added_tokens_decoder entry '7'"),
+    ("tokenizer_config.json", {"chat_template": 3}, "chat_template is a int, expected a string"),
+    ("vocab.json", [], "holds a JSON list, expected an object"),
+    ("vocab.json", {"a": "x"}, "maps 'a' to 'x', expected an object of token -> id"),
+    ("added_tokens.json", {"<x>": -1}, "maps '<x>' to -1"),
+])
+def test_tokenizer_files_of_the_wrong_shape_are_named(tmp_path, name, content, says):
+    """Valid JSON of the wrong shape in a slow-tokenizer file: one error naming the file (these raised
+    AttributeError / TypeError deep in the tokenizer build)."""
+    (tmp_path / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "ab": 2}))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\n")
+    assert load_tokenizer(tmp_path).encode("ab") == [2]
+    (tmp_path / name).write_text(json.dumps(content))
+    with pytest.raises(SpotError) as info:
+        load_tokenizer(tmp_path).chat_template
+    assert str(tmp_path / name) in info.value.message and says in info.value.message, info.value.message
+    assert info.value.hint == "restore the file from the checkpoint"

@@ -22,7 +22,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from spot import __version__
-from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32
+from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32, read_weight_map
 from spot.config import ModelConfig, check_block_size
 from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
@@ -34,6 +34,7 @@ from spot.export.manifest import FORMAT, FORMAT_VERSION, NP_DTYPES, add_files, w
 from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
+from spot.tokenizer import load_tokenizer
 
 TARGET_FILE = "target.onnx"
 DATA_FILE = "target.onnx.data"
@@ -345,6 +346,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     cfg = effective_config(source.checkpoint_config(), source, options, progress)
     max_context = check_options(cfg, options)
     ckpt = Checkpoint(source.checkpoint, cfg)
+    load_tokenizer(ckpt.dir)     # the tokenizer files the export copies must load: refused now, not at generate time
     graph = build_target_graph(cfg, options.dtype, options.opset, options.quant)
     if options.plan:   # refuse before writing anything when the export would not fit the device
         from spot.export.memory_plan import check_plan_fits
@@ -402,10 +404,7 @@ def _index_names(ckpt_dir: Path) -> set[str] | None:
     index = ckpt_dir / INDEX_NAME
     if not index.is_file():
         return None
-    try:
-        return set(json.loads(index.read_text())["weight_map"])
-    except (json.JSONDecodeError, KeyError) as e:
-        raise SpotError(f"{index} is not a valid safetensors index ({e})") from None
+    return set(read_weight_map(index))
 
 
 def dry_run(source: Source, options: ExportOptions = ExportOptions(), progress: Progress = _quiet) -> dict:
