@@ -27,6 +27,15 @@ DEFAULT_DEPTH = 8           # spot generate's tree depth, capped at the block si
 OPTIONAL_EXTRAS = {"torch": "export", "onnx": "export", "safetensors": "export", "matplotlib": "plots"}
 
 
+TERMINATED: list[int] = []      # the signal that ended the command, once terminate() ran
+
+
+def terminate(signum, frame) -> None:
+    """SIGTERM handler: exit with 128 + signum through the normal unwinding (temporary outputs removed)."""
+    TERMINATED.append(signum)
+    sys.exit(128 + signum)
+
+
 def os_error_hint(e: OSError) -> str:
     """What to check for an OSError, by its errno (the message says which path)."""
     import errno
@@ -56,9 +65,12 @@ class SpotGroup(click.Group):
                 raise
             where = f": {e.filename}" if e.filename else ""
             self._fail(ctx, f"{e.strerror or e}{where}", os_error_hint(e))
-        except ModuleNotFoundError as e:
+        except ImportError as e:
+            if TERMINATED:      # SIGTERM's exit inside an extension's import surfaces as "initialization failed"
+                raise SystemExit(128 + TERMINATED[0]) from None
             package = (e.name or "").split(".")[0]
-            if ctx.meta.get("spot.debug") or package not in OPTIONAL_EXTRAS:
+            if (ctx.meta.get("spot.debug") or not isinstance(e, ModuleNotFoundError)
+                    or package not in OPTIONAL_EXTRAS):
                 raise
             extra = OPTIONAL_EXTRAS[package]
             self._fail(ctx, f"`spot {ctx.invoked_subcommand}` needs the {package} package, which is not "
@@ -83,7 +95,7 @@ def main(ctx, debug):
     ctx.meta["spot.debug"] = debug
     # SIGTERM (a service manager, `timeout`) unwinds like Ctrl-C, so that half-written outputs are removed
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        signal.signal(signal.SIGTERM, terminate)
 
 
 def placement_options(command):

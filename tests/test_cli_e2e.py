@@ -330,3 +330,25 @@ def test_os_errors_are_one_line_with_a_hint_for_their_cause(as_embedded, tmp_pat
     assert "permissions" in os_error_hint(OSError(errno.EACCES, "Permission denied", "x"))
     assert "disk" in os_error_hint(OSError(errno.ENOSPC, "No space left on device", "x"))
     assert "check the path" in os_error_hint(OSError(errno.EIO, "Input/output error", "x"))
+
+
+def test_sigterm_during_an_extension_import_exits_143_quietly(monkeypatch):
+    """SIGTERM's exit raised inside a C extension's import (torch's, during an export) surfaces as ImportError
+    'initialization failed': the command ends with status 128 + 15 and no traceback, as elsewhere."""
+    import spot.cli
+    import spot.config
+
+    def killed_during_import(*_):
+        spot.cli.TERMINATED.append(15)
+        raise ImportError("initialization failed")
+    monkeypatch.setattr(spot.config, "load_config", killed_during_import)
+    monkeypatch.setattr(spot.cli, "TERMINATED", [])
+    r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
+    assert r.exit_code == 143 and "Traceback" not in r.output and not isinstance(r.exception, ImportError)
+    monkeypatch.setattr(spot.cli, "TERMINATED", [])      # without a SIGTERM an ImportError is not hidden
+
+    def broken_import(*_):
+        raise ImportError("initialization failed")
+    monkeypatch.setattr(spot.config, "load_config", broken_import)
+    r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
+    assert isinstance(r.exception, ImportError)
