@@ -22,3 +22,20 @@ def run_script(main) -> None:
     except SpotError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def integer_arg(value, what: str) -> int:
+    """`value` as a Python int when it is an integer (numpy's included, bool and 2.0 not); SpotError naming `what`
+    otherwise. For the library API's dataclasses: the CLI's options are typed already."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise SpotError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def number_arg(value, what: str) -> float:
+    """`value` as a float when it is a real number (bool not); SpotError naming `what` otherwise."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SpotError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)

@@ -352,3 +352,16 @@ def test_sigterm_during_an_extension_import_exits_143_quietly(monkeypatch):
     monkeypatch.setattr(spot.config, "load_config", broken_import)
     r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
     assert isinstance(r.exception, ImportError)
+
+
+def test_the_readmes_python_example_runs(as_embedded, tmp_path, capsys):
+    """README.md's "From Python" block, run as written on an exported folder (the demo's export of the stand-in)."""
+    assert run("demo", "--max-new-tokens", "4", "--depth", "2").exit_code == 0
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = readme.split("## From Python\n```python\n", 1)[1].split("```", 1)[0]
+    assert 'model = "sdar-8b-fp16-onnx"' in code
+    code = code.replace('"sdar-8b-fp16-onnx"', repr(str(tmp_path / "cache" / "embedded-fp32-onnx")))
+    # the stand-in's block is 4 and its context 64
+    code = code.replace("TreeBudget(16, 8)", "TreeBudget(6, 3)").replace("max_new_tokens=64", "max_new_tokens=16")
+    exec(compile(code, "README.md", "exec"), {})
+    assert "'target_passes'" in capsys.readouterr().out

@@ -561,6 +561,7 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     (["--decoder", "tree", "--budget", "0"], INVALID_ARGUMENT, ["budget must be >= 1"]),
     (["--decoder", "spot", "--depth", "9"], INVALID_ARGUMENT, ["depth must be in 1..8"]),
     (["--temperature", "-0.5"], INVALID_ARGUMENT, ["temperature must be"]),
+    (["--temperature", "5e-324"], INVALID_ARGUMENT, ["temperature must be 0 or a finite number >= 1e-06, got "]),
     (["--decoder", "threshold", "--tau", "1.5"], INVALID_ARGUMENT, ["tau must be in [0, 1)"]),
     (["--max-new-tokens", "0"], INVALID_ARGUMENT, ["max_new_tokens must be >= 1"]),
     (["--max-new-tokens", "4000"], INVALID_ARGUMENT, ["more than the model's limit"]),

@@ -3,7 +3,9 @@ SPOT-Sets (exactness against standard / threshold decoding) and the compatibilit
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -845,3 +847,22 @@ def test_runner_up_children_are_accepted_and_stay_exact(drafter_dir, engine, mon
                 rows[w].append(got.stats.extra["nodes_per_verify"] + got.stats.extra["accepted_per_verify"])
     assert sum(ends) > 0, "no round ended on a runner-up child"
     assert rows[0.0] != rows[1.0]
+
+
+def test_load_drafter_checks_threads_and_names_a_file_that_is_not_the_drafter(tmp_path):
+    """threads as for every ORT session (5000 hung for minutes starting threads); an .onnx beside a drafter.json
+    that is not the drafter.onnx it describes (an export's target.onnx) is named as such, not as 'changed'."""
+    import shutil
+
+    from spot.assets import embedded_model_dir
+    from spot.runtime.drafter import load_drafter
+    shipped = Path(embedded_model_dir())
+    for threads, says in ((5000, "threads must be in 0..256"), (-1, "threads must be in 0..256"),
+                          (2.5, "threads must be an integer")):
+        with pytest.raises(SpotError, match=re.escape(says)):
+            load_drafter(shipped, threads=threads)
+    assert load_drafter(shipped / "drafter.onnx", threads=1).block_size == 32
+    shutil.copy(shipped / "drafter.json", tmp_path / "drafter.json")
+    shutil.copy(shipped / "drafter.onnx", tmp_path / "target.onnx")
+    with pytest.raises(SpotError, match="target.onnx is not a drafter: a drafter is drafter.onnx beside its"):
+        load_drafter(tmp_path / "target.onnx")

@@ -5,6 +5,9 @@ temperatures, block sizes, budgets and both commit rules. Drafter-based decoders
 """
 from __future__ import annotations
 
+import re
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -309,6 +312,79 @@ def test_bad_budgets_are_clear_errors():
         run_decoder("spot", engine, np.arange(4), DecodeRequest(8))
     with pytest.raises(SpotError, match="unknown decoder"):
         run_decoder("medusa", engine, np.arange(4), DecodeRequest(8))
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: DecodeRequest(max_new_tokens=2.5), "max_new_tokens must be an integer, got 2.5"),
+    (lambda: DecodeRequest(max_new_tokens=True), "max_new_tokens must be an integer, got True"),
+    (lambda: DecodeRequest(stop_ids="746"), "stop_ids must be a sequence of token ids"),
+    (lambda: DecodeRequest(stop_ids=[5.5]), "a stop id must be an integer"),
+    (lambda: DecodeRequest(sampling={"temperature": 1}), "DecodeRequest.sampling must be a Sampling"),
+    (lambda: DecodeRequest(mode="threshold", tau="0.5"), "tau must be a number, got '0.5'"),
+    (lambda: Sampling(temperature="1"), "temperature must be a number"),
+    (lambda: Sampling(5e-324), "temperature must be 0 or a finite number >= 1e-06"),
+    (lambda: Sampling(1.0, seed=2.9), "seed must be an integer, got 2.9"),
+    (lambda: Sampling(1.0, top_k=2.5), "top_k must be an integer"),
+    (lambda: TreeBudget(2.5, 3), "budget nodes must be an integer"),
+    (lambda: TreeBudget(4, None), "tree depth must be an integer"),
+])
+def test_library_arguments_of_the_wrong_type_are_named(make, says):
+    """The Python API's request types check what they hold (a float seed was truncated, a string of stop ids was
+    a set of characters, a tiny temperature overflowed L / T into a traceback)."""
+    with pytest.raises(SpotError, match=re.escape(says)):
+        make()
+
+
+def test_numpy_scalars_and_generators_are_accepted_where_they_mean_the_same():
+    assert DecodeRequest(7, stop_ids=(i for i in (3, 4))).stop_ids == (3, 4)
+    assert Sampling(np.float64(0.5), np.int64(3), seed=np.uint32(7)) == Sampling(0.5, 3, seed=7)
+    assert TreeBudget(np.int64(4), 2) == TreeBudget(4, 2)
+
+
+def test_prompt_ids_out_of_range_are_named_with_their_value():
+    engine = engine_for(8, 0)
+    for prompt, says in (([2**70], f"prompt token id {2**70} is outside"),
+                         (np.array([2**63 + 5], np.uint64), f"prompt token id {2**63 + 5} is outside"),
+                         ((i for i in (5, 6)), "prompt ids must be a list or array of token ids, got a generator"),
+                         ("5,6", "got a str")):
+        with pytest.raises(SpotError, match=re.escape(says)):
+            run_decoder("standard", engine, prompt, DecodeRequest(8))
+
+
+@pytest.mark.parametrize("decoder", ["standard", "tree"])
+def test_one_request_at_a_time_per_engine(decoder):
+    """An engine holds ONE KV cache: a second request while one runs (inside on_block, or from another thread)
+    is refused instead of resetting the cache under the first (whose tokens then came out wrong, silently)."""
+    engine = engine_for(8, 1)
+    req = DecodeRequest(24, sampling=Sampling(1.0, seed=3), budget=TreeBudget(6, 3))
+    prompt = np.arange(5, 12)
+    want = run_decoder(decoder, engine, prompt, req).token_ids
+    refused = []
+
+    def nested(_ids):
+        with pytest.raises(SpotError, match="already decoding a request") as info:
+            run_decoder("standard", engine, [1, 2, 3], DecodeRequest(4))
+        refused.append(info.value.hint)
+    assert run_decoder(decoder, engine, prompt, req, on_block=nested).token_ids == want
+    assert refused and "one engine per thread" in refused[0]
+
+    started, release = threading.Event(), threading.Event()
+    errors = []
+
+    def blocked(_ids):
+        started.set()
+        release.wait(10)
+    worker = threading.Thread(target=lambda: run_decoder(decoder, engine, prompt, req, on_block=blocked))
+    worker.start()
+    started.wait(10)
+    try:
+        run_decoder(decoder, engine, prompt, req)
+    except SpotError as e:
+        errors.append(e.message)
+    release.set()
+    worker.join()
+    assert errors and "already decoding" in errors[0]
+    assert run_decoder(decoder, engine, prompt, req).token_ids == want      # released after each request
 
 
 def test_the_tuner_picks_the_budget_with_the_most_steps_per_second():

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -133,9 +134,12 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
   if (!kNames.count(name))
     fail(SPOT_ERR_INVALID_ARGUMENT, "unknown decoder '" + name + "', expected one of standard, threshold, chain, "
                                                                  "tree, spot, spot-sets");
-  if (!std::isfinite(req.temperature) || req.temperature < 0)
-    fail(SPOT_ERR_INVALID_ARGUMENT, "temperature must be a finite number >= 0, got " +
-                                        std::to_string(req.temperature));
+  // step.MIN_TEMPERATURE: below it L / T leaves double's range for large logits
+  if (!std::isfinite(req.temperature) || req.temperature < 0 || (req.temperature > 0 && req.temperature < 1e-6)) {
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", req.temperature);
+    fail(SPOT_ERR_INVALID_ARGUMENT, std::string("temperature must be 0 or a finite number >= 1e-06, got ") + got);
+  }
   CommitRule rule;
   rule.tau = req.tau;
   // decoders.rule_for: threshold / spot-sets always use the threshold rule, every other decoder the request's mode

@@ -18,10 +18,9 @@ import numpy as np
 from spot.engines.buckets import Profile, trt_shape_option
 from spot.errors import SpotError
 from spot.export.manifest import NP_DTYPES, load_manifest
-from spot.runtime.engine import Engine
+from spot.runtime.engine import Engine, check_threads
 
 DEVICES = ("cpu", "cuda", "trt")
-MAX_THREADS = 256                        # intra-op threads per session (the C host's bound too)
 PLACES = ("auto", "host", "device")      # the choices of --sampler and --kv-cache
 _GPU_HINT = ("install onnxruntime-gpu (x86_64: `pip install onnxruntime-gpu`; Jetson/aarch64: the JetPack wheel "
              "from NVIDIA's Jetson AI Lab index, PyPI has none) in place of onnxruntime, or use --device cpu")
@@ -84,8 +83,7 @@ def make_session(graph: Path, device: str, dtype: str, threads: int | None = Non
                  cuda_options: dict | None = None, trt_profile: Profile | None = None):
     """An InferenceSession on the requested provider; SpotError when the provider did not actually load."""
     ort = _ort()
-    if threads is not None and not 0 <= threads <= MAX_THREADS:   # ORT starts them up front: 100000 exhausted memory
-        raise SpotError(f"threads must be in 0..{MAX_THREADS} (0: ONNX Runtime's default), got {threads}")
+    threads = check_threads(threads)
     providers = providers_for(device, graph.parent, dtype, cuda_options, trt_profile)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -93,16 +93,25 @@ class Generation:
 
 
 def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -> np.ndarray:
+    if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__"):
+        raise SpotError(f"prompt ids must be a list or array of token ids, got a {type(prompt_ids).__name__}",
+                        "pass list(...) of the ids")
+    cfg = engine.config
+    if isinstance(prompt_ids, (list, tuple)):     # Python ints first: 2**70 is out of range, not "dtype object"
+        bad = next((i for i in prompt_ids if isinstance(i, int) and not isinstance(i, bool)
+                    and not 0 <= i < cfg.vocab_size), None)
+        if bad is not None:
+            raise SpotError(f"prompt token id {bad} is outside the vocabulary [0, {cfg.vocab_size})",
+                            "the ids do not belong to this model's tokenizer")
     prompt = np.asarray(prompt_ids)
     # an empty prompt (np.asarray([]) is float64) decodes from an empty context, as in the C++ host
     if prompt.ndim != 1 or (prompt.size and prompt.dtype.kind not in "iu"):
         raise SpotError(f"prompt ids must be a 1-D list of integers, got shape {prompt.shape} dtype {prompt.dtype}")
-    prompt = prompt.astype(np.int64)
-    cfg = engine.config
-    if prompt.size and (prompt.min() < 0 or prompt.max() >= cfg.vocab_size):
+    if prompt.size and (prompt.min() < 0 or prompt.max() >= cfg.vocab_size):     # before any cast: uint64 too
         bad = prompt[(prompt < 0) | (prompt >= cfg.vocab_size)][0]
         raise SpotError(f"prompt token id {bad} is outside the vocabulary [0, {cfg.vocab_size})",
                         "the ids do not belong to this model's tokenizer")
+    prompt = prompt.astype(np.int64)
     if (prompt == cfg.mask_token_id).any():
         raise SpotError(f"the prompt contains the mask token id {cfg.mask_token_id}",
                         "remove <|MASK|> from the prompt: it marks undecided positions")
@@ -128,6 +137,20 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
     on_block (streaming): called after each finished block with the ids it adds to the output (cut before a stop
     id), so the calls' ids joined are token_ids; a true return ends generation after that block (cancelled).
     """
+    if not engine.request_lock.acquire(blocking=False):
+        raise SpotError("this engine is already decoding a request (one request at a time per engine: it holds one "
+                        "KV cache)", "open one engine per thread, and do not decode with the same engine inside "
+                        "on_block")
+    try:
+        return _generate(engine, prompt_ids, max_new_tokens, rule, sampling, stop_ids, block_decoder, stats,
+                         observer, on_block)
+    finally:
+        engine.request_lock.release()
+
+
+def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule, sampling: Sampling, stop_ids,
+              block_decoder: BlockDecoder, stats: DecodeStats | None, observer: Callable | None,
+              on_block: Callable[[list[int]], bool | None] | None) -> Generation:
     t0 = time.perf_counter()
     prompt = check_request(engine, prompt_ids, max_new_tokens)
     cfg, b = engine.config, engine.block_size

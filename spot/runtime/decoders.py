@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from spot.errors import SpotError
+from spot.errors import SpotError, integer_arg
 from spot.runtime.decode import Generation, generate, standard_block
 from spot.runtime.engine import Engine
 from spot.runtime.proposers import ConfidenceOrderProposer, OracleProposer, OrderOracleProposer
@@ -36,6 +36,18 @@ class DecodeRequest:
     budget: TreeBudget = TreeBudget()
     stop_ids: tuple[int, ...] | None = None
     independent_noise: bool = False   # ablation: proposals use noise unrelated to the target's (SPEC §7)
+
+    def __post_init__(self):
+        integer_arg(self.max_new_tokens, "max_new_tokens")
+        for value, kind in ((self.sampling, Sampling), (self.budget, TreeBudget)):
+            if not isinstance(value, kind):
+                raise SpotError(f"DecodeRequest.{kind.__name__.lower()} must be a {kind.__name__}, got {value!r}")
+        CommitRule(self.mode, self.tau)         # an unknown mode or a tau outside [0, 1) now, not mid-decode
+        if self.stop_ids is not None:
+            if isinstance(self.stop_ids, (str, bytes)) or not hasattr(self.stop_ids, "__iter__"):
+                raise SpotError(f"stop_ids must be a sequence of token ids, got {self.stop_ids!r}")
+            # (frozen: a generator is read once, here)
+            object.__setattr__(self, "stop_ids", tuple(integer_arg(i, "a stop id") for i in self.stop_ids))
 
 
 def rule_for(decoder: str, req: DecodeRequest) -> CommitRule:

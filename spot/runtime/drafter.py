@@ -27,6 +27,7 @@ from spot.config import ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError
 from spot.runtime import libm
+from spot.runtime.engine import check_threads
 from spot.runtime.proposers import RoundInputs, position_candidates, runner_up_alternatives, set_candidates
 from spot.runtime.stale import TOPK_FEATURES, StaleView
 from spot.runtime.step import STATIC
@@ -170,6 +171,9 @@ def resolve_paths(path: str | Path) -> tuple[Path, Path]:
         onnx_path, json_path = path / DRAFTER_ONNX, path / DRAFTER_JSON
     else:
         onnx_path, json_path = path, path.with_name(DRAFTER_JSON)
+        if path.name != DRAFTER_ONNX and path.is_file():     # drafter.json describes drafter.onnx, not this file
+            raise SpotError(f"{path} is not a drafter: a drafter is {DRAFTER_ONNX} beside its {DRAFTER_JSON}",
+                            f"pass the drafter's folder or its {DRAFTER_ONNX}")
     if not onnx_path.is_file():
         raise SpotError(f"drafter model {onnx_path} does not exist",
                         "train one with `spot train-drafter`, or pass the folder that holds drafter.onnx")
@@ -191,7 +195,7 @@ class Drafter:
         # one thread by default, as the C++ host: a call covers a few nodes x B positions, too little work to split,
         # and waking a second thread costs more than it saves (AVX-512 CPU, 16x8: 4.3 -> 3.5 ms of ORT per round
         # at T = 0, 4.1 -> 3.0 at T = 1; benchmarks/host_split.py, 4 alternating runs each)
-        opts.intra_op_num_threads = threads or DRAFTER_THREADS
+        opts.intra_op_num_threads = check_threads(threads) or DRAFTER_THREADS
         opts.inter_op_num_threads = 1
         # no spin-waiting after a run: spinning drafter threads would steal the cores of the target pass that follows
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")

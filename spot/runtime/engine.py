@@ -5,16 +5,31 @@ KV cache of one sequence: `prefill` starts it, `store` appends one finished bloc
 """
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 
 import numpy as np
 
 from spot.config import ModelConfig
-from spot.errors import SpotError
+from spot.errors import SpotError, integer_arg
 from spot.runtime.outputs import host_outputs
 
 
 MAX_VERIFY_NODES = 4096
+
+
+MAX_THREADS = 256      # intra-op threads per ONNX Runtime session (the C host's bound too)
+
+
+def check_threads(threads) -> int | None:
+    """An ONNX Runtime session's intra-op thread count: None or 0 (ORT's default) .. MAX_THREADS; SpotError
+    otherwise (ORT starts them up front: 100000 exhausted memory)."""
+    if threads is None:
+        return None
+    threads = integer_arg(threads, "threads")
+    if not 0 <= threads <= MAX_THREADS:
+        raise SpotError(f"threads must be in 0..{MAX_THREADS} (0: ONNX Runtime's default), got {threads}")
+    return threads
 
 
 class Engine(ABC):
@@ -29,6 +44,9 @@ class Engine(ABC):
         self.config = config
         self.block_size = int(block_size or config.block_size)
         self.cached_len = 0
+        # held by generate() for a whole request: the engine has ONE KV cache, and a second request (another
+        # thread, or a decode started inside on_block) would reset it under the first
+        self.request_lock = threading.Lock()
 
     # -- public, checked -------------------------------------------------------------------------------------
     def prefill(self, ids: np.ndarray) -> None:

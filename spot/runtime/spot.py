@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spot.errors import SpotError
+from spot.errors import SpotError, integer_arg
 from spot.runtime.decode import DecodeContext, standard_block
 from spot.runtime.engine import Engine
 from spot.runtime.proposers import RoundInputs
@@ -22,6 +22,10 @@ from spot.runtime.tree import build_tree
 class TreeBudget:
     nodes: int = 16   # verify batch size N (root included)
     depth: int = 8    # deepest node below the root
+
+    def __post_init__(self):
+        integer_arg(self.nodes, "budget nodes")
+        integer_arg(self.depth, "tree depth")
 
     def check(self, engine: Engine) -> None:
         """SpotError unless `engine` can verify trees of this budget: depth within the block and, for an engine that

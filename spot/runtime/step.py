@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from spot.errors import SpotError
+from spot.errors import SpotError, integer_arg, number_arg
 from spot.runtime import libm
 from spot.runtime.gumbel_max import SamplingLevel, dense_top, gumbel_top, sampling_level
 from spot.runtime.noise import NoiseBins, NoiseCache, noise_bins
@@ -25,6 +25,10 @@ THRESHOLD = "threshold"
 FAST_CONFIDENCE_MARGIN = 2.0 ** -30
 # Below this, relative bounds do not hold (subnormal exponentials): such confidences are always redone.
 FAST_CONFIDENCE_FLOOR = 2.0 ** -900
+
+
+# below it L / T leaves float64's range for large logits; sampling there is argmax anyway (the C++ host's bound too)
+MIN_TEMPERATURE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,13 @@ class Sampling:
     exclude_token: int = -1
 
     def __post_init__(self):
-        if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise SpotError(f"temperature must be a finite number >= 0, got {self.temperature}",
+        t = number_arg(self.temperature, "temperature")
+        integer_arg(self.top_k, "top_k")
+        number_arg(self.top_p, "top_p")
+        integer_arg(self.seed, "seed")
+        integer_arg(self.exclude_token, "exclude_token")
+        if not np.isfinite(t) or t < 0 or 0 < t < MIN_TEMPERATURE:
+            raise SpotError(f"temperature must be 0 or a finite number >= {MIN_TEMPERATURE:g}, got {t}",
                             "0 decodes greedily (argmax); 1 samples from the model's distribution")
         if self.top_k < 0:
             raise SpotError(f"top_k must be >= 0 (0 disables it), got {self.top_k}", "e.g. --top-k 40, or 0")
@@ -63,6 +72,7 @@ class CommitRule:
     def __post_init__(self):
         if self.kind not in (STATIC, THRESHOLD):
             raise SpotError(f"commit rule must be 'static' or 'threshold', got {self.kind!r}")
+        number_arg(self.tau, "tau")
         if self.kind == THRESHOLD and not 0.0 <= self.tau < 1.0:
             raise SpotError(f"tau must be in [0, 1), got {self.tau}")
 

@@ -94,7 +94,7 @@ typedef enum spot_mode { SPOT_MODE_STATIC = 0, SPOT_MODE_THRESHOLD = 1 } spot_mo
 
 typedef struct spot_generate_options {
   spot_decoder decoder;
-  double temperature;      /* 0 = argmax; > 0 = Gumbel-max sampling with the counter noise */
+  double temperature;      /* 0 = argmax; >= 1e-6 = Gumbel-max sampling with the counter noise */
   uint32_t seed;           /* noise seed */
   double tau;              /* threshold rule: commit every masked position with confidence > tau */
   int max_new_tokens;      /* >= 1; generation runs to the block boundary covering prompt + max_new_tokens */
