@@ -393,12 +393,18 @@ def verify(folder, quick):
     Example:
       spot verify sdar-8b-fp16-onnx
     """
-    from spot.export.manifest import load_manifest
+    from pathlib import Path
+
+    from spot.export.manifest import DRAFTER_FILES, load_manifest
+    from spot.runtime.drafter import DRAFTER_ONNX, load_drafter
 
     exported = load_manifest(folder, "quick" if quick else "full")
-    files = exported.manifest["files"]
+    files = {n: rec for n, rec in exported.manifest["files"].items() if n not in DRAFTER_FILES}
     total = sum(rec["bytes"] for rec in files.values())
     click.echo(f"ok: {folder}: {len(files)} files, {total / 2**20:.1f} MiB match the manifest")
+    if (Path(folder) / DRAFTER_ONNX).is_file():      # the drafter pair vouches for itself (drafter.json)
+        load_drafter(folder).check_compatible(exported)      # (block_size and config, as an engine has)
+        click.echo(f"ok: {folder}: the drafter matches its drafter.json and this model")
 
 
 @main.command("upgrade-export")

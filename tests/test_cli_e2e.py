@@ -365,3 +365,18 @@ def test_the_readmes_python_example_runs(as_embedded, tmp_path, capsys):
     code = code.replace("TreeBudget(16, 8)", "TreeBudget(6, 3)").replace("max_new_tokens=64", "max_new_tokens=16")
     exec(compile(code, "README.md", "exec"), {})
     assert "'target_passes'" in capsys.readouterr().out
+
+
+def test_spot_verify_checks_the_drafter_pair_by_its_own_descriptor(as_embedded, tmp_path):
+    """An export's manifest does not list the drafter pair (drafter.json vouches for drafter.onnx, and train-drafter /
+    calibrate-drafter replace it in place): `spot verify` checks the pair and its fit to the model separately."""
+    assert run("demo", "--max-new-tokens", "4", "--depth", "2").exit_code == 0
+    folder = tmp_path / "cache" / "embedded-fp32-onnx"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert "drafter" in manifest["graphs"] and not {"drafter.onnx", "drafter.json"} & set(manifest["files"])
+    ok = run("verify", str(folder))
+    assert ok.exit_code == 0 and "the drafter matches its drafter.json and this model" in ok.output, ok.output
+    (folder / "drafter.onnx").write_bytes((folder / "drafter.onnx").read_bytes() + b"\0")
+    broken = run("verify", str(folder))
+    assert broken.exit_code == 2 and "drafter.onnx does not match its manifest" in broken.stderr
+    assert "run it again, or copy the pair again" in broken.stderr

@@ -640,20 +640,29 @@ def test_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp_path):
         calibrate_drafter(engine, drafter, ps, [0.0], [1.0], [0.0], budget, 16, flip_candidates=[3.0])
 
 
-def test_calibrating_the_drafter_of_an_exported_folder_keeps_the_folder_valid(drafter_dir, tmp_path):
-    """`spot calibrate-drafter --model DIR` writes DIR/drafter.json, which DIR's manifest lists with size and sha256:
-    the manifest is updated too, or every host would refuse DIR as changed since export."""
-    from spot.export.manifest import add_files, file_entry, write_manifest
+def test_replacing_the_drafter_of_an_exported_folder_keeps_the_folder_valid(drafter_dir, tmp_path):
+    """The drafter pair vouches for itself (drafter.json's onnx_sha256), not the export's manifest: calibrating or
+    retraining it in place — or either interrupted between its writes — never makes the folder refused as changed
+    since export, also where an older manifest lists the pair; a pair that does not match itself is refused when the
+    drafter loads, naming it."""
+    from spot.export.manifest import add_files, verify_files, write_manifest
     from spot.training.calibration import write_calibration
     for name in (DRAFTER_ONNX, DRAFTER_JSON):
         (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
-    write_manifest(tmp_path, add_files(tmp_path, {"format": "spot-exported-model"}, [DRAFTER_ONNX, DRAFTER_JSON]))
+    (tmp_path / "config.json").write_text("{}")
+    manifest = add_files(tmp_path, {"format": "spot-exported-model"}, ["config.json", DRAFTER_ONNX, DRAFTER_JSON])
+    write_manifest(tmp_path, manifest)          # an older export: the pair listed with its hashes
     result = {"order_temperature": 2.0, "runner_up_weight": 0.1, "set_flip_weight": 0.0, "calibration": {}}
     write_calibration(tmp_path, result)
-    files = json.loads((tmp_path / "manifest.json").read_text())["files"]
-    assert files[DRAFTER_JSON] == file_entry(tmp_path / DRAFTER_JSON)
-    assert files[DRAFTER_ONNX] == file_entry(tmp_path / DRAFTER_ONNX)
+    verify_files(tmp_path, manifest["files"], "full")
     assert Drafter.load(tmp_path).order_temperature == 2.0
+    (tmp_path / DRAFTER_ONNX).write_bytes((tmp_path / DRAFTER_ONNX).read_bytes() + b"\0")   # half a retraining
+    verify_files(tmp_path, manifest["files"], "full")
+    with pytest.raises(SpotError, match="drafter.onnx does not match its manifest"):
+        Drafter.load(tmp_path)
+    (tmp_path / "config.json").write_text("{ }")          # every other file is still checked
+    with pytest.raises(SpotError, match="config.json in .* changed since export"):
+        verify_files(tmp_path, manifest["files"], "quick")
 
 
 # -- runner-up children -------------------------------------------------------------------------------------------

@@ -103,7 +103,9 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
     const std::string digest = sha256_file(onnx_path);
     if (digest != m.at("onnx_sha256").str())
       fail(SPOT_ERR_CORRUPT, onnx_path + " does not match its manifest (sha256 " + digest.substr(0, 12) +
-                                 "...): the file was changed or truncated: re-export it");
+                                 "...): drafter.onnx and drafter.json are not one pair (a file changed or truncated, "
+                                 "or a `spot train-drafter` interrupted between them): run it again, or copy the "
+                                 "pair again");
   } catch (const SpotException& e) {
     if (e.code() != SPOT_ERR_CORRUPT) throw;
     std::string what = e.what();

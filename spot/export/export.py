@@ -30,7 +30,7 @@ from spot.export.graph import (TargetGraph, WeightSpec, build_target_graph, chec
                                io_contract)
 from spot.export.epilogue import DEFAULT_FUTURE_STEPS, check_positions, validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
-from spot.export.manifest import FORMAT, FORMAT_VERSION, NP_DTYPES, add_files, write_manifest
+from spot.export.manifest import DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPES, add_files, write_manifest
 from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
@@ -389,7 +389,8 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
         manifest = build_manifest(cfg, options, max_context, source, ckpt, copied, validation, extra_graphs)
         add_weight_fields(manifest, cfg, options, max_context, graph)
         progress("hashing files")
-        add_files(tmp, manifest, [TARGET_FILE, DATA_FILE, "config.json", *copied, *extra_files])
+        add_files(tmp, manifest, [TARGET_FILE, DATA_FILE, "config.json", *extra_files,
+                                  *(n for n in copied if n not in DRAFTER_FILES)])     # (drafter.json vouches)
         write_manifest(tmp, manifest)
         _publish(tmp, out, options.overwrite)
     except BaseException:

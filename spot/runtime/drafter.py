@@ -231,7 +231,9 @@ class Drafter:
         digest = sha256_file(onnx_path)
         if digest != manifest["onnx_sha256"]:
             raise SpotError(f"{onnx_path} does not match its manifest (sha256 {digest[:12]}..., expected "
-                            f"{manifest['onnx_sha256'][:12]}...)", "the file was changed or truncated: re-export it")
+                            f"{manifest['onnx_sha256'][:12]}...)",
+                            f"{DRAFTER_ONNX} and {DRAFTER_JSON} are not one pair (a file changed or truncated, or a "
+                            "`spot train-drafter` interrupted between them): run it again, or copy the pair again")
         return Drafter(onnx_path, manifest, threads)
 
     def check_compatible(self, engine) -> None:

@@ -70,21 +70,7 @@ def write_calibration(drafter_path: str | Path, result: dict) -> Path:
         manifest[name] = result[name]
     manifest["order_calibration"] = result["calibration"]
     write_text_atomic(json_path, json.dumps(manifest, indent=2) + "\n")
-    _rerecord_in_export(json_path)
     return json_path
-
-
-def _rerecord_in_export(json_path: Path) -> None:
-    """A drafter inside an exported folder is listed in its manifest with size and sha256: record the new
-    drafter.json there too, or the folder would be refused as changed since export."""
-    from spot.export.manifest import MANIFEST_NAME, add_files, write_manifest
-    folder = json_path.parent
-    export_manifest = folder / MANIFEST_NAME
-    if not export_manifest.is_file():
-        return
-    exported = json.loads(export_manifest.read_text())
-    if json_path.name in exported.get("files", {}):
-        write_manifest(folder, add_files(folder, exported, [json_path.name]))
 
 
 def calibrate_drafter(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float],
