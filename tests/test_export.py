@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from dataclasses import replace
@@ -171,8 +172,41 @@ def test_partial_folder_of_a_killed_export_is_cleaned(ckpt, tmp_path):
     stale = tmp_path / ".k.partial-999999999"        # no such process
     stale.mkdir()
     (stale / DATA_FILE).write_bytes(b"half")
+    aside = tmp_path / ".k.old-999999998"           # a previous export a killed --overwrite had moved aside
+    aside.mkdir()
     export(ckpt, tmp_path / "k", validate=False)
-    assert not stale.exists() and _no_leftovers(tmp_path) == []
+    assert not stale.exists() and not aside.exists() and _no_leftovers(tmp_path) == []
+
+
+def test_an_overwrite_interrupted_at_the_swap_keeps_one_export_in_place(ckpt, tmp_path, monkeypatch):
+    """Ctrl-C between moving the old export aside and renaming the new one in puts the old one back; Ctrl-C while
+    the old one is being removed (the new one in place) ends the export normally, the rest left to the next one."""
+    import spot.export.export as ex
+    out = tmp_path / "o"
+    export(ckpt, out, validate=False)
+    (out / "old.txt").write_text("the previous export")
+    real_rename = Path.rename
+
+    def interrupted_rename(self, target):
+        if ".partial-" in self.name and Path(target) == out:
+            raise KeyboardInterrupt
+        return real_rename(self, target)
+    monkeypatch.setattr(Path, "rename", interrupted_rename)
+    with pytest.raises(KeyboardInterrupt):
+        export(ckpt, out, validate=False, overwrite=True)
+    assert (out / "old.txt").exists() and _no_leftovers(tmp_path) == []
+    monkeypatch.setattr(Path, "rename", real_rename)
+
+    real_rmtree = shutil.rmtree
+
+    def interrupted_rmtree(path, *a, **kw):
+        if ".old-" in Path(path).name:
+            raise KeyboardInterrupt
+        return real_rmtree(path, *a, **kw)
+    monkeypatch.setattr(ex.shutil, "rmtree", interrupted_rmtree)
+    export(ckpt, out, validate=False, overwrite=True)          # returns: the new export is in place
+    assert (out / "manifest.json").is_file() and not (out / "old.txt").exists()
+    assert _no_leftovers(tmp_path) == [f".o.old-{os.getpid()}"]   # this process is alive: the next one removes it
 
 
 def test_existing_output_needs_overwrite(ckpt, tmp_path):

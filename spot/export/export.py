@@ -270,24 +270,35 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_partials(out: Path) -> None:
-    """Partial folders left by exports that were killed (SIGKILL, power loss): their process is gone."""
-    for partial in out.parent.glob(f".{out.name}.partial-*"):
-        pid = partial.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            shutil.rmtree(partial, ignore_errors=True)
+    """Partial folders left by exports that were killed (SIGKILL, power loss), and previous exports they had moved
+    aside to swap in a new one: their process is gone."""
+    for kind in ("partial", "old"):
+        for left in out.parent.glob(f".{out.name}.{kind}-*"):
+            pid = left.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(left, ignore_errors=True)
 
 
 def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished folder into place; an existing output is replaced only with overwrite."""
-    if out.exists():
-        if not overwrite:
-            raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
-        trash = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(trash)
+    """Rename the finished folder into place; an existing output is replaced only with overwrite: moved aside, the
+    new one renamed in (or, if that fails or is interrupted, the old one back), then removed."""
+    if not out.exists():
         tmp.rename(out)
+        return
+    if not overwrite:
+        raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
+    trash = out.parent / f".{out.name}.old-{os.getpid()}"
+    out.rename(trash)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        if not out.exists():        # (another export may have published meanwhile: then ours stays aside)
+            trash.rename(out)
+        raise
+    try:        # the export is in place: an interrupt now only leaves the old copy to the next export's cleanup
         shutil.rmtree(trash, ignore_errors=True)
-    else:
-        tmp.rename(out)
+    except (KeyboardInterrupt, SystemExit):
+        pass
 
 
 def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, source: Source, ckpt: Checkpoint,
