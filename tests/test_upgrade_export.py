@@ -88,6 +88,20 @@ def test_upgrade_refuses_what_it_cannot_do(tmp_path, monkeypatch):
         assert r.exit_code == 2 and "could not move" in r.output and "is unchanged" in r.output, r.output
         assert not (tmp_path / "old.upgrading").exists() and not (tmp_path / "old.replaced").exists()
         assert "kv_append" not in load_manifest(folder, "full").manifest["graphs"]      # the old folder, intact
+    with monkeypatch.context() as m:            # Ctrl-C between the renames: the old folder back in place
+        def interrupted(self, target):
+            if self.name == "old.upgrading":
+                raise KeyboardInterrupt
+            return real_rename(self, target)
+        m.setattr(Path, "rename", interrupted)
+        r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
+    assert isinstance(r.exception, KeyboardInterrupt) or r.exit_code != 0
+    assert not (tmp_path / "old.upgrading").exists() and not (tmp_path / "old.replaced").exists()
+    assert "kv_append" not in load_manifest(folder, "full").manifest["graphs"]
+    folder.rename(tmp_path / "old.replaced")    # what a SIGKILL between the renames leaves: named, with the way back
+    r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
+    assert r.exit_code == 2 and "but" in r.output and "rename" in r.output and "old.replaced back to" in r.output
+    (tmp_path / "old.replaced").rename(folder)
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-positions", "3"])
     assert r.exit_code != 0 and "must divide the block size 8, got 3" in r.output
     (tmp_path / "old.upgrading").mkdir()

@@ -29,6 +29,10 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     """Rewrite `folder`'s epilogue (D = future_steps, default: the folder's own, else spot-export's; 0 removes it;
     P = positions, default: spot-export's) and kv_append graphs. Returns the new manifest."""
     folder = Path(folder)
+    moved = folder.with_name(folder.name + ".replaced")
+    if not folder.exists() and moved.is_dir():
+        raise SpotError(f"{folder} does not exist, but {moved} does (an upgrade killed while it swapped folders)",
+                        f"rename {moved} back to {folder} and run the upgrade again")
     exported = load_manifest(folder)                       # sizes checked: a damaged folder is refused here
     cfg, b = exported.config.with_block_size(exported.block_size), exported.block_size
     manifest = dict(exported.manifest)
@@ -48,7 +52,12 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
                             f"if {folder} opens, remove {leftover}; else rename {leftover} back to {folder.name}")
     progress(f"linking {folder} -> {tmp} (hard links: the weights are not copied)")
     try:
-        shutil.copytree(folder, tmp, copy_function=os.link)
+        tmp.mkdir()       # exclusive: a concurrent upgrade of the same folder stops here, not in the other's files
+    except FileExistsError:
+        raise SpotError(f"{tmp} appeared meanwhile: another upgrade of {folder} is running",
+                        "wait for it to finish") from None
+    try:
+        shutil.copytree(folder, tmp, copy_function=os.link, dirs_exist_ok=True)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise SpotError(f"could not hard-link {folder} into {tmp}: {e}",
@@ -90,12 +99,17 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
                         f"{folder} is unchanged; check that it and its parent can be renamed") from None
     try:
         tmp.rename(folder)
-    except OSError as e:
-        previous.rename(folder)   # back as it was
+    except BaseException as e:    # an OSError, or Ctrl-C between the renames: back as it was
+        previous.rename(folder)
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SpotError(f"could not move the upgraded folder to {folder}: {e.strerror}",
-                        f"{folder} is unchanged") from None
-    shutil.rmtree(previous)
+        if isinstance(e, OSError):
+            raise SpotError(f"could not move the upgraded folder to {folder}: {e.strerror}",
+                            f"{folder} is unchanged") from None
+        raise
+    try:        # upgraded: an interrupt now only leaves the old copy, named by the next upgrade's check
+        shutil.rmtree(previous)
+    except (KeyboardInterrupt, SystemExit):
+        pass
     progress(f"upgraded {folder}")
     return manifest
 
