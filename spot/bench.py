@@ -363,10 +363,11 @@ def markdown_table(result: dict) -> str:
 
 
 def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:
-    """bench.json, bench.md and, when matplotlib is installed and plots=True, PNG plots. Returns the paths."""
+    """bench.json, bench.md and, when matplotlib is installed and plots=True, PNG plots. Returns the paths.
+    bench.json goes last (a previous one removed first): where it exists, every file beside it is from its run."""
     out = Path(out_dir)
     written = [out / "bench.json", out / "bench.md"]
-    write_text_atomic(written[0], json.dumps(result, indent=2))
+    written[0].unlink(missing_ok=True)
     md = "# spot bench\n\n" + markdown_table(result)
     if "tune" in result:
         md += "\n## Budget tuning\n\n```\n" + json.dumps(result["tune"], indent=2) + "\n```\n"
@@ -374,4 +375,5 @@ def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[
     if plots:
         from spot.plots import plot_report  # optional dependency
         written += plot_report(result, out)
+    write_text_atomic(written[0], json.dumps(result, indent=2))
     return written

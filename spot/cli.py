@@ -15,6 +15,7 @@ import click
 from spot import __version__
 from spot.engines.factory import BACKENDS
 from spot.errors import SpotError
+from spot.files import check_output_path
 from spot.demo import DEMO_TEMPERATURE
 from spot.runtime.decoders import DECODERS
 from spot.tuned import TUNABLE_DECODERS
@@ -65,8 +66,18 @@ class SpotGroup(click.Group):
                 raise
             where = f": {e.filename}" if e.filename else ""
             self._fail(ctx, f"{e.strerror or e}{where}", os_error_hint(e))
+        except KeyboardInterrupt:       # Ctrl-C: one line (temporary outputs were removed while unwinding)
+            if ctx.meta.get("spot.debug"):
+                raise
+            click.echo("\nerror: interrupted (Ctrl-C); outputs not completed were not written", err=True)
+            ctx.exit(130)
+        except SystemExit as e:
+            if TERMINATED and e.code == 128 + TERMINATED[0]:
+                click.echo("error: terminated (SIGTERM); outputs not completed were not written", err=True)
+            raise
         except ImportError as e:
             if TERMINATED:      # SIGTERM's exit inside an extension's import surfaces as "initialization failed"
+                click.echo("error: terminated (SIGTERM); outputs not completed were not written", err=True)
                 raise SystemExit(128 + TERMINATED[0]) from None
             package = (e.name or "").split(".")[0]
             if (ctx.meta.get("spot.debug") or not isinstance(e, ModuleNotFoundError)
@@ -533,7 +544,8 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
     from spot.tokenizer import load_tokenizer
     from pathlib import Path
 
-    from spot.training.traces import TracePlan, collect_traces, corpus_prompts as draw_prompts, prompts_from_jsonl
+    from spot.training.traces import (TracePlan, collect_traces, corpus_prompts as draw_prompts, fit_prompts,
+                                      prompts_from_jsonl)
 
     folder = model_dir if model_dir is not None else embedded_model_dir()
     load_config(folder)
@@ -549,11 +561,10 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
         prompts = draw_prompts(tokenizer, corpus_prompts, seed)
     plan = TracePlan(_float_list(temperatures, "--temperatures"), tuple(r.strip() for r in rules.split(",")), tau,
                      seeds, max_new_tokens, depth, cycle)
-    out_path = Path(out)
-    if out_path.is_dir():
-        raise SpotError(f"--out {out} is a folder, expected a trace file name (e.g. {out_path / 'traces.npz'})")
-    out_path.parent.mkdir(parents=True, exist_ok=True)     # a bad --out fails now, not after the decoding
+    check_output_path(out, "--out")       # a bad --out fails now, not after the decoding
     engine = open_engine(backend, folder, block_size, device, sampler="host")   # traces record the full logits
+    if prompts_file is None:
+        prompts = fit_prompts(prompts, engine, max_new_tokens)
     traces = collect_traces(engine, prompts, plan, minutes=minutes, progress=None if quiet else click.echo,
                             model_dir=str(folder))
     path = traces.save(out)
@@ -638,10 +649,11 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
 @click.option("--budget", default="16x8", show_default=True, help="Tree budget (nodes x depth).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Measure and print; do not write drafter.json.")
+@click.option("--quiet", is_flag=True, help="No progress lines.")
 @placement_options
 def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file, corpus_prompts, seed, temperatures,
-                          candidates, runner_up_weights, set_flip_weights, budget, max_new_tokens, dry_run, sampler,
-                          kv_cache):
+                          candidates, runner_up_weights, set_flip_weights, budget, max_new_tokens, dry_run, quiet,
+                          sampler, kv_cache):
     """Pick the drafter's order temperature, runner-up weight and SPOT-Sets flip weight by target passes on
     training prompts (writes drafter.json).
 
@@ -652,7 +664,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     import json
 
     from spot.training.calibration import calibrate_drafter, write_calibration
-    from spot.training.traces import corpus_prompts as draw_prompts, prompts_from_jsonl
+    from spot.training.traces import corpus_prompts as draw_prompts, fit_prompts, prompts_from_jsonl
 
     budgets = _budgets(budget)
     if len(budgets) != 1:
@@ -668,9 +680,9 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
         raise SpotError(f"--corpus-prompts needs the model's tokenizer, and {folder} has none",
                         "pass --prompts FILE.jsonl with token ids")
     else:
-        prompts = draw_prompts(tokenizer, corpus_prompts, seed)
+        prompts = fit_prompts(draw_prompts(tokenizer, corpus_prompts, seed), engine, max_new_tokens)
     result = calibrate_drafter(engine, drafter, prompts, temps, cands, weights, budgets[0], max_new_tokens,
-                               progress=lambda line: click.echo(line, err=True), flip_candidates=flips)
+                               progress=stderr_progress(quiet), flip_candidates=flips)
     click.echo(json.dumps(result, indent=2))
     if not dry_run:
         path = write_calibration(drafter.path, result)
@@ -789,6 +801,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         seed_list = tuple(dict.fromkeys(int(x) for x in seeds.split(",")))
     except ValueError:
         raise SpotError("--temperatures and --seeds take comma-separated numbers, e.g. 0,0.5,1.0") from None
+    check_output_path(report_dir, "--report", folder=True)       # before the decoding, not after
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
     if prompts_path is None:
         from spot.assets import embedded_model_dir

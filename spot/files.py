@@ -1,9 +1,16 @@
-"""Writing output files whole or not at all: a temporary file in the destination folder, then a rename."""
+"""Writing output files whole or not at all: a temporary file in the destination folder, then a rename; and checking
+an output path before the work that fills it."""
 from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+from spot.errors import SpotError
+
+TEMP_PREFIX = ".spot-"      # short: a legal 255-byte name must not grow past the limit as its temporary
 
 
 def publish(tmp: str | Path, path: str | Path) -> None:
@@ -15,15 +22,59 @@ def publish(tmp: str | Path, path: str | Path) -> None:
     os.replace(tmp, path)
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """`text` at `path` (its folder created), or nothing there when writing fails."""
+@contextmanager
+def atomic_output(path: str | Path, suffix: str = "") -> Iterator[Path]:
+    """A temporary path in `path`'s folder (created) to write; renamed to `path` when the block ends normally,
+    removed when it raises or is interrupted. suffix: for writers that choose the format by extension (.npz, .png)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX, suffix=suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        yield Path(tmp)
         publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """`text` at `path` (its folder created), or nothing there when writing fails."""
+    with atomic_output(path) as tmp:
+        tmp.write_text(text)
+
+
+def refuse_dangling_link(path: str | Path, what: str) -> Path:
+    """SpotError when `path` is a symbolic link to nothing (writing through it fails, after the work)."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise SpotError(f"{what} {path} is a link to {os.readlink(path)}, which does not exist",
+                        "remove the link or point it at an existing place, or choose another path")
+    return path
+
+
+def check_output_path(path: str | Path, what: str, folder: bool = False) -> Path:
+    """Refuse now, not after the work, an output path that cannot be written: a link to nothing, a name too long,
+    a folder where a file goes (or a file where a folder goes, folder=True), a place where no file can be created
+    (its folder is made). Returns the path."""
+    path = Path(path)
+    where = path if folder else path.parent
+    try:
+        existing = next(p for p in path.absolute().parents if p.exists())
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+        if len(path.name.encode()) > limit:
+            raise SpotError(f"{what} {path}: the name has {len(path.name.encode())} bytes, this file system allows "
+                            f"{limit}", "choose a shorter name")
+        refuse_dangling_link(path, what)
+        where.mkdir(parents=True, exist_ok=True)
+        if folder and path.exists() and not path.is_dir():
+            raise SpotError(f"{what} {path} is a file, expected a folder", "choose another path")
+        if not folder and path.is_dir():
+            raise SpotError(f"{what} {path} is a folder, expected a file name", "add a file name to the path")
+        fd, probe = tempfile.mkstemp(dir=where, prefix=TEMP_PREFIX)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise SpotError(f"cannot write {what} {path}: {e.strerror or e}",
+                        "choose a path in a folder you can write to") from None
+    return path

@@ -1,12 +1,10 @@
 """PNG plots of a bench result (optional extra: matplotlib)."""
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from spot.errors import SpotError
-from spot.files import publish
+from spot.files import atomic_output
 
 
 def _pyplot():
@@ -21,10 +19,8 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    publish(tmp, path)
+    with atomic_output(path, ".png") as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
     return path
 
 

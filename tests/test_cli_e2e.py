@@ -345,6 +345,7 @@ def test_sigterm_during_an_extension_import_exits_143_quietly(monkeypatch):
     monkeypatch.setattr(spot.cli, "TERMINATED", [])
     r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
     assert r.exit_code == 143 and "Traceback" not in r.output and not isinstance(r.exception, ImportError)
+    assert "error: terminated (SIGTERM)" in r.stderr
     monkeypatch.setattr(spot.cli, "TERMINATED", [])      # without a SIGTERM an ImportError is not hidden
 
     def broken_import(*_):
@@ -380,3 +381,66 @@ def test_spot_verify_checks_the_drafter_pair_by_its_own_descriptor(as_embedded, 
     broken = run("verify", str(folder))
     assert broken.exit_code == 2 and "drafter.onnx does not match its manifest" in broken.stderr
     assert "run it again, or copy the pair again" in broken.stderr
+
+
+@pytest.mark.parametrize("signal_kind", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_command_ends_with_one_line(monkeypatch, signal_kind):
+    """Ctrl-C: 'error: interrupted' and status 130 (click said 'Aborted!', status 1); SIGTERM: 'error: terminated'
+    and 143 (it said nothing)."""
+    import spot.cli
+    import spot.config
+
+    def interrupted(*_):
+        if signal_kind == "SIGINT":
+            raise KeyboardInterrupt
+        spot.cli.terminate(15, None)
+    monkeypatch.setattr(spot.config, "load_config", interrupted)
+    monkeypatch.setattr(spot.cli, "TERMINATED", [])
+    r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
+    code, says = (130, "error: interrupted (Ctrl-C)") if signal_kind == "SIGINT" else (143, "error: terminated")
+    assert r.exit_code == code and says in r.stderr and "Aborted" not in r.output and "Traceback" not in r.output
+
+
+def test_output_paths_are_checked_before_the_work(tmp_path):
+    """What used to fail only after the decoding (or the whole export), naming a temporary file: a link to nothing,
+    a name one byte too long for the file system once a temporary suffix was added, a folder where a file goes,
+    a place where nothing can be created."""
+    from spot.errors import SpotError
+    from spot.files import atomic_output, check_output_path, write_text_atomic
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    cases = [((tmp_path / "dangling", "--out"), "is a link to"),
+             ((tmp_path / ("a" * 256 + ".npz"), "--out"), "the name has 260 bytes, this file system allows 255"),
+             ((tmp_path, "--out"), "is a folder, expected a file name"),
+             ((tmp_path / "dangling", "--report", True), "is a link to"),
+             ((Path("/proc/spot-test/x.npz"), "--out"), "cannot write --out /proc/spot-test/x.npz")]
+    for args, says in cases:
+        with pytest.raises(SpotError, match=re.escape(says)):
+            check_output_path(*args)
+    legal = tmp_path / ("b" * 255)        # the longest legal name: its temporary name is short, so it is written
+    write_text_atomic(check_output_path(legal, "--out"), "x")
+    assert legal.read_text() == "x"
+    with pytest.raises(RuntimeError):
+        with atomic_output(tmp_path / "t.npz", ".npz") as tmp:
+            tmp.write_text("half")
+            raise RuntimeError
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["dangling", "b" * 255])    # no temporary left
+
+
+def test_bench_refuses_a_bad_report_path_before_decoding(as_embedded, tmp_path):
+    (tmp_path / "rep").symlink_to(tmp_path / "gone")
+    r = run("bench", "--decoders", "standard", "--limit", "1", "--report", str(tmp_path / "rep"))
+    assert r.exit_code == 2 and "--report" in r.stderr and "is a link to" in r.stderr
+    assert "prompt" not in r.stderr          # no decoding progress: refused first
+
+
+def test_corpus_prompts_fit_a_small_context_in_calibrate_drafter_and_traces(as_embedded, tmp_path):
+    """Prompts drawn from the corpus (64-448 tokens) are cut to what the model's context holds beside the new
+    tokens (the stand-in's is 64: both commands failed there); calibrate-drafter --quiet prints only its result."""
+    t = run("traces", "--corpus-prompts", "1", "--temperatures", "0", "--rules", "static", "--max-new-tokens", "4",
+            "--depth", "2", "--quiet", "--out", str(tmp_path / "t.npz"))
+    assert t.exit_code == 0 and (tmp_path / "t.npz").is_file(), t.output
+    r = run("calibrate-drafter", "--corpus-prompts", "1", "--temperatures", "0", "--candidates", "1,2",
+            "--runner-up-weights", "0", "--set-flip-weights", "0", "--budget", "4x2", "--max-new-tokens", "4",
+            "--dry-run", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert r.stderr == "" and json.loads(r.stdout)["order_temperature"] in (1.0, 2.0)

@@ -34,6 +34,7 @@ from spot.export.manifest import DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPE
 from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
+from spot.files import refuse_dangling_link
 from spot.tokenizer import load_tokenizer
 
 TARGET_FILE = "target.onnx"
@@ -346,7 +347,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     """Export `source` into the folder `out`; nothing appears at `out` unless every step succeeds."""
     if source.checkpoint is None:
         raise SpotError(f"no checkpoint folder for {source.preset}", "pass --checkpoint DIR")
-    out = Path(out)
+    out = refuse_dangling_link(out, "--out")
     source_dir = Path(source.checkpoint).resolve()
     if out.resolve() == source_dir or out.resolve() in source_dir.parents:
         raise SpotError(f"--out {out} is the checkpoint folder {source.checkpoint} or holds it: replacing it would "

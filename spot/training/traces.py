@@ -21,7 +21,6 @@ that its labels reproduce the committed set.
 from __future__ import annotations
 
 import json
-import os
 import time
 import zipfile
 from dataclasses import dataclass, field, replace
@@ -31,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 from spot.errors import SpotError
+from spot.files import atomic_output
 from spot.runtime.decode import generate
 from spot.runtime.drafter import target_identity
 from spot.runtime.engine import Engine
@@ -127,12 +127,10 @@ class Traces:
     def save(self, path: str | Path) -> Path:
         """Compressed .npz, written to a temporary name and renamed."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial.npz")
         arrays = {f"row_{k}": v for k, v in self.rows.items()}
         arrays.update({f"trace_{k}": v for k, v in self.traces.items()})
-        np.savez_compressed(tmp, meta=np.array(json.dumps(self.meta)), **arrays)
-        os.replace(tmp, path)
+        with atomic_output(path, ".npz") as tmp:       # (savez adds .npz to a name without it)
+            np.savez_compressed(tmp, meta=np.array(json.dumps(self.meta)), **arrays)
         return path
 
     @staticmethod
@@ -256,6 +254,16 @@ def prompts_from_jsonl(path: str | Path, tokenizer=None) -> list[list[int]]:
     """Prompt token ids of a JSONL file (spot.bench.load_prompts: "ids" / "prompt_ids" / "token_ids" or "text")."""
     from spot.bench import load_prompts
     return [p.ids for p in load_prompts(path, tokenizer)]
+
+
+def fit_prompts(prompts: list[list[int]], engine: Engine, max_new_tokens: int) -> list[list[int]]:
+    """Drawn corpus prompts cut to their last tokens that leave max_new_tokens of room in the engine's context
+    (a small model's context may be shorter than the draw's 64-448 tokens)."""
+    room = engine.max_context - max_new_tokens - engine.block_size
+    if room < 1:
+        raise SpotError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's context of "
+                        f"{engine.max_context} tokens", f"use --max-new-tokens <= {engine.max_context // 2}")
+    return [p[-room:] for p in prompts]
 
 
 def corpus_prompts(tokenizer, n: int, seed: int = 0, min_tokens: int = 64, max_tokens: int = 448,
