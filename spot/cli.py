@@ -47,7 +47,9 @@ def os_error_hint(e: OSError) -> str:
             errno.EDQUOT: "free disk space (the disk quota is used up), or write to another disk",
             errno.EROFS: "that file system is read-only: choose a path on a writable one",
             errno.EISDIR: "that path is a folder: give a file path",
-            errno.ENOTDIR: "a part of that path is a file, not a folder"}.get(
+            errno.ENOTDIR: "a part of that path is a file, not a folder",
+            errno.ENOTEMPTY: "something else wrote that path at the same time (another spot process?): run again",
+            errno.EEXIST: "something else wrote that path at the same time (another spot process?): run again"}.get(
         e.errno, "check the path, its permissions, and free disk space")
 
 
