@@ -665,7 +665,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     """
     import json
 
-    from spot.training.calibration import calibrate_drafter, write_calibration
+    from spot.training.calibration import calibrate_drafter, check_settings, write_calibration
     from spot.training.traces import corpus_prompts as draw_prompts, fit_prompts, prompts_from_jsonl
 
     budgets = _budgets(budget)
@@ -676,6 +676,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     flips = _float_list(set_flip_weights, "--set-flip-weights")
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device, sampler, kv_cache)
     drafter = find_drafter(drafter_path, folder)
+    check_settings(drafter, temps, cands, weights, flips)       # before the prompts are drawn and fitted
     if prompts_file is not None:
         prompts = prompts_from_jsonl(prompts_file, tokenizer)
     elif tokenizer is None:

@@ -73,13 +73,8 @@ def write_calibration(drafter_path: str | Path, result: dict) -> Path:
     return json_path
 
 
-def calibrate_drafter(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float],
-                      candidates: list[float], runner_up_candidates: list[float], budget: TreeBudget,
-                      max_new_tokens: int = 64, progress: Callable[[str], None] | None = None,
-                      flip_candidates: list[float] = (0.0, 0.1, 1.0)) -> dict:
-    """Measure every candidate and return {"order_temperature", "runner_up_weight", "set_flip_weight",
-    "calibration": the record}."""
-    drafter.check_compatible(engine)
+def check_settings(drafter: Drafter, temperatures, candidates, runner_up_candidates, flip_candidates) -> None:
+    """SpotError naming the option, before any decoding, for an empty list or a value the drafter refuses."""
     if not candidates or not runner_up_candidates or not flip_candidates or not temperatures:
         raise SpotError(f"calibration needs order temperatures, runner-up weights, flip weights and sampling "
                         f"temperatures, got {list(candidates)}, {list(runner_up_candidates)}, "
@@ -94,6 +89,16 @@ def calibrate_drafter(engine, drafter: Drafter, prompts: list[list[int]], temper
                 drafter.with_settings(**{name: value})
             except SpotError as e:      # the value came from the command line, not from drafter.json
                 raise SpotError(f"{flag}: {e.message.split(': ', 1)[-1]}", f"fix {flag}") from None
+
+
+def calibrate_drafter(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float],
+                      candidates: list[float], runner_up_candidates: list[float], budget: TreeBudget,
+                      max_new_tokens: int = 64, progress: Callable[[str], None] | None = None,
+                      flip_candidates: list[float] = (0.0, 0.1, 1.0)) -> dict:
+    """Measure every candidate and return {"order_temperature", "runner_up_weight", "set_flip_weight",
+    "calibration": the record}."""
+    drafter.check_compatible(engine)
+    check_settings(drafter, temperatures, candidates, runner_up_candidates, flip_candidates)
     order = passes_by_setting(engine, drafter, prompts, temperatures, ORDER_TEMPERATURE, candidates, budget,
                               max_new_tokens, progress)
     best_t = best_order_temperature(order)
