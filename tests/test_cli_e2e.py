@@ -316,17 +316,20 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     assert broken.exit_code == 2 and str(path) in broken.stderr and "run `spot tune` again" in broken.stderr
 
 
-def test_os_errors_are_one_line_with_a_hint_for_their_cause(as_embedded, tmp_path):
+def test_os_errors_are_one_line_with_a_hint_for_their_cause(monkeypatch):
     """A path the system refuses: one error line naming it, with a hint for that cause (not a write hint for a
     read error)."""
     import errno
 
+    import spot.config
     from spot.cli import os_error_hint
-    (tmp_path / "file").write_text("x")
-    r = run("bench", "--decoders", "standard", "--limit", "1", "--temperatures", "0", "--max-new-tokens", "4",
-            "--no-plots", "--report", str(tmp_path / "file" / "report"))
+
+    def refused(*_):
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", "/data/file/model")
+    monkeypatch.setattr(spot.config, "load_config", refused)
+    r = run("generate", "--prompt-ids", "1,2")
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
-    assert "error: Not a directory: " in r.stderr and "a part of that path is a file" in r.stderr
+    assert "error: Not a directory: /data/file/model" in r.stderr and "a part of that path is a file" in r.stderr
     assert "permissions" in os_error_hint(OSError(errno.EACCES, "Permission denied", "x"))
     assert "disk" in os_error_hint(OSError(errno.ENOSPC, "No space left on device", "x"))
     assert "check the path" in os_error_hint(OSError(errno.EIO, "Input/output error", "x"))
