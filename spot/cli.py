@@ -232,6 +232,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     engine = open_engine(backend, folder, block_size, device, sampler, kv_cache)
     drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
     request = DecodeRequest(max_new_tokens, mode, tau, sampling)
+    # the command that records what --budget auto looks for: the same model, engine options, decoder, temperature
     tune_command = " ".join(["spot tune", *(["--model", model_dir] if model_dir is not None else []),
                              "--backend", backend, "--device", device,
                              *(["--sampler", sampler] if sampler != "auto" else []),
@@ -544,8 +545,6 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
     from spot.config import load_config
     from spot.engines.factory import open_engine
     from spot.tokenizer import load_tokenizer
-    from pathlib import Path
-
     from spot.training.traces import (TracePlan, collect_traces, corpus_prompts as draw_prompts, fit_prompts,
                                       prompts_from_jsonl)
 
