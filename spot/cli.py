@@ -825,8 +825,14 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     if tune:
         from spot.runtime.spot import TreeBudget
         cands = [TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16))]
-        result["tune"] = tune_by_temperature(engine, prompts, cfg, cands, "spot" if drafter is not None else "tree",
-                                             drafter, progress=say, tokenizer=tokenizer)
+        decoder = "spot" if drafter is not None else "tree"
+        result["tune"] = tune_by_temperature(engine, prompts, cfg, cands, decoder, drafter, progress=say,
+                                             tokenizer=tokenizer)
+        from spot.tuned import save_tuning, tuning_key      # what --budget auto then decodes with
+        key = tuning_key(engine, backend, folder, decoder, drafter)
+        for tuned in result["tune"]["by_temperature"].values():
+            path = save_tuning(key, tuned)
+        say(f"recorded the tuned budgets in {path} (used by --budget auto)")
     paths = write_report(result, report_dir, plots)
     click.echo(markdown_table(result))
     click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 from click.testing import CliRunner
@@ -173,6 +174,13 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
         assert at_choice["identical_share"] == {t: 1.0}
         if n == 1:   # no speculation: exactly standard decoding's passes
             assert at_choice["passes_reduction"] == {t: 1.0}
+    # bench --tune records its choices as spot tune does: --budget auto decodes with them
+    auto = run("generate", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--decoder", "spot", "--budget", "auto",
+               "--temperature", "1", "--json")
+    assert auto.exit_code == 0, auto.output
+    chosen = tune["by_temperature"]["1"]["choice"]
+    assert json.loads(auto.stdout)["budget"] == {"nodes": chosen["nodes"], "depth": chosen["depth"],
+                                                 "tuned": {"temperature": 1.0, "record": ANY}}
 
 
 ERRORS = [
