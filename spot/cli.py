@@ -148,6 +148,17 @@ def read_prompt_file(path: str) -> str:
                         "convert it to UTF-8, or pass token ids with --prompt-ids") from None
 
 
+def check_model_folder(backend: str, folder) -> None:
+    """The model folder's errors before anything loads from it: an exported folder (ort) by its manifest — a
+    missing or edited config.json there is a changed export, not a broken checkpoint — a checkpoint by config.json."""
+    if backend == "ort":
+        from spot.export.manifest import load_manifest
+        load_manifest(folder)
+    else:
+        from spot.config import load_config
+        load_config(folder)
+
+
 def find_drafter(path, model_dir):
     """The drafter given by --drafter, else drafter.onnx beside the model; SpotError naming where it looked."""
     from pathlib import Path
@@ -213,15 +224,14 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     import json
 
     from spot.assets import embedded_model_dir
-    from spot.config import load_config
     from spot.engines.factory import open_engine
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decoders import DecodeRequest, rule_for, run_decoder
     from spot.runtime.step import Sampling
     from spot.tokenizer import TextStream, load_tokenizer, prompt_ids_for
 
     nodes = _budget_nodes(budget, decoder)      # before the weights load
     folder = model_dir if model_dir is not None else embedded_model_dir()
-    load_config(folder)  # folder / config errors first, before the tokenizer and the weights
+    check_model_folder(backend, folder)  # folder / config errors first, before the tokenizer and the weights
     if prompt_file is not None:
         if prompt is not None:
             raise SpotError("give one of --prompt TEXT or --prompt-file PATH, not both")
@@ -258,7 +268,8 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     stats = gen.stats
     if as_json:
         out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "prompt_len": gen.prompt_len,
-               "block_size": engine.block_size, "mode": mode, "decoder": decoder, "backend": backend,
+               "block_size": engine.block_size, "mode": rule_for(decoder, request).kind, "decoder": decoder,
+               "backend": backend,
                "placement": engine.placement, "budget": {"nodes": tree_budget.nodes, "depth": tree_budget.depth,
                                                          "tuned": tuned}, **stats.to_dict()}
         if text is not None:
@@ -390,10 +401,11 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     if dry_run:
         click.echo(json.dumps(run_dry_run(resolved, options, progress)))
         return
+    from spot.engines.tensorrt_engine import build_after_export, check_before_export
+    check_before_export(tensorrt_mode, ort_matmulnbits)
     tag = dtype if weights == "fp" else weights
     folder = export_checkpoint(resolved, Path(out) if out else Path(f"{resolved.default_name}-{tag}-onnx"),
                                options, progress)
-    from spot.engines.tensorrt_engine import build_after_export
     build_after_export(folder, tensorrt_mode, progress)
 
 
@@ -415,16 +427,24 @@ def verify(folder, quick):
     exported = load_manifest(folder, "quick" if quick else "full")
     files = {n: rec for n, rec in exported.manifest["files"].items() if n not in DRAFTER_FILES}
     total = sum(rec["bytes"] for rec in files.values())
-    click.echo(f"ok: {folder}: {len(files)} files, {total / 2**20:.1f} MiB match the manifest")
+    drafter = ""
     if (Path(folder) / DRAFTER_ONNX).is_file():      # the drafter pair vouches for itself (drafter.json)
-        load_drafter(folder).check_compatible(exported)      # (block_size and config, as an engine has)
-        click.echo(f"ok: {folder}: the drafter matches its drafter.json and this model")
+        pair = load_drafter(folder)
+        try:
+            pair.check_compatible(exported)      # (block_size and config, as an engine has)
+        except SpotError as e:
+            raise SpotError(e.message, f"train a drafter for this export (`spot traces --model {folder} --backend "
+                                       "ort` + `spot train-drafter`), or remove drafter.onnx and drafter.json") \
+                from None
+        drafter = "; the drafter matches its drafter.json and this model"
+    click.echo(f"ok: {folder}: {len(files)} files, {total / 2**20:.1f} MiB match the manifest{drafter}")
 
 
 @main.command("upgrade-export")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--epilogue-steps", type=int, default=None,
-              help="Future steps D of the new sampling epilogue (default: the folder's; 0 removes it).")
+              help="Future steps D of the new sampling epilogue (default: the folder's, none if it has none; for "
+                   "a folder from before epilogues spot-export's default; 0 removes it).")
 @click.option("--epilogue-positions", type=int, default=None,
               help="Block positions per epilogue call (default: the most that keep a call under 1 GiB).")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
@@ -542,14 +562,13 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
       spot traces --corpus-prompts 400 --cycle --minutes 8 --depth 16 --out traces.npz
     """
     from spot.assets import embedded_model_dir
-    from spot.config import load_config
     from spot.engines.factory import open_engine
     from spot.tokenizer import load_tokenizer
     from spot.training.traces import (TracePlan, collect_traces, corpus_prompts as draw_prompts, fit_prompts,
                                       prompts_from_jsonl)
 
     folder = model_dir if model_dir is not None else embedded_model_dir()
-    load_config(folder)
+    check_model_folder(backend, folder)
     if (prompts_file is None) == (corpus_prompts is None):
         raise SpotError("give exactly one of --prompts FILE.jsonl and --corpus-prompts N")
     tokenizer = load_tokenizer(folder)

@@ -387,11 +387,18 @@ def test_spot_verify_checks_the_drafter_pair_by_its_own_descriptor(as_embedded, 
     manifest = json.loads((folder / "manifest.json").read_text())
     assert "drafter" in manifest["graphs"] and not {"drafter.onnx", "drafter.json"} & set(manifest["files"])
     ok = run("verify", str(folder))
-    assert ok.exit_code == 0 and "the drafter matches its drafter.json and this model" in ok.output, ok.output
+    assert ok.exit_code == 0 and "; the drafter matches its drafter.json and this model" in ok.output, ok.output
     (folder / "drafter.onnx").write_bytes((folder / "drafter.onnx").read_bytes() + b"\0")
     broken = run("verify", str(folder))
     assert broken.exit_code == 2 and "drafter.onnx does not match its manifest" in broken.stderr
-    assert "run it again, or copy the pair again" in broken.stderr
+    assert "ok:" not in broken.stdout and "run it again, or copy the pair again" in broken.stderr
+    other = tmp_path / "other"        # a drafter of another block size: the hint fits an export (no --block-size)
+    shutil.copytree(folder, other)
+    descriptor = json.loads((other / "drafter.json").read_text())
+    (other / "drafter.onnx").write_bytes((as_embedded / "drafter.onnx").read_bytes())
+    (other / "drafter.json").write_text(json.dumps({**descriptor, "block_size": 8}))
+    r = run("verify", str(other))
+    assert r.exit_code == 2 and "block size" in r.stderr and "train a drafter for this export" in r.stderr
 
 
 @pytest.mark.parametrize("signal_kind", ["SIGINT", "SIGTERM"])

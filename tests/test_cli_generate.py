@@ -178,3 +178,22 @@ def test_default_model_is_the_embedded_one():
         assert result.exit_code == 2 and "embedded model is not built" in result.stderr
     else:
         assert (folder / "config.json").is_file()
+
+
+def test_json_mode_is_the_rule_the_decoder_ran(model_dirs):
+    """threshold and spot-sets always run the threshold rule, whatever --mode says (it is static by default)."""
+    for decoder, mode in (("standard", "static"), ("threshold", "threshold"), ("tree", "static")):
+        out = run_json("--model", model_dirs["bare"], "--prompt-ids", "1,2,3", "--max-new-tokens", 4,
+                       "--decoder", decoder)
+        assert out["mode"] == mode, decoder
+
+
+def test_an_exported_folder_is_checked_by_its_manifest_first(model_dirs, tmp_path):
+    """A missing or edited config.json in an exported folder is a changed export (say so), not a broken checkpoint."""
+    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.presets import resolve_source
+    out = export_checkpoint(resolve_source(model_dirs["bare"]), tmp_path / "x", ExportOptions(dtype="fp32",
+                                                                                              validate=False))
+    (out / "config.json").unlink()
+    r = run("--model", out, "--backend", "ort", "--prompt-ids", "1,2", "--max-new-tokens", 4)
+    assert r.exit_code == 2 and "config.json is missing from the exported folder" in r.stderr, r.output

@@ -138,6 +138,18 @@ def random_prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 # -- tests ----------------------------------------------------------------------------------------------------------
+def test_noise_reads_lines_of_five_counters_and_help_is_not_an_error(spot_cli):
+    """Each line is one (seed, block, step, position, token): lines of another length are usage errors (they were
+    joined into one stream of numbers, or silently dropped)."""
+    for bad in ("1 2 3\n4 5\n", "1 2 3 4 5 6\n", "1 2 3\n", "1 2 3 4 -5\n"):
+        proc = cli(spot_cli, "noise", stdin=bad)
+        assert proc.returncode == 64 and "usage error: noise" in proc.stderr, (bad, proc.stderr)
+    proc = cli(spot_cli, "noise", stdin="1 2 3 4 5\n\n0 0 0 0 4294967295\n")     # blank lines are skipped
+    assert proc.returncode == 0 and len(proc.stdout.split("\n")) == 3
+    proc = cli(spot_cli, "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: spot_cli generate")
+
+
 def test_noise_vectors(spot_cli):
     vectors = json.loads((ROOT / "tests" / "data" / "noise_vectors.json").read_text())["vectors"]
     lines = "".join(f"{v['seed']} {v['block']} {v['step']} {v['position']} {v['token']}\n" for v in vectors)

@@ -301,7 +301,8 @@ def test_build_engine_cli_fails_cleanly(tmp_path):
 @needs_no_trt
 def test_spot_export_builds_the_engine_where_tensorrt_exists(tmp_path):
     """spot-export --tensorrt auto (the default) exports and says why no engine was built here and how to build it
-    on the target; --tensorrt yes fails after a complete export, naming what is missing; no says nothing."""
+    on the target; --tensorrt yes fails before exporting, naming what is missing (or a graph TensorRT cannot parse);
+    no says nothing."""
     torch = pytest.importorskip("torch")
     from spot.cli import main
     from spot.reference.model import random_model
@@ -313,8 +314,13 @@ def test_spot_export_builds_the_engine_where_tensorrt_exists(tmp_path):
     assert "TensorRT engine: not built here (TensorRT's Python package (tensorrt) is not installed)" in auto.stderr
     assert f"spot build-engine {tmp_path / 'auto'}" in auto.stderr
     required = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "yes"), "--tensorrt", "yes"])
-    assert required.exit_code == 2 and "is complete, but no TensorRT engine was built" in required.stderr
-    assert "python3-libnvinfer" in required.stderr and (tmp_path / "yes" / "manifest.json").is_file()
+    assert required.exit_code == 2 and "--tensorrt yes, but no engine can be built here" in required.stderr
+    assert "TensorRT's Python package" in required.stderr and "python3-libnvinfer" in required.stderr
+    assert not (tmp_path / "yes").exists()
+    nbits = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "nbits"), "--tensorrt", "yes", "--weights",
+                                      "int4", "--int4-block", "32", "--ort-matmulnbits"])
+    assert nbits.exit_code == 2 and "cannot parse com.microsoft MatMulNBits" in nbits.stderr
+    assert not (tmp_path / "nbits").exists()
     skipped = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "no"), "--tensorrt", "no"])
     assert skipped.exit_code == 0 and "TensorRT" not in skipped.stderr
 

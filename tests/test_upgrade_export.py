@@ -115,3 +115,14 @@ def test_upgrade_refuses_what_it_cannot_do(tmp_path, monkeypatch):
     assert r.exit_code == 0 and "no epilogue" in r.output
     manifest = json.loads((folder / "manifest.json").read_text())
     assert "epilogue" not in manifest["graphs"] and not (folder / "epilogue.onnx").exists()
+
+
+def test_upgrade_keeps_a_folder_exported_without_an_epilogue_without_one(tmp_path):
+    """--epilogue-steps 0 at export (e.g. to save a Jetson's memory) survives an upgrade that only refreshes the
+    other graphs; a folder from before epilogues (no kv_append either) still gets spot-export's default."""
+    random_model(CFG, seed=1).save_pretrained(tmp_path / "ckpt")
+    folder = export_checkpoint(resolve_source(str(tmp_path / "ckpt")), tmp_path / "none",
+                               ExportOptions(dtype="fp32", validate=False, epilogue_steps=0))
+    r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
+    assert r.exit_code == 0, r.output
+    assert "epilogue" not in load_manifest(folder).manifest["graphs"] and not (folder / "epilogue.onnx").exists()

@@ -286,18 +286,23 @@ std::vector<std::string> split_ws(const std::string& line) {
 }
 
 int cmd_noise() {
-  uint64_t seed, block, step, position, token;
-  while (std::cin >> seed >> block >> step >> position >> token) {
-    if (seed > 0xFFFFFFFFull || block > 0xFFFFFFFFull || step > 0xFFFFFFFFull || position > 0xFFFFFFFFull ||
-        token > 0xFFFFFFFFull)
-      throw UsageError{"noise counters must be in [0, 2**32)"};
+  const char* kShape = "noise reads lines of five integers 'seed block step position token'";
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    const std::vector<std::string> words = split_ws(line);
+    if (words.empty()) continue;
+    if (words.size() != 5) throw UsageError{std::string(kShape) + ", got '" + line + "'"};
+    uint32_t c[5];
+    for (int i = 0; i < 5; ++i) {
+      const int64_t v = parse_int("noise", words[i]);
+      if (v < 0 || v > 0xFFFFFFFFll) throw UsageError{"noise counters must be in [0, 2**32)"};
+      c[i] = uint32_t(v);
+    }
     uint32_t a = 0, b = 0;
-    double u = spot_uniform(uint32_t(seed), uint32_t(block), uint32_t(step), uint32_t(position), uint32_t(token),
-                            &a, &b);
-    double g = spot_gumbel(uint32_t(seed), uint32_t(block), uint32_t(step), uint32_t(position), uint32_t(token));
+    double u = spot_uniform(c[0], c[1], c[2], c[3], c[4], &a, &b);
+    double g = spot_gumbel(c[0], c[1], c[2], c[3], c[4]);
     std::printf("%08x %08x %a %a\n", a, b, u, g);
   }
-  if (!std::cin.eof()) throw UsageError{"noise reads lines of five integers 'seed block step position token'"};
   return 0;
 }
 
@@ -305,6 +310,10 @@ int run(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   if (args.size() < 2) throw UsageError{"a command is required"};
   const std::string& cmd = args[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   if (cmd == "noise") return cmd_noise();
   OpenArgs oa;
   spot_open_options_init(&oa.options);

@@ -133,9 +133,9 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     """Build (or reuse from the cache) a TensorRT engine for the exported folder; returns the engine file.
     Writes next to it `<key>.json` (versions, buckets) and keeps `timing.cache` in the cache folder."""
     from spot.export.manifest import load_manifest
-    trt = _trt()
     exported = load_manifest(model_dir)
-    check_parsable(exported)
+    check_parsable(exported)        # before TensorRT is looked for: the folder's own problem comes first
+    trt = _trt()
     cfg = exported.config
     major = trt_major()
     if options.fp16_flag and major >= 11:
@@ -194,6 +194,23 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     return engine_file
 
 
+def check_before_export(mode: str, ort_only: bool) -> None:
+    """spot-export --tensorrt yes: SpotError before the export (minutes for an 8B model) when its engine cannot be
+    built: a graph TensorRT cannot parse (--ort-matmulnbits), no TensorRT, no CUDA GPU."""
+    if mode != "yes":
+        return
+    if ort_only:
+        raise SpotError("--tensorrt yes with --ort-matmulnbits: TensorRT cannot parse com.microsoft MatMulNBits",
+                        "drop --ort-matmulnbits (int4 as DequantizeLinear -> MatMul parses), or use --tensorrt no")
+    try:
+        _trt()
+        _torch_cuda()
+    except SpotError as e:
+        raise SpotError(f"--tensorrt yes, but no engine can be built here: {e.message}",
+                        f"{e.hint}; or use --tensorrt auto (export now, build on the target machine with spot "
+                        "build-engine)" if e.hint else "use --tensorrt auto") from None
+
+
 def build_after_export(folder: str | Path, mode: str, progress=print) -> Path | None:
     """spot-export --tensorrt: "auto" builds the engine (build_engine's defaults, the engine cache) when TensorRT,
     a CUDA GPU and a graph TensorRT parses are all here, and otherwise says why not and how to build it later;
@@ -202,9 +219,9 @@ def build_after_export(folder: str | Path, mode: str, progress=print) -> Path | 
     if mode == "no":
         return None
     try:
+        check_parsable(load_manifest(folder))
         _trt()
         _torch_cuda()
-        check_parsable(load_manifest(folder))
     except SpotError as e:
         if mode == "yes":
             raise SpotError(f"the export in {folder} is complete, but no TensorRT engine was built: {e.message}",

@@ -26,7 +26,8 @@ from spot.export.memory_plan import EpilogueCall, verify_pass_bytes
 
 def upgrade_export(folder: str | Path, future_steps: int | None = None, positions: int | None = None,
                    progress: Callable[[str], None] = print) -> dict:
-    """Rewrite `folder`'s epilogue (D = future_steps, default: the folder's own, else spot-export's; 0 removes it;
+    """Rewrite `folder`'s epilogue (D = future_steps, default: the folder's own — none for a folder exported with
+    --epilogue-steps 0 — else, for a folder from before epilogues, spot-export's; 0 removes it;
     P = positions, default: spot-export's) and kv_append graphs. Returns the new manifest."""
     folder = Path(folder)
     moved = folder.with_name(folder.name + ".replaced")
@@ -38,6 +39,8 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     manifest = dict(exported.manifest)
     graphs = dict(manifest["graphs"])
     old = graphs.get("epilogue") or {}
+    if future_steps is None and not old and "kv_append" in graphs:
+        future_steps = 0    # exported (or upgraded) by a version with epilogues, without one: --epilogue-steps 0
     # the options spot-export would take for this folder: its checks and defaults (--epilogue-steps/-positions)
     options = ExportOptions(dtype=exported.dtype, max_nodes=int(manifest["max_nodes"]),
                             max_context=int(manifest["max_context"]),
