@@ -175,7 +175,8 @@ def find_drafter(path, model_dir):
 
 @main.command()
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="SDAR checkpoint folder (config.json + safetensors). Default: the embedded model.")
+              help="SDAR checkpoint folder (config.json + safetensors; --backend torch) or exported folder "
+                   "(spot-export; --backend ort). Default: the embedded model.")
 @click.option("--prompt", default=None, help="Prompt text (needs the checkpoint's tokenizer).")
 @click.option("--prompt-ids", default=None, help="Prompt as comma-separated token ids, e.g. 151644,872,198.")
 @click.option("--prompt-file", type=click.Path(dir_okay=False, allow_dash=True, path_type=str), default=None,
@@ -192,7 +193,8 @@ def find_drafter(path, model_dir):
 @click.option("--seed", type=int, default=0, show_default=True, help="Noise seed (temperature > 0).")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="Device of the backend (torch: cpu, cuda).")
+@click.option("--device", default="cpu", show_default=True,
+              help="Device of the backend (torch: cpu, cuda; ort: cpu, cuda, trt).")
 @click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
               help="standard/threshold: one pass per step; chain/tree: SPOT with the training-free order; "
                    "spot/spot-sets: SPOT with the drafter; oracle / order-oracle: diagnostic ceilings (true "
@@ -500,7 +502,7 @@ def train_target_cmd(out, steps, seed, minutes, work_dir, no_eval, quiet):
 @main.command("build-engine")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Folder for the engine. Default: the engine cache ($SPOT_CACHE or ~/.cache/spot/tensorrt).")
+              help="Folder for the engine. Default: the engine cache ($SPOT_CACHE/tensorrt, ~/.cache/spot/tensorrt).")
 @click.option("--max-nodes", type=int, default=16, show_default=True, help="Largest node bucket (verify pass).")
 @click.option("--max-context", type=int, default=None, help="Largest KV capacity bucket. Default: the export's.")
 @click.option("--smallest-capacity", type=int, default=256, show_default=True, help="Smallest KV capacity bucket.")
@@ -532,7 +534,8 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
 
 @main.command("traces")
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Target checkpoint folder. Default: the embedded model.")
+              help="Target checkpoint (--backend torch) or exported folder (--backend ort). Default: the embedded "
+                   "model.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .npz trace file.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="JSONL prompts: {\"ids\": [...]} or {\"text\": ...} per line.")
@@ -858,7 +861,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
 
 
 @main.command()
-@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None)
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Checkpoint (--backend torch) or exported folder (--backend ort). Default: the embedded model.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--block-size", type=int, default=None, help="Block size B. Default: the config's block_size.")
@@ -866,7 +870,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
 @click.option("--limit", type=int, default=2, show_default=True,
               help="Prompts used to measure acceptance (cut from the embedded corpus's train split with the "
                    "model's tokenizer).")
-@click.option("--drafter", "drafter_path", default=None)
+@click.option("--drafter", "drafter_path", default=None,
+              help="drafter.onnx (or its folder) for spot / spot-sets. Default: the one beside the model, if any.")
 @click.option("--decoder", type=click.Choice(TUNABLE_DECODERS), default=None,
               help="Decoder to tune. Default: spot with a drafter (--drafter, or the one beside the model), else "
                    "tree.")
@@ -875,7 +880,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
               help="Record the choice for `--budget auto` (in $SPOT_CACHE/tuning, for this model, engine, decoder "
                    "and machine).")
 @placement_options
-def tune(model_dir, backend, device, block_size, temperature, limit, drafter_path, decoder, tau, save, sampler, kv_cache):
+def tune(model_dir, backend, device, block_size, temperature, limit, drafter_path, decoder, tau, save, sampler,
+         kv_cache):
     """Measure verify latency vs node count on this engine and pick the tokens/s-optimal tree budget; `spot generate
     --budget auto` then decodes with it.
 

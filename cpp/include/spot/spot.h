@@ -55,9 +55,9 @@ typedef enum spot_verify {
 typedef enum spot_device {
   SPOT_DEVICE_CPU = 0,     /* ONNX Runtime's CPU execution provider (the default) */
   SPOT_DEVICE_CUDA = 1,    /* the CUDA execution provider */
-  SPOT_DEVICE_TENSORRT = 2 /* TensorRT, CUDA for what it does not take; engines cached in $SPOT_CACHE/trt/. No
-                              profile shapes: TensorRT builds again when a shape (cache length, nodes) leaves the
-                              range it built for (docs/gpu-path.md); SPOT_DEVICE_CUDA runs without builds */
+  SPOT_DEVICE_TENSORRT = 2 /* TensorRT, CUDA for what it does not take; engines cached in $SPOT_CACHE/trt/. Shape
+                              ranges from the manifest's graphs.target.tensorrt_profile (a folder without one is
+                              SPOT_ERR_INCOMPATIBLE: run `spot upgrade-export`); docs/gpu-path.md */
 } spot_device;
 
 /* Where F's sampling runs (the Python runtime's --sampler). HOST: the target's logits come to the host loop.
@@ -179,7 +179,8 @@ SPOT_API double spot_uniform(uint32_t seed, uint32_t block, uint32_t step, uint3
                              uint32_t* a, uint32_t* b);
 
 SPOT_API const char* spot_decoder_name(spot_decoder decoder);
-/* Parse "standard", "threshold", "chain", "tree", "spot", "spot-sets"; returns SPOT_ERR_INVALID_ARGUMENT else. */
+/* Parse "standard", "threshold", "chain", "tree", "spot", "spot-sets"; "oracle" / "order-oracle" (Python-only
+   diagnostics): SPOT_ERR_UNSUPPORTED; anything else: SPOT_ERR_INVALID_ARGUMENT. */
 SPOT_API spot_status spot_decoder_from_name(const char* name, spot_decoder* out, spot_error* err);
 
 #ifdef __cplusplus
