@@ -133,9 +133,9 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     """Build (or reuse from the cache) a TensorRT engine for the exported folder; returns the engine file.
     Writes next to it `<key>.json` (versions, buckets) and keeps `timing.cache` in the cache folder."""
     from spot.export.manifest import load_manifest
-    exported = load_manifest(model_dir)
-    check_parsable(exported)        # before TensorRT is looked for: the folder's own problem comes first
     trt = _trt()
+    exported = load_manifest(model_dir)
+    check_parsable(exported)
     cfg = exported.config
     major = trt_major()
     if options.fp16_flag and major >= 11:
