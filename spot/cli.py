@@ -18,7 +18,7 @@ from spot.errors import SpotError
 from spot.files import check_output_path
 from spot.demo import DEMO_TEMPERATURE
 from spot.runtime.decoders import DECODERS
-from spot.tuned import TUNABLE_DECODERS
+from spot.tuned import TUNABLE_DECODERS, check_tunable
 
 DEFAULT_DEPTH = 8           # spot generate's tree depth, capped at the block size (SDAR's B = 4)
 
@@ -294,9 +294,7 @@ def _budget_nodes(budget: str, decoder: str) -> int | None:
     if budget.strip().lower() == "auto":
         if decoder in ("standard", "threshold"):
             return 1
-        if decoder not in TUNABLE_DECODERS:
-            raise SpotError(f"--budget auto applies to the decoders {', '.join(TUNABLE_DECODERS)} (those `spot tune` "
-                            f"tunes), got --decoder {decoder}", "pass --budget N --depth D")
+        check_tunable(decoder)
         return None
     try:
         return int(budget)

@@ -58,12 +58,16 @@ def model_fingerprint(folder: str | Path) -> str:
     return h.hexdigest()
 
 
+def check_tunable(decoder: str) -> None:
+    if decoder not in TUNABLE_DECODERS:
+        raise SpotError(f"--budget auto applies to the decoders {', '.join(TUNABLE_DECODERS)} (those `spot tune` "
+                        f"tunes), got --decoder {decoder}", "pass --budget N --depth D")
+
+
 def tuning_key(engine, backend: str, folder: str | Path, decoder: str, drafter=None, rule=None) -> dict:
     """What a tuned budget holds for: model, engine and its placement, decoder (with the drafter's identity and tree
     settings, and the threshold rule's tau where it applies) and machine. rule: the decoder's CommitRule."""
-    if decoder not in TUNABLE_DECODERS:
-        raise SpotError(f"--budget auto applies to the decoders {', '.join(TUNABLE_DECODERS)}, got {decoder!r}",
-                        "pass --budget N --depth D")
+    check_tunable(decoder)
     key = {"model": model_fingerprint(folder), "backend": backend, "block_size": engine.block_size,
            "placement": engine.placement, "decoder": decoder, "machine": machine_identity()}
     if rule is not None and rule.kind == THRESHOLD:
