@@ -18,10 +18,8 @@ from spot.errors import SpotError
 from spot.files import check_output_path
 from spot.demo import DEMO_TEMPERATURE
 from spot.runtime.decoders import DECODERS
+from spot.runtime.spot import DEFAULT_DEPTH
 from spot.tuned import TUNABLE_DECODERS, check_tunable
-
-DEFAULT_DEPTH = 8           # spot generate's tree depth, capped at the block size (SDAR's B = 4)
-
 
 # Optional packages -> the extra that installs them: the runtime (generate/bench/tune/verify on an exported folder with
 # --backend ort) needs none of them; export, training, the torch backend and plots do.
@@ -309,7 +307,7 @@ def _tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, dra
     from spot.runtime.decoders import rule_for
     from spot.runtime.spot import TreeBudget
     if nodes is not None:
-        return TreeBudget(nodes, min(DEFAULT_DEPTH, engine.block_size) if depth is None else depth), None
+        return TreeBudget(nodes, depth).resolve(engine), None
     if depth is not None:
         raise SpotError("--depth is part of the tuned budget with --budget auto", "leave out --depth, or pass "
                         "--budget N --depth D")

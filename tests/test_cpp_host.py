@@ -77,7 +77,7 @@ def request_line(opts: dict, prompt_ids: list[int]) -> str:
     return (f"--decoder {opts['decoder']} --temperature {opts['temperature']!r} --seed {opts['seed']} "
             f"--tau {opts['tau']!r} --mode {opts['mode']} --max-new-tokens {opts['max_new_tokens']} "
             f"--budget {opts['budget']} --depth {opts['depth']} --top-k {opts.get('top_k', 0)} "
-            f"--top-p {opts.get('top_p', 1.0)!r} --prompt-ids {','.join(map(str, prompt_ids))}")
+            f"--top-p {opts.get('top_p', 1.0)!r} --prompt-ids {','.join(map(str, prompt_ids)) or repr('')}")
 
 
 def run_batch(exe: Path, folder: Path, drafter: Path | None, cases: list[dict], *open_flags: str) -> list[dict]:
@@ -247,6 +247,10 @@ def test_an_empty_prompt_matches_the_python_runtime(spot_cli, tiny):
         assert proc.returncode == 0, proc.stderr
         got = json.loads(proc.stdout)
         assert {k: got[k] for k in COMPARED} == {k: want[k] for k in COMPARED}, opts["decoder"]
+    # and in a batch, whose lines are split on whitespace: --prompt-ids '' (it was two quote characters)
+    cases = [{**opts, "prompt_ids": [], "expected": run_case(engine, drafter, [], opts)}
+             for opts in (case_options("standard", 0.0, 0, 8, 8, 4), case_options("spot", 1.0, 5, 8, 8, 4))]
+    assert mismatches(cases, run_batch(spot_cli, folder, drafter_dir, cases)) == []
 
 
 @pytest.mark.parametrize("field, decoder", [("runner_up_weight", "spot"), ("runner_up_weight", "spot-sets"),

@@ -303,6 +303,17 @@ def test_lookahead_changes_the_calls_not_the_tree(seed):
     assert len(trees[0]) == budget
 
 
+def test_the_default_budget_fits_any_block_size():
+    """DecodeRequest()'s budget: 16 nodes, depth 8 capped at the block size (as the CLI's and the C API's default);
+    an explicit depth beyond the block is still refused."""
+    engine = engine_for(4, 0)
+    assert TreeBudget().resolve(engine) == TreeBudget(16, 4) and TreeBudget(16).resolve(engine_for(16, 0)).depth == 8
+    want = run_decoder("standard", engine, np.arange(4), DecodeRequest(8)).token_ids
+    assert run_decoder("tree", engine, np.arange(4), DecodeRequest(8)).token_ids == want
+    with pytest.raises(SpotError, match="depth must be in 1..4"):
+        run_decoder("tree", engine, np.arange(4), DecodeRequest(8, budget=TreeBudget(16, 8)))
+
+
 def test_bad_budgets_are_clear_errors():
     engine = engine_for(8, 0)
     for budget, match in ((TreeBudget(0, 4), "budget must be >= 1"), (TreeBudget(8, 9), "depth must be in 1..8")):
@@ -326,7 +337,7 @@ def test_bad_budgets_are_clear_errors():
     (lambda: Sampling(1.0, seed=2.9), "seed must be an integer, got 2.9"),
     (lambda: Sampling(1.0, top_k=2.5), "top_k must be an integer"),
     (lambda: TreeBudget(2.5, 3), "budget nodes must be an integer"),
-    (lambda: TreeBudget(4, None), "tree depth must be an integer"),
+    (lambda: TreeBudget(4, 2.5), "tree depth must be an integer"),
 ])
 def test_library_arguments_of_the_wrong_type_are_named(make, says):
     """The Python API's request types check what they hold (a float seed was truncated, a string of stop ids was

@@ -109,7 +109,8 @@ double parse_double(const std::string& flag, const std::string& v) {
 
 std::vector<int64_t> parse_ids(const std::string& flag, const std::string& v) {
   std::vector<int64_t> ids;
-  if (v.empty()) return ids;
+  // '' or "": an empty list, as a shell passes it to generate and as a batch line (split on whitespace) writes it
+  if (v.empty() || v == "''" || v == "\"\"") return ids;
   if (v.back() == ',') throw UsageError{flag + " expects comma-separated integers, got a trailing comma in '" + v + "'"};
   std::stringstream ss(v);
   std::string item;

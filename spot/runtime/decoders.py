@@ -75,24 +75,25 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
     common = dict(max_new_tokens=req.max_new_tokens, rule=rule, sampling=req.sampling, stop_ids=req.stop_ids)
     if name in ("standard", "threshold"):
         return generate(engine, prompt_ids, block_decoder=standard_block, on_block=on_block, **common)
-    req.budget.check(engine)
+    budget = req.budget.resolve(engine)
+    budget.check(engine)
     if name == "chain":
         proposer = ConfidenceOrderProposer(branch=1)
-        budget = TreeBudget(req.budget.depth + 1, req.budget.depth)   # a chain: one node per depth
+        budget = TreeBudget(budget.depth + 1, budget.depth)   # a chain: one node per depth
     elif name == "tree":
-        proposer, budget = ConfidenceOrderProposer(branch=TREE_BRANCH), req.budget
+        proposer = ConfidenceOrderProposer(branch=TREE_BRANCH)
     elif name in ("oracle", "order-oracle"):
         trajectories: dict[int, list[np.ndarray]] = {}
         generate(engine, prompt_ids, block_decoder=standard_block, observer=record_trajectories(trajectories),
                  **common)
         oracle = OracleProposer if name == "oracle" else OrderOracleProposer
-        proposer, budget = oracle(trajectories), req.budget
+        proposer = oracle(trajectories)
     else:
         if drafter is None:
             raise SpotError(f"decoder {name!r} needs a drafter (order model)",
                             "pass --drafter PATH or use an exported folder that ships drafter.onnx")
         drafter.check_compatible(engine)
-        proposer, budget = drafter.proposer(), req.budget
+        proposer = drafter.proposer()
     budget.check(engine)          # the tree actually built (a chain's: depth + 1 nodes)
     return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, budget, req.independent_noise),
                     on_block=on_block, **common)

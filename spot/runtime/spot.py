@@ -18,18 +18,29 @@ from spot.runtime.proposers import RoundInputs
 from spot.runtime.tree import build_tree
 
 
+DEFAULT_DEPTH = 8      # a budget's depth unless given, capped at the block size (SDAR's B = 4: 4)
+
+
 @dataclass(frozen=True)
 class TreeBudget:
-    nodes: int = 16   # verify batch size N (root included)
-    depth: int = 8    # deepest node below the root
+    nodes: int = 16           # verify batch size N (root included)
+    depth: int | None = None  # deepest node below the root; None: DEFAULT_DEPTH, or the block size if smaller
 
     def __post_init__(self):
         integer_arg(self.nodes, "budget nodes")
-        integer_arg(self.depth, "tree depth")
+        if self.depth is not None:
+            integer_arg(self.depth, "tree depth")
+
+    def resolve(self, engine: Engine) -> "TreeBudget":
+        """This budget with its depth filled in for `engine` (the C API's depth 0 and the CLI's default alike)."""
+        if self.depth is not None:
+            return self
+        return TreeBudget(self.nodes, min(DEFAULT_DEPTH, engine.block_size))
 
     def check(self, engine: Engine) -> None:
         """SpotError unless `engine` can verify trees of this budget: depth within the block and, for an engine that
         samples on the device, within its epilogue's future steps (a one-node tree runs the standard loop)."""
+        self = self.resolve(engine)
         if self.nodes < 1:
             raise SpotError(f"budget must be >= 1 node, got {self.nodes}")
         if self.nodes > engine.max_nodes:
