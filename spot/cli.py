@@ -745,8 +745,9 @@ def demo(prompt_index, max_new_tokens, temperature, seed, budget, depth):
         click.echo(f"why: one verify pass of up to {budget} states cost {r['verify_cost']:.1f}x a standard pass here "
                    f"and the drafter + host loop {r['host_cost']:.1f}x more;\n     on a compute-bound CPU that "
                    f"outweighs {r['passes_reduction']:.2f}x fewer passes. Where a pass is memory-bound (GPUs, Jetson "
-                   "Orin)\n     a verify pass costs about one pass and fewer passes become speed; `spot bench --tune` "
-                   "measures this\n     engine's curve and picks the budget (docs/results.md).")
+                   "Orin)\n     a verify pass costs about one pass and fewer passes become speed; `spot tune` "
+                   "measures this\n     engine's curve and picks the budget, and `spot generate --budget auto` "
+                   "decodes with it\n     (docs/benchmarks.md).")
     if not r["identical"]:
         raise SystemExit(1)
 
