@@ -22,7 +22,7 @@ from spot.files import write_text_atomic
 from spot.runtime.decoders import DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import TreeBudget
-from spot.runtime.step import STATIC, THRESHOLD, Sampling
+from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 from spot.runtime.tuning import choose_budget, measure_latency_curve
 
 ID_KEYS = ("ids", "prompt_ids", "token_ids")
@@ -234,18 +234,21 @@ TUNE_NEW_TOKENS = 48       # tokens decoded per prompt while the tuner measures 
 
 def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: list[TreeBudget],
                 drafter=None, decoder: str = "spot", node_counts=(1, 2, 4, 8, 16, 32, 64),
-                progress: Callable[[str], None] | None = None, curve: dict | None = None, tau: float = 0.9) -> dict:
+                progress: Callable[[str], None] | None = None, curve: dict | None = None,
+                rule: CommitRule | None = None) -> dict:
     """Measure latency(N) on this engine (unless `curve` already holds it) and steps/verify per candidate budget on
     `prompts` at `temperature`; pick the budget with the highest expected tokens/s (choose_budget). Acceptance
-    depends on the temperature, so a choice holds for the temperature it was measured at. A decoder of the
-    threshold rule (spot-sets; tau) is compared with threshold decoding, any other with standard decoding."""
+    depends on the temperature, so a choice holds for the temperature it was measured at. rule: the decoder's
+    (rule_for; default: static, spot-sets threshold at tau 0.9); a threshold-rule decoder is compared with
+    threshold decoding, a static one with standard decoding."""
     candidates = [b for b in candidates if b.fits(engine)]   # deeper than the block or the device epilogue: none
     if curve is None:
         curve = measure_latency_curve(engine, np.asarray(prompts[0].ids), sorted(set(node_counts) | {1}))
         if progress:
             progress("latency ms by nodes: " + ", ".join(f"{n}:{ms:.1f}" for n, ms in curve.items()))
-    request = DecodeRequest(TUNE_NEW_TOKENS, tau=tau, sampling=Sampling(temperature))
-    baseline = "threshold" if rule_for(decoder, request).kind == THRESHOLD else "standard"
+    rule = rule or rule_for(decoder, DecodeRequest())
+    request = DecodeRequest(TUNE_NEW_TOKENS, mode=rule.kind, tau=rule.tau, sampling=Sampling(temperature))
+    baseline = "threshold" if rule.kind == THRESHOLD else "standard"
     standard = [run_decoder(baseline, engine, p.ids, request) for p in prompts]
     standard_host = (sum(g.stats.extra.get("sample_ms", 0.0) for g in standard)
                      / max(sum(g.stats.steps for g in standard), 1))

@@ -6,6 +6,7 @@ Each command lives in this file as a thin shell over library functions: parse, c
 from __future__ import annotations
 
 import copy
+import shlex
 import signal
 import sys
 import threading
@@ -243,13 +244,17 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
     request = DecodeRequest(max_new_tokens, mode, tau, sampling)
     # the command that records what --budget auto looks for: the same model, engine options, decoder, temperature
-    tune_command = " ".join(["spot tune", *(["--model", model_dir] if model_dir is not None else []),
-                             "--backend", backend, "--device", device,
-                             *(["--sampler", sampler] if sampler != "auto" else []),
-                             *(["--kv-cache", kv_cache] if kv_cache != "auto" else []),
-                             *(["--block-size", str(block_size)] if block_size is not None else []),
-                             "--decoder", decoder, "--temperature", f"{temperature:g}",
-                             *(["--tau", f"{tau:g}"] if decoder == "spot-sets" else [])])
+    rule = rule_for(decoder, request)
+    tune_command = shlex.join(["spot", "tune", *(["--model", model_dir] if model_dir is not None else []),
+                               "--backend", backend, "--device", device,
+                               *(["--sampler", sampler] if sampler != "auto" else []),
+                               *(["--kv-cache", kv_cache] if kv_cache != "auto" else []),
+                               *(["--block-size", str(block_size)] if block_size is not None else []),
+                               *(["--drafter", drafter_path] if drafter_path is not None else []),
+                               "--decoder", decoder, "--temperature", f"{temperature:g}",
+                               *(["--mode", "threshold"] if rule.kind == "threshold" and decoder != "spot-sets"
+                                 else []),
+                               *(["--tau", f"{tau:g}"] if rule.kind == "threshold" else [])])
     tree_budget, tuned = _tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, request,
                                       tune_command)
     request = DecodeRequest(max_new_tokens, mode, tau, sampling, tree_budget)
@@ -313,7 +318,7 @@ def _tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, dra
                         "--budget N --depth D")
     from spot.tuned import tuned_budget, tuning_key
     key = tuning_key(engine, backend, folder, decoder, drafter, rule_for(decoder, request))
-    found, tuned_at, path = tuned_budget(key, request.sampling.temperature, tune_command)
+    found, tuned_at, path = tuned_budget(key, request.sampling.temperature, tune_command, engine)
     return found, {"temperature": tuned_at, "record": str(path)}
 
 
@@ -847,12 +852,13 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         decoder = "spot" if drafter is not None else "tree"
         result["tune"] = tune_by_temperature(engine, prompts, cfg, cands, decoder, drafter, progress=say,
                                              tokenizer=tokenizer)
-        from spot.tuned import save_tuning, tuning_key      # what --budget auto then decodes with
+    paths = write_report(result, report_dir, plots)
+    if tune:       # after the report: what --budget auto then decodes with
+        from spot.tuned import save_tuning, tuning_key
         key = tuning_key(engine, backend, folder, decoder, drafter)
         for tuned in result["tune"]["by_temperature"].values():
-            path = save_tuning(key, tuned)
-        say(f"recorded the tuned budgets in {path} (used by --budget auto)")
-    paths = write_report(result, report_dir, plots)
+            record = save_tuning(key, tuned, warn=say)
+        say(f"recorded the tuned budgets in {record} (used by --budget auto)")
     click.echo(markdown_table(result))
     click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
 
@@ -872,13 +878,15 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
 @click.option("--decoder", type=click.Choice(TUNABLE_DECODERS), default=None,
               help="Decoder to tune. Default: spot with a drafter (--drafter, or the one beside the model), else "
                    "tree.")
-@click.option("--tau", type=float, default=0.9, show_default=True, help="Threshold of spot-sets.")
+@click.option("--mode", type=click.Choice(["static", "threshold"]), default="static", show_default=True,
+              help="Commit rule of spot / tree (spot-sets: always threshold), as in spot generate.")
+@click.option("--tau", type=float, default=0.9, show_default=True, help="Threshold of the threshold rule.")
 @click.option("--save/--no-save", default=True, show_default=True,
               help="Record the choice for `--budget auto` (in $SPOT_CACHE/tuning, for this model, engine, decoder "
                    "and machine).")
 @placement_options
-def tune(model_dir, backend, device, block_size, temperature, limit, drafter_path, decoder, tau, save, sampler,
-         kv_cache):
+def tune(model_dir, backend, device, block_size, temperature, limit, drafter_path, decoder, mode, tau, save,
+         sampler, kv_cache):
     """Measure verify latency vs node count on this engine and pick the tokens/s-optimal tree budget; `spot generate
     --budget auto` then decodes with it.
 
@@ -897,6 +905,7 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     from spot.tuned import save_tuning, tuning_key
 
     Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep
+    request = DecodeRequest(mode=mode, tau=tau)
     if limit < 1:
         raise SpotError(f"--limit must be >= 1, got {limit}")
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
@@ -916,12 +925,13 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
             click.echo("no drafter found: tuning the training-free tree decoder", err=True)
             decoder = "tree"
     cands = [TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16))]
+    rule = rule_for(decoder, request)
     out = tune_budget(engine, prompts, temperature, cands, drafter, decoder,
-                      progress=lambda line: click.echo(line, err=True), tau=tau)
-    out["decoder"] = decoder
+                      progress=lambda line: click.echo(line, err=True), rule=rule)
+    out["decoder"], out["rule"] = decoder, {"kind": rule.kind, "tau": rule.tau}
     if save:
-        rule = rule_for(decoder, DecodeRequest(tau=tau))
-        path = save_tuning(tuning_key(engine, backend, folder, decoder, drafter, rule), out)
+        path = save_tuning(tuning_key(engine, backend, folder, decoder, drafter, rule), out,
+                           warn=lambda line: click.echo(line, err=True))
         click.echo(f"recorded {out['choice']['nodes']}x{out['choice']['depth']} at temperature {temperature:g} in "
                    f"{path} (used by --budget auto)", err=True)
     click.echo(json.dumps(out, indent=2))

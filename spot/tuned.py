@@ -8,8 +8,10 @@ speed: SPOT's output is the same at every budget.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -39,7 +41,8 @@ def machine_identity() -> dict:
                 break
     except OSError:
         pass
-    return {"host": platform.node(), "arch": platform.machine(), "cpu": cpu, "cpus": os.cpu_count()}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()   # taskset, cgroups
+    return {"host": platform.node(), "arch": platform.machine(), "cpu": cpu, "cpus": cpus}
 
 
 def model_fingerprint(folder: str | Path) -> str:
@@ -94,30 +97,55 @@ def load_record(path: Path) -> dict:
     return data
 
 
-def save_tuning(key: dict, tune_result: dict) -> Path:
-    """Record spot.bench.tune_budget's result under `key`, beside the temperatures tuned before; the file path."""
+def save_tuning(key: dict, tune_result: dict, warn=None) -> Path:
+    """Record spot.bench.tune_budget's result under `key`, beside the temperatures tuned before (an unreadable
+    record is replaced, said through `warn`: it is a cache); the file path. Concurrent tunes each keep their entry
+    (the read-modify-write holds a lock file)."""
     path = record_path(key)
-    record = load_record(path) if path.is_file() else {"format": FORMAT, "format_version": FORMAT_VERSION,
-                                                        "key": key, "by_temperature": {}}
-    t = float(tune_result["temperature"])
-    record["by_temperature"][f"{t:g}"] = {**tune_result["choice"], "temperature": t,
-                                          "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = {"format": FORMAT, "format_version": FORMAT_VERSION, "key": key, "by_temperature": {}}
+        if path.is_file():
+            try:
+                record = load_record(path)
+            except SpotError as e:
+                if warn:
+                    warn(f"replacing an unreadable tuning record ({e.message})")
+        t = float(tune_result["temperature"])
+        record["by_temperature"][f"{t:g}"] = {**tune_result["choice"], "temperature": t,
+                                              "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        write_text_atomic(path, json.dumps(record, indent=2) + "\n")
     return path
 
 
-def tuned_budget(key: dict, temperature: float, tune_command: str) -> tuple[TreeBudget, float, Path]:
+def _entry(entry) -> tuple[float, TreeBudget] | None:
+    """(temperature, budget) of a record entry, or None unless every value is what spot tune writes."""
+    if not isinstance(entry, dict):
+        return None
+    t, n, d = entry.get("temperature"), entry.get("nodes"), entry.get("depth")
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (n, d))
+    if not (numbers and isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)):
+        return None
+    return float(t), TreeBudget(n, d)
+
+
+def tuned_budget(key: dict, temperature: float, tune_command: str, engine=None) -> tuple[TreeBudget, float, Path]:
     """The budget tuned under `key` at the temperature nearest `temperature` (acceptance, and so the choice, moves
-    with it): (budget, the temperature it was tuned at, the record's path). SpotError naming `tune_command`, the
-    command that makes one, when there is none."""
+    with it): (budget, the temperature it was tuned at, the record's path), checked against `engine` when given.
+    SpotError naming `tune_command`, the command that makes one, when there is none; naming the record when it is
+    damaged."""
     path = record_path(key)
     if not path.is_file():
         raise SpotError(f"no tuned budget for this model, engine, decoder and machine (looked for {path})",
                         f"run `{tune_command}` first, or pass --budget N --depth D")
-    entries = load_record(path)["by_temperature"].values()
-    try:
-        tuned_at, best = min(((float(e["temperature"]), e) for e in entries),
-                             key=lambda te: (abs(te[0] - temperature), te[0]))
-        return TreeBudget(int(best["nodes"]), int(best["depth"])), tuned_at, path
-    except (KeyError, TypeError, ValueError):
-        raise SpotError(f"{path} holds no valid tuned budget", REMEDY) from None
+    entries = [_entry(e) for e in load_record(path)["by_temperature"].values()]
+    if not entries or None in entries:
+        raise SpotError(f"{path} holds an entry that is not a tuned budget", REMEDY)
+    tuned_at, budget = min(entries, key=lambda tb: (abs(tb[0] - temperature), tb[0]))
+    if engine is not None:
+        try:
+            budget.check(engine)
+        except SpotError as e:
+            raise SpotError(f"the tuned budget in {path} does not fit this engine: {e.message}", REMEDY) from None
+    return budget, tuned_at, path

@@ -317,11 +317,45 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     bad = run(*gen, "--decoder", "spot", "--budget", "16x8")
     assert bad.exit_code == 2 and "--budget takes a number of nodes or auto, got '16x8'" in bad.stderr
 
-    # a damaged record is named, with the way out
+    # the threshold rule of spot / tree is its own key, and the hint's command makes it (with the drafter given)
+    threshold = run(*gen, "--decoder", "tree", "--mode", "threshold", "--tau", "0.5", "--budget", "auto")
+    assert "--decoder tree --temperature 0 --mode threshold --tau 0.5` first" in threshold.stderr, threshold.stderr
+    assert run("tune", "--decoder", "tree", "--mode", "threshold", "--tau", "0.5", "--limit", "1").exit_code == 0
+    assert run(*gen, "--decoder", "tree", "--mode", "threshold", "--tau", "0.5", "--budget", "auto").exit_code == 0
+    given = run(*gen, "--decoder", "spot", "--drafter", str(as_embedded), "--budget", "auto", "--temperature", "0.5",
+                "--block-size", "8")
+    assert f"--drafter {as_embedded} --decoder spot" in given.stderr, given.stderr
+
+    # a damaged record is named, with the way out; a damaged entry too; spot tune replaces an unreadable record
     path = Path(nearest["budget"]["tuned"]["record"])
+    saved = path.read_text()
+    for damage in ("{", saved.replace('"nodes": ', '"nodes": 2.5, "was": ', 1),
+                   saved.replace('"temperature": 0.0', '"temperature": NaN', 1)):
+        path.write_text(damage)
+        broken = run(*gen, "--decoder", "spot", "--budget", "auto")
+        assert broken.exit_code == 2 and str(path) in broken.stderr and "run `spot tune` again" in broken.stderr
+    path.write_text(saved.replace('"nodes": ', '"nodes": 100000, "was": '))
+    too_big = run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0")
+    assert too_big.exit_code == 2 and f"the tuned budget in {path} does not fit this engine" in too_big.stderr
     path.write_text("{")
-    broken = run(*gen, "--decoder", "spot", "--budget", "auto")
-    assert broken.exit_code == 2 and str(path) in broken.stderr and "run `spot tune` again" in broken.stderr
+    retuned = run("tune", "--temperature", "0", "--limit", "1")
+    assert retuned.exit_code == 0 and "replacing an unreadable tuning record" in retuned.stderr
+    assert json.loads(path.read_text())["by_temperature"].keys() == {"0"}
+
+
+def test_concurrent_tunes_keep_every_entry(tmp_path, monkeypatch):
+    """Two processes recording into one tuning file at once: each entry survives (a lock around the read-modify-
+    write; without it about half were lost)."""
+    import subprocess
+    import sys
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
+    code = ("import sys; from spot.tuned import save_tuning\n"
+            "for i in range(60): save_tuning({'model': 'x'}, {'temperature': float(sys.argv[1]) + i / 1000, "
+            "'choice': {'nodes': 4, 'depth': 3}})")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(k)]) for k in (1, 2)]
+    assert all(p.wait() == 0 for p in procs)
+    record = json.loads(next((tmp_path / "tuning").glob("*.json")).read_text())
+    assert len(record["by_temperature"]) == 120
 
 
 def test_os_errors_are_one_line_with_a_hint_for_their_cause(monkeypatch):

@@ -36,6 +36,13 @@ class TorchEngine(Engine):
         self.model = model.to(self.device).eval()
         self._k = self._v = None
 
+    @property
+    def placement(self) -> dict[str, str]:
+        """The torch device, with the GPU's name on cuda (a tuned budget holds for one device: spot.tuned)."""
+        if self.device.type == "cuda":
+            return {"device": f"cuda ({torch.cuda.get_device_name(self.device)})"}
+        return {"device": str(self.device)}
+
     @staticmethod
     def from_dir(model_dir, block_size: int | None = None, device: str = "cpu", dtype: str = "fp32") -> "TorchEngine":
         if torch is None:
