@@ -431,6 +431,10 @@ def verify(folder, quick):
     files = {n: rec for n, rec in exported.manifest["files"].items() if n not in DRAFTER_FILES}
     total = sum(rec["bytes"] for rec in files.values())
     drafter = ""
+    if "drafter" in exported.manifest["graphs"] and not (Path(folder) / DRAFTER_ONNX).is_file():
+        raise SpotError(f"{folder} was exported with a drafter, and {DRAFTER_ONNX} is missing",
+                        "copy drafter.onnx and drafter.json back, or train one with `spot traces` + "
+                        "`spot train-drafter`")
     if (Path(folder) / DRAFTER_ONNX).is_file():      # the drafter pair vouches for itself (drafter.json)
         pair = load_drafter(folder)
         try:
@@ -710,7 +714,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
                                progress=stderr_progress(quiet), flip_candidates=flips)
     click.echo(json.dumps(result, indent=2))
     if not dry_run:
-        path = write_calibration(drafter.path, result)
+        path = write_calibration(drafter.path, result, drafter.manifest["onnx_sha256"])
         click.echo(f"wrote order_temperature {result['order_temperature']:g}, runner_up_weight "
                    f"{result['runner_up_weight']:g} and set_flip_weight {result['set_flip_weight']:g} into {path}")
 

@@ -433,6 +433,10 @@ def test_spot_verify_checks_the_drafter_pair_by_its_own_descriptor(as_embedded, 
     (other / "drafter.json").write_text(json.dumps({**descriptor, "block_size": 8}))
     r = run("verify", str(other))
     assert r.exit_code == 2 and "block size" in r.stderr and "train a drafter for this export" in r.stderr
+    for name in ("drafter.onnx", "drafter.json"):
+        (other / name).unlink()
+    r = run("verify", str(other))
+    assert r.exit_code == 2 and "was exported with a drafter, and drafter.onnx is missing" in r.stderr
 
 
 @pytest.mark.parametrize("signal_kind", ["SIGINT", "SIGTERM"])

@@ -559,6 +559,9 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     other_target = edited("target", lambda m: m["target"].update(vocab_size=4096))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", other_target, *ids), INCOMPATIBLE,
            "another target", "vocab_size")
+    anonymous = edited("anonymous", lambda m: m.update(target={}))
+    _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", anonymous, *ids), CORRUPT,
+           "names no target vocab_size")
     bad_weight = edited("weight", lambda m: m.update(runner_up_weight=1.5))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", bad_weight, *ids), CORRUPT,
            "runner_up_weight is 1.5", "expected a number in [0, 1]")

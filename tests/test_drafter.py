@@ -454,6 +454,10 @@ def test_mismatched_drafter_is_refused(drafter_dir):
         drafter.check_compatible(tiny_target(block_size=4))
     with pytest.raises(SpotError, match="another target: vocab_size is 96.*expected 64"):
         drafter.check_compatible(tiny_target(vocab=96))
+    anonymous = drafter.with_settings()
+    anonymous.target = {}              # a drafter.json whose target was emptied fits no target (it fit every one)
+    with pytest.raises(SpotError, match="drafter.json names no target vocab_size"):
+        anonymous.check_compatible(tiny_target())
     req = DecodeRequest(max_new_tokens=8)
     with pytest.raises(SpotError, match="block size"):
         run_decoder("spot", tiny_target(block_size=4), [1, 2, 3], req, drafter=drafter)
@@ -653,7 +657,10 @@ def test_replacing_the_drafter_of_an_exported_folder_keeps_the_folder_valid(draf
     manifest = add_files(tmp_path, {"format": "spot-exported-model"}, ["config.json", DRAFTER_ONNX, DRAFTER_JSON])
     write_manifest(tmp_path, manifest)          # an older export: the pair listed with its hashes
     result = {"order_temperature": 2.0, "runner_up_weight": 0.1, "set_flip_weight": 0.0, "calibration": {}}
-    write_calibration(tmp_path, result)
+    calibrated = json.loads((tmp_path / DRAFTER_JSON).read_text())["onnx_sha256"]
+    with pytest.raises(SpotError, match="now describes another drafter .* nothing written"):
+        write_calibration(tmp_path, result, "0" * 64)       # replaced while the calibration ran
+    write_calibration(tmp_path, result, calibrated)
     verify_files(tmp_path, manifest["files"], "full")
     assert Drafter.load(tmp_path).order_temperature == 2.0
     (tmp_path / DRAFTER_ONNX).write_bytes((tmp_path / DRAFTER_ONNX).read_bytes() + b"\0")   # half a retraining

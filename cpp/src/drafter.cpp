@@ -144,7 +144,9 @@ void Drafter::check_compatible(int64_t engine_block, const ModelFacts& cfg) cons
                          cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.mask_token_id};
   for (size_t i = 0; i < sizeof(kIdentityFields) / sizeof(kIdentityFields[0]); ++i) {
     const Json* want = target.find(kIdentityFields[i]);
-    if (want == nullptr) continue;
+    if (want == nullptr)   // a drafter that does not say which target it fits fits none (drafter.check_compatible)
+      fail(SPOT_ERR_CORRUPT, "drafter " + path + "'s drafter.json names no target " + kIdentityFields[i] +
+                                 " (re-export the drafter with `spot train-drafter`)");
     if (!want->is_number() || want->integer() != got[i])
       fail(SPOT_ERR_INCOMPATIBLE, "drafter " + path + " was trained for another target: " + kIdentityFields[i] +
                                       " is " + std::to_string(got[i]) + " in the model, expected " +

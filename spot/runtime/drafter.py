@@ -245,7 +245,10 @@ class Drafter:
                             f"{engine.block_size} with `spot traces` + `spot train-drafter`")
         got = target_identity(engine.config)
         for f in IDENTITY_FIELDS:
-            if f in self.target and got[f] != self.target[f]:
+            if f not in self.target:     # a drafter that does not say which target it fits fits none
+                raise SpotError(f"drafter {self.path}'s drafter.json names no target {f}",
+                                "re-export the drafter with `spot train-drafter`")
+            if got[f] != self.target[f]:
                 raise SpotError(f"drafter {self.path} was trained for another target: {f} is {got[f]} in the "
                                 f"engine's model, expected {self.target[f]}",
                                 "use the drafter shipped with this model, or train one with `spot traces` + "

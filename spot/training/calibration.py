@@ -61,11 +61,17 @@ def best_weight(passes: dict[float, int]) -> float:
     return min(passes, key=lambda w: (passes[w], w))
 
 
-def write_calibration(drafter_path: str | Path, result: dict) -> Path:
+def write_calibration(drafter_path: str | Path, result: dict, onnx_sha256: str | None = None) -> Path:
     """Set order_temperature, runner_up_weight and set_flip_weight (and the calibration record) in drafter.json
-    from calibrate_drafter's result: written to a temporary file, renamed."""
+    from calibrate_drafter's result: written to a temporary file, renamed. onnx_sha256: the calibrated drafter's;
+    refused if drafter.json now describes another (replaced while the calibration ran)."""
     _, json_path = resolve_paths(drafter_path)
     manifest = json.loads(json_path.read_text())
+    if onnx_sha256 is not None and manifest.get("onnx_sha256") != onnx_sha256:
+        raise SpotError(f"{json_path} now describes another drafter (onnx sha256 "
+                        f"{str(manifest.get('onnx_sha256'))[:12]}...) than the one calibrated "
+                        f"({onnx_sha256[:12]}...): it was replaced during the calibration; nothing written",
+                        "run spot calibrate-drafter again")
     for name in (ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT):
         manifest[name] = result[name]
     manifest["order_calibration"] = result["calibration"]
