@@ -1,5 +1,7 @@
 """User-facing errors: one clear line saying what is wrong, plus a hint on how to fix it."""
 
+import operator
+
 
 class SpotError(Exception):
     """An error caused by the user's input (path, checkpoint, argument). The CLI prints it without a traceback."""
@@ -25,12 +27,15 @@ def run_script(main) -> None:
 
 
 def integer_arg(value, what: str) -> int:
-    """`value` as a Python int when it is an integer (numpy's included, bool and 2.0 not); SpotError naming `what`
-    otherwise. For the library API's dataclasses: the CLI's options are typed already."""
-    import numbers
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise SpotError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
-    return int(value)
+    """`value` as a Python int when it is an integer (numpy's and 0-d integer tensors included, bool and 2.0 not);
+    SpotError naming `what` otherwise. For the library API's dataclasses: the CLI's options are typed already."""
+    import numpy as np
+    if isinstance(value, (bool, np.bool_)):
+        raise SpotError(f"{what} must be an integer, got {value!r} (bool)")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise SpotError(f"{what} must be an integer, got {value!r} ({type(value).__name__})") from None
 
 
 def number_arg(value, what: str) -> float:

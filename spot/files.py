@@ -26,7 +26,7 @@ def publish(tmp: str | Path, path: str | Path) -> None:
 def atomic_output(path: str | Path, suffix: str = "") -> Iterator[Path]:
     """A temporary path in `path`'s folder (created) to write; renamed to `path` when the block ends normally,
     removed when it raises or is interrupted. suffix: for writers that choose the format by extension (.npz, .png)."""
-    path = Path(path)
+    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)   # write through a link
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX, suffix=suffix)
     os.close(fd)
@@ -56,9 +56,8 @@ def refuse_dangling_link(path: str | Path, what: str) -> Path:
 def check_output_path(path: str | Path, what: str, folder: bool = False) -> Path:
     """Refuse now, not after the work, an output path that cannot be written: a link to nothing, a name too long,
     a folder where a file goes (or a file where a folder goes, folder=True), a place where no file can be created
-    (its folder is made). Returns the path."""
+    (probed in the nearest existing folder: nothing is left behind). Returns the path."""
     path = Path(path)
-    where = path if folder else path.parent
     try:
         existing = next(p for p in path.absolute().parents if p.exists())
         limit = os.pathconf(existing, "PC_NAME_MAX")
@@ -66,11 +65,13 @@ def check_output_path(path: str | Path, what: str, folder: bool = False) -> Path
             raise SpotError(f"{what} {path}: the name has {len(path.name.encode())} bytes, this file system allows "
                             f"{limit}", "choose a shorter name")
         refuse_dangling_link(path, what)
-        where.mkdir(parents=True, exist_ok=True)
         if folder and path.exists() and not path.is_dir():
             raise SpotError(f"{what} {path} is a file, expected a folder", "choose another path")
         if not folder and path.is_dir():
             raise SpotError(f"{what} {path} is a folder, expected a file name", "add a file name to the path")
+        where = path if folder and path.is_dir() else path.parent if path.parent.is_dir() else existing
+        if not where.is_dir():
+            raise SpotError(f"{what} {path}: {where} is a file, expected a folder", "choose another path")
         fd, probe = tempfile.mkstemp(dir=where, prefix=TEMP_PREFIX)
         os.close(fd)
         os.unlink(probe)

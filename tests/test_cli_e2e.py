@@ -480,6 +480,13 @@ def test_output_paths_are_checked_before_the_work(tmp_path):
             tmp.write_text("half")
             raise RuntimeError
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["dangling", "b" * 255])    # no temporary left
+    check_output_path(tmp_path / "new" / "deeper" / "report", "--report", folder=True)
+    assert not (tmp_path / "new").exists()         # probed where it would be made: nothing left if the work fails
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.txt").write_text("old")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "data" / "t.txt")
+    write_text_atomic(check_output_path(tmp_path / "link.txt", "--out"), "new")      # written through the link
+    assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "data" / "t.txt").read_text() == "new"
 
 
 def test_bench_refuses_a_bad_report_path_before_decoding(as_embedded, tmp_path):

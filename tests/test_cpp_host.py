@@ -588,6 +588,7 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     (["--top-p", "0"], INVALID_ARGUMENT, ["top_p must be in (0, 1]"]),
     (["--prompt-ids", "1,300,2"], INVALID_ARGUMENT, ["token id 300 is outside the vocabulary [0, 300)"]),
     (["--prompt-ids", "1,-4"], INVALID_ARGUMENT, ["outside the vocabulary"]),
+    (["--stop-ids", "300"], INVALID_ARGUMENT, ["stop id 300 is outside the vocabulary [0, 300)"]),
     (["--prompt-ids", "5,299"], INVALID_ARGUMENT, ["mask token id 299"]),
     (["--decoder", "tree", "--budget", "200", "--depth", "8"], INVALID_ARGUMENT,
      ["budget 200 nodes exceeds the 64 states one verify pass"]),

@@ -178,6 +178,21 @@ def test_partial_folder_of_a_killed_export_is_cleaned(ckpt, tmp_path):
     assert not stale.exists() and not aside.exists() and _no_leftovers(tmp_path) == []
 
 
+def test_overwrite_through_a_link_replaces_what_it_points_to(ckpt, tmp_path):
+    """--out a link to a folder: the folder it points to is replaced and the link stays (the link itself was
+    replaced, and the previous export left behind a hidden link no cleanup removed)."""
+    real = tmp_path / "real"
+    export(ckpt, real, validate=False)
+    (real / "old.txt").write_text("the previous export")
+    (tmp_path / "link").symlink_to(real)
+    export(ckpt, tmp_path / "link", validate=False, overwrite=True)
+    assert (tmp_path / "link").is_symlink() and (real / "manifest.json").is_file()
+    assert not (real / "old.txt").exists() and _no_leftovers(tmp_path) == []
+    (tmp_path / ".k.old-999999997").symlink_to(real)     # a stale link left by an older version: removed, not followed
+    export(ckpt, tmp_path / "k", validate=False)
+    assert not (tmp_path / ".k.old-999999997").is_symlink() and (real / "manifest.json").is_file()
+
+
 def test_an_overwrite_interrupted_at_the_swap_keeps_one_export_in_place(ckpt, tmp_path, monkeypatch):
     """Ctrl-C between moving the old export aside and renaming the new one in puts the old one back; Ctrl-C while
     the old one is being removed (the new one in place) ends the export normally, the rest left to the next one."""

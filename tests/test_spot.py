@@ -338,6 +338,7 @@ def test_bad_budgets_are_clear_errors():
     (lambda: Sampling(1.0, top_k=2.5), "top_k must be an integer"),
     (lambda: TreeBudget(2.5, 3), "budget nodes must be an integer"),
     (lambda: TreeBudget(4, 2.5), "tree depth must be an integer"),
+    (lambda: DecodeRequest(independent_noise="no"), "independent_noise must be True or False, got 'no'"),
 ])
 def test_library_arguments_of_the_wrong_type_are_named(make, says):
     """The Python API's request types check what they hold (a float seed was truncated, a string of stop ids was
@@ -350,6 +351,11 @@ def test_numpy_scalars_and_generators_are_accepted_where_they_mean_the_same():
     assert DecodeRequest(7, stop_ids=(i for i in (3, 4))).stop_ids == (3, 4)
     assert Sampling(np.float64(0.5), np.int64(3), seed=np.uint32(7)) == Sampling(0.5, 3, seed=7)
     assert TreeBudget(np.int64(4), 2) == TreeBudget(4, 2)
+    assert DecodeRequest(7, stop_ids=[torch.tensor(5)]).stop_ids == (5,)       # as prompt ids may be tensors
+    engine = engine_for(8, 0)
+    for stop in ([10**9], [-1]):
+        with pytest.raises(SpotError, match="stop id .* is outside the vocabulary"):
+            run_decoder("standard", engine, [1, 2], DecodeRequest(4, stop_ids=stop))
 
 
 def test_prompt_ids_out_of_range_are_named_with_their_value():

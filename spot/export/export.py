@@ -277,7 +277,15 @@ def remove_stale_partials(out: Path) -> None:
         for left in out.parent.glob(f".{out.name}.{kind}-*"):
             pid = left.name.rsplit("-", 1)[-1]
             if pid.isdigit() and not _pid_alive(int(pid)):
-                shutil.rmtree(left, ignore_errors=True)
+                _remove(left)
+
+
+def _remove(path: Path) -> None:
+    """A folder with its contents, or a link (rmtree refuses links, silently with ignore_errors)."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
@@ -297,7 +305,7 @@ def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
             trash.rename(out)
         raise
     try:        # the export is in place: an interrupt now only leaves the old copy to the next export's cleanup
-        shutil.rmtree(trash, ignore_errors=True)
+        _remove(trash)
     except (KeyboardInterrupt, SystemExit):
         pass
 
@@ -348,6 +356,8 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     if source.checkpoint is None:
         raise SpotError(f"no checkpoint folder for {source.preset}", "pass --checkpoint DIR")
     out = refuse_dangling_link(out, "--out")
+    if out.is_symlink():        # --out a link to a folder: replace what it points to, the link stays
+        out = Path(os.path.realpath(out))
     source_dir = Path(source.checkpoint).resolve()
     if out.resolve() == source_dir or out.resolve() in source_dir.parents:
         raise SpotError(f"--out {out} is the checkpoint folder {source.checkpoint} or holds it: replacing it would "

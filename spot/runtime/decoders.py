@@ -39,6 +39,8 @@ class DecodeRequest:
 
     def __post_init__(self):
         integer_arg(self.max_new_tokens, "max_new_tokens")
+        if not isinstance(self.independent_noise, bool):      # a truthy string turned the ablation on
+            raise SpotError(f"independent_noise must be True or False, got {self.independent_noise!r}")
         for value, kind in ((self.sampling, Sampling), (self.budget, TreeBudget)):
             if not isinstance(value, kind):
                 raise SpotError(f"DecodeRequest.{kind.__name__.lower()} must be a {kind.__name__}, got {value!r}")
