@@ -658,6 +658,12 @@ def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
     lines = [json.loads(x) for x in proc.stdout.splitlines()]
     assert lines[0]["error"]["code"] == INVALID_ARGUMENT and "token_ids" in lines[1]
     assert proc.returncode == INVALID_ARGUMENT
+    # an absurd max_new_tokens: the context's error, not a buffer of spot_output_capacity ids allocated first (2e9
+    # ids: 16 GB, std::bad_alloc ended the batch)
+    proc = cli(spot_cli, "batch", "--model", tiny[0], stdin="--prompt-ids 1,2 --max-new-tokens 2000000000\n"
+                                                            "--prompt-ids 1,2 --max-new-tokens 4\n")
+    lines = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert "more than the model's limit" in lines[0]["error"]["message"] and "token_ids" in lines[1]
     proc = cli(spot_cli, "batch", "--model", tiny[0], stdin="garbage\n")
     assert "expected --flag value pairs, got 'garbage'" in json.loads(proc.stdout)["error"]["message"]
 

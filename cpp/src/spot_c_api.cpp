@@ -165,9 +165,12 @@ spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, 
 }
 
 size_t spot_output_capacity(const spot_model* model, size_t n_prompt, int max_new_tokens) {
-  (void)n_prompt;
   if (model == nullptr || max_new_tokens < 1) return 0;
-  return static_cast<size_t>(max_new_tokens) + static_cast<size_t>(model->engine->block_size()) - 1;
+  const size_t wanted = static_cast<size_t>(max_new_tokens) + static_cast<size_t>(model->engine->block_size()) - 1;
+  // never more than the context leaves after the prompt: a huge max_new_tokens is refused by spot_generate, and a
+  // caller sizing its buffer by this must not allocate gigabytes first
+  const size_t context = static_cast<size_t>(model->engine->max_context());
+  return std::min(wanted, context > n_prompt ? context - n_prompt : size_t(0));
 }
 
 spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_prompt,
@@ -205,7 +208,7 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
                      "spot_generate: out_capacity " + std::to_string(out_capacity) + " is below the " +
                          std::to_string(spot_output_capacity(model, n_prompt, o.max_new_tokens)) +
-                         " ids this request may produce (max_new_tokens + block_size - 1)");
+                         " ids this request may produce (spot_output_capacity)");
   return guarded(err, [&]() {
     spot::DecodeRequest req;
     req.decoder = kDecoderNames[o.decoder];

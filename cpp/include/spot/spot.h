@@ -148,7 +148,8 @@ SPOT_API void spot_close(spot_model* model); /* NULL is fine */
 
 SPOT_API spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, spot_error* err);
 
-/* Largest number of ids spot_generate may write for this request: max_new_tokens + block_size - 1. */
+/* Largest number of ids spot_generate may write for this request: max_new_tokens + block_size - 1, at most the
+   context left after the prompt (a request beyond the context is refused by spot_generate). */
 SPOT_API size_t spot_output_capacity(const spot_model* model, size_t n_prompt, int max_new_tokens);
 
 /* Decode `prompt` (n_prompt ids). Writes the generated ids after the prompt, cut before the first stop id, to
