@@ -421,3 +421,33 @@ def test_the_tuner_picks_the_budget_with_the_most_steps_per_second():
     assert (c.nodes, c.depth) == (4, 3) and c.expected_speedup == pytest.approx((2.4 / 18.5) / 0.1)
     c = choose_budget(memory_bound, spv, {})          # no host cost: the deepest tree's 2.8 / 12 wins
     assert (c.nodes, c.depth) == (16, 8) and c.expected_speedup == pytest.approx(2.8 / 12.0 / 0.1)
+
+
+@pytest.mark.parametrize("decoder", ["tree", "chain"])
+def test_non_finite_logits_of_a_candidate_the_walk_never_reads_do_not_fail(decoder):
+    """A verify pass runs candidates standard decoding never runs; NaN / inf in their logits (fp16 overflow on an
+    odd branch) must not fail SPOT where standard decoding succeeds: only the states the walk reads are checked.
+    Here every state standard decoding never evaluates gets NaN logits; SPOT reads exactly the standard states."""
+    engine = engine_for(8, 2)
+    seen = set()
+    real = engine._block_logits
+
+    def recording(states):
+        seen.update((engine.cached_len, s.tobytes()) for s in states)
+        return real(states)
+    req = DecodeRequest(24, sampling=Sampling(1.0, seed=4), budget=TreeBudget(8, 4))
+    engine._block_logits = recording
+    want = run_decoder("standard", engine, np.arange(5, 11), req)
+
+    def poisoned(states):
+        logits = real(states).copy()
+        for i, s in enumerate(states):
+            if (engine.cached_len, s.tobytes()) not in seen:
+                logits[i, 0, 0] = np.nan
+        return logits
+    engine._block_logits = poisoned
+    got = run_decoder(decoder, engine, np.arange(5, 11), req)
+    assert got.token_ids == want.token_ids and got.stats.passes["verify"] > 0
+    engine._block_logits = lambda states: np.full_like(real(states), np.nan)     # what the walk reads: refused
+    with pytest.raises(SpotError, match="non-finite logits"):
+        run_decoder(decoder, engine, np.arange(5, 11), req)

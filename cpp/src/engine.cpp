@@ -557,14 +557,18 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
   return r;
 }
 
-HostLogits TargetEngine::block_logits(const std::vector<int64_t>& states, int64_t n) {
+void TargetEngine::check_finite_rows(const float* rows, size_t count) const {
+  if (!all_finite(rows, count)) non_finite(cached_);
+}
+
+HostLogits TargetEngine::block_logits(const std::vector<int64_t>& states, int64_t n, bool check_finite) {
   check_states(states, n);
   std::vector<OrtOutput> out = run({"logits"}, states, n, b_, step_bias());
   std::vector<int64_t> want = {n, b_, cfg_.vocab_size};
   if (out[0].shape() != want || out[0].type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
     fail(SPOT_ERR_RUNTIME, "the target graph returned logits of an unexpected shape or type");
   HostLogits logits(std::move(out[0]));
-  if (!all_finite(logits.data(), static_cast<size_t>(n * b_ * cfg_.vocab_size))) non_finite(cached_);
+  if (check_finite && !all_finite(logits.data(), static_cast<size_t>(n * b_ * cfg_.vocab_size))) non_finite(cached_);
   return logits;
 }
 

@@ -91,7 +91,10 @@ class TargetEngine {
 
   void prefill(const std::vector<int64_t>& ids);             // resets the cache; ids.size() % B == 0
   // logits [N, B, V] float32 of N states [N*B] after the cache; stores nothing
-  HostLogits block_logits(const std::vector<int64_t>& states, int64_t n);
+  // The non-finite logits error unless rows[0 .. count) are all finite (the block at the current position).
+  void check_finite_rows(const float* rows, size_t count) const;
+  // check_finite false: the caller checks each state's rows when it reads them (HostPassOutputs)
+  HostLogits block_logits(const std::vector<int64_t>& states, int64_t n, bool check_finite = true);
   void store(const std::vector<int64_t>& state);             // appends the finished block's K/V
   // with the device sampler: a pass over N states [N*B] keeps its logits [N, B, V] where the target ran, and the
   // epilogue samples one of them (row `row`, block state `state` [B], commit step `step`) when the host reads it

@@ -38,9 +38,12 @@ class PassOutputs {
 };
 
 // The logits reached the host (outputs.HostOutputs).
+// Non-finite logits fail when a state's rows are READ (outputs.host_outputs): a verify pass also runs candidates the
+// walk never reaches, and standard decoding, which never runs them, must not fail where SPOT does not.
 class HostPassOutputs : public PassOutputs {
  public:
-  HostPassOutputs(HostLogits logits, int64_t b, int64_t vocab) : logits_(std::move(logits)), b_(b), v_(vocab) {}
+  HostPassOutputs(const TargetEngine& engine, HostLogits logits, int64_t b, int64_t vocab)
+      : engine_(engine), logits_(std::move(logits)), b_(b), v_(vocab) {}
   std::vector<int64_t> next_state(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx,
                                   uint32_t block, uint32_t step) const override {
     return step_fn(state, row(n), v_, ctx.mask_id, ctx.rule, ctx.sampling, block, step, ctx.noise);
@@ -51,7 +54,12 @@ class HostPassOutputs : public PassOutputs {
   }
 
  private:
-  const float* row(int64_t n) const { return logits_.data() + n * b_ * v_; }
+  const float* row(int64_t n) const {
+    const float* rows = logits_.data() + n * b_ * v_;
+    engine_.check_finite_rows(rows, static_cast<size_t>(b_ * v_));
+    return rows;
+  }
+  const TargetEngine& engine_;
   HostLogits logits_;
   int64_t b_, v_;
 };

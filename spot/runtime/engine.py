@@ -115,11 +115,15 @@ class Engine(ABC):
         self._check_room(self.block_size)
         return states
 
-    def _checked_logits(self, states: np.ndarray) -> np.ndarray:
+    def _shaped_logits(self, states: np.ndarray) -> np.ndarray:
         logits = self._block_logits(states)
         expected = (states.shape[0], self.block_size, self.config.vocab_size)
         if logits.shape != expected:
             raise RuntimeError(f"{self.name} returned logits of shape {logits.shape}, expected {expected}")
+        return logits
+
+    def _checked_logits(self, states: np.ndarray) -> np.ndarray:
+        logits = self._shaped_logits(states)
         if not np.isfinite(logits).all():
             self._non_finite()
         return logits
@@ -155,7 +159,9 @@ class Engine(ABC):
     def _block_logits(self, states: np.ndarray) -> np.ndarray: ...
 
     def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
-        return host_outputs(self._checked_logits(states), steps, sampling, block, noise)
+        # non-finite logits fail when a state's outputs are READ: a verify pass also runs candidates the walk never
+        # reaches, and standard decoding (which never runs them) must not fail where SPOT does not
+        return host_outputs(self._shaped_logits(states), steps, sampling, block, noise, self._non_finite)
 
     @abstractmethod
     def _store(self, state: np.ndarray) -> None: ...

@@ -33,15 +33,21 @@ class HostOutputs:
     sampling: Sampling
     block: int
     noise: NoiseCache | None = None    # the decode's noise cache (None: rows computed on each use)
+    non_finite: Callable[[], None] | None = None    # raises: the logits hold NaN / inf (called on any read)
+
+    def _read(self) -> np.ndarray:
+        if self.non_finite is not None:
+            self.non_finite()
+        return self.logits
 
     def next_state(self, state: np.ndarray, mask_id: int, rule: CommitRule) -> np.ndarray:
-        return step_fn(state, self.logits, mask_id, rule, self.sampling, self.block, self.step, self.noise)
+        return step_fn(state, self._read(), mask_id, rule, self.sampling, self.block, self.step, self.noise)
 
     def stale(self, masked: np.ndarray, independent_noise: bool = False) -> StaleView:
-        return StaleView(self.logits, masked, self.sampling, self.block, independent_noise, self.noise)
+        return StaleView(self._read(), masked, self.sampling, self.block, independent_noise, self.noise)
 
     def host_logits(self) -> np.ndarray:
-        return self.logits
+        return self._read()
 
 
 @dataclass(frozen=True)
@@ -108,10 +114,13 @@ class DeferredOutputs:
         return SampledOutputs.host_logits(self)
 
 
-def host_outputs(logits: np.ndarray, steps, sampling: Sampling, block: int,
-                 noise: NoiseCache | None = None) -> list[HostOutputs]:
-    """logits [N, B, V] of N states whose commit steps are steps [N] -> one HostOutputs per state."""
-    return [HostOutputs(logits[i], int(s), sampling, block, noise) for i, s in enumerate(steps)]
+def host_outputs(logits: np.ndarray, steps, sampling: Sampling, block: int, noise: NoiseCache | None = None,
+                 non_finite: Callable[[], None] | None = None) -> list[HostOutputs]:
+    """logits [N, B, V] of N states whose commit steps are steps [N] -> one HostOutputs per state. non_finite: what
+    reading a state whose logits hold NaN / inf raises (checked per state here, raised only when it is read)."""
+    bad = ~np.isfinite(logits).all(axis=(1, 2)) if non_finite is not None else np.zeros(len(steps), bool)
+    return [HostOutputs(logits[i], int(s), sampling, block, noise, non_finite if bad[i] else None)
+            for i, s in enumerate(steps)]
 
 
 def sampled_outputs(result, steps) -> list[SampledOutputs]:
