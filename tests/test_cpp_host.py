@@ -22,6 +22,7 @@ from spot.engines.ort_engine import OrtEngine
 from spot.export.export import ExportOptions, export_checkpoint
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
+from spot.errors import SpotError
 from spot.runtime.drafter import DEFAULT_RUNNER_UP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT, load_drafter
 from spot.runtime.step import STATIC, THRESHOLD
 
@@ -559,6 +560,21 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     other_target = edited("target", lambda m: m["target"].update(vocab_size=4096))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", other_target, *ids), INCOMPATIBLE,
            "another target", "vocab_size")
+    for name, edit, says in (("member", lambda m: m.update(member_threshold=2.0), "member_threshold is 2"),
+                             ("stale", lambda m: m.update(max_staleness=0), "max_staleness is 0")):
+        bad = edited(name, edit)
+        _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", bad, *ids), CORRUPT, says)
+        with pytest.raises(SpotError, match=says):
+            load_drafter(bad)
+    epilogue = tmp_path / "epilogue"          # a manifest's future_steps beyond the block: refused at open
+    shutil.copytree(folder, epilogue)
+    manifest = json.loads((epilogue / "manifest.json").read_text())
+    manifest["graphs"]["epilogue"]["future_steps"] = 2**31
+    (epilogue / "manifest.json").write_text(json.dumps(manifest))
+    _fails(cli(spot_cli, "generate", "--model", epilogue, "--sampler", "device", *ids), CORRUPT,
+           "future_steps is 2147483648, expected 1..")
+    with pytest.raises(SpotError, match="future_steps is 2147483648, expected 1.."):
+        OrtEngine(epilogue, sampler="device")
     anonymous = edited("anonymous", lambda m: m.update(target={}))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", anonymous, *ids), CORRUPT,
            "names no target vocab_size")

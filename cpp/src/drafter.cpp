@@ -80,7 +80,12 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
     d->target = m.at("target");
     d->target.members();
     if (const Json* t = m.find("member_threshold"); t && !t->is_null()) d->member_threshold = t->number();
+    if (!(d->member_threshold > 0 && d->member_threshold < 1))   // drafter.check_member_threshold
+      fail(SPOT_ERR_CORRUPT, "member_threshold is " + std::to_string(d->member_threshold) +
+                                 ", expected a number in (0, 1)");
     if (const Json* t = m.find("max_staleness"); t && !t->is_null()) d->max_staleness = t->integer();
+    if (d->max_staleness < 1)
+      fail(SPOT_ERR_CORRUPT, "max_staleness is " + std::to_string(d->max_staleness) + ", expected an integer >= 1");
     if (const Json* t = m.find("tau"); t && !t->is_null()) d->tau = t->number();
     if (const Json* t = m.find("order_temperature"); t && !t->is_null()) {
       d->order_temperature = t->number();

@@ -255,8 +255,10 @@ void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device de
     fail(SPOT_ERR_INCOMPATIBLE, f.folder + " has no sampling epilogue graph (needed by the device sampler): "
                                            "add one with `spot upgrade-export " + f.folder + "` (--epilogue-steps "
                                            "N, N > 0; the weights stay), or use the host sampler");
-  if (f.epilogue_steps < 1)
-    fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + ": the epilogue's future_steps must be >= 1");
+  if (f.epilogue_steps < 1 || f.epilogue_steps > f.config.block_size)   // spot-export's bound (1..B)
+    fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + ": the epilogue's future_steps is " +
+                               std::to_string(f.epilogue_steps) + ", expected 1.." +
+                               std::to_string(f.config.block_size) + " (the block size)");
   // TensorRT has neither float64 nor uint32 arithmetic: the epilogue runs on the CUDA provider (as in Python)
   SessionConfig sc = session_config(threads, device == Device::kTensorRT ? Device::kCuda : device);
   epilogue_ = std::make_unique<OrtSessionHandle>(f.epilogue_graph, sc);

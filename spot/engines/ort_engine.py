@@ -237,7 +237,11 @@ class OrtEngine(Engine):
         session = make_session(self.exported.graph_path("epilogue"), self.place, self.exported.dtype, threads)
         self._epilogue_outputs = epilogue_outputs(session, self.exported.graph_path("epilogue"))
         self._epilogue_positions = epilogue_positions(session, graphs["epilogue"], self.block_size)
-        return session, int(graphs["epilogue"]["future_steps"])
+        steps = int(graphs["epilogue"]["future_steps"])
+        if not 1 <= steps <= self.block_size:          # spot-export's bound; the C++ host's check too
+            raise SpotError(f"{self.exported.folder}/manifest.json: the epilogue's future_steps is {steps}, "
+                            f"expected 1..{self.block_size} (the block size)", "re-export the folder with spot-export")
+        return session, steps
 
     @property
     def sampler_depth(self) -> int | None:

@@ -214,8 +214,14 @@ class Drafter:
         self.block_size = int(manifest["block_size"])
         self.target = dict(manifest["target"])
         self.member_threshold = float(manifest.get("member_threshold", 0.5))
+        if not 0 < self.member_threshold < 1:
+            raise SpotError(f"{self.path}: member_threshold is {self.member_threshold}, expected a number in (0, 1)",
+                            "re-export it with `spot train-drafter`")
         self.member_offset = logit(self.member_threshold)
         self.max_staleness = int(manifest.get("max_staleness", MAX_STALENESS))
+        if self.max_staleness < 1:
+            raise SpotError(f"{self.path}: max_staleness is {self.max_staleness}, expected an integer >= 1",
+                            "re-export it with `spot train-drafter`")
         self.tau = manifest.get("tau")     # the threshold rule's tau the membership head learned
         self.order_temperature = check_order_temperature(manifest.get(ORDER_TEMPERATURE, 1.0), self.path)
         self.runner_up_weight = check_runner_up_weight(manifest.get(RUNNER_UP_WEIGHT, DEFAULT_RUNNER_UP_WEIGHT),
