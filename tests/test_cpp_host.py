@@ -575,6 +575,12 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
            "future_steps is 2147483648, expected 1..")
     with pytest.raises(SpotError, match="future_steps is 2147483648, expected 1.."):
         OrtEngine(epilogue, sampler="device")
+    manifest["graphs"]["epilogue"]["future_steps"] = 2
+    manifest["graphs"]["epilogue"]["file"] = "../../etc/passwd"       # a graph outside the folder
+    (epilogue / "manifest.json").write_text(json.dumps(manifest))
+    _fails(cli(spot_cli, "generate", "--model", epilogue, *ids), CORRUPT, "names graph file '../../etc/passwd'")
+    with pytest.raises(SpotError, match="names graph file '../../etc/passwd', expected a file name"):
+        OrtEngine(epilogue, sampler="device")
     anonymous = edited("anonymous", lambda m: m.update(target={}))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", anonymous, *ids), CORRUPT,
            "names no target vocab_size")

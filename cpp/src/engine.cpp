@@ -117,15 +117,23 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
     ef.block_size = m.at("block_size").integer();
     ef.max_nodes = m.at("max_nodes").integer();
     ef.max_context = m.at("max_context").integer();
+    // a graph is a file of the folder itself (as verify_files' names): never a path that leaves it
+    auto graph_file = [&](const Json& entry) {
+      const std::string name = entry.at("file").str();
+      if (name.empty() || name.find('/') != std::string::npos || name.find('\\') != std::string::npos ||
+          name == "." || name == "..")
+        fail(SPOT_ERR_CORRUPT, mpath + " names graph file '" + name + "', expected a file name in its own folder");
+      return join(folder, name);
+    };
     const Json& target = m.at("graphs").at("target");
-    ef.target_graph = join(folder, target.at("file").str());
+    ef.target_graph = graph_file(target);
     if (const Json* epi = m.at("graphs").find("epilogue"); epi && !epi->is_null()) {
-      ef.epilogue_graph = join(folder, epi->at("file").str());
+      ef.epilogue_graph = graph_file(*epi);
       ef.epilogue_steps = epi->at("future_steps").integer();
       if (const Json* p = epi->find("positions_per_call"); p && !p->is_null()) ef.epilogue_positions = p->integer();
     }
     if (const Json* kv = m.at("graphs").find("kv_append"); kv && !kv->is_null())
-      ef.kv_append_graph = join(folder, kv->at("file").str());
+      ef.kv_append_graph = graph_file(*kv);
     // the decoding defaults copied from the model config (spot.export.manifest.check_manifest_fields): the
     // manifest is not hashed, so an edit is refused rather than half used
     bool same = ef.block_size == ef.config.block_size;

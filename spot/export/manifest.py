@@ -115,7 +115,11 @@ class ExportedModel:
         if name not in graphs:
             raise SpotError(f"the exported folder {self.folder} has no {name!r} graph "
                             f"(it has: {', '.join(graphs) or 'none'})", "re-export it with a newer spot-export")
-        return self.folder / graphs[name]["file"]
+        file = str(graphs[name]["file"])
+        if Path(file).name != file or file in ("", ".", ".."):     # never a path that leaves the folder
+            raise SpotError(f"{self.folder}/manifest.json names graph file {file!r}, expected a file name in its "
+                            "own folder", "re-export it with spot-export")
+        return self.folder / file
 
 
 def write_manifest(folder: Path, manifest: dict) -> Path:
