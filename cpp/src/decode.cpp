@@ -196,7 +196,7 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
                                         std::to_string(n_blocks * b) + " positions, more than the model's limit of " +
                                         std::to_string(engine.max_context()));
   const std::vector<int64_t> stop = req.stop_ids ? *req.stop_ids : cfg.stop_ids;
-  for (int64_t s : stop)   // decode.generate: an id the model cannot produce would never stop it
+  for (int64_t s : req.stop_ids ? stop : std::vector<int64_t>{})   // a request's, as decode.generate checks them
     if (s < 0 || s >= cfg.vocab_size)
       fail(SPOT_ERR_INVALID_ARGUMENT, "stop id " + std::to_string(s) + " is outside the vocabulary [0, " +
                                           std::to_string(cfg.vocab_size) + ")");

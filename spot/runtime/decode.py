@@ -155,8 +155,8 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
     prompt = check_request(engine, prompt_ids, max_new_tokens)
     cfg, b = engine.config, engine.block_size
     stop = set(cfg.stop_ids if stop_ids is None else stop_ids)
-    outside = sorted(i for i in stop if not 0 <= i < cfg.vocab_size)
-    if outside:
+    outside = sorted(i for i in stop if not 0 <= i < cfg.vocab_size) if stop_ids is not None else []
+    if outside:     # (a request's; the config's are the model's own: an odd one there just never matches)
         raise SpotError(f"stop id {outside[0]} is outside the vocabulary [0, {cfg.vocab_size})",
                         "the ids do not belong to this model's tokenizer")
     stats = stats or DecodeStats()
