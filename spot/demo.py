@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
 from spot.errors import SpotError
+from spot.files import spot_cache
 
 # Sampled, not greedy: greedy text of the small embedded model loops, and the claim to show is exactness at any
 # temperature (the tree shares the target's Gumbel noise)
@@ -16,7 +16,7 @@ DEMO_TEMPERATURE = 0.7
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot"))
+    return spot_cache()
 
 
 def exported_embedded(progress: Callable[[str], None]) -> Path:

@@ -13,6 +13,11 @@ from spot.errors import SpotError
 TEMP_PREFIX = ".spot-"      # short: a legal 255-byte name must not grow past the limit as its temporary
 
 
+def spot_cache() -> Path:
+    """$SPOT_CACHE, else ~/.cache/spot: exports of the embedded model, engine caches, tuned budgets."""
+    return Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot"))
+
+
 def publish(tmp: str | Path, path: str | Path) -> None:
     """Rename a finished temporary file to `path`, readable as a file created there would be: mkstemp makes 0600
     files, an output is shared (0666 less the umask)."""

@@ -8,7 +8,6 @@ speed: SPOT's output is the same at every budget.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
@@ -19,16 +18,21 @@ from pathlib import Path
 
 from spot.descriptors import load_descriptor
 from spot.errors import SpotError
-from spot.files import write_text_atomic
+from spot.files import spot_cache, write_text_atomic
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import THRESHOLD
+
+try:
+    import fcntl          # POSIX: concurrent tunes keep each other's entries
+except ImportError:       # pragma: no cover - Windows: records are written without the lock
+    fcntl = None
 
 FORMAT, FORMAT_VERSION = "spot-tuning", 1
 TUNABLE_DECODERS = ("spot", "spot-sets", "tree")    # decoders whose speed the (nodes, depth) budget sets
 
 
 def tuning_dir() -> Path:
-    return Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot")) / "tuning"
+    return spot_cache() / "tuning"
 
 
 def machine_identity() -> dict:
@@ -104,7 +108,8 @@ def save_tuning(key: dict, tune_result: dict, warn=None) -> Path:
     path = record_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "key": key, "by_temperature": {}}
         if path.is_file():
             try:

@@ -8,7 +8,6 @@ over N candidate states and store passes; the graph returns only the new tokens'
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from functools import partial
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 
 from spot.engines.buckets import Profile, trt_shape_option
 from spot.errors import SpotError
+from spot.files import spot_cache
 from spot.export.manifest import NP_DTYPES, load_manifest
 from spot.runtime.engine import Engine, check_threads
 
@@ -37,8 +37,7 @@ def _ort():
 def trt_cache_dir(folder: Path) -> Path:
     """TensorRT engine cache outside the (possibly read-only) exported folder, keyed by the folder's manifest."""
     key = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()[:16]
-    base = Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot"))
-    return base / "trt" / key
+    return spot_cache() / "trt" / key
 
 
 def trt_options(cache: Path, fp16: bool, profile: Profile | None) -> dict:

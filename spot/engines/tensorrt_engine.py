@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -33,6 +32,7 @@ from spot.engines.buckets import BucketPlan, pad_nodes
 from spot.engines.kv_cache import StaticKVCache
 from spot.export.memory_plan import default_epilogue_positions
 from spot.errors import SpotError
+from spot.files import spot_cache
 from spot.runtime.engine import Engine
 
 INSTALL_HINT = ("Jetson (JetPack 6.x, TensorRT 10.3): `sudo apt install python3-libnvinfer` (part of JetPack; use the "
@@ -109,7 +109,7 @@ def engine_cache_key(onnx_files: list[Path], version: str, gpu: str, options: Bu
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot")) / "tensorrt"
+    return spot_cache() / "tensorrt"
 
 
 def _network_flags(trt, strongly_typed: bool) -> int:
