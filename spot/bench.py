@@ -230,6 +230,8 @@ def host_facts() -> dict:
 
 
 TUNE_NEW_TOKENS = 48       # tokens decoded per prompt while the tuner measures acceptance
+# the budgets spot tune and spot bench --tune try (beside no speculation; those that do not fit an engine are skipped)
+TUNE_CANDIDATES = tuple(TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16)))
 
 
 def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: list[TreeBudget],

@@ -16,6 +16,7 @@ import numpy as np
 
 from spot.config import ModelConfig, load_config
 from spot.errors import SpotError
+from spot.files import plain_file_name
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64, "I64": np.int64,
            "I32": np.int32, "I8": np.int8, "U8": np.uint8}
@@ -110,7 +111,7 @@ def read_weight_map(index: Path) -> dict[str, str]:
         raise SpotError(f"{index} is not a valid safetensors index: weight_map must be an object of tensor name -> "
                         f"shard file name, got {got if not isinstance(weight_map, dict) else 'non-string shards'}",
                         remedy)
-    outside = [s for s in weight_map.values() if Path(s).name != s or s in ("", ".", "..")]
+    outside = [s for s in weight_map.values() if not plain_file_name(s)]
     if outside:
         raise SpotError(f"{index} names shard {outside[0]!r}, expected a file name in its own folder", remedy)
     return weight_map

@@ -255,8 +255,8 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
                                *(["--mode", "threshold"] if rule.kind == "threshold" and decoder != "spot-sets"
                                  else []),
                                *(["--tau", f"{tau:g}"] if rule.kind == "threshold" else [])])
-    tree_budget, tuned = _tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, request,
-                                      tune_command)
+    tree_budget, tuned = _tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, rule,
+                                      request.sampling.temperature, tune_command)
     request = DecodeRequest(max_new_tokens, mode, tau, sampling, tree_budget)
     on_block, text_stream = None, None
     if stream and as_json:
@@ -273,7 +273,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     stats = gen.stats
     if as_json:
         out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "prompt_len": gen.prompt_len,
-               "block_size": engine.block_size, "mode": rule_for(decoder, request).kind, "decoder": decoder,
+               "block_size": engine.block_size, "mode": rule.kind, "decoder": decoder,
                "backend": backend,
                "placement": engine.placement, "budget": {"nodes": tree_budget.nodes, "depth": tree_budget.depth,
                                                          "tuned": tuned}, **stats.to_dict()}
@@ -305,11 +305,11 @@ def _budget_nodes(budget: str, decoder: str) -> int | None:
         raise SpotError(f"--budget takes a number of nodes or auto, got {budget!r}") from None
 
 
-def _tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, drafter, request, tune_command: str):
+def _tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, drafter, rule, temperature: float,
+                 tune_command: str):
     """--budget N / --depth D (default depth: 8, at most the block size), or --budget auto (nodes None): the budget
-    `spot tune` recorded (spot.tuned; tune_command is the command that records it). Returns (TreeBudget, where an
-    auto budget came from, or None)."""
-    from spot.runtime.decoders import rule_for
+    `spot tune` recorded for this decoder and commit rule at the temperature nearest `temperature` (spot.tuned;
+    tune_command is the command that records it). Returns (TreeBudget, where an auto budget came from, or None)."""
     from spot.runtime.spot import TreeBudget
     if nodes is not None:
         return TreeBudget(nodes, depth).resolve(engine), None
@@ -317,8 +317,8 @@ def _tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, dra
         raise SpotError("--depth is part of the tuned budget with --budget auto", "leave out --depth, or pass "
                         "--budget N --depth D")
     from spot.tuned import tuned_budget, tuning_key
-    key = tuning_key(engine, backend, folder, decoder, drafter, rule_for(decoder, request))
-    found, tuned_at, path = tuned_budget(key, request.sampling.temperature, tune_command, engine)
+    key = tuning_key(engine, backend, folder, decoder, drafter, rule)
+    found, tuned_at, path = tuned_budget(key, temperature, tune_command, engine)
     return found, {"temperature": tuned_at, "record": str(path)}
 
 
@@ -817,7 +817,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     """
     from pathlib import Path
 
-    from spot.bench import BenchConfig, load_prompts, markdown_table, run_bench, tune_by_temperature, write_report
+    from spot.bench import (TUNE_CANDIDATES, BenchConfig, load_prompts, markdown_table, run_bench,
+                            tune_by_temperature, write_report)
     from spot.runtime.decoders import DECODERS as ALL
 
     names = tuple(dict.fromkeys(d.strip() for d in decoders.split(",") if d.strip()))
@@ -851,10 +852,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     result = run_bench(engine, prompts, cfg, drafter, progress=say, other_drafters=others)
     if tune:
-        from spot.runtime.spot import TreeBudget
-        cands = [TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16))]
         decoder = "spot" if drafter is not None else "tree"
-        result["tune"] = tune_by_temperature(engine, prompts, cfg, cands, decoder, drafter, progress=say,
+        result["tune"] = tune_by_temperature(engine, prompts, cfg, TUNE_CANDIDATES, decoder, drafter, progress=say,
                                              tokenizer=tokenizer)
     paths = write_report(result, report_dir, plots)
     if tune:       # after the report: what --budget auto then decodes with
@@ -902,9 +901,8 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     """
     import json
 
-    from spot.bench import tune_budget, tuning_prompts, tuning_room
+    from spot.bench import TUNE_CANDIDATES, tune_budget, tuning_prompts, tuning_room
     from spot.runtime.decoders import DecodeRequest, rule_for
-    from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
     from spot.tuned import save_tuning, tuning_key
 
@@ -928,9 +926,8 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
         except SpotError:
             click.echo("no drafter found: tuning the training-free tree decoder", err=True)
             decoder = "tree"
-    cands = [TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16))]
     rule = rule_for(decoder, request)
-    out = tune_budget(engine, prompts, temperature, cands, drafter, decoder,
+    out = tune_budget(engine, prompts, temperature, TUNE_CANDIDATES, drafter, decoder,
                       progress=lambda line: click.echo(line, err=True), rule=rule)
     out["decoder"], out["rule"] = decoder, {"kind": rule.kind, "tau": rule.tau}
     if save:

@@ -13,6 +13,12 @@ from spot.errors import SpotError
 TEMP_PREFIX = ".spot-"      # short: a legal 255-byte name must not grow past the limit as its temporary
 
 
+def plain_file_name(name: str) -> bool:
+    """True for the name of a file in a folder itself: no separator, not "", "." or ".." (a name a descriptor gives
+    must never lead out of its folder)."""
+    return Path(name).name == name and name not in ("", ".", "..")
+
+
 def spot_cache() -> Path:
     """$SPOT_CACHE, else ~/.cache/spot: exports of the embedded model, engine caches, tuned budgets."""
     return Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot"))

@@ -24,6 +24,7 @@ import numpy as np
 from spot.config import ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError
+from spot.files import plain_file_name
 from spot.runtime.drafter import DRAFTER_JSON, DRAFTER_ONNX
 
 # The model dtypes an exported folder may have (manifest "dtype") as numpy dtypes: here, not in spot.export.graph,
@@ -116,7 +117,7 @@ class ExportedModel:
             raise SpotError(f"the exported folder {self.folder} has no {name!r} graph "
                             f"(it has: {', '.join(graphs) or 'none'})", "re-export it with a newer spot-export")
         file = str(graphs[name]["file"])
-        if Path(file).name != file or file in ("", ".", ".."):     # never a path that leaves the folder
+        if not plain_file_name(file):     # never a path that leaves the folder
             raise SpotError(f"{self.folder}/manifest.json names graph file {file!r}, expected a file name in its "
                             "own folder", "re-export it with spot-export")
         return self.folder / file
