@@ -16,6 +16,7 @@ import click
 from spot import __version__
 from spot.engines.factory import BACKENDS
 from spot.errors import SpotError
+from spot.entry import INTERRUPTED_LINE, TERMINATED_LINE
 from spot.files import check_output_path
 from spot.demo import DEMO_TEMPERATURE
 from spot.runtime.decoders import DECODERS
@@ -70,15 +71,15 @@ class SpotGroup(click.Group):
         except KeyboardInterrupt:       # Ctrl-C: one line (temporary outputs were removed while unwinding)
             if ctx.meta.get("spot.debug"):
                 raise
-            click.echo("\nerror: interrupted (Ctrl-C); outputs not completed were not written", err=True)
+            click.echo("\n" + INTERRUPTED_LINE, err=True)
             ctx.exit(130)
         except SystemExit as e:
             if TERMINATED and e.code == 128 + TERMINATED[0]:
-                click.echo("error: terminated (SIGTERM); outputs not completed were not written", err=True)
+                click.echo(TERMINATED_LINE, err=True)
             raise
         except ImportError as e:
             if TERMINATED:      # SIGTERM's exit inside an extension's import surfaces as "initialization failed"
-                click.echo("error: terminated (SIGTERM); outputs not completed were not written", err=True)
+                click.echo(TERMINATED_LINE, err=True)
                 raise SystemExit(128 + TERMINATED[0]) from None
             package = (e.name or "").split(".")[0]
             if (ctx.meta.get("spot.debug") or not isinstance(e, ModuleNotFoundError)

@@ -3,8 +3,11 @@ error paths (one `error:` line, a hint, exit 2, no traceback)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
+import sys
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -507,3 +510,27 @@ def test_corpus_prompts_fit_a_small_context_in_calibrate_drafter_and_traces(as_e
             "--dry-run", "--quiet")
     assert r.exit_code == 0, r.output
     assert r.stderr == "" and json.loads(r.stdout)["order_temperature"] in (1.0, 2.0)
+
+
+@pytest.mark.parametrize("signal_kind", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_cli_is_imported_ends_with_one_line(monkeypatch, capsys, signal_kind):
+    """Ctrl-C / SIGTERM during the first third of a second (numpy, ONNX Runtime, click being imported, before click
+    runs): the console script says the same one line as during a command (130 / 143), not a traceback."""
+    import builtins
+    import spot.entry
+    monkeypatch.delitem(sys.modules, "spot.cli")
+    real_import = builtins.__import__
+
+    def import_interrupted(name, *args, **kwargs):
+        if name == "spot.cli":
+            if signal_kind == "SIGINT":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)     # the handler spot.entry installed for the import raises here
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", import_interrupted)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as ended:
+        spot.entry.spot()
+    code, says = (130, "error: interrupted (Ctrl-C)") if signal_kind == "SIGINT" else (143, "error: terminated")
+    assert ended.value.code == code and says in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before       # the import's handler is not left behind
