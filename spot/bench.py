@@ -23,7 +23,7 @@ from spot.runtime.decoders import DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
-from spot.runtime.tuning import choose_budget, measure_latency_curve
+from spot.runtime.tuning import PassProfile, choose_budget, measure_latency_curve
 
 ID_KEYS = ("ids", "prompt_ids", "token_ids")
 
@@ -254,18 +254,26 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
     standard = [run_decoder(baseline, engine, p.ids, request) for p in prompts]
     standard_host = (sum(g.stats.extra.get("sample_ms", 0.0) for g in standard)
                      / max(sum(g.stats.steps for g in standard), 1))
-    spv, host = {}, {}
+    standard_profile = PassProfile.of(standard, standard_host * sum(g.stats.steps for g in standard))
+    spv, host, profiles = {}, {}, {}
     for budget in candidates:
+        key = (budget.nodes, budget.depth)
         gens = [run_decoder(decoder, engine, p.ids, replace(request, budget=budget), drafter) for p in prompts]
         s = summarize(gens)
-        spv[(budget.nodes, budget.depth)] = s.get("steps_per_verify", 1.0)
-        host[(budget.nodes, budget.depth)] = s.get("draft_ms_per_verify", 0.0) + s.get("walk_ms_per_verify", 0.0)
+        spv[key] = s.get("steps_per_verify", 1.0)
+        host[key] = s.get("draft_ms_per_verify", 0.0) + s.get("walk_ms_per_verify", 0.0)
+        # host ms in all: the rounds', and each block's first step sampled as standard decoding samples it
+        profiles[key] = PassProfile.of(gens, host[key] * s["passes_by_kind"].get("verify", 0)
+                                       + standard_host * s["passes_by_kind"].get("block", 0))
         if progress:
-            progress(f"budget {budget.nodes}x{budget.depth}: {spv[(budget.nodes, budget.depth)]:.2f} steps/verify")
-    choice = choose_budget(curve, spv, host, standard_host)
+            progress(f"budget {budget.nodes}x{budget.depth}: {spv[key]:.2f} steps/verify, "
+                     f"{profiles[key].expected_ms(curve) / max(profiles[key].steps, 1):.2f} ms/step expected")
+    choice = choose_budget(curve, standard_profile, profiles)
     return {"temperature": temperature, "latency_ms": curve, "standard_host_ms_per_step": standard_host,
             "steps_per_verify": {f"{n}x{d}": v for (n, d), v in spv.items()},
             "host_ms": {f"{n}x{d}": v for (n, d), v in host.items()},
+            "expected_speedup": {f"{n}x{d}": p.steps_per_ms(curve) / standard_profile.steps_per_ms(curve)
+                                 for (n, d), p in profiles.items()},
             "choice": {"nodes": choice.nodes, "depth": choice.depth,
                        "expected_speedup": choice.expected_speedup}}
 

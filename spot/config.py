@@ -115,7 +115,11 @@ def check_block_size(block_size: int, max_positions: int | None = None) -> None:
 
 
 def _stop_ids_from(model_dir: Path, raw: dict) -> tuple[int, ...]:
-    """generation_config.json's eos_token_id (int or list) wins; else config's eos; else the chat defaults."""
+    """generation_config.json's eos_token_id (int or list) wins; else config's eos; else the chat defaults.
+
+    A Qwen-vocabulary checkpoint without generation_config.json (SDAR-4B-Chat's training folder: config.json says
+    eos 151643 only) also stops on the other chat stop id of SPEC §1: without `<|im_end|>` a chat reply runs past
+    the end of its turn to max_new_tokens."""
     gen = model_dir / "generation_config.json"
     eos, source = None, gen
     if gen.is_file():
@@ -132,6 +136,8 @@ def _stop_ids_from(model_dir: Path, raw: dict) -> tuple[int, ...]:
     if not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
         raise SpotError(f"{source}: eos_token_id is {eos!r}, expected a token id or a list of token ids",
                         "restore the file from the checkpoint")
+    if source.name == "config.json" and set(ids) <= set(DEFAULT_STOP_IDS):
+        ids = [*ids, *(i for i in DEFAULT_STOP_IDS if i not in ids)]
     return tuple(ids)
 
 

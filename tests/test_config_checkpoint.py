@@ -108,6 +108,19 @@ def test_fixture_8b_stop_ids_from_generation_config():
     assert load_config(folder).stop_ids == (151645, 151643)
 
 
+def test_a_chat_checkpoint_without_generation_config_also_stops_at_im_end(tmp_path):
+    """SDAR-4B-Chat's folder has no generation_config.json and config.json says eos 151643 (<|endoftext|>) only:
+    the chat turn's end <|im_end|> (151645, SPEC §1) is a stop id too. Other vocabularies keep config's eos."""
+    folder = FIXTURES / "sdar-4b-chat"
+    if folder.is_dir():
+        assert not (folder / "generation_config.json").exists()
+        assert load_config(folder).stop_ids == (151643, 151645)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(eos_token_id=151643, vocab_size=151936)))
+    assert load_config(tmp_path).stop_ids == (151643, 151645)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 151643}))   # the model's own word
+    assert load_config(tmp_path).stop_ids == (151643,)
+
+
 def test_sdar_moe_is_refused_by_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(hf_config(model_type="sdar_moe", num_experts=128)))
     msg = error_of(load_config, tmp_path)

@@ -115,13 +115,15 @@ def test_noise_graph_equals_numpy_noise():
 
 @needs_glibc_fma
 @pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0])
-@pytest.mark.parametrize("top_k", [0, 7])
-@pytest.mark.parametrize("exclude_argmax", [False, True])
+@pytest.mark.parametrize("top_k", [0, 1, 7])
+@pytest.mark.parametrize("exclude_argmax", [False, True, "every row"])
 def test_epilogue_is_bit_identical_to_numpy(session, temperature, top_k, exclude_argmax):
     logits = _logits()
     steps = np.array([0, 3, 1, 6])
     # excluding a token that is the argmax somewhere (as the mask id can be) must move the sample, not the softmax
     exclude = int(logits[0, 0].argmax()) if exclude_argmax else -1
+    if exclude_argmax == "every row":       # with top-k 1 no token is left: token 0 (spec ties), as every host
+        logits[..., exclude] = logits.max() + 3
     sampling = Sampling(temperature=temperature, top_k=top_k, seed=12345, exclude_token=exclude)
     got = run_epilogue(session, logits, steps, sampling, block=5)
     want = reference_epilogue(logits, steps, sampling, block=5, future_steps=D)
@@ -129,7 +131,9 @@ def test_epilogue_is_bit_identical_to_numpy(session, temperature, top_k, exclude
         assert np.array_equal(getattr(got, name), getattr(want, name)), name
     if exclude >= 0:
         assert not (got.token == exclude).any() and not (got.future_tokens == exclude).any()
-    if temperature > 0:   # the noise matters: samples differ from the argmax, and from step to step
+    if exclude_argmax == "every row" and top_k == 1 and temperature > 0:
+        assert (got.token == 0).all()
+    if temperature > 0 and top_k != 1:   # the noise matters: samples differ from the argmax, and from step to step
         assert (got.token != logits.argmax(-1)).any()
         assert (got.future_tokens != got.token[:, None]).any()
 
@@ -300,22 +304,28 @@ def test_spec_is_checked():
 
 
 @needs_glibc_fma
-@pytest.mark.parametrize("temperature, forced_fallback, exclude_argmax", [(0.0, False, True), (0.8, False, False),
-                                                                        (0.8, True, True), (0.8, False, True)])
-def test_torch_twin_is_bit_identical_to_numpy(temperature, forced_fallback, exclude_argmax, monkeypatch):
+@pytest.mark.parametrize("temperature, forced_fallback, exclude_argmax, top_k",
+                         [(0.0, False, True, 5), (0.8, False, False, 5), (0.8, True, True, 5), (0.8, False, True, 5),
+                          (0.8, False, "every row", 1)])
+def test_torch_twin_is_bit_identical_to_numpy(temperature, forced_fallback, exclude_argmax, top_k, monkeypatch):
+    """... including rows where top-k keeps only the excluded mask id: no token can win, and every implementation
+    takes the smallest id (0) as the spec's ties rule does (the twin took the smallest of its arbitrary
+    candidates)."""
     torch = pytest.importorskip("torch")
     from spot.reference.noise_torch import epilogue_torch
     if forced_fallback:               # every certificate fails: the exact noise over V decides
         monkeypatch.setattr("spot.export.epilogue.NATIVE_NOISE_MARGIN", float("inf"))
     logits = _logits(3, n=2)[:, :, :200].copy()
     exclude = int(logits[0, 0].argmax()) if exclude_argmax else -1      # the mask id may be a row's argmax
-    sampling = Sampling(temperature=temperature, top_k=5, seed=77, exclude_token=exclude)
+    if exclude_argmax == "every row":
+        logits[..., exclude] = logits.max() + 3
+    sampling = Sampling(temperature=temperature, top_k=top_k, seed=77, exclude_token=exclude)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)          # small tensors on a shared 2-core CI machine
     try:
         with torch.inference_mode():
-            got = epilogue_torch(torch.from_numpy(logits), [1, 4], 77, 3, temperature, 5, 2, exclude)
-            run = epilogue_torch(torch.from_numpy(logits[:, 3:6].copy()), [1, 4], 77, 3, temperature, 5, 2, exclude,
+            got = epilogue_torch(torch.from_numpy(logits), [1, 4], 77, 3, temperature, top_k, 2, exclude)
+            run = epilogue_torch(torch.from_numpy(logits[:, 3:6].copy()), [1, 4], 77, 3, temperature, top_k, 2, exclude,
                                  first_position=3)        # a run of positions: the same rows
     finally:
         torch.set_num_threads(threads)

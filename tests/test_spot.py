@@ -405,22 +405,53 @@ def test_one_request_at_a_time_per_engine(decoder):
 
 
 def test_the_tuner_picks_the_budget_with_the_most_steps_per_second():
-    """Known answers: a compute-bound curve (4x3 costs 3x a pass) vs a memory-bound one (nearly flat)."""
-    from spot.runtime.tuning import choose_budget
+    """Known answers from pass counts: 25 blocks of 4 steps; standard decoding = 100 one-state step passes + 25 store
+    passes; a 4x3 tree = per block its first pass, 2 verify passes of 4 nodes, the store pass; a 16x8 tree = its
+    first pass, 1 verify pass of 16 nodes, the store pass. Compute-bound (4x3 costs 3 passes) vs memory-bound."""
+    from spot.runtime.tuning import PassProfile, choose_budget
+    standard = PassProfile(steps=100, single_passes=125)
+    small = PassProfile(steps=100, single_passes=50, verify_nodes=(4,) * 50)
+    big = PassProfile(steps=100, single_passes=50, verify_nodes=(16,) * 25)
+    trees = {(4, 3): small, (16, 8): big}
     compute_bound = {1: 4.0, 4: 12.0, 16: 44.0}
-    spv = {(4, 3): 2.4, (16, 8): 2.8}
-    host = {(4, 3): 8.0, (16, 8): 20.0}
-    # standard: 1 step / 4 ms = 0.25; 4x3: 2.4 / 20 = 0.12; 16x8: 2.8 / 64 -> no tree pays
-    assert (choose_budget(compute_bound, spv, host).nodes, choose_budget(compute_bound, spv, host).depth) == (1, 1)
-    # standard's own host sampling counts: 1 / (4 + 18) = 0.045 < 2.4 / 20 = 0.12 -> 4x3
-    c = choose_budget(compute_bound, spv, host, standard_host_ms=18.0)
-    assert (c.nodes, c.depth) == (4, 3) and c.expected_speedup == pytest.approx((2.4 / 20.0) / (1 / 22.0))
+    # standard 100 / 500 ms; 4x3 100 / (200 + 600); 16x8 100 / (200 + 1100): no tree pays
+    c = choose_budget(compute_bound, standard, trees)
+    assert (c.nodes, c.depth, c.expected_speedup) == (1, 1, 1.0)
+    # standard's own host sampling counts: 100 / (500 + 2000) < 100 / 800 -> 4x3
+    c = choose_budget(compute_bound, PassProfile(100, 125, host_ms=2000.0), trees)
+    assert (c.nodes, c.depth) == (4, 3) and c.expected_speedup == pytest.approx(2500 / 800)
     memory_bound = {1: 10.0, 4: 10.5, 16: 12.0}
-    # 4x3: 2.4 / (10.5 + 8) = 0.130; 16x8: 2.8 / (12 + 20) = 0.0875; standard: 1 / 10 = 0.1 -> 4x3
-    c = choose_budget(memory_bound, spv, host)
-    assert (c.nodes, c.depth) == (4, 3) and c.expected_speedup == pytest.approx((2.4 / 18.5) / 0.1)
-    c = choose_budget(memory_bound, spv, {})          # no host cost: the deepest tree's 2.8 / 12 wins
-    assert (c.nodes, c.depth) == (16, 8) and c.expected_speedup == pytest.approx(2.8 / 12.0 / 0.1)
+    # standard 100 / 1250; 4x3 100 / (500 + 525); 16x8 100 / (500 + 300) -> 16x8
+    c = choose_budget(memory_bound, standard, trees)
+    assert (c.nodes, c.depth) == (16, 8) and c.expected_speedup == pytest.approx(1250 / 800)
+    # the round's host cost: 16x8 + 25 x 20 ms = 1300, 4x3 + 50 x 4 ms = 1225 -> 4x3
+    c = choose_budget(memory_bound, standard, {(4, 3): PassProfile(100, 50, (4,) * 50, 200.0),
+                                               (16, 8): PassProfile(100, 50, (16,) * 25, 500.0)})
+    assert (c.nodes, c.depth) == (4, 3) and c.expected_speedup == pytest.approx(1250 / 1225)
+
+
+def test_the_tuners_pass_profile_counts_what_the_decoders_did():
+    """Every pass of a run is in its profile (one-state passes, one latency term per verify pass) and a tree's steps
+    are standard decoding's; steps per verify counts the steps verify passes committed (block 4: 1 + the mean
+    accepted depth overrated it by ~25%, and the tuner with it)."""
+    from spot.runtime.metrics import summarize
+    from spot.runtime.tuning import PassProfile
+    engine = engine_for(4, 3)
+    prompt = np.arange(1, 7)
+    req = DecodeRequest(max_new_tokens=24, sampling=Sampling(1.0, seed=5), budget=TreeBudget(8, 3))
+    standard = run_decoder("standard", engine, prompt, req)
+    for decoder in ("tree", "oracle"):
+        gen = run_decoder(decoder, engine, prompt, req)
+        profile = PassProfile.of([gen], 0.0)
+        assert profile.steps == standard.stats.steps
+        assert profile.single_passes + len(profile.verify_nodes) + gen.stats.passes.get("prefill", 0) \
+            == gen.stats.target_passes
+        s = summarize([gen])
+        assert s["steps_per_verify"] == pytest.approx((gen.stats.steps - gen.stats.passes["block"])
+                                                      / gen.stats.passes["verify"])
+        assert s["steps_per_verify"] <= 1 + np.mean(gen.stats.extra["accepted_per_verify"])
+    assert PassProfile.of([standard], 0.0) == PassProfile(standard.stats.steps, standard.stats.target_passes
+                                                          - standard.stats.passes.get("prefill", 0))
 
 
 @pytest.mark.parametrize("decoder", ["tree", "chain"])

@@ -89,7 +89,7 @@ struct ScaledRow {
 void scale_row(const float* row, int64_t vocab, const Sampling& sampling, ScaledRow& out);
 // Top-k then top-p filtering of one scaled row (spot.runtime.step.filter_scaled_logits): top-k keeps every value
 // >= the k-th largest (ties kept); top-p keeps the shortest prefix of the order (value descending, id ascending)
-// whose probability mass reaches p, the first token always.
+// whose probability mass exceeds p (the token crossing p is the last kept), the first token always.
 void filter_row(const std::vector<double>& z, int64_t top_k, double top_p, std::vector<double>& out);
 // argmax of z_sample + g (z + g without filtering; no noise at T = 0: g null) without `exclude` (ties: smallest
 // id); conf = exp(z_x - max) / denom from the unfiltered row

@@ -225,8 +225,10 @@ def certified_top2(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int,
     if v > CANDIDATES:
         following = top.values[..., CANDIDATES]
         bound = following + (NATIVE_NOISE_MARGIN + following.abs() * 2.0 ** -40)
-        if not bool(((best2[..., 0] > bound) | torch.isneginf(following)).all()):
-            # a near-tie: the exact noise over the whole vocabulary
+        # a row with no finite score (top-k kept only the excluded mask id) ties over all V: the spec's smallest id
+        no_token = torch.isneginf(best[..., 0])
+        if not bool(((best2[..., 0] > bound) | (torch.isneginf(following) & ~no_token)).all()):
+            # a near-tie, or no token at all: the exact noise over the whole vocabulary
             g = gumbel(seed, block, *counters, torch.arange(v, device=dev)[None, None, None, :], device=dev)
             return top2_dense(zf[:, None] + g)
     return tokens, second, gap

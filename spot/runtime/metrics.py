@@ -35,7 +35,10 @@ def summarize(runs: list, seconds_key: str = "seconds") -> dict:
         "seconds": seconds,
     }
     if accepted:
-        out["steps_per_verify"] = 1.0 + float(np.mean(accepted))
+        # commit steps a verify pass took: every step but each block's first (its own one-state pass); not
+        # 1 + the mean accepted depth, which also counts a free root where a pass ended the block
+        out["steps_per_verify"] = ((sum(r.stats.steps for r in runs) - kinds["block"])
+                                   / max(kinds["verify"], 1))
         out["mean_nodes_per_verify"] = float(np.mean(nodes))
         out["acceptance_by_depth"] = acceptance_by_depth(accepted, max(accepted) if max(accepted) > 0 else 1)
         verifies = max(len(accepted), 1)

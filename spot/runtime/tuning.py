@@ -1,10 +1,13 @@
 """Cost-aware tree budgets: choose (nodes, depth) that maximise expected tokens/s on the engine in use.
 
-A verify pass over N nodes costs latency(N) (measured on the device: nearly flat where memory-bound, ~linear in N
-where compute-bound); it commits steps_per_verify(N, D) steps on average (measured from pass counts, hardware-free).
-Expected steps/s = steps_per_verify / (latency(N) + host_ms(N)); standard decoding is
-1 / (latency(1) + standard_host_ms): its own sampling on the host is not free either (at T > 0 it computes the
-noise of every masked position), and leaving it out would overrate standard decoding against small trees.
+A pass over N states costs latency(N) (measured on the device: nearly flat where memory-bound, ~linear in N where
+compute-bound). What a decoder did on the tuning prompts is counted, not modelled (hardware-free): its one-state
+passes (each block's first pass, the store passes), the node count of every verify pass, its host milliseconds and
+the commit steps it took. Expected milliseconds = the one-state passes x latency(1) + the sum of latency(nodes) over
+verify passes + host ms; the same for standard decoding (every step a one-state pass, plus its own host sampling:
+at T > 0 it computes the noise of every masked position, and leaving it out would overrate standard decoding against
+small trees). Steps per verify pass alone would overrate trees: each block's first pass commits one step and the
+last verify pass of a block often commits no free root (by 20-30% at SDAR's block size 4).
 """
 from __future__ import annotations
 
@@ -21,12 +24,12 @@ from spot.runtime.step import Sampling
 class BudgetChoice:
     nodes: int
     depth: int
-    expected_steps_per_s: float
-    standard_steps_per_s: float
+    expected_steps_per_ms: float
+    standard_steps_per_ms: float
 
     @property
     def expected_speedup(self) -> float:
-        return self.expected_steps_per_s / self.standard_steps_per_s
+        return self.expected_steps_per_ms / self.standard_steps_per_ms
 
 
 def measure_latency_curve(engine: Engine, prefix_ids: np.ndarray, node_counts: list[int], repeats: int = 3,
@@ -59,18 +62,41 @@ def interpolate_latency(curve: dict[int, float], nodes: int) -> float:
     return float(np.interp(nodes, xs, [curve[x] for x in xs]))
 
 
-def choose_budget(curve: dict[int, float], steps_per_verify: dict[tuple[int, int], float],
-                  host_ms: dict[tuple[int, int], float] | None = None, standard_host_ms: float = 0.0) -> BudgetChoice:
+@dataclass(frozen=True)
+class PassProfile:
+    """What one decoder did over the tuning prompts: commit steps, one-state passes (a block's first pass, store
+    passes; standard decoding: every step's pass too), the node count of each verify pass, and host ms in all."""
+    steps: int
+    single_passes: int
+    verify_nodes: tuple[int, ...] = ()
+    host_ms: float = 0.0
+
+    @classmethod
+    def of(cls, generations, host_ms: float) -> "PassProfile":
+        """From spot.runtime.decode.Generation results (one decoder, every tuning prompt; prefill left out: the same
+        for every decoder)."""
+        passes = [g.stats.passes for g in generations]
+        return cls(sum(g.stats.steps for g in generations),
+                   sum(p.get("block", 0) + p.get("store", 0) for p in passes),
+                   tuple(n for g in generations for n in g.stats.extra.get("nodes_per_verify", [])), host_ms)
+
+    def expected_ms(self, curve: dict[int, float]) -> float:
+        return (self.single_passes * interpolate_latency(curve, 1) + self.host_ms
+                + sum(interpolate_latency(curve, n) for n in self.verify_nodes))
+
+    def steps_per_ms(self, curve: dict[int, float]) -> float:
+        return self.steps / max(self.expected_ms(curve), 1e-9)
+
+
+def choose_budget(curve: dict[int, float], standard: PassProfile,
+                  candidates: dict[tuple[int, int], PassProfile]) -> BudgetChoice:
     """Pick the (nodes, depth) with the highest expected steps/s; (1, 1) — no speculation — is always a candidate,
     so the choice is never expected to be slower than standard decoding beyond the host overhead.
 
-    curve: nodes -> ms of one pass; steps_per_verify, host_ms: (nodes, depth) -> steps per verify pass and host ms
-    per verify pass (drafter + tree + walk); standard_host_ms: standard decoding's host ms per step."""
-    host_ms = host_ms or {}
-    standard = 1.0 / (interpolate_latency(curve, 1) + standard_host_ms)
-    best = BudgetChoice(1, 1, standard, standard)
-    for (n, d), spv in steps_per_verify.items():
-        rate = spv / (interpolate_latency(curve, n) + host_ms.get((n, d), 0.0))
-        if rate > best.expected_steps_per_s:
-            best = BudgetChoice(n, d, rate, standard)
+    curve: nodes -> ms of one pass; standard: standard decoding's profile on the tuning prompts; candidates:
+    (nodes, depth) -> the speculative decoder's profile at that budget on the same prompts."""
+    best = BudgetChoice(1, 1, standard.steps_per_ms(curve), standard.steps_per_ms(curve))
+    for (n, d), profile in candidates.items():
+        if profile.steps_per_ms(curve) > best.expected_steps_per_ms:
+            best = BudgetChoice(n, d, profile.steps_per_ms(curve), best.standard_steps_per_ms)
     return best
