@@ -9,6 +9,7 @@ Writes JSON + Markdown (+ PNG plots with matplotlib).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, replace
@@ -112,10 +113,11 @@ class Variant:
 
 
 def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
-    """The bench's rows in run order; baselines first. spot / spot-sets run once with the main drafter and once per
-    name in other_drafters (label "spot[name]@NxD"). With spot-sets in the bench, chain and tree also run under the
-    threshold rule ("chain-sets@NxD", "tree-sets@NxD"): SPOT-Sets' training-free baselines."""
-    out = [Variant(d, d) for d in cfg.decoders if d in ("standard", "threshold")]
+    """The bench's rows in run order; baselines first — every baseline a row is measured against, also when
+    --decoders leaves it out. spot / spot-sets run once with the main drafter and once per name in other_drafters
+    (label "spot[name]@NxD"). With spot-sets in the bench, chain and tree also run under the threshold rule
+    ("chain-sets@NxD", "tree-sets@NxD"): SPOT-Sets' training-free baselines."""
+    out = []
     for budget in cfg.budgets:
         shape = f"@{budget.nodes}x{budget.depth}"
         for d in cfg.decoders:
@@ -128,7 +130,8 @@ def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
                 out.append(Variant(d + "-sets" + shape, d, budget, mode=THRESHOLD))
             if d in ("spot", "spot-sets"):
                 out.extend(Variant(f"{d}[{name}]{shape}", d, budget, drafter=name) for name in other_drafters)
-    return out
+    wanted = set(cfg.decoders) | {v.baseline for v in out}
+    return [Variant(d, d) for d in ("standard", "threshold") if d in wanted] + out
 
 
 def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
@@ -184,8 +187,10 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
         if base:
             row["passes_reduction"] = base["passes_per_token"] / row["passes_per_token"]
             row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0
-        same = identical.get((label, temp), [])
+        same = identical.get((label, temp), []) if label != v.baseline else []     # a baseline is not judged
         row["identical_share"] = float(np.mean(same)) if same else None
+        if same:
+            row["identical_cases"] = [int(sum(same)), len(same)]
         rows.append(row)
     drafters = {"": drafter, **other_drafters} if needs_drafter else {}
     return {"config": {"decoders": list(cfg.decoders), "temperatures": list(cfg.temperatures),
@@ -338,6 +343,15 @@ def tune_by_temperature(engine, prompts: list[Prompt], cfg: BenchConfig, candida
             "within_5_percent": all(v["at_choice"]["within_5_percent"] for v in by_t.values())}
 
 
+def identical_cell(row: dict) -> str:
+    """"100%" only when every case equals the baseline: 299 of 300 reads "99.6% (299/300)", never a rounded 100%."""
+    cases = row.get("identical_cases")
+    if not cases:
+        return ""
+    same, total = cases
+    return "100%" if same == total else f"{math.floor(1000 * same / total) / 10:.1f}% ({same}/{total})"
+
+
 def markdown_table(result: dict) -> str:
     cols = [("variant", "variant", "{}"), ("T", "temperature", "{:g}"), ("passes/token", "passes_per_token", "{:.3f}"),
             ("passes reduction", "passes_reduction", "{:.2f}x"), ("steps/verify", "steps_per_verify", "{:.2f}"),
@@ -356,8 +370,10 @@ def markdown_table(result: dict) -> str:
                 cells.append(f"{host:.1f} / {tgt:.1f}" if tgt else "")
                 continue
             v = row.get(key)
-            cells.append(fmt.format(v) if v is not None else "")
+            cells.append(identical_cell(row) if key == "identical_share" else fmt.format(v) if v is not None else "")
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("\nRatios: static-rule rows against `standard`, threshold-rule rows (threshold, spot-sets, "
+                 "chain-sets, tree-sets) against `threshold`, same temperature; a baseline row is 1.00x by definition.")
     host = result.get("host")
     if host:
         lines.append("\nMeasured on " + ", ".join(f"{k} {v}" for k, v in host.items()))

@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -185,6 +186,23 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
     assert json.loads(auto.stdout)["budget"] == {"nodes": chosen["nodes"], "depth": chosen["depth"],
                                                  "tuned": {"temperature": 1.0, "record": ANY}}
 
+
+
+def test_bench_rows_always_have_their_baselines_and_a_mismatch_never_reads_100_percent():
+    """--decoders spot-sets without threshold (or spot without standard) still gets the ratios and the identity
+    check (the baseline runs anyway); a baseline row is not judged against itself; one mismatch in 300 is shown."""
+    from spot.bench import BenchConfig, Variant, identical_cell, variants
+    from spot.runtime.spot import TreeBudget
+    cfg = BenchConfig(decoders=("spot-sets", "chain"), temperatures=(0.0,), seeds=(0,), budgets=(TreeBudget(4, 3),),
+                      max_new_tokens=8, tau=0.9, independent_noise_ablation=False)
+    rows = variants(cfg)
+    assert rows[:2] == [Variant("standard", "standard"), Variant("threshold", "threshold")]
+    assert {v.baseline for v in rows} == {"standard", "threshold"}
+    assert variants(replace(cfg, decoders=("tree",)))[0] == Variant("standard", "standard")
+    assert identical_cell({"identical_cases": [300, 300]}) == "100%"
+    assert identical_cell({"identical_cases": [299, 300]}) == "99.6% (299/300)"
+    assert identical_cell({"identical_cases": [2999, 3000]}) == "99.9% (2999/3000)"
+    assert identical_cell({"identical_share": None}) == ""
 
 ERRORS = [
     (["bench", "--compare-drafter", "nopath"], "NAME=PATH"),
