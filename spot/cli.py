@@ -151,7 +151,7 @@ def read_prompt_file(path: str) -> str:
 def check_model_folder(backend: str, folder) -> None:
     """The model folder's errors before anything loads from it: an exported folder (ort) by its manifest — a
     missing or edited config.json there is a changed export, not a broken checkpoint — a checkpoint by config.json."""
-    if backend == "ort":
+    if backend in ("ort", "tensorrt"):
         from spot.export.manifest import load_manifest
         load_manifest(folder)
     else:
@@ -194,7 +194,7 @@ def find_drafter(path, model_dir):
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
 @click.option("--device", default="cpu", show_default=True,
-              help="Device of the backend (torch: cpu, cuda; ort: cpu, cuda, trt).")
+              help="Device of the backend (torch: cpu, cuda; ort: cpu, cuda, trt; tensorrt: cuda).")
 @click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
               help="standard/threshold: one pass per step; chain/tree: SPOT with the training-free order; "
                    "spot/spot-sets: SPOT with the drafter; oracle / order-oracle: diagnostic ceilings (true "
@@ -509,7 +509,8 @@ def train_target_cmd(out, steps, seed, minutes, work_dir, no_eval, quiet):
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Folder for the engine. Default: the engine cache ($SPOT_CACHE/tensorrt, ~/.cache/spot/tensorrt).")
-@click.option("--max-nodes", type=int, default=16, show_default=True, help="Largest node bucket (verify pass).")
+@click.option("--max-nodes", type=int, default=None,
+              help="Largest node bucket (verify pass). Default: 16, or the export's max_nodes if smaller.")
 @click.option("--max-context", type=int, default=None, help="Largest KV capacity bucket. Default: the export's.")
 @click.option("--smallest-capacity", type=int, default=256, show_default=True, help="Smallest KV capacity bucket.")
 @click.option("--workspace-gib", type=float, default=4.0, show_default=True, help="TensorRT workspace limit.")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import numpy as np
 import pytest
@@ -278,10 +279,11 @@ needs_no_trt = pytest.mark.skipif(HAS_TRT, reason="tensorrt is installed here")
 
 
 @needs_no_trt
-def test_every_tensorrt_entry_point_says_what_to_install(tmp_path):
+def test_every_tensorrt_entry_point_says_what_to_install(exported, tmp_path):
     from spot.engines import tensorrt_engine as te
-    calls = [te.trt_version, te.trt_major, lambda: te.build_engine(tmp_path), lambda: te.TrtRunner(tmp_path / "x"),
-             lambda: te.TrtEngine(tmp_path)]
+    from spot.engines.factory import open_engine
+    calls = [te.trt_version, te.trt_major, lambda: te.build_engine(exported), lambda: te.TrtRunner(tmp_path / "x"),
+             lambda: te.TrtEngine(exported), lambda: open_engine("tensorrt", exported, device="cuda")]
     for call in calls:
         with pytest.raises(SpotError) as err:
             call()
@@ -290,12 +292,73 @@ def test_every_tensorrt_entry_point_says_what_to_install(tmp_path):
 
 
 @needs_no_trt
-def test_build_engine_cli_fails_cleanly(tmp_path):
+def test_build_engine_cli_fails_cleanly(exported, tmp_path):
     from spot.cli import main
-    result = CliRunner().invoke(main, ["build-engine", str(tmp_path)])
+    result = CliRunner().invoke(main, ["build-engine", str(exported)])
     assert result.exit_code == 2
     assert "TensorRT" in result.output and "python3-libnvinfer" in result.output
     assert "Traceback" not in result.output
+    wrong = CliRunner().invoke(main, ["build-engine", str(tmp_path / "nowhere")])   # the folder first, not TensorRT
+    assert wrong.exit_code == 2 and "nowhere" in wrong.stderr and "python3-libnvinfer" not in wrong.stderr
+
+
+def test_backend_tensorrt_opens_an_export_and_says_what_it_needs(exported, tmp_path):
+    """--backend tensorrt runs an exported folder with its TensorRT engine: wrong device, block size or KV placement
+    are named before TensorRT is looked for; generate ends with one line."""
+    from spot.cli import main
+    from spot.engines.factory import open_engine
+    for kwargs, says in [({}, "runs on a CUDA GPU, got --device cpu"),
+                         ({"device": "cuda", "block_size": 8}, "exported for blocks of 4"),
+                         ({"device": "cuda", "kv_cache": "host"}, "keeps the KV cache on the GPU")]:
+        with pytest.raises(SpotError, match=re.escape(says)):
+            open_engine("tensorrt", exported, **kwargs)
+    with pytest.raises(SpotError, match="manifest"):
+        open_engine("tensorrt", tmp_path, device="cuda")
+    r = CliRunner().invoke(main, ["generate", "--backend", "tensorrt", "--device", "cuda", "--model", str(exported),
+                                  "--prompt-ids", "1,2"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert ("is not installed" in r.stderr) if not HAS_TRT else r.stderr
+
+
+def test_engine_build_options_default_to_what_the_export_allows():
+    """spot-export --max-nodes 8 then --tensorrt auto (default BuildOptions) built nothing: 16 > 8 was refused."""
+    from spot.engines.tensorrt_engine import BuildOptions, resolve_options
+    assert resolve_options(BuildOptions(), 8).max_nodes == 8
+    assert resolve_options(BuildOptions(), 64).max_nodes == 16
+    assert resolve_options(BuildOptions(max_nodes=32), 64).max_nodes == 32
+    with pytest.raises(SpotError, match=r"--max-nodes must be in 1\.\.8 \(the export's max_nodes\), got 16"):
+        resolve_options(BuildOptions(max_nodes=16), 8)
+
+
+def test_old_tensorrt_and_timing_caches_per_version(monkeypatch):
+    """TensorRT 8.x (JetPack 5) is named as too old (its ONNX parser needs another network flag; no int64 tensors);
+    a timing cache is one file per TensorRT version and GPU (a cache from another version is not loaded)."""
+    import sys
+    import types
+    from spot.engines import tensorrt_engine as te
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="8.6.2"))
+    with pytest.raises(SpotError, match="TensorRT 8.6.2 is too old: spot's engines need TensorRT 10") as e:
+        te.trt_major()
+    assert "JetPack 6" in e.value.hint
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.3.0"))
+    assert te.trt_major() == 10
+    names = {te.timing_cache_name(v, g) for v in ("10.3.0", "10.7.0") for g in ("Orin (nvgpu)", "NVIDIA H200")}
+    assert len(names) == 4 and all(n.startswith("timing-") and "/" not in n and " " not in n for n in names)
+
+
+def test_an_onnx_runtime_only_export_gets_no_build_engine_advice(monkeypatch):
+    """--ort-matmulnbits exports cannot be parsed by TensorRT anywhere: auto says so instead of naming spot
+    build-engine (which refuses it); yes fails."""
+    from spot.engines import tensorrt_engine as te
+
+    class Folder:
+        folder, manifest = "e4-nbits", {"ort_only": True}
+    monkeypatch.setattr("spot.export.manifest.load_manifest", lambda folder: Folder())
+    lines = []
+    assert te.build_after_export("e4-nbits", "auto", progress=lines.append) is None
+    assert lines and "none for this export" in lines[0] and "build-engine" not in lines[0]
+    with pytest.raises(SpotError, match="no TensorRT engine was built"):
+        te.build_after_export("e4-nbits", "yes")
 
 
 @needs_no_trt

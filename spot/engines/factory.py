@@ -7,20 +7,23 @@ from spot.config import check_block_size, load_config
 from spot.errors import SpotError
 from spot.runtime.engine import Engine
 
-BACKENDS = ("torch", "ort")
+BACKENDS = ("torch", "ort", "tensorrt")
 
 
 def open_engine(backend: str, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",
                 sampler: str = "auto", kv_cache: str = "auto") -> Engine:
     """An engine over the checkpoint in `model_dir` decoding blocks of `block_size` (default: the config's).
 
-    ort only: sampler, where F's sampling runs, and kv_cache, where the KV cache lives — auto | host | device
-    (spot.engines.ort_engine.on_device)."""
+    ort and tensorrt: sampler, where F's sampling runs, and kv_cache, where the KV cache lives — auto | host |
+    device (spot.engines.ort_engine.on_device; tensorrt keeps the KV cache on the GPU)."""
     if backend == "ort":  # an exported folder (spot-export), opened and checked by its manifest
         from spot.engines.ort_engine import OrtEngine
         if block_size is not None:
             check_block_size(block_size)
         return OrtEngine(model_dir, block_size, device, sampler=sampler, kv_cache=kv_cache)
+    if backend == "tensorrt":  # an exported folder, its TensorRT engine built (or taken from the engine cache)
+        from spot.engines.tensorrt_engine import open_trt_engine
+        return open_trt_engine(model_dir, block_size, device, sampler, kv_cache)
     for option, value, graph in (("sampler", sampler, "epilogue.onnx"), ("kv-cache", kv_cache, "kv_append.onnx")):
         if value == "device":
             raise SpotError(f"--{option} device needs the ort backend (an exported folder with {graph}), got "

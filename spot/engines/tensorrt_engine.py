@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from spot.engines.buckets import BucketPlan, pad_nodes
 from spot.engines.kv_cache import StaticKVCache
 from spot.export.memory_plan import default_epilogue_positions
 from spot.errors import SpotError
-from spot.files import spot_cache
+from spot.files import atomic_output, spot_cache, write_text_atomic
 from spot.runtime.engine import Engine
 
 INSTALL_HINT = ("Jetson (JetPack 6.x, TensorRT 10.3): `sudo apt install python3-libnvinfer` (part of JetPack; use the "
@@ -43,12 +43,21 @@ TORCH_CUDA_HINT = ("TensorRT runs here on torch CUDA tensors: install a CUDA bui
                    "JetPack wheel), or use the ORT TensorRT execution provider (`--backend ort --device trt`)")
 
 
+MIN_TRT_MAJOR = 10     # name-based tensor API, int64 tensors, strongly typed networks (JetPack 6)
+
+
 def _trt():
-    """The tensorrt module, or SpotError with what to install."""
+    """The tensorrt module (10.x or later), or SpotError with what to install."""
     try:
         import tensorrt as trt  # noqa: F401
     except ImportError:
         raise SpotError("TensorRT's Python package (tensorrt) is not installed", INSTALL_HINT) from None
+    version = str(getattr(trt, "__version__", "0"))
+    if not version.split(".")[0].isdigit() or int(version.split(".")[0]) < MIN_TRT_MAJOR:
+        # 8.x parses ONNX only into explicit-batch networks (another creation flag) and has no int64 tensors
+        raise SpotError(f"TensorRT {version} is too old: spot's engines need TensorRT {MIN_TRT_MAJOR} or later",
+                        "Jetson: JetPack 6.x (TensorRT 10.3); workstation: `pip install tensorrt`; or use "
+                        "`--backend ort --device cuda`")
     return trt
 
 
@@ -75,9 +84,13 @@ def gpu_name() -> str:
 
 
 # -- build ------------------------------------------------------------------------------------------------------
+DEFAULT_MAX_NODES = 16
+DEFAULT_SAMPLER_STEPS = 8      # future steps the device sampler provides: trees up to depth 8 (DEFAULT_DEPTH)
+
+
 @dataclass(frozen=True)
 class BuildOptions:
-    max_nodes: int = 16
+    max_nodes: int | None = None            # default: min(DEFAULT_MAX_NODES, the export's max_nodes)
     max_context: int | None = None          # default: the export's max_context
     smallest_capacity: int = 256
     prefill_blocks: int = 4
@@ -112,6 +125,13 @@ def cache_dir() -> Path:
     return spot_cache() / "tensorrt"
 
 
+def timing_cache_name(version: str, gpu: str) -> str:
+    """Timing caches hold kernel timings of one TensorRT version on one GPU (NVIDIA: "specific to the targeted
+    device, CUDA, TensorRT versions"): one file per pair, so an upgrade starts a new one instead of failing."""
+    slug = "".join(c if c.isalnum() or c in ".-" else "_" for c in f"{version}-{gpu}")
+    return f"timing-{slug}.cache"
+
+
 def _network_flags(trt, strongly_typed: bool) -> int:
     flags = 0
     if strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
@@ -133,16 +153,15 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     """Build (or reuse from the cache) a TensorRT engine for the exported folder; returns the engine file.
     Writes next to it `<key>.json` (versions, buckets) and keeps `timing.cache` in the cache folder."""
     from spot.export.manifest import load_manifest
-    trt = _trt()
-    exported = load_manifest(model_dir)
+    exported = load_manifest(model_dir)      # a wrong folder is named before TensorRT is looked for
     check_parsable(exported)
+    trt = _trt()
     cfg = exported.config
     major = trt_major()
     if options.fp16_flag and major >= 11:
         raise SpotError("TensorRT 11 has no FP16 builder flag (networks are strongly typed)",
                         "export the model with `spot-export --dtype fp16` and build without --fp16-flag")
-    if options.max_nodes > exported.max_nodes:
-        raise SpotError(f"--max-nodes {options.max_nodes} exceeds the export's max_nodes {exported.max_nodes}")
+    options = resolve_options(options, exported.max_nodes)
     max_ctx = min(options.max_context or exported.max_context, exported.max_context, cfg.max_position_embeddings)
     plan = BucketPlan.default(max_ctx, exported.block_size, options.max_nodes, options.smallest_capacity,
                               options.prefill_blocks)
@@ -171,9 +190,12 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     config.builder_optimization_level = options.opt_level
     if options.fp16_flag:
         config.set_flag(trt.BuilderFlag.FP16)
-    timing_file = folder / "timing.cache"
+    timing_file = folder / timing_cache_name(trt.__version__, gpu)
     timing = config.create_timing_cache(timing_file.read_bytes() if timing_file.is_file() else b"")
-    config.set_timing_cache(timing, ignore_mismatch=False)
+    if not config.set_timing_cache(timing, ignore_mismatch=False):
+        progress(f"note: {timing_file} does not fit this TensorRT / GPU; building without it")
+        timing_file.unlink(missing_ok=True)
+        config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
     profiles = plan.trt_profiles(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
     for prof in profiles:
         p = builder.create_optimization_profile()
@@ -186,12 +208,30 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     if serialized is None:
         raise SpotError("TensorRT failed to build the engine (see its log above)",
                         "lower --max-context/--max-nodes or raise --workspace-gib")
-    engine_file.write_bytes(bytes(serialized))
-    timing_file.write_bytes(bytes(config.get_timing_cache().serialize()))
-    meta_file.write_text(json.dumps({"key": key, "tensorrt": trt.__version__, "gpu": gpu, "model_dir": str(model_dir),
-                                     "options": asdict(options), "plan": plan.to_dict()}, indent=2))
+    # the engine, then its .json (a cache hit needs both: an interrupted write is rebuilt, never loaded half)
+    with atomic_output(engine_file) as tmp:
+        tmp.write_bytes(bytes(serialized))
+    write_text_atomic(meta_file, json.dumps({"key": key, "tensorrt": trt.__version__, "gpu": gpu,
+                                             "model_dir": str(model_dir), "options": asdict(options),
+                                             "plan": plan.to_dict()}, indent=2))
+    try:        # only speeds up later builds: a failure here costs the next build time, not this engine
+        with atomic_output(timing_file) as tmp:
+            tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
+    except (OSError, RuntimeError, AttributeError) as e:
+        progress(f"note: the timing cache was not saved ({e})")
     progress(f"wrote {engine_file}")
     return engine_file
+
+
+def resolve_options(options: BuildOptions, export_max_nodes: int) -> BuildOptions:
+    """options with max_nodes filled in: the given value (checked against the export's), else
+    min(DEFAULT_MAX_NODES, the export's) — an export made with --max-nodes 8 builds its engine by default."""
+    if options.max_nodes is None:
+        return replace(options, max_nodes=min(DEFAULT_MAX_NODES, export_max_nodes))
+    if not 1 <= options.max_nodes <= export_max_nodes:
+        raise SpotError(f"--max-nodes must be in 1..{export_max_nodes} (the export's max_nodes), got "
+                        f"{options.max_nodes}", "omit --max-nodes to build for the export's")
+    return options
 
 
 def check_before_export(mode: str, ort_only: bool) -> None:
@@ -220,6 +260,13 @@ def build_after_export(folder: str | Path, mode: str, progress=print) -> Path | 
         return None
     try:
         check_parsable(load_manifest(folder))
+    except SpotError as e:         # no machine can build it: say so, not "build it on the target machine"
+        if mode == "yes":
+            raise SpotError(f"the export in {folder} is complete, but no TensorRT engine was built: {e.message}",
+                            e.hint) from None
+        progress(f"TensorRT engine: none for this export ({e.message}); ONNX Runtime runs it (--backend ort)")
+        return None
+    try:
         _trt()
         _torch_cuda()
     except SpotError as e:
@@ -229,6 +276,24 @@ def build_after_export(folder: str | Path, mode: str, progress=print) -> Path | 
         progress(f"TensorRT engine: not built here ({e.message}); on the target machine: spot build-engine {folder}")
         return None
     return build_engine(folder, BuildOptions(), progress=progress)
+
+
+def open_trt_engine(model_dir: str | Path, block_size: int | None = None, device: str = "cuda",
+                    sampler: str = "auto", kv_cache: str = "auto") -> "TrtEngine":
+    """`--backend tensorrt`: a TrtEngine over the exported folder, its engine built with the default BuildOptions
+    or reused from the engine cache (spot-export --tensorrt and spot build-engine put it there)."""
+    from spot.export.manifest import load_manifest
+    exported = load_manifest(model_dir)
+    if device != "cuda":
+        raise SpotError(f"--backend tensorrt runs on a CUDA GPU, got --device {device}", "add --device cuda")
+    if block_size is not None and block_size != exported.block_size:
+        raise SpotError(f"--block-size {block_size}, but {model_dir} was exported for blocks of "
+                        f"{exported.block_size}", "omit --block-size, or export again with --block-size")
+    if kv_cache == "host":
+        raise SpotError("--backend tensorrt keeps the KV cache on the GPU, got --kv-cache host",
+                        "omit --kv-cache, or use --backend ort for a host KV cache")
+    check_parsable(exported)
+    return TrtEngine(model_dir, sampler_steps=None if sampler == "host" else DEFAULT_SAMPLER_STEPS)
 
 
 # -- run ---------------------------------------------------------------------------------------------------------
@@ -291,7 +356,7 @@ class TrtEngine(Engine):
     name = "tensorrt"
 
     def __init__(self, model_dir: str | Path, engine_file: str | Path | None = None,
-                 options: BuildOptions = BuildOptions(), sampler_steps: int | None = 8):
+                 options: BuildOptions = BuildOptions(), sampler_steps: int | None = DEFAULT_SAMPLER_STEPS):
         from spot.export.manifest import load_manifest
         _trt()
         torch = _torch_cuda()
@@ -316,6 +381,12 @@ class TrtEngine(Engine):
     @property
     def sampler_depth(self) -> int | None:
         return self._future_steps
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """The GPU by name (a tuned budget holds for one device: spot.tuned), where F samples, the KV cache."""
+        return {"device": f"tensorrt ({gpu_name()})", "sampler": "host" if self._future_steps is None else "device",
+                "kv_cache": "device"}
 
     @property
     def max_context(self) -> int:
