@@ -112,7 +112,26 @@ def test_impossible_plans_name_what_to_change(cfg):
     assert "--weights int8" in e.value.hint and "--weights int4" in e.value.hint
     with pytest.raises(SpotError) as e:
         make_plan(cfg, "fp16", QuantScheme("int4"), 4096, 16, resolve_device("6GB"), "sdar-8b")
-    assert "smaller model" in e.value.hint
+    assert "smaller model (sdar-4b, sdar-1.7b)" in e.value.hint
+
+
+def test_the_hint_names_only_smaller_models_and_an_allowance_no_model_fits():
+    """sdar-1.7b was told to use sdar-4b or sdar-1.7b; a device below the runtime + OS allowance was told to use a
+    smaller model."""
+    from spot.export.presets import PRESETS
+    small = PRESETS["sdar-1.7b"].config()
+    with pytest.raises(SpotError) as e:
+        make_plan(small, "fp16", QuantScheme("int4"), 4096, 16, resolve_device("2.5GB"), "sdar-1.7b")
+    assert e.value.hint.startswith("use a device with more memory") and "sdar-4b" not in e.value.hint
+    with pytest.raises(SpotError) as e:
+        make_plan(PRESETS["sdar-4b"].config(), "fp16", QuantScheme("int4"), 4096, 16, resolve_device("3GB"))
+    assert "smaller model (sdar-1.7b)" in e.value.hint
+    tiny = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=64,
+                       mask_token_id=63, stop_ids=(0,))
+    with pytest.raises(SpotError) as e:
+        make_plan(tiny, "fp32", QuantScheme(), 64, 4, resolve_device("1GB"))
+    assert "the runtime and OS take 1.9 GiB of the device's 1 GiB before any weights" in e.value.hint
 
 
 def test_device_names():
@@ -210,3 +229,16 @@ def test_the_plan_counts_the_sampling_epilogue(cfg):
     assert default_epilogue_positions(10 ** 9, 32, 8) == 1
     assert "sampling epilogue" in render(with_epi, cfg.block_size) and "--sampler host" in render(with_epi,
                                                                                                      cfg.block_size)
+
+
+def test_cli_plan_with_out_names_the_model(tmp_path):
+    """With --out the plan and its refusal called the model "model"; now the source's name, as without --out."""
+    pytest.importorskip("torch")
+    from tinymodels import save_tiny_model, save_tiny_tokenizer
+    ckpt = tmp_path / "tinyckpt"
+    save_tiny_model(ckpt)
+    save_tiny_tokenizer(ckpt)
+    r = CliRunner().invoke(cli, ["export", str(ckpt), "--dtype", "fp32", "--plan", "1GB", "--out",
+                                 str(tmp_path / "out")])
+    assert r.exit_code == 2 and "error: tinyckpt does not fit" in r.stderr, r.output
+    assert not (tmp_path / "out").exists()

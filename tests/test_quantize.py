@@ -87,7 +87,7 @@ def test_scales_round_up_in_fp16():
     amax = np.array([1.0, 3.3333333, 1e-9, 0.0], np.float32)
     s = scales_for(amax, 7, "fp16")
     assert s.dtype == np.float16 and (s.astype(np.float32) >= amax / 7).all() and s[3] == 1
-    with pytest.raises(SpotError, match="scale beyond the fp16 range"):
+    with pytest.raises(SpotError, match="a weight group has values beyond the fp16 range"):
         scales_for(np.array([1e6], np.float32), 7, "fp16")
 
 
@@ -249,3 +249,16 @@ def test_dry_run_of_sdar_8b_int4_passes_the_checker():
     report = dry_run(resolve_source("sdar-8b", str(fixture), dry_run=True), ExportOptions(weights="int4"))
     assert report["opset"] == 21 and report["weight_precision"] == "int4" and report["index_checked"]
     assert 6.0e9 < report["weight_bytes"] < 6.1e9
+
+
+@pytest.mark.parametrize("weights, block", [("int8", 0), ("int4", 32)])
+def test_weights_beyond_the_fp16_range_are_named_before_the_graph_overflows(weights, block):
+    """An fp16 int8 / int4 export of a weight above 65504 built a graph whose q * scale overflowed to inf: validation
+    then failed with NaN logits and called it an exporter bug. Now the tensor is named, as the fp16 path does."""
+    from spot.export.quantize import quantize_rows
+    w = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    w[1, 3] = 1e5               # the scale (1e5 / 7 or / 127) fits fp16; the weight rebuilt from it does not
+    with pytest.raises(SpotError, match="tensor up_proj has values beyond the fp16 range") as e:
+        quantize_rows(w, weights, block, "fp16", "tensor up_proj")
+    assert "--dtype fp32" in e.value.hint
+    quantize_rows(w, weights, block, "fp32", "tensor up_proj")       # fp32 scales hold it

@@ -372,7 +372,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     graph = build_target_graph(cfg, options.dtype, options.opset, options.quant)
     if options.plan:   # refuse before writing anything when the export would not fit the device
         from spot.export.memory_plan import check_plan_fits
-        check_plan_fits(cfg, options, max_context, progress)
+        check_plan_fits(cfg, options, max_context, progress, source.preset or source.default_name)
     layout, total = plan_layout(graph.weights)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out)

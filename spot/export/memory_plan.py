@@ -252,8 +252,14 @@ def _smaller_hint(cfg: ModelConfig, dtype: str, quant, device: Device) -> str:
             options.append(f"--weights {weights} ({wb / GIB:.2f} GiB of weights)")
     if options:
         return "export with " + " or ".join(options) + " and check again with --plan"
-    return ("use a smaller model (sdar-4b, sdar-1.7b) or a device with more memory"
-            + ("; --weights int4 is the smallest form" if current != "int4" else ""))
+    if room <= 0:
+        return (f"the runtime and OS take {device.runtime_gib + device.os_gib:g} GiB of the device's "
+                f"{device.memory_gib:g} GiB before any weights: use a device with more memory")
+    from spot.export.presets import PRESETS
+    smaller = sorted({p.name.split("-b")[0]: p.config().parameter_count() for p in PRESETS.values()
+                      if p.config().parameter_count() < cfg.parameter_count()}.items(), key=lambda kv: -kv[1])
+    return ((f"use a smaller model ({', '.join(name for name, _ in smaller)}) or " if smaller else "use ")
+            + "a device with more memory" + ("; --weights int4 is the smallest form" if current != "int4" else ""))
 
 
 # -- rendering / export hooks ----------------------------------------------------------------------------------------
@@ -301,9 +307,9 @@ def plan_for_options(cfg: ModelConfig, options, context: int, model: str = "mode
                      model, options.epilogue_call(cfg))
 
 
-def check_plan_fits(cfg: ModelConfig, options, context: int, progress) -> MemoryPlan:
+def check_plan_fits(cfg: ModelConfig, options, context: int, progress, model: str = "model") -> MemoryPlan:
     """Before an export with --plan: SpotError unless the plan fits at the requested context."""
-    plan = plan_for_options(cfg, options, context)
+    plan = plan_for_options(cfg, options, context, model)
     progress(render(plan, cfg.block_size))
     if not plan.fits:
         hint = (f"export with --max-context {plan.max_context}" if plan.max_context else

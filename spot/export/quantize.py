@@ -149,33 +149,34 @@ def is_quantized_linear(name: str) -> bool:
 
 
 # -- the math (pure numpy) ---------------------------------------------------------------------------------------
-def scales_for(amax: np.ndarray, qmax: int, dtype: str) -> np.ndarray:
+def scales_for(amax: np.ndarray, qmax: int, dtype: str, what: str = "a weight group") -> np.ndarray:
     """Scales in `dtype` with amax / scale <= qmax: amax / qmax rounded up to the next representable value
-    (1 for all-zero groups). amax float32 [...] -> scales [...] in dtype."""
+    (1 for all-zero groups). amax float32 [...] -> scales [...] in dtype. The graph computes q * scale in `dtype`,
+    so weights beyond its range are refused here, naming the tensor (`what`), as the unquantized path does."""
     npd = _SCALE_NP[dtype]
+    if amax.size and float(amax.max()) > float(np.finfo(npd).max):
+        raise SpotError(f"{what} has values beyond the {dtype} range (max |x| = {float(amax.max()):.4g}; the "
+                        "graph rebuilds q * scale in that precision)", "export with --dtype fp32")
     s = (amax.astype(np.float32) / np.float32(qmax)).astype(np.float32)
     s = np.where(amax > 0, s, np.float32(1.0))
     with np.errstate(over="ignore"):
         sd = s.astype(npd)
     low = sd.astype(np.float32) < s
-    sd = np.where(low, np.nextafter(sd, npd(np.inf)), sd).astype(npd)
-    if not np.isfinite(sd).all():
-        raise SpotError(f"a weight group's max |w| = {float(amax.max()):.4g} gives a scale beyond the {dtype} range",
-                        "export with --dtype fp32")
-    return sd
+    return np.where(low, np.nextafter(sd, npd(np.inf)), sd).astype(npd)
 
 
-def quantize_rows(w: np.ndarray, weights: str, block: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+def quantize_rows(w: np.ndarray, weights: str, block: int, dtype: str,
+                  what: str = "a linear weight") -> tuple[np.ndarray, np.ndarray]:
     """w [rows, in] float32 (rows = output channels) -> (q [rows, in] int8, scales in dtype:
-    [rows] for int8, [rows, in/block] for int4)."""
+    [rows] for int8, [rows, in/block] for int4). what: the tensor, for messages."""
     if not np.isfinite(w).all():
-        raise SpotError("a linear weight holds non-finite values", "the checkpoint is corrupt: fetch it again")
+        raise SpotError(f"{what} holds non-finite values", "the checkpoint is corrupt: fetch it again")
     qmax = QMAX[weights]
     rows, cols = w.shape
     g = cols if weights == "int8" else block
     groups = w.reshape(rows, cols // g, g)
     amax = np.maximum(groups.max(axis=2), -groups.min(axis=2))               # no |w| temporary
-    s = scales_for(amax, qmax, dtype)                                        # [rows, cols/g]
+    s = scales_for(amax, qmax, dtype, what)                                  # [rows, cols/g]
     q = groups / s.astype(np.float32)[..., None]                             # the one full-size temporary
     np.rint(q, out=q)
     np.clip(q, -qmax, qmax, out=q)                                           # never fires (s rounded up)
@@ -289,7 +290,7 @@ def write_quantized(fd_out: int, q_spec, s_spec, q_offset: int, s_offset: int, r
     s_item = np.dtype(_SCALE_NP[qt.dtype]).itemsize
     for o0 in range(0, out_f, step):
         o1 = min(out_f, o0 + step)
-        q, s = quantize_rows(read_rows(o0, o1), qt.weights, qt.block, qt.dtype)
+        q, s = quantize_rows(read_rows(o0, o1), qt.weights, qt.block, qt.dtype, f"tensor {q_spec.source}")
         if qt.form == "nbits":
             os.pwrite(fd_out, pack_nbits_rows(q, qt.block).tobytes(), q_offset + o0 * (in_f // 2))
             os.pwrite(fd_out, s.tobytes(), s_offset + o0 * (in_f // qt.block) * s_item)
