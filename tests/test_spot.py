@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -482,3 +483,20 @@ def test_non_finite_logits_of_a_candidate_the_walk_never_reads_do_not_fail(decod
     engine._block_logits = lambda states: np.full_like(real(states), np.nan)     # what the walk reads: refused
     with pytest.raises(SpotError, match="non-finite logits"):
         run_decoder(decoder, engine, np.arange(5, 11), req)
+
+
+def test_the_latency_curve_never_falls_with_more_nodes():
+    """On a busy machine a 1-state pass measured at 10 ms beside 2 ms for 2 states made the tuner expect a 2-node
+    tree to be 3.9x faster: the curve is each count's fastest repeat, bounded by every larger count's."""
+    from spot.runtime.tuning import measure_latency_curve
+    engine = engine_for(4, 3)
+    extra_ms = {1: 10.0, 2: 2.0, 4: 3.0}       # what the busy machine adds to every pass of N states
+    real = engine.block_outputs
+
+    def busy(states, steps, sampling, block, noise=None):
+        time.sleep(extra_ms[len(states)] / 1e3)
+        return real(states, steps, sampling, block, noise)
+    engine.block_outputs = busy
+    curve = measure_latency_curve(engine, np.arange(1, 9), [1, 2, 4])
+    assert list(curve) == [1, 2, 4] and curve[1] <= curve[2] <= curve[4]
+    assert curve[1] < 5.0 and curve[2] >= 2.0 and curve[4] >= 3.0       # 1 node: bounded by 2 nodes' fastest
