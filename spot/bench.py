@@ -361,7 +361,7 @@ def markdown_table(result: dict) -> str:
         # the device sampler: its epilogue runs inside the host times (once per commit step, any decoder)
         cols.append(("device epilogue ms/step", "epilogue_ms_per_step", "{:.1f}"))
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
-    for row in sorted(result["rows"], key=lambda r: (r["temperature"], r["variant"])):
+    for row in sorted(result["rows"], key=lambda r: r["temperature"]):     # then in run order: baselines first
         cells = []
         for _, key, fmt in cols:
             if key is None:

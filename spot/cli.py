@@ -159,6 +159,32 @@ def check_model_folder(backend: str, folder) -> None:
         load_config(folder)
 
 
+def installed(package: str) -> bool:
+    """Whether `package` can be imported here (without importing it)."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def model_folder(backend: str, model_dir):
+    """--model, else the embedded model: its checkpoint (torch), or its export by `spot demo` (ort, tensorrt)."""
+    if model_dir is not None:
+        return model_dir
+    if backend == "torch":
+        from spot.assets import embedded_model_dir
+        return embedded_model_dir()
+    from spot.demo import embedded_export_dir
+    folder = embedded_export_dir()
+    if not (folder / "manifest.json").is_file():
+        raise SpotError(f"no --model given, and --backend {backend} runs an exported folder: the embedded model's "
+                        f"export {folder} does not exist yet",
+                        "run `spot demo` once (it exports it there), or `spot-export embedded --out DIR` and pass "
+                        "--model DIR")
+    return folder
+
+
 def find_drafter(path, model_dir):
     """The drafter given by --drafter, else drafter.onnx beside the model; SpotError naming where it looked."""
     from pathlib import Path
@@ -176,7 +202,7 @@ def find_drafter(path, model_dir):
 @main.command()
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="SDAR checkpoint folder (config.json + safetensors; --backend torch) or exported folder "
-                   "(spot-export; --backend ort). Default: the embedded model.")
+                   "(spot-export; --backend ort). Default: the embedded model (--backend ort: spot demo's export of it).")
 @click.option("--prompt", default=None, help="Prompt text (needs the checkpoint's tokenizer).")
 @click.option("--prompt-ids", default=None, help="Prompt as comma-separated token ids, e.g. 151644,872,198.")
 @click.option("--prompt-file", type=click.Path(dir_okay=False, allow_dash=True, path_type=str), default=None,
@@ -225,14 +251,13 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     """
     import json
 
-    from spot.assets import embedded_model_dir
     from spot.engines.factory import open_engine
     from spot.runtime.decoders import DecodeRequest, rule_for, run_decoder
     from spot.runtime.step import Sampling
     from spot.tokenizer import TextStream, load_tokenizer, prompt_ids_for
 
     nodes = _budget_nodes(budget, decoder)      # before the weights load
-    folder = model_dir if model_dir is not None else embedded_model_dir()
+    folder = model_folder(backend, model_dir)
     check_model_folder(backend, folder)  # folder / config errors first, before the tokenizer and the weights
     if prompt_file is not None:
         if prompt is not None:
@@ -542,7 +567,7 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
 @main.command("traces")
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Target checkpoint (--backend torch) or exported folder (--backend ort). Default: the embedded "
-                   "model.")
+                   "model (--backend ort: spot demo's export of it).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .npz trace file.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="JSONL prompts: {\"ids\": [...]} or {\"text\": ...} per line.")
@@ -571,13 +596,12 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
     Example:
       spot traces --corpus-prompts 400 --cycle --minutes 8 --depth 16 --out traces.npz
     """
-    from spot.assets import embedded_model_dir
     from spot.engines.factory import open_engine
     from spot.tokenizer import load_tokenizer
     from spot.training.traces import (TracePlan, collect_traces, corpus_prompts as draw_prompts, fit_prompts,
                                       prompts_from_jsonl)
 
-    folder = model_dir if model_dir is not None else embedded_model_dir()
+    folder = model_folder(backend, model_dir)
     check_model_folder(backend, folder)
     if (prompts_file is None) == (corpus_prompts is None):
         raise SpotError("give exactly one of --prompts FILE.jsonl and --corpus-prompts N")
@@ -660,7 +684,8 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
 
 @main.command("calibrate-drafter")
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Target folder (checkpoint, or exported with --backend ort). Default: the embedded model.")
+              help="Target folder (checkpoint, or exported with --backend ort). Default: the embedded model "
+                   "(--backend ort: spot demo's export of it).")
 @click.option("--drafter", "drafter_path", default=None,
               help="Drafter folder or drafter.onnx to calibrate (its drafter.json is updated). Default: --model's.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
@@ -688,8 +713,8 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     training prompts (writes drafter.json).
 
     \b
-    Example (the embedded model, exported):
-      spot calibrate-drafter --model ~/.cache/spot/embedded-fp32-onnx --backend ort --drafter spot/assets/embedded
+    Example (the drafter of the embedded model's export by spot demo):
+      spot calibrate-drafter --model ~/.cache/spot/embedded-fp32-onnx --backend ort
     """
     import json
 
@@ -764,10 +789,9 @@ def demo(prompt_index, max_new_tokens, temperature, seed, budget, depth):
 
 
 def _open_bench_engine(backend, model_dir, block_size, device, sampler="auto", kv_cache="auto"):
-    from spot.assets import embedded_model_dir
     from spot.engines.factory import open_engine
     from spot.tokenizer import load_tokenizer
-    folder = model_dir if model_dir is not None else embedded_model_dir()
+    folder = model_folder(backend, model_dir)
     return open_engine(backend, folder, block_size, device, sampler, kv_cache), load_tokenizer(folder), folder
 
 
@@ -782,7 +806,8 @@ def _budgets(text: str):
 
 @main.command()
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Checkpoint or exported folder. Default: the embedded model.")
+              help="Checkpoint or exported folder. Default: the embedded model (--backend ort: spot demo's export "
+                   "of it).")
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--block-size", type=int, default=None)
@@ -805,7 +830,8 @@ def _budgets(text: str):
                    "quantized target. Repeatable.")
 @click.option("--tune/--no-tune", default=False, help="Also measure latency(N) and pick the tokens/s-optimal budget.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default="bench-report", show_default=True)
-@click.option("--plots/--no-plots", default=True, show_default=True)
+@click.option("--plots/--no-plots", default=None,
+              help="PNG plots beside the report. Default: when matplotlib is installed (the plots extra).")
 @placement_options
 def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_tokens, decoders, temperatures, seeds,
           budgets, max_new_tokens, tau, drafter_path, compare_drafters, tune, report_dir, plots, sampler, kv_cache):
@@ -835,6 +861,11 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     except ValueError:
         raise SpotError("--temperatures and --seeds take comma-separated numbers, e.g. 0,0.5,1.0") from None
     check_output_path(report_dir, "--report", folder=True)       # before the decoding, not after
+    no_matplotlib = plots is not False and not installed("matplotlib")
+    if plots and no_matplotlib:      # refused now, not after an hour of decoding
+        raise SpotError("--plots needs matplotlib, which is not installed",
+                        "pip install 'spot-edge[plots]', or leave out --plots (the report is written without them)")
+    plots = plots is not False and not no_matplotlib
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
     if prompts_path is None:
         from spot.assets import embedded_model_dir
@@ -865,12 +896,14 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
             record = save_tuning(key, tuned, warn=say)
         say(f"recorded the tuned budgets in {record} (used by --budget auto)")
     click.echo(markdown_table(result))
-    click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
+    click.echo("wrote " + ", ".join(str(p) for p in paths)
+               + (" (no plots: pip install 'spot-edge[plots]' adds them)" if no_matplotlib else ""), err=True)
 
 
 @main.command()
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Checkpoint (--backend torch) or exported folder (--backend ort). Default: the embedded model.")
+              help="Checkpoint (--backend torch) or exported folder (--backend ort). Default: the embedded model "
+                   "(--backend ort: spot demo's export of it).")
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--block-size", type=int, default=None, help="Block size B. Default: the config's block_size.")
@@ -918,7 +951,8 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
         raise SpotError(f"spot tune cuts its prompts from the embedded corpus's train split with the model's "
                         f"tokenizer, and {folder} has none", "use a model folder with tokenizer files, or "
                         "`spot bench --tune --prompts FILE.jsonl` with token ids")
-    click.echo(f"measuring acceptance on {len(prompts)} prompts from the {source}", err=True)
+    click.echo(f"measuring acceptance on {len(prompts)} prompt{'s' if len(prompts) != 1 else ''} from the "
+               f"{source}", err=True)
     drafter = None
     if decoder in ("spot", "spot-sets"):
         drafter = find_drafter(drafter_path, folder)

@@ -19,6 +19,11 @@ def cache_dir() -> Path:
     return spot_cache()
 
 
+def embedded_export_dir() -> Path:
+    """Where `spot demo` exports the embedded model (fp32 ONNX): the ort / tensorrt backends' default model."""
+    return cache_dir() / "embedded-fp32-onnx"
+
+
 def exported_embedded(progress: Callable[[str], None]) -> Path:
     """The embedded model exported to fp32 ONNX, reused while its manifest checks out (re-exported otherwise)."""
     import spot.export
@@ -28,7 +33,7 @@ def exported_embedded(progress: Callable[[str], None]) -> Path:
     from spot.export.presets import resolve_source
 
     src = embedded_model_dir()
-    out = cache_dir() / "embedded-fp32-onnx"
+    out = embedded_export_dir()
     # the weights' mtime, the shipped drafter's manifest (it holds the ONNX hash) and the exporter's sources: a new
     # drafter, or any change to how graphs are built (target, epilogue, kv_append), re-exports
     exporter = hashlib.sha256()

@@ -204,6 +204,35 @@ def test_bench_rows_always_have_their_baselines_and_a_mismatch_never_reads_100_p
     assert identical_cell({"identical_cases": [2999, 3000]}) == "99.9% (2999/3000)"
     assert identical_cell({"identical_share": None}) == ""
 
+
+def test_backend_ort_without_model_runs_the_demos_export(as_embedded, tmp_path):
+    """--backend ort without --model pointed at the embedded checkpoint (no manifest) and told the user to export a
+    checkpoint; now it runs spot demo's export of it, or says how to make one."""
+    before = run("generate", "--backend", "ort", "--prompt-ids", "5,6,7", "--max-new-tokens", "4")
+    assert before.exit_code == 2 and "the embedded model's export" in before.stderr
+    assert "run `spot demo` once" in before.stderr and "Traceback" not in before.output
+    assert run("demo", "--max-new-tokens", "4", "--depth", "2").exit_code == 0
+    after = run("generate", "--backend", "ort", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json")
+    assert after.exit_code == 0, after.output
+    torch_run = run("generate", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json")
+    assert json.loads(after.stdout)["token_ids"] == json.loads(torch_run.stdout)["token_ids"]
+
+
+def test_bench_plots_follow_matplotlib(as_embedded, tmp_path, monkeypatch):
+    """Without matplotlib (the README's install has no plots extra) the bench ran, then failed at the plots without
+    bench.json: now the report is written without plots, and an explicit --plots is refused before decoding."""
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    args = ["bench", "--limit", "1", "--decoders", "standard", "--temperatures", "0", "--max-new-tokens", "4"]
+    refused = run(*args, "--plots", "--report", str(tmp_path / "r1"))
+    assert refused.exit_code == 2 and "--plots needs matplotlib" in refused.stderr
+    assert "[1/1]" not in refused.stderr and not (tmp_path / "r1").exists()
+    r = run(*args, "--report", str(tmp_path / "r2"))
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "r2").iterdir()) == ["bench.json", "bench.md"]
+    assert "no plots: pip install 'spot-edge[plots]'" in r.stderr
+
 ERRORS = [
     (["bench", "--compare-drafter", "nopath"], "NAME=PATH"),
     (["generate", "--model", "/nonexistent/model", "--prompt-ids", "1,2"], "does not exist"),

@@ -154,6 +154,9 @@ def test_factory_opens_exported_folder(tiny):
     engine = open_engine("ort", fp32)
     assert isinstance(engine, OrtEngine) and engine.block_size == 4
     assert open_engine("ort", fp32, block_size=8).block_size == 8
+    for unknown in ("onnx", "trt"):     # named as unknown, not "an exported folder, and --backend X reads checkpoints"
+        with pytest.raises(SpotError, match=f"unknown backend '{unknown}', expected one of torch, ort, tensorrt"):
+            open_engine(unknown, fp32)
     with pytest.raises(SpotError, match="not an exported spot model folder") as e:
         open_engine("ort", ckpt)
     assert "spot-export" in e.value.hint

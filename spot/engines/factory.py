@@ -16,6 +16,8 @@ def open_engine(backend: str, model_dir: str | Path, block_size: int | None = No
 
     ort and tensorrt: sampler, where F's sampling runs, and kv_cache, where the KV cache lives — auto | host |
     device (spot.engines.ort_engine.on_device; tensorrt keeps the KV cache on the GPU)."""
+    if backend not in BACKENDS:
+        raise SpotError(f"unknown backend {backend!r}, expected one of {', '.join(BACKENDS)}")
     if backend == "ort":  # an exported folder (spot-export), opened and checked by its manifest
         from spot.engines.ort_engine import OrtEngine
         if block_size is not None:
@@ -34,7 +36,5 @@ def open_engine(backend: str, model_dir: str | Path, block_size: int | None = No
     cfg = load_config(model_dir)  # clear errors (missing folder, model_type) before any heavy import
     block_size = cfg.block_size if block_size is None else block_size
     check_block_size(block_size, cfg.max_position_embeddings)
-    if backend == "torch":
-        from spot.engines.torch_engine import TorchEngine
-        return TorchEngine.from_dir(model_dir, block_size, device)
-    raise SpotError(f"unknown backend {backend!r}, expected one of {', '.join(BACKENDS)}")
+    from spot.engines.torch_engine import TorchEngine
+    return TorchEngine.from_dir(model_dir, block_size, device)
