@@ -24,7 +24,7 @@ from spot.runtime.decoders import DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
-from spot.runtime.tuning import PassProfile, choose_budget, measure_latency_curve
+from spot.runtime.tuning import PassProfile, choose_budget, decode_timed, measure_latency_curve
 
 ID_KEYS = ("ids", "prompt_ids", "token_ids")
 
@@ -243,8 +243,9 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
                 drafter=None, decoder: str = "spot", node_counts=(1, 2, 4, 8, 16, 32, 64),
                 progress: Callable[[str], None] | None = None, curve: dict | None = None,
                 rule: CommitRule | None = None) -> dict:
-    """Measure latency(N) on this engine (unless `curve` already holds it) and steps/verify per candidate budget on
-    `prompts` at `temperature`; pick the budget with the highest expected tokens/s (choose_budget). Acceptance
+    """Measure latency(N) on this engine (unless `curve` already holds it), then decode `prompts` at `temperature`
+    with `decoder` at each candidate budget, each beside standard decoding, and pick the budget with the highest
+    measured steps/s over standard decoding's (choose_budget; the curve's prediction is reported beside). Acceptance
     depends on the temperature, so a choice holds for the temperature it was measured at. rule: the decoder's
     (rule_for; default: static, spot-sets threshold at tau 0.9); a threshold-rule decoder is compared with
     threshold decoding, a static one with standard decoding."""
@@ -256,29 +257,36 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
     rule = rule or rule_for(decoder, DecodeRequest())
     request = DecodeRequest(TUNE_NEW_TOKENS, mode=rule.kind, tau=rule.tau, sampling=Sampling(temperature))
     baseline = "threshold" if rule.kind == THRESHOLD else "standard"
-    standard = [run_decoder(baseline, engine, p.ids, request) for p in prompts]
-    standard_host = (sum(g.stats.extra.get("sample_ms", 0.0) for g in standard)
-                     / max(sum(g.stats.steps for g in standard), 1))
-    standard_profile = PassProfile.of(standard, standard_host * sum(g.stats.steps for g in standard))
-    spv, host, profiles = {}, {}, {}
+
+    def profile(name: str, req: DecodeRequest, d=None) -> tuple[PassProfile, list]:
+        runs = [decode_timed(engine, lambda p=p: run_decoder(name, engine, p.ids, req, d)) for p in prompts]
+        gens = [g for g, _, _ in runs]
+        return PassProfile.of(gens, sum(h for _, h, _ in runs), sum(t for _, _, t in runs)), gens
+    standard_profile, _ = profile(baseline, request)
+    spv, profiles, speedups, by_curve = {}, {}, {}, {}
     for budget in candidates:
         key = (budget.nodes, budget.depth)
-        gens = [run_decoder(decoder, engine, p.ids, replace(request, budget=budget), drafter) for p in prompts]
-        s = summarize(gens)
-        spv[key] = s.get("steps_per_verify", 1.0)
-        host[key] = s.get("draft_ms_per_verify", 0.0) + s.get("walk_ms_per_verify", 0.0)
-        # host ms in all: the rounds', and each block's first step sampled as standard decoding samples it
-        profiles[key] = PassProfile.of(gens, host[key] * s["passes_by_kind"].get("verify", 0)
-                                       + standard_host * s["passes_by_kind"].get("block", 0))
+        beside, _ = profile(baseline, request)          # just before: drift hits both alike
+        profiles[key], gens = profile(decoder, replace(request, budget=budget), drafter)
+        spv[key] = summarize(gens).get("steps_per_verify", 1.0)
+        speedups[key] = profiles[key].steps_per_ms() / beside.steps_per_ms()
+        by_curve[key] = (profiles[key].steps / profiles[key].curve_ms(curve)) / (
+            standard_profile.steps / standard_profile.curve_ms(curve))
         if progress:
-            progress(f"budget {budget.nodes}x{budget.depth}: {spv[key]:.2f} steps/verify, "
-                     f"{profiles[key].expected_ms(curve) / max(profiles[key].steps, 1):.2f} ms/step expected")
-    choice = choose_budget(curve, standard_profile, profiles)
-    return {"temperature": temperature, "latency_ms": curve, "standard_host_ms_per_step": standard_host,
-            "steps_per_verify": {f"{n}x{d}": v for (n, d), v in spv.items()},
-            "host_ms": {f"{n}x{d}": v for (n, d), v in host.items()},
-            "expected_speedup": {f"{n}x{d}": p.steps_per_ms(curve) / standard_profile.steps_per_ms(curve)
-                                 for (n, d), p in profiles.items()},
+            progress(f"budget {budget.nodes}x{budget.depth}: {spv[key]:.2f} steps/verify, {speedups[key]:.2f}x "
+                     f"standard decoding's steps/s (the latency curve predicts {by_curve[key]:.2f}x)")
+    choice = choose_budget(speedups)
+
+    def host_per_step(p: PassProfile) -> float:
+        return p.host_ms / max(p.steps, 1)
+
+    def by_budget(values: dict) -> dict:
+        return {f"{n}x{d}": v for (n, d), v in values.items()}
+    return {"temperature": temperature, "latency_ms": curve,
+            "standard_host_ms_per_step": host_per_step(standard_profile),
+            "steps_per_verify": by_budget(spv),
+            "host_ms_per_step": by_budget({k: host_per_step(p) for k, p in profiles.items()}),
+            "measured_speedup": by_budget(speedups), "curve_speedup": by_budget(by_curve),
             "choice": {"nodes": choice.nodes, "depth": choice.depth,
                        "expected_speedup": choice.expected_speedup}}
 
@@ -392,8 +400,9 @@ def markdown_table(result: dict) -> str:
 
 
 def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:
-    """bench.json, bench.md and, when matplotlib is installed and plots=True, PNG plots. Returns the paths.
-    bench.json goes last (a previous one removed first): where it exists, every file beside it is from its run."""
+    """bench.json, bench.md and, when plots=True, PNG plots (matplotlib). Returns the paths. bench.json goes last
+    (a previous one and its plots removed first): where it exists, every file beside it is from its run — also when
+    plotting fails, which then raises after bench.json is written."""
     out = Path(out_dir)
     written = [out / "bench.json", out / "bench.md"]
     written[0].unlink(missing_ok=True)
@@ -401,8 +410,12 @@ def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[
     if "tune" in result:
         md += "\n## Budget tuning\n\n```\n" + json.dumps(result["tune"], indent=2) + "\n```\n"
     write_text_atomic(written[1], md)
-    if plots:
-        from spot.plots import plot_report  # optional dependency
-        written += plot_report(result, out)
-    write_text_atomic(written[0], json.dumps(result, indent=2))
+    from spot.plots import PLOT_FILES, plot_report      # matplotlib is imported inside, only to plot
+    for name in PLOT_FILES:            # a previous run's plots are not left beside this run's bench.json
+        (out / name).unlink(missing_ok=True)
+    try:
+        if plots:
+            written += plot_report(result, out)
+    finally:                           # the measurements are kept even when plotting fails
+        write_text_atomic(written[0], json.dumps(result, indent=2))
     return written

@@ -159,15 +159,6 @@ def check_model_folder(backend: str, folder) -> None:
         load_config(folder)
 
 
-def installed(package: str) -> bool:
-    """Whether `package` can be imported here (without importing it)."""
-    import importlib.util
-    try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def model_folder(backend: str, model_dir):
     """--model, else the embedded model: its checkpoint (torch), or its export by `spot demo` (ort, tensorrt)."""
     if model_dir is not None:
@@ -175,13 +166,16 @@ def model_folder(backend: str, model_dir):
     if backend == "torch":
         from spot.assets import embedded_model_dir
         return embedded_model_dir()
-    from spot.demo import embedded_export_dir
+    from spot.demo import embedded_export_current, embedded_export_dir
     folder = embedded_export_dir()
     if not (folder / "manifest.json").is_file():
         raise SpotError(f"no --model given, and --backend {backend} runs an exported folder: the embedded model's "
                         f"export {folder} does not exist yet",
                         "run `spot demo` once (it exports it there), or `spot-export embedded --out DIR` and pass "
                         "--model DIR")
+    if not embedded_export_current():       # still a valid export (its manifest is checked when it opens)
+        click.echo(f"note: {folder} was exported from another version of spot or of its embedded model; "
+                   "`spot demo` exports it again", err=True)
     return folder
 
 
@@ -861,7 +855,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     except ValueError:
         raise SpotError("--temperatures and --seeds take comma-separated numbers, e.g. 0,0.5,1.0") from None
     check_output_path(report_dir, "--report", folder=True)       # before the decoding, not after
-    no_matplotlib = plots is not False and not installed("matplotlib")
+    from spot.plots import can_plot
+    no_matplotlib = plots is not False and not can_plot()
     if plots and no_matplotlib:      # refused now, not after an hour of decoding
         raise SpotError("--plots needs matplotlib, which is not installed",
                         "pip install 'spot-edge[plots]', or leave out --plots (the report is written without them)")
@@ -956,12 +951,17 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     drafter = None
     if decoder in ("spot", "spot-sets"):
         drafter = find_drafter(drafter_path, folder)
+        drafter.check_compatible(engine)        # before the latency sweep, not after it
     elif decoder is None:
         try:
             drafter, decoder = find_drafter(drafter_path, folder), "spot"
-        except SpotError:
-            click.echo("no drafter found: tuning the training-free tree decoder", err=True)
-            decoder = "tree"
+            drafter.check_compatible(engine)
+        except SpotError as e:
+            if drafter_path is not None:        # the drafter the user named must fit
+                raise
+            click.echo(f"tuning the training-free tree decoder ({e.message}; --decoder spot with a drafter "
+                       "for this model tunes SPOT)", err=True)
+            drafter, decoder = None, "tree"
     rule = rule_for(decoder, request)
     out = tune_budget(engine, prompts, temperature, TUNE_CANDIDATES, drafter, decoder,
                       progress=lambda line: click.echo(line, err=True), rule=rule)

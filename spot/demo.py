@@ -24,27 +24,40 @@ def embedded_export_dir() -> Path:
     return cache_dir() / "embedded-fp32-onnx"
 
 
-def exported_embedded(progress: Callable[[str], None]) -> Path:
-    """The embedded model exported to fp32 ONNX, reused while its manifest checks out (re-exported otherwise)."""
+def embedded_export_stamp() -> str:
+    """What the demo's export was made from: the weights' mtime, the shipped drafter's manifest (it holds the ONNX
+    hash) and the exporter's sources — a new drafter, or any change to how graphs are built (target, epilogue,
+    kv_append), re-exports."""
     import spot.export
     from spot.assets import embedded_model_dir
+    src = embedded_model_dir()
+    exporter = hashlib.sha256()
+    for source in sorted(Path(spot.export.__file__).parent.glob("*.py")):
+        exporter.update(source.read_bytes())
+    return f"{(src / 'model.safetensors').stat().st_mtime_ns} " \
+           f"{hashlib.sha256((src / 'drafter.json').read_bytes()).hexdigest()[:16]} {exporter.hexdigest()[:16]}"
+
+
+def embedded_export_current() -> bool:
+    """Whether the demo's export was made from this spot's embedded model and exporter (its stamp)."""
+    try:
+        return (embedded_export_dir() / ".stamp").read_text() == embedded_export_stamp()
+    except OSError:
+        return False
+
+
+def exported_embedded(progress: Callable[[str], None]) -> Path:
+    """The embedded model exported to fp32 ONNX, reused while its manifest checks out (re-exported otherwise)."""
     from spot.export.export import ExportOptions, export_checkpoint
     from spot.export.manifest import load_manifest
     from spot.export.presets import resolve_source
 
-    src = embedded_model_dir()
     out = embedded_export_dir()
-    # the weights' mtime, the shipped drafter's manifest (it holds the ONNX hash) and the exporter's sources: a new
-    # drafter, or any change to how graphs are built (target, epilogue, kv_append), re-exports
-    exporter = hashlib.sha256()
-    for source in sorted(Path(spot.export.__file__).parent.glob("*.py")):
-        exporter.update(source.read_bytes())
-    stamp = f"{(src / 'model.safetensors').stat().st_mtime_ns} " \
-            f"{hashlib.sha256((src / 'drafter.json').read_bytes()).hexdigest()[:16]} {exporter.hexdigest()[:16]}"
+    stamp = embedded_export_stamp()
     if out.is_dir():
         try:
             load_manifest(out)                      # hashes: a damaged cache is re-exported, never used
-            if (out / ".stamp").read_text() == str(stamp):
+            if (out / ".stamp").read_text() == stamp:
                 return out
         except (SpotError, OSError):
             pass

@@ -7,15 +7,27 @@ from spot.errors import SpotError
 from spot.files import atomic_output
 
 
+PLOT_FILES = ("passes_and_speed.png", "acceptance_by_depth.png", "latency_vs_nodes.png")
+
+
 def _pyplot():
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        raise SpotError("plots need matplotlib, which is not installed",
+    except ImportError as e:        # not installed, or installed and broken
+        raise SpotError(f"plots need matplotlib, which cannot be imported here ({e})",
                         "pip install 'spot-edge[plots]' or pass --no-plots") from None
     return plt
+
+
+def can_plot() -> bool:
+    """Whether matplotlib imports here (a find_spec check passes a broken install)."""
+    try:
+        _pyplot()
+    except SpotError:
+        return False
+    return True
 
 
 def _save(fig, path: Path) -> Path:
@@ -46,7 +58,7 @@ def plot_report(result: dict, out: Path) -> list[Path]:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(temps), bbox_to_anchor=(0.5, -0.02))
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    written.append(_save(fig, out / "passes_and_speed.png"))
+    written.append(_save(fig, out / PLOT_FILES[0]))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -58,7 +70,7 @@ def plot_report(result: dict, out: Path) -> list[Path]:
     ax.set_ylabel("P(accepted depth >= d)")
     ax.set_title(f"acceptance by depth (T={temps[-1]:g})")
     ax.legend(fontsize=7)
-    written.append(_save(fig, out / "acceptance_by_depth.png"))
+    written.append(_save(fig, out / PLOT_FILES[1]))
     plt.close(fig)
 
     if "tune" in result:
@@ -72,6 +84,6 @@ def plot_report(result: dict, out: Path) -> list[Path]:
         ax.set_xscale("log", base=2)
         ax.set_title("verify latency vs node count")
         ax.legend()
-        written.append(_save(fig, out / "latency_vs_nodes.png"))
+        written.append(_save(fig, out / PLOT_FILES[2]))
         plt.close(fig)
     return written

@@ -214,6 +214,12 @@ def test_backend_ort_without_model_runs_the_demos_export(as_embedded, tmp_path):
     assert run("demo", "--max-new-tokens", "4", "--depth", "2").exit_code == 0
     after = run("generate", "--backend", "ort", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json")
     assert after.exit_code == 0, after.output
+    assert "note:" not in after.stderr
+    stamp = tmp_path / "cache" / "embedded-fp32-onnx" / ".stamp"
+    stamp.write_text("made by an older spot")
+    stale = run("generate", "--backend", "ort", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json")
+    assert stale.exit_code == 0 and "was exported from another version of spot" in stale.stderr
+    assert json.loads(stale.stdout)["token_ids"] == json.loads(after.stdout)["token_ids"]
     torch_run = run("generate", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json")
     assert json.loads(after.stdout)["token_ids"] == json.loads(torch_run.stdout)["token_ids"]
 
@@ -221,17 +227,39 @@ def test_backend_ort_without_model_runs_the_demos_export(as_embedded, tmp_path):
 def test_bench_plots_follow_matplotlib(as_embedded, tmp_path, monkeypatch):
     """Without matplotlib (the README's install has no plots extra) the bench ran, then failed at the plots without
     bench.json: now the report is written without plots, and an explicit --plots is refused before decoding."""
-    import importlib.util
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    for name in ("matplotlib", "matplotlib.pyplot"):     # not installed, or installed and broken: import fails
+        monkeypatch.setitem(sys.modules, name, None)
     args = ["bench", "--limit", "1", "--decoders", "standard", "--temperatures", "0", "--max-new-tokens", "4"]
     refused = run(*args, "--plots", "--report", str(tmp_path / "r1"))
     assert refused.exit_code == 2 and "--plots needs matplotlib" in refused.stderr
     assert "[1/1]" not in refused.stderr and not (tmp_path / "r1").exists()
+    (tmp_path / "r2").mkdir()
+    (tmp_path / "r2" / "passes_and_speed.png").write_bytes(b"a previous run's plot")
     r = run(*args, "--report", str(tmp_path / "r2"))
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in (tmp_path / "r2").iterdir()) == ["bench.json", "bench.md"]
     assert "no plots: pip install 'spot-edge[plots]'" in r.stderr
+    from spot.bench import write_report
+    from spot.errors import SpotError
+    with pytest.raises(SpotError, match="plots need matplotlib"):      # plotting fails: the measurements stay
+        write_report(json.loads((tmp_path / "r2" / "bench.json").read_text()), tmp_path / "r3", plots=True)
+    assert (tmp_path / "r3" / "bench.json").is_file()
+
+
+def test_an_export_for_another_block_size_leaves_the_checkpoints_drafter_out(as_embedded, tmp_path):
+    """spot-export --block-size 8 of a checkpoint whose drafter was trained for blocks of 4 copied it: every spot
+    decode and spot tune on the export then failed on it (tune after its whole latency sweep)."""
+    r = run("export", str(as_embedded), "--block-size", "8", "--dtype", "fp32", "--no-validate", "--tensorrt", "no",
+            "--out", str(tmp_path / "b8"))
+    assert r.exit_code == 0, r.output
+    assert "the checkpoint's drafter was trained for blocks of 4, this export decodes blocks of 8: not copied" \
+        in r.output
+    assert not (tmp_path / "b8" / "drafter.onnx").exists() and not (tmp_path / "b8" / "drafter.json").exists()
+    assert "drafter" not in json.loads((tmp_path / "b8" / "manifest.json").read_text())["graphs"]
+    assert run("verify", str(tmp_path / "b8")).exit_code == 0
+    same = run("export", str(as_embedded), "--dtype", "fp32", "--no-validate", "--tensorrt", "no", "--out",
+               str(tmp_path / "b4"))
+    assert same.exit_code == 0 and (tmp_path / "b4" / "drafter.onnx").is_file()
 
 ERRORS = [
     (["bench", "--compare-drafter", "nopath"], "NAME=PATH"),
@@ -387,6 +415,10 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     path.write_text(saved.replace('"nodes": ', '"nodes": 100000, "was": '))
     too_big = run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0")
     assert too_big.exit_code == 2 and f"the tuned budget in {path} does not fit this engine" in too_big.stderr
+    path.write_text(saved.replace('"format_version": 2', '"format_version": 1'))   # the old tuner's choice
+    old = run(*gen, "--decoder", "spot", "--budget", "auto")
+    assert old.exit_code == 2 and "has format_version 1, this spot reads 2" in old.stderr
+    assert "run `spot tune` again" in old.stderr
     path.write_text("{")
     retuned = run("tune", "--temperature", "0", "--limit", "1")
     assert retuned.exit_code == 0 and "replacing an unreadable tuning record" in retuned.stderr

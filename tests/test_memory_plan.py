@@ -124,8 +124,11 @@ def test_the_hint_names_only_smaller_models_and_an_allowance_no_model_fits():
         make_plan(small, "fp16", QuantScheme("int4"), 4096, 16, resolve_device("2.5GB"), "sdar-1.7b")
     assert e.value.hint.startswith("use a device with more memory") and "sdar-4b" not in e.value.hint
     with pytest.raises(SpotError) as e:
-        make_plan(PRESETS["sdar-4b"].config(), "fp16", QuantScheme("int4"), 4096, 16, resolve_device("3GB"))
+        make_plan(PRESETS["sdar-4b"].config(), "fp16", QuantScheme("int4"), 4096, 16, resolve_device("4GB"))
     assert "smaller model (sdar-1.7b)" in e.value.hint
+    with pytest.raises(SpotError) as e:     # 2 GB: no model fits beside the runtime, none is suggested
+        make_plan(PRESETS["sdar-8b"].config(), "fp16", QuantScheme(), 4096, 16, resolve_device("2GB"))
+    assert "smaller model" not in e.value.hint
     tiny = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=64,
                        mask_token_id=63, stop_ids=(0,))

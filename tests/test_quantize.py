@@ -87,7 +87,7 @@ def test_scales_round_up_in_fp16():
     amax = np.array([1.0, 3.3333333, 1e-9, 0.0], np.float32)
     s = scales_for(amax, 7, "fp16")
     assert s.dtype == np.float16 and (s.astype(np.float32) >= amax / 7).all() and s[3] == 1
-    with pytest.raises(SpotError, match="a weight group has values beyond the fp16 range"):
+    with pytest.raises(SpotError, match="a weight group has values beyond what fp16 holds once quantized"):
         scales_for(np.array([1e6], np.float32), 7, "fp16")
 
 
@@ -258,7 +258,12 @@ def test_weights_beyond_the_fp16_range_are_named_before_the_graph_overflows(weig
     from spot.export.quantize import quantize_rows
     w = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     w[1, 3] = 1e5               # the scale (1e5 / 7 or / 127) fits fp16; the weight rebuilt from it does not
-    with pytest.raises(SpotError, match="tensor up_proj has values beyond the fp16 range") as e:
-        quantize_rows(w, weights, block, "fp16", "tensor up_proj")
-    assert "--dtype fp32" in e.value.hint
-    quantize_rows(w, weights, block, "fp32", "tensor up_proj")       # fp32 scales hold it
+    for big in (1e5, 65470.0):      # 65470 < 65504, but the rounded-up scale x qmax is not
+        w[1, 3] = big
+        with pytest.raises(SpotError, match="tensor up_proj has values beyond what fp16 holds once quantized") as e:
+            quantize_rows(w, weights, block, "fp16", "tensor up_proj")
+        assert "--dtype fp32" in e.value.hint
+        quantize_rows(w, weights, block, "fp32", "tensor up_proj")       # fp32 scales hold it
+    w[1, 3] = 60000.0
+    q, s = quantize_rows(w, weights, block, "fp16", "tensor up_proj")
+    assert np.isfinite(s.astype(np.float16) * np.float16(127 if weights == "int8" else 7)).all()

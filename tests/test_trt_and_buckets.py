@@ -340,6 +340,9 @@ def test_old_tensorrt_and_timing_caches_per_version(monkeypatch):
     with pytest.raises(SpotError, match="TensorRT 8.6.2 is too old: spot's engines need TensorRT 10") as e:
         te.trt_major()
     assert "JetPack 6" in e.value.hint
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace())
+    with pytest.raises(SpotError, match="reports version None, not a TensorRT release: spot's engines need"):
+        te.trt_major()
     monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.3.0"))
     assert te.trt_major() == 10
     names = {te.timing_cache_name(v, g) for v in ("10.3.0", "10.7.0") for g in ("Orin (nvgpu)", "NVIDIA H200")}

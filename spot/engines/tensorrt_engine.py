@@ -52,10 +52,13 @@ def _trt():
         import tensorrt as trt  # noqa: F401
     except ImportError:
         raise SpotError("TensorRT's Python package (tensorrt) is not installed", INSTALL_HINT) from None
-    version = str(getattr(trt, "__version__", "0"))
-    if not version.split(".")[0].isdigit() or int(version.split(".")[0]) < MIN_TRT_MAJOR:
+    version = getattr(trt, "__version__", None)
+    major = str(version).split(".")[0]
+    if not major.isdigit() or int(major) < MIN_TRT_MAJOR:
         # 8.x parses ONNX only into explicit-batch networks (another creation flag) and has no int64 tensors
-        raise SpotError(f"TensorRT {version} is too old: spot's engines need TensorRT {MIN_TRT_MAJOR} or later",
+        found = (f"TensorRT {version} is too old" if major.isdigit() else
+                 f"the tensorrt package reports version {version!r}, not a TensorRT release")
+        raise SpotError(f"{found}: spot's engines need TensorRT {MIN_TRT_MAJOR} or later",
                         "Jetson: JetPack 6.x (TensorRT 10.3); workstation: `pip install tensorrt`; or use "
                         "`--backend ort --device cuda`")
     return trt

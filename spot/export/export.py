@@ -249,6 +249,21 @@ def write_weights(ckpt: Checkpoint, weights: list[WeightSpec], layout: dict[str,
 
 
 # -- folder --------------------------------------------------------------------------------------------------------
+def drafter_fits(ckpt_dir: Path, block_size: int, progress: Progress) -> bool:
+    """Whether the drafter shipped beside the checkpoint (if any) was trained for the exported block size: one
+    that was not is left out of the export (it could only be refused there), with a note."""
+    descriptor = ckpt_dir / "drafter.json"
+    try:
+        trained = json.loads(descriptor.read_text()).get("block_size")
+    except (OSError, ValueError, AttributeError):
+        return True         # none, or unreadable: copied as it is, and refused by name where it is loaded
+    if trained is None or trained == block_size:
+        return True
+    progress(f"note: the checkpoint's drafter was trained for blocks of {trained}, this export decodes blocks of "
+             f"{block_size}: not copied (spot traces + spot train-drafter make one for it)")
+    return False
+
+
 def _hf_config_json(ckpt_dir: Path, cfg: ModelConfig) -> str:
     """The checkpoint's config.json with the exported block size / mask id, so HF-style tools read the folder."""
     raw = json.loads((ckpt_dir / "config.json").read_text())
@@ -386,6 +401,8 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
         (tmp / TARGET_FILE).write_bytes(make_model(graph, layout).SerializeToString())
         check_graph(tmp / TARGET_FILE)
         copied = [n for n in COPIED_FILES if (ckpt.dir / n).is_file()]
+        if not drafter_fits(ckpt.dir, cfg.block_size, progress):
+            copied = [n for n in copied if n not in DRAFTER_FILES]
         for name in copied:
             shutil.copyfile(ckpt.dir / name, tmp / name)
         (tmp / "config.json").write_text(_hf_config_json(ckpt.dir, cfg))

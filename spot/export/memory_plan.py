@@ -256,8 +256,10 @@ def _smaller_hint(cfg: ModelConfig, dtype: str, quant, device: Device) -> str:
         return (f"the runtime and OS take {device.runtime_gib + device.os_gib:g} GiB of the device's "
                 f"{device.memory_gib:g} GiB before any weights: use a device with more memory")
     from spot.export.presets import PRESETS
+    # smaller presets whose smallest form (int4 weights) leaves room: not a model that fails the same way
     smaller = sorted({p.name.split("-b")[0]: p.config().parameter_count() for p in PRESETS.values()
-                      if p.config().parameter_count() < cfg.parameter_count()}.items(), key=lambda kv: -kv[1])
+                      if p.config().parameter_count() < cfg.parameter_count()
+                      and weight_bytes(p.config(), dtype, QuantScheme("int4")) < room}.items(), key=lambda kv: -kv[1])
     return ((f"use a smaller model ({', '.join(name for name, _ in smaller)}) or " if smaller else "use ")
             + "a device with more memory" + ("; --weights int4 is the smallest form" if current != "int4" else ""))
 

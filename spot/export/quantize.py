@@ -154,15 +154,21 @@ def scales_for(amax: np.ndarray, qmax: int, dtype: str, what: str = "a weight gr
     (1 for all-zero groups). amax float32 [...] -> scales [...] in dtype. The graph computes q * scale in `dtype`,
     so weights beyond its range are refused here, naming the tensor (`what`), as the unquantized path does."""
     npd = _SCALE_NP[dtype]
-    if amax.size and float(amax.max()) > float(np.finfo(npd).max):
-        raise SpotError(f"{what} has values beyond the {dtype} range (max |x| = {float(amax.max()):.4g}; the "
-                        "graph rebuilds q * scale in that precision)", "export with --dtype fp32")
     s = (amax.astype(np.float32) / np.float32(qmax)).astype(np.float32)
     s = np.where(amax > 0, s, np.float32(1.0))
     with np.errstate(over="ignore"):
         sd = s.astype(npd)
     low = sd.astype(np.float32) < s
-    return np.where(low, np.nextafter(sd, npd(np.inf)), sd).astype(npd)
+    sd = np.where(low, np.nextafter(sd, npd(np.inf)), sd).astype(npd)
+    # the graph rebuilds q * scale in `dtype`: qmax * scale must stay finite there (rounding the scale up can push
+    # a weight just under the fp16 maximum over it)
+    with np.errstate(over="ignore"):
+        rebuilt = (sd * npd(qmax)).astype(npd)
+    if not np.isfinite(rebuilt).all():
+        raise SpotError(f"{what} has values beyond what {dtype} holds once quantized (max |x| = "
+                        f"{float(amax.max()):.7g}; q * scale is rebuilt in {dtype}, max {float(np.finfo(npd).max):g})",
+                        "export with --dtype fp32")
+    return sd
 
 
 def quantize_rows(w: np.ndarray, weights: str, block: int, dtype: str,

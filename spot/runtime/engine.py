@@ -6,6 +6,7 @@ KV cache of one sequence: `prefill` starts it, `store` appends one finished bloc
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -39,6 +40,9 @@ class Engine(ABC):
     # the device sampling epilogue's work so far: states sampled and seconds inside its calls (generate() reports
     # the decode's share; the walk's and sampling's times include those seconds)
     epilogue_states, epilogue_seconds = 0, 0.0
+    # seconds inside the target's passes (prefill, block_logits, block_outputs, store) so far: a decode's wall time
+    # minus these is its host work (the budget tuner charges it to each decoder)
+    pass_seconds = 0.0
 
     def __init__(self, config: ModelConfig, block_size: int | None = None):
         self.config = config
@@ -58,13 +62,19 @@ class Engine(ABC):
         self._reset()
         self.cached_len = 0
         if ids.shape[0]:
+            t0 = time.perf_counter()
             self._prefill(ids)
+            self.pass_seconds += time.perf_counter() - t0
             self.cached_len = ids.shape[0]
 
     def block_logits(self, states: np.ndarray) -> np.ndarray:
         """Logits [N, B, V] float32 of N candidate states [N, B] of the block after the cache; stores nothing."""
         states = self._check_states(states)
-        return self._checked_logits(states)
+        t0 = time.perf_counter()
+        try:
+            return self._checked_logits(states)
+        finally:
+            self.pass_seconds += time.perf_counter() - t0
 
     def block_outputs(self, states: np.ndarray, steps, sampling, block: int, noise=None) -> list:
         """One target pass over N states [N, B] whose commit steps are steps [N]: per state, what the host loop
@@ -75,7 +85,11 @@ class Engine(ABC):
         steps = np.asarray(steps, dtype=np.int64).reshape(-1)
         if steps.shape[0] != states.shape[0]:
             raise ValueError(f"steps: got {steps.shape[0]} values, expected one per state ({states.shape[0]})")
-        return self._block_outputs(states, steps, sampling, block, noise)
+        t0 = time.perf_counter()
+        try:
+            return self._block_outputs(states, steps, sampling, block, noise)
+        finally:
+            self.pass_seconds += time.perf_counter() - t0
 
     @property
     def placement(self) -> dict[str, str]:
@@ -93,7 +107,9 @@ class Engine(ABC):
         if state.shape != (self.block_size,):
             raise ValueError(f"store state: got shape {state.shape}, expected [{self.block_size}]")
         self._check_room(self.block_size)
+        t0 = time.perf_counter()
         self._store(state)
+        self.pass_seconds += time.perf_counter() - t0
         self.cached_len += self.block_size
 
     # -- checks ------------------------------------------------------------------------------------------------

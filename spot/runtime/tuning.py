@@ -1,18 +1,22 @@
-"""Cost-aware tree budgets: choose (nodes, depth) that maximise expected tokens/s on the engine in use.
+"""Cost-aware tree budgets: choose (nodes, depth) that maximise tokens/s on the engine in use.
 
 A pass over N states costs latency(N) (measured on the device: nearly flat where memory-bound, ~linear in N where
-compute-bound). What a decoder did on the tuning prompts is counted, not modelled (hardware-free): its one-state
-passes (each block's first pass, the store passes), the node count of every verify pass, its host milliseconds and
-the commit steps it took. Expected milliseconds = the one-state passes x latency(1) + the sum of latency(nodes) over
-verify passes + host ms; the same for standard decoding (every step a one-state pass, plus its own host sampling:
-at T > 0 it computes the noise of every masked position, and leaving it out would overrate standard decoding against
-small trees). Steps per verify pass alone would overrate trees: each block's first pass commits one step and the
-last verify pass of a block often commits no free root (by 20-30% at SDAR's block size 4).
+compute-bound). The tuner decodes its prompts with standard decoding and with the speculative decoder at each
+candidate budget, and records what each did (PassProfile): commit steps, one-state passes (each block's first pass,
+the store passes), the node count of every verify pass, the milliseconds inside the target's passes and outside
+them (host: drafting, sampling, the walk, every line of Python). The choice is by measured steps per ms, each
+candidate against standard decoding run just before it (machine drift hits both alike); (1, 1) — no speculation —
+wins unless a tree measured faster. Beside it, the curve's prediction from the pass counts (one-state passes x
+latency(1) + latency(nodes) per verify pass + host ms) says why: on a compute-bound CPU it ran 10-25% above the
+measured speed-up for small trees (the decodes' passes, between host work, cost more than the curve's tight loop).
+Steps per verify pass alone overrate trees: each block's first pass commits one step and a block's last verify
+pass often commits no free root (by 20-30% at SDAR's block size 4).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -24,12 +28,7 @@ from spot.runtime.step import Sampling
 class BudgetChoice:
     nodes: int
     depth: int
-    expected_steps_per_ms: float
-    standard_steps_per_ms: float
-
-    @property
-    def expected_speedup(self) -> float:
-        return self.expected_steps_per_ms / self.standard_steps_per_ms
+    expected_speedup: float      # measured steps/s at this budget / standard decoding's (1.0 for no speculation)
 
 
 def measure_latency_curve(engine: Engine, prefix_ids: np.ndarray, node_counts: list[int], repeats: int = 5,
@@ -70,38 +69,46 @@ def interpolate_latency(curve: dict[int, float], nodes: int) -> float:
 @dataclass(frozen=True)
 class PassProfile:
     """What one decoder did over the tuning prompts: commit steps, one-state passes (a block's first pass, store
-    passes; standard decoding: every step's pass too), the node count of each verify pass, and host ms in all."""
+    passes; standard decoding: every step's pass too), the node count of each verify pass, and the ms spent inside
+    the target's passes (prefill included) and outside them (host)."""
     steps: int
     single_passes: int
     verify_nodes: tuple[int, ...] = ()
     host_ms: float = 0.0
+    pass_ms: float = 0.0
 
     @classmethod
-    def of(cls, generations, host_ms: float) -> "PassProfile":
-        """From spot.runtime.decode.Generation results (one decoder, every tuning prompt; prefill left out: the same
-        for every decoder)."""
+    def of(cls, generations, host_ms: float = 0.0, pass_ms: float = 0.0) -> "PassProfile":
+        """From spot.runtime.decode.Generation results (one decoder, every tuning prompt) and their times
+        (decode_timed)."""
         passes = [g.stats.passes for g in generations]
         return cls(sum(g.stats.steps for g in generations),
                    sum(p.get("block", 0) + p.get("store", 0) for p in passes),
-                   tuple(n for g in generations for n in g.stats.extra.get("nodes_per_verify", [])), host_ms)
+                   tuple(n for g in generations for n in g.stats.extra.get("nodes_per_verify", [])), host_ms, pass_ms)
 
-    def expected_ms(self, curve: dict[int, float]) -> float:
+    def steps_per_ms(self) -> float:
+        """Measured: steps / (host + pass ms)."""
+        return self.steps / max(self.host_ms + self.pass_ms, 1e-9)
+
+    def curve_ms(self, curve: dict[int, float]) -> float:
+        """What the latency curve predicts for these passes (prefill left out: the same for every decoder)."""
         return (self.single_passes * interpolate_latency(curve, 1) + self.host_ms
                 + sum(interpolate_latency(curve, n) for n in self.verify_nodes))
 
-    def steps_per_ms(self, curve: dict[int, float]) -> float:
-        return self.steps / max(self.expected_ms(curve), 1e-9)
+
+def decode_timed(engine: Engine, decode: Callable[[], object]) -> tuple[object, float, float]:
+    """decode() -> (its result, ms outside the engine's passes (host work), ms inside them)."""
+    before, t0 = engine.pass_seconds, time.perf_counter()
+    result = decode()
+    inside = engine.pass_seconds - before
+    return result, 1e3 * ((time.perf_counter() - t0) - inside), 1e3 * inside
 
 
-def choose_budget(curve: dict[int, float], standard: PassProfile,
-                  candidates: dict[tuple[int, int], PassProfile]) -> BudgetChoice:
-    """Pick the (nodes, depth) with the highest expected steps/s; (1, 1) — no speculation — is always a candidate,
-    so the choice is never expected to be slower than standard decoding beyond the host overhead.
-
-    curve: nodes -> ms of one pass; standard: standard decoding's profile on the tuning prompts; candidates:
-    (nodes, depth) -> the speculative decoder's profile at that budget on the same prompts."""
-    best = BudgetChoice(1, 1, standard.steps_per_ms(curve), standard.steps_per_ms(curve))
-    for (n, d), profile in candidates.items():
-        if profile.steps_per_ms(curve) > best.expected_steps_per_ms:
-            best = BudgetChoice(n, d, profile.steps_per_ms(curve), best.standard_steps_per_ms)
+def choose_budget(speedups: dict[tuple[int, int], float]) -> BudgetChoice:
+    """The (nodes, depth) with the highest measured speed-up over standard decoding; (1, 1) — no speculation, 1.0 —
+    unless a tree measured faster."""
+    best = BudgetChoice(1, 1, 1.0)
+    for (n, d), speedup in speedups.items():
+        if speedup > best.expected_speedup:
+            best = BudgetChoice(n, d, speedup)
     return best
