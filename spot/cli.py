@@ -196,7 +196,8 @@ def find_drafter(path, model_dir):
 @main.command()
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="SDAR checkpoint folder (config.json + safetensors; --backend torch) or exported folder "
-                   "(spot-export; --backend ort). Default: the embedded model (--backend ort: spot demo's export of it).")
+                   "(spot-export; --backend ort). Default: the embedded model (--backend ort: spot demo's export "
+                   "of it).")
 @click.option("--prompt", default=None, help="Prompt text (needs the checkpoint's tokenizer).")
 @click.option("--prompt-ids", default=None, help="Prompt as comma-separated token ids, e.g. 151644,872,198.")
 @click.option("--prompt-file", type=click.Path(dir_okay=False, allow_dash=True, path_type=str), default=None,
@@ -858,7 +859,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     from spot.plots import can_plot
     no_matplotlib = plots is not False and not can_plot()
     if plots and no_matplotlib:      # refused now, not after an hour of decoding
-        raise SpotError("--plots needs matplotlib, which is not installed",
+        raise SpotError("--plots needs matplotlib, which cannot be imported here",
                         "pip install 'spot-edge[plots]', or leave out --plots (the report is written without them)")
     plots = plots is not False and not no_matplotlib
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)

@@ -154,7 +154,8 @@ def check_parsable(exported) -> None:
 def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), out: str | Path | None = None,
                  progress=print) -> Path:
     """Build (or reuse from the cache) a TensorRT engine for the exported folder; returns the engine file.
-    Writes next to it `<key>.json` (versions, buckets) and keeps `timing.cache` in the cache folder."""
+    Writes next to it `<key>.json` (versions, buckets) and keeps a timing cache per TensorRT version and GPU in the
+    cache folder (timing_cache_name)."""
     from spot.export.manifest import load_manifest
     exported = load_manifest(model_dir)      # a wrong folder is named before TensorRT is looked for
     check_parsable(exported)

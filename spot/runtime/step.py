@@ -81,7 +81,8 @@ def filter_scaled_logits(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     """Top-k then top-p filtering of scaled logits z [K, V] (float64); filtered entries become -inf.
 
     top-k keeps every token >= the k-th largest value (ties kept). top-p keeps the smallest prefix of the order
-    (value descending, token id ascending) whose probability mass exceeds p (the token that crosses p is the last kept), always keeping the first token.
+    (value descending, token id ascending) whose probability mass exceeds p (the token that crosses p is the last
+    kept), always keeping the first token.
     """
     if top_k > 0 and top_k < z.shape[-1]:
         kth = -np.partition(-z, top_k - 1, axis=-1)[:, top_k - 1:top_k]
