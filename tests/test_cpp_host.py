@@ -232,6 +232,20 @@ def test_chunked_prefill_matches_the_python_runtime(spot_cli, tiny, tmp_path):
     for flags in ((), ("--kv-cache", "device")):
         bad = mismatches(cases, run_batch(spot_cli, narrow, drafter_dir, cases, *flags))
         assert not bad, f"{len(bad)} of {len(cases)} cases differ ({flags}):\n" + "\n".join(bad[:20])
+    # a chain verifies depth + 1 states whatever --budget says: the refusal names --depth (it named the budget and
+    # told the user to lower it), and --depth 1 runs beside the default --budget 16, the same tokens in both hosts
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.spot import TreeBudget
+    proc = cli(spot_cli, "generate", "--model", narrow, "--decoder", "chain", "--prompt-ids", "1,2,3")
+    _fails(proc, INVALID_ARGUMENT, "a chain of depth 8 verifies 9 states, more than the 2", "use --depth 1 or less")
+    with pytest.raises(SpotError, match="a chain of depth 8 verifies 9 states") as e:
+        run_decoder("chain", engine, [1, 2, 3], DecodeRequest(8))
+    assert e.value.hint == "use --depth 1 or less"
+    ok = cli(spot_cli, "generate", "--model", narrow, "--decoder", "chain", "--depth", "1", "--budget", "16",
+             "--prompt-ids", "1,2,3", "--max-new-tokens", "8")
+    assert ok.returncode == 0, ok.stderr
+    want = run_decoder("chain", engine, [1, 2, 3], DecodeRequest(8, budget=TreeBudget(16, 1))).token_ids
+    assert json.loads(ok.stdout)["token_ids"] == want
 
 
 def test_an_empty_prompt_matches_the_python_runtime(spot_cli, tiny):

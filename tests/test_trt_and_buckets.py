@@ -131,6 +131,13 @@ def test_static_cache_appends_in_place_and_masks_unused_slots():
     chunk = cache.bias(new=8, block_size=4)                        # a prefill chunk of two blocks, empty cache
     assert np.isneginf(chunk[:, :8]).all()
     assert (chunk[:4, 8:12] == 0).all() and np.isneginf(chunk[:4, 12:]).all() and (chunk[4:, 8:] == 0).all()
+    cache.append(new, new)          # a chunk not aligned to the cache's blocks: positions 4..9, blocks 1, 1, 1, 1, 2, 2
+    mixed = cache.bias(new=6, block_size=4, dtype=np.float16)
+    assert mixed.dtype == np.float16 and mixed.shape == (6, 14)
+    blocks = (4 + np.arange(6)) // 4
+    want = np.where(np.concatenate([np.broadcast_to(np.arange(8) < 4, (6, 8)), blocks[None, :] <= blocks[:, None]],
+                                   axis=1), 0.0, -np.inf)
+    assert np.array_equal(mixed.astype(np.float64), want)
 
 
 def test_static_cache_grows_to_a_bigger_bucket_and_refuses_overflow():

@@ -150,10 +150,21 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
   std::unique_ptr<Proposer> proposer;
   int64_t nodes = req.budget, depth = req.depth;
   if (name != "standard" && name != "threshold") {
-    check_budget(req.budget, req.depth, engine);
+    if (name == "chain") {   // one node per depth: --budget does not size a chain, its depth does
+      nodes = req.depth + 1;
+      if (req.depth >= 1 && req.depth <= b && nodes > engine.max_nodes())
+        fail(SPOT_ERR_INVALID_ARGUMENT, "a chain of depth " + std::to_string(req.depth) + " verifies " +
+                                            std::to_string(nodes) + " states, more than the " +
+                                            std::to_string(engine.max_nodes()) + " one verify pass of this engine " +
+                                            "takes (the export's max_nodes): " +
+                                            (engine.max_nodes() > 1
+                                                 ? "use --depth " + std::to_string(engine.max_nodes() - 1) +
+                                                       " or less"
+                                                 : std::string("re-export with --max-nodes 2 or more")));
+    }
+    check_budget(nodes, req.depth, engine);
     if (name == "chain") {
       proposer = std::make_unique<ConfidenceOrderProposer>(1);
-      nodes = req.depth + 1;   // a chain: one node per depth
     } else if (name == "tree") {
       proposer = std::make_unique<ConfidenceOrderProposer>(kTreeBranch);
     } else {

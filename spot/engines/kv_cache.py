@@ -86,10 +86,9 @@ class StaticKVCache:
         whole cache followed by the new tokens: 0 = attend, -inf = masked. Filled slots are visible, unused slots
         masked, the new tokens see each other block-causally (blocks aligned at position 0)."""
         blocks = (self.length + np.arange(new)) // block_size
-        filled = np.arange(self.capacity) < self.length
-        allowed = np.concatenate([np.broadcast_to(filled, (new, self.capacity)),
-                                  blocks[None, :] <= blocks[:, None]], axis=1)
-        out = np.where(allowed, 0.0, -np.inf).astype(dtype)
+        out = np.zeros((new, self.capacity + new), dtype)        # in `dtype` directly: no float64 temporary
+        out[:, self.length:self.capacity] = -np.inf                 # unused slots
+        out[:, self.capacity:][blocks[None, :] > blocks[:, None]] = -np.inf
         if _is_torch(self.k):
             import torch
             return torch.from_numpy(out).to(self.k.device)

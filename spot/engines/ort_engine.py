@@ -325,9 +325,12 @@ class OrtEngine(Engine):
         for start in range(0, ids.shape[0], self.prefill_chunk):
             part = ids[start:start + self.prefill_chunk]
             blocks = np.arange(part.shape[0]) // self.block_size
-            causal = np.where(blocks[None, :] <= blocks[:, None], 0.0, -np.inf)    # within the chunk
-            visible = np.zeros((part.shape[0], self._cached()))                     # the cache: earlier blocks
-            self._extend(part, np.concatenate([visible, causal], axis=1).astype(self.dtype))
+            cached = self._cached()
+            # [S, C+S] in the model's dtype directly: the cache (earlier blocks) visible, the chunk block-causal
+            # (through float64 temporaries a 2048-token chunk at 30k cached tokens took 2.3 s and 1.1 GB)
+            bias = np.zeros((part.shape[0], cached + part.shape[0]), self.dtype)
+            bias[:, cached:][blocks[None, :] > blocks[:, None]] = -np.inf
+            self._extend(part, bias)
 
     def _step_bias(self) -> np.ndarray:
         return np.zeros((self.block_size, self._cached() + self.block_size), self.dtype)

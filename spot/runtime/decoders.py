@@ -78,10 +78,16 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
     if name in ("standard", "threshold"):
         return generate(engine, prompt_ids, block_decoder=standard_block, on_block=on_block, **common)
     budget = req.budget.resolve(engine)
+    if name == "chain":       # one node per depth: --budget does not size a chain, its depth does
+        budget = TreeBudget(budget.depth + 1, budget.depth)
+        if 1 <= budget.depth <= engine.block_size and budget.nodes > engine.max_nodes:
+            raise SpotError(f"a chain of depth {budget.depth} verifies {budget.nodes} states, more than the "
+                            f"{engine.max_nodes} one verify pass of this engine takes (the export's max_nodes)",
+                            f"use --depth {engine.max_nodes - 1} or less" if engine.max_nodes > 1 else
+                            "re-export with --max-nodes 2 or more")
     budget.check(engine)
     if name == "chain":
         proposer = ConfidenceOrderProposer(branch=1)
-        budget = TreeBudget(budget.depth + 1, budget.depth)   # a chain: one node per depth
     elif name == "tree":
         proposer = ConfidenceOrderProposer(branch=TREE_BRANCH)
     elif name in ("oracle", "order-oracle"):
@@ -96,6 +102,5 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
                             "pass --drafter PATH or use an exported folder that ships drafter.onnx")
         drafter.check_compatible(engine)
         proposer = drafter.proposer()
-    budget.check(engine)          # the tree actually built (a chain's: depth + 1 nodes)
     return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, budget, req.independent_noise),
                     on_block=on_block, **common)
