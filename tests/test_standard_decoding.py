@@ -3,6 +3,7 @@ and the step function F on hand-built logits whose answers are known."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -429,3 +430,27 @@ def test_the_mask_id_is_never_committed_even_when_it_is_the_argmax():
     for seed in range(20):   # sampled too: never the mask id, and the confidence is still the full softmax's
         tokens, conf = sample_positions(logits, np.array([0]), Sampling(1.0, seed=seed, exclude_token=4), 0, 0)
         assert tokens[0] != 4 and conf[0] == pytest.approx(1.0 / (4.0 + np.exp(3.0)))
+
+
+def test_the_torch_engine_prefills_a_long_prompt_in_passes_of_64_blocks(monkeypatch):
+    """One pass over a whole prompt held P^2 attention scores and P x V logits (911 MB at 4064 tokens on a tiny
+    model); now passes of PREFILL_BLOCKS blocks, as the ORT engines chunk it: the same cache and the same tokens."""
+    import spot.engines.torch_engine as te
+    cfg = replace(tiny_config(4), max_position_embeddings=512)
+    engine = TorchEngine(random_model(cfg, seed=9), 4)
+    prompt = np.random.default_rng(3).integers(0, cfg.vocab_size - 1, 4 * 70 + 2)      # 70 blocks + 2 tokens
+    passes = []
+    real = engine._forward
+    monkeypatch.setattr(engine, "_forward", lambda ids, start, bias: passes.append(ids.shape[1]) or real(ids, start,
+                                                                                                       bias))
+    engine.prefill(prompt[:280])
+    assert passes == [256, 24] and engine.cached_len == 280
+    chunked_k = engine._k.clone()
+    monkeypatch.setattr(te, "PREFILL_BLOCKS", 1000)
+    engine.prefill(prompt[:280])
+    assert passes[-1] == 280
+    assert torch.allclose(chunked_k, engine._k, atol=1e-5, rtol=1e-5)
+    kw = dict(max_new_tokens=8, rule=CommitRule(STATIC), sampling=Sampling(1.0, seed=4))
+    one_pass = generate(engine, prompt, **kw).token_ids
+    monkeypatch.setattr(te, "PREFILL_BLOCKS", 64)
+    assert generate(engine, prompt, **kw).token_ids == one_pass
