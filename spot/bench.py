@@ -235,6 +235,9 @@ def host_facts() -> dict:
 
 
 TUNE_NEW_TOKENS = 48       # tokens decoded per prompt while the tuner measures acceptance
+# each candidate's decodes, alternating with standard decoding's; each keeps its fastest. One reading of a 100-300 ms
+# decode on a busy 2-core machine ranged 0.61x-1.39x for the same block-4 budget, and picked trees at 0.46x
+TUNE_REPEATS = 3
 # the budgets spot tune and spot bench --tune try (beside no speculation; those that do not fit an engine are skipped)
 TUNE_CANDIDATES = tuple(TreeBudget(n, d) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8), (32, 8), (64, 16)))
 
@@ -250,6 +253,7 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
     (rule_for; default: static, spot-sets threshold at tau 0.9); a threshold-rule decoder is compared with
     threshold decoding, a static one with standard decoding."""
     candidates = [b for b in candidates if b.fits(engine)]   # deeper than the block or the device epilogue: none
+    node_counts = [n for n in node_counts if n <= engine.max_nodes]     # an export with --max-nodes 16: up to 16
     if curve is None:
         curve = measure_latency_curve(engine, np.asarray(prompts[0].ids), sorted(set(node_counts) | {1}))
         if progress:
@@ -262,14 +266,19 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
         runs = [decode_timed(engine, lambda p=p: run_decoder(name, engine, p.ids, req, d)) for p in prompts]
         gens = [g for g, _, _ in runs]
         return PassProfile.of(gens, sum(h for _, h, _ in runs), sum(t for _, _, t in runs)), gens
+    def fastest(a: tuple[PassProfile, list] | None, b: tuple[PassProfile, list]) -> tuple[PassProfile, list]:
+        return b if a is None or b[0].steps_per_ms() > a[0].steps_per_ms() else a
     standard_profile, _ = profile(baseline, request)
     spv, profiles, speedups, by_curve = {}, {}, {}, {}
     for budget in candidates:
         key = (budget.nodes, budget.depth)
-        beside, _ = profile(baseline, request)          # just before: drift hits both alike
-        profiles[key], gens = profile(decoder, replace(request, budget=budget), drafter)
+        beside = measured = None
+        for _ in range(TUNE_REPEATS):   # alternating with standard decoding: drift hits both alike; noise only
+            beside = fastest(beside, profile(baseline, request))        # adds time, so each keeps its fastest
+            measured = fastest(measured, profile(decoder, replace(request, budget=budget), drafter))
+        profiles[key], gens = measured
         spv[key] = summarize(gens).get("steps_per_verify", 1.0)
-        speedups[key] = profiles[key].steps_per_ms() / beside.steps_per_ms()
+        speedups[key] = profiles[key].steps_per_ms() / beside[0].steps_per_ms()
         by_curve[key] = (profiles[key].steps / profiles[key].curve_ms(curve)) / (
             standard_profile.steps / standard_profile.curve_ms(curve))
         if progress:
@@ -293,14 +302,22 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
 
 def check_tuned_budget(engine, prompts: list[Prompt], tune: dict, cfg: BenchConfig, decoder: str, drafter=None,
                        progress: Callable[[str], None] | None = None) -> dict:
-    """Run `decoder` at the tuner's choice beside standard decoding, in the same run, on `prompts` at the tuned
-    temperature: the tokens/s ratio. The tuner's promise: never more than 5% slower than standard decoding (ratio
-    >= 0.95; when no tree pays on this device it picks 1 node, and only the host loop's overhead remains)."""
+    """Run `decoder` at the tuner's choice beside standard decoding, in the same runs (TUNE_REPEATS, each
+    decoder's fastest), on `prompts` at the tuned temperature: the tokens/s ratio. The tuner's promise: never more
+    than 5% slower than standard decoding (ratio >= 0.95; when no tree pays on this device it picks 1 node, and only
+    the host loop's overhead remains)."""
     choice = TreeBudget(tune["choice"]["nodes"], tune["choice"]["depth"])
     check = BenchConfig(("standard", decoder), (tune["temperature"],), cfg.seeds, (choice,), cfg.max_new_tokens,
                         cfg.tau, independent_noise_ablation=False)
-    rows = [r for r in run_bench(engine, prompts, check, drafter, progress)["rows"] if r["decoder"] == decoder]
-    ratios = {f"{r['temperature']:g}": round(r["speedup"], 4) for r in rows}
+    # TUNE_REPEATS runs, each decoder's fastest (noise only adds time: one run of a few short decodes read a 1-node
+    # choice, the standard loop itself, at 0.75x)
+    runs = [run_bench(engine, prompts, check, drafter, progress)["rows"] for _ in range(TUNE_REPEATS)]
+    best = {name: max((r for rows in runs for r in rows if r["decoder"] == name), key=lambda r: r["tokens_per_s"])
+            for name in ("standard", decoder)}
+    rows = [best[decoder]]
+    ratio = best[decoder]["tokens_per_s"] / best["standard"]["tokens_per_s"] if best["standard"]["tokens_per_s"] \
+        else 0.0
+    ratios = {f"{best[decoder]['temperature']:g}": round(ratio, 4)}
     return {"budget": f"{choice.nodes}x{choice.depth}", "decoder": decoder, "prompts": len(prompts),
             "tokens_per_s_ratio_to_standard": ratios,
             "passes_reduction": {f"{r['temperature']:g}": round(r["passes_reduction"], 4) for r in rows},

@@ -238,6 +238,12 @@ def test_chunked_prefill_matches_the_python_runtime(spot_cli, tiny, tmp_path):
     from spot.runtime.spot import TreeBudget
     proc = cli(spot_cli, "generate", "--model", narrow, "--decoder", "chain", "--prompt-ids", "1,2,3")
     _fails(proc, INVALID_ARGUMENT, "a chain of depth 8 verifies 9 states, more than the 2", "use --depth 1 or less")
+    for depth in ("100", "-3"):          # named as the depth (it was "budget 101 nodes exceeds ...")
+        proc = cli(spot_cli, "generate", "--model", narrow, "--decoder", "chain", "--depth", depth, "--prompt-ids",
+                   "1,2,3")
+        _fails(proc, INVALID_ARGUMENT, f"depth must be in 1..8 (the block size), got {depth}")
+        with pytest.raises(SpotError, match=f"depth must be in 1..8 \\(the block size\\), got {depth}"):
+            run_decoder("chain", engine, [1, 2, 3], DecodeRequest(8, budget=TreeBudget(16, int(depth))))
     with pytest.raises(SpotError, match="a chain of depth 8 verifies 9 states") as e:
         run_decoder("chain", engine, [1, 2, 3], DecodeRequest(8))
     assert e.value.hint == "use --depth 1 or less"

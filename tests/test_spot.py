@@ -414,6 +414,7 @@ def test_the_tuner_picks_the_budget_with_the_most_steps_per_second():
     assert choose_budget({(4, 3): 0.8, (16, 8): 0.5}) == choose_budget({}) and choose_budget({}).nodes == 1
     c = choose_budget({(4, 3): 1.3, (16, 8): 1.6, (2, 1): 1.1})
     assert (c.nodes, c.depth, c.expected_speedup) == (16, 8, 1.6)
+    assert choose_budget({(2, 1): 1.02}).nodes == 1         # within the measurement's noise: no tree
     standard = PassProfile(steps=100, single_passes=125, host_ms=100.0, pass_ms=400.0)
     small = PassProfile(steps=100, single_passes=50, verify_nodes=(4,) * 50, host_ms=200.0)
     big = PassProfile(steps=100, single_passes=50, verify_nodes=(16,) * 25)

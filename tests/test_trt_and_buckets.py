@@ -222,6 +222,20 @@ def test_static_engine_applies_a_quantized_exports_session_config(tmp_path):
     assert np.abs(dyn.block_logits(st) - static.block_logits(st)).max() < 1e-5
 
 
+def test_the_tuner_sweeps_only_the_node_counts_an_export_takes(exported):
+    """An export with --max-nodes 8 (16 is the Jetson example) failed spot tune: the latency sweep always ran
+    1..64 nodes. Now up to max_nodes; the candidates that fit are measured, each beside standard decoding."""
+    from spot.bench import TUNE_CANDIDATES, Prompt, tune_budget
+    from spot.engines.ort_engine import OrtEngine
+    engine = OrtEngine(exported)
+    assert engine.max_nodes == 8
+    prompts = [Prompt("p", list(range(1, 13)))]
+    tuned = tune_budget(engine, prompts, 1.0, TUNE_CANDIDATES, decoder="tree")
+    assert set(tuned["latency_ms"]) == {1, 2, 4, 8}
+    assert set(tuned["measured_speedup"]) == {"2x1", "4x3", "8x4"}
+    assert tuned["choice"]["nodes"] in (1, 2, 4, 8)
+
+
 def test_padded_node_buckets_are_batch_invariant(exported):
     """The real rows of a padded batch equal each state run alone, bit for bit (SPEC §4 batch invariance)."""
     from spot.engines.kv_cache import StaticOrtEngine

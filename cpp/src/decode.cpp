@@ -40,15 +40,15 @@ std::vector<int64_t> standard_block(TargetEngine& engine, std::vector<int64_t> s
 // spot.TreeBudget.check
 void check_budget(int64_t nodes, int64_t depth, const TargetEngine& engine) {
   const int64_t block_size = engine.block_size();
+  if (depth < 1 || depth > block_size)   // first: a chain's node count is its depth + 1
+    fail(SPOT_ERR_INVALID_ARGUMENT, "depth must be in 1.." + std::to_string(block_size) +
+                                        " (the block size), got " + std::to_string(depth));
   if (nodes < 1) fail(SPOT_ERR_INVALID_ARGUMENT, "budget must be >= 1 node, got " + std::to_string(nodes));
   if (nodes > engine.max_nodes())
     fail(SPOT_ERR_INVALID_ARGUMENT, "budget " + std::to_string(nodes) + " nodes exceeds the " +
                                         std::to_string(engine.max_nodes()) + " states one verify pass of this " +
                                         "engine takes (the export's max_nodes): use a smaller budget, or re-export " +
                                         "with a larger --max-nodes");
-  if (depth < 1 || depth > block_size)
-    fail(SPOT_ERR_INVALID_ARGUMENT, "depth must be in 1.." + std::to_string(block_size) +
-                                        " (the block size), got " + std::to_string(depth));
 }
 
 // spot.walk: from the root, follow the child equal to F of the node's fresh outputs (row_of: tree index -> row of

@@ -41,14 +41,14 @@ class TreeBudget:
         """SpotError unless `engine` can verify trees of this budget: depth within the block and, for an engine that
         samples on the device, within its epilogue's future steps (a one-node tree runs the standard loop)."""
         self = self.resolve(engine)
+        if not 1 <= self.depth <= engine.block_size:      # first: a chain's node count is its depth + 1
+            raise SpotError(f"depth must be in 1..{engine.block_size} (the block size), got {self.depth}")
         if self.nodes < 1:
             raise SpotError(f"budget must be >= 1 node, got {self.nodes}")
         if self.nodes > engine.max_nodes:
             raise SpotError(f"budget {self.nodes} nodes exceeds the {engine.max_nodes} states one verify pass of this "
                             "engine takes (the export's max_nodes)",
                             "use a smaller --budget, or re-export with a larger --max-nodes")
-        if not 1 <= self.depth <= engine.block_size:
-            raise SpotError(f"depth must be in 1..{engine.block_size} (the block size), got {self.depth}")
         if self.nodes > 1 and engine.sampler_depth is not None and self.depth > engine.sampler_depth:
             raise SpotError(f"tree depth {self.depth} exceeds the {engine.sampler_depth} future steps the engine's "
                             "device sampling epilogue provides",

@@ -5,8 +5,8 @@ compute-bound). The tuner decodes its prompts with standard decoding and with th
 candidate budget, and records what each did (PassProfile): commit steps, one-state passes (each block's first pass,
 the store passes), the node count of every verify pass, the milliseconds inside the target's passes and outside
 them (host: drafting, sampling, the walk, every line of Python). The choice is by measured steps per ms, each
-candidate against standard decoding run just before it (machine drift hits both alike); (1, 1) — no speculation —
-wins unless a tree measured faster. Beside it, the curve's prediction from the pass counts (one-state passes x
+candidate's fastest of 3 decodes against standard decoding's fastest of 3, run alternately (machine drift hits both
+alike, and noise only adds time); (1, 1) — no speculation — wins unless a tree measured more than 3% faster. Beside it, the curve's prediction from the pass counts (one-state passes x
 latency(1) + latency(nodes) per verify pass + host ms) says why: on a compute-bound CPU it ran 10-25% above the
 measured speed-up for small trees (the decodes' passes, between host work, cost more than the curve's tight loop).
 Steps per verify pass alone overrate trees: each block's first pass commits one step and a block's last verify
@@ -104,11 +104,14 @@ def decode_timed(engine: Engine, decode: Callable[[], object]) -> tuple[object, 
     return result, 1e3 * ((time.perf_counter() - t0) - inside), 1e3 * inside
 
 
+MIN_TREE_GAIN = 1.03      # a tree must measure this much faster than standard decoding: more than the noise left
+
+
 def choose_budget(speedups: dict[tuple[int, int], float]) -> BudgetChoice:
     """The (nodes, depth) with the highest measured speed-up over standard decoding; (1, 1) — no speculation, 1.0 —
-    unless a tree measured faster."""
+    unless a tree measured more than MIN_TREE_GAIN faster."""
     best = BudgetChoice(1, 1, 1.0)
     for (n, d), speedup in speedups.items():
-        if speedup > best.expected_speedup:
+        if speedup > max(best.expected_speedup, MIN_TREE_GAIN):
             best = BudgetChoice(n, d, speedup)
     return best
