@@ -266,6 +266,7 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
         runs = [decode_timed(engine, lambda p=p: run_decoder(name, engine, p.ids, req, d)) for p in prompts]
         gens = [g for g, _, _ in runs]
         return PassProfile.of(gens, sum(h for _, h, _ in runs), sum(t for _, _, t in runs)), gens
+
     def fastest(a: tuple[PassProfile, list] | None, b: tuple[PassProfile, list]) -> tuple[PassProfile, list]:
         return b if a is None or b[0].steps_per_ms() > a[0].steps_per_ms() else a
     standard_profile, _ = profile(baseline, request)
