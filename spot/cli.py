@@ -14,7 +14,7 @@ import threading
 import click
 
 from spot import __version__
-from spot.engines.factory import BACKENDS
+from spot.engines.factory import BACKENDS, EXPORTED_BACKENDS
 from spot.errors import SpotError
 from spot.entry import INTERRUPTED_LINE, TERMINATED_LINE
 from spot.files import check_output_path
@@ -151,7 +151,7 @@ def read_prompt_file(path: str) -> str:
 def check_model_folder(backend: str, folder) -> None:
     """The model folder's errors before anything loads from it: an exported folder (ort) by its manifest — a
     missing or edited config.json there is a changed export, not a broken checkpoint — a checkpoint by config.json."""
-    if backend in ("ort", "tensorrt"):
+    if backend in EXPORTED_BACKENDS:
         from spot.export.manifest import load_manifest
         load_manifest(folder)
     else:
@@ -163,7 +163,7 @@ def model_folder(backend: str, model_dir):
     """--model, else the embedded model: its checkpoint (torch), or its export by `spot demo` (ort, tensorrt)."""
     if model_dir is not None:
         return model_dir
-    if backend == "torch":
+    if backend not in EXPORTED_BACKENDS:
         from spot.assets import embedded_model_dir
         return embedded_model_dir()
     from spot.demo import embedded_export_current, embedded_export_dir

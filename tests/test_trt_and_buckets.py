@@ -370,6 +370,22 @@ def test_old_tensorrt_and_timing_caches_per_version(monkeypatch):
     assert len(names) == 4 and all(n.startswith("timing-") and "/" not in n and " " not in n for n in names)
 
 
+def test_the_engine_cache_key_comes_from_the_manifests_hashes():
+    """The key holds the manifest's sha256 of the graph and weights (verified when the folder opens), not a second
+    full hash of 16 GB at every open of --backend tensorrt; any change of file, TensorRT, GPU or options moves it."""
+    from spot.engines.tensorrt_engine import BuildOptions, engine_cache_key
+    plan = BucketPlan.default(256, 4, 8, 64, 2)
+    files = {"target.onnx": "a" * 64, "target.onnx.data": "b" * 64}
+    key = engine_cache_key(files, "10.3.0", "Orin", BuildOptions(max_nodes=8), plan)
+    assert key == engine_cache_key(dict(files), "10.3.0", "Orin", BuildOptions(max_nodes=8), plan)
+    for other in (engine_cache_key({**files, "target.onnx.data": "c" * 64}, "10.3.0", "Orin",
+                                   BuildOptions(max_nodes=8), plan),
+                  engine_cache_key(files, "10.7.0", "Orin", BuildOptions(max_nodes=8), plan),
+                  engine_cache_key(files, "10.3.0", "H200", BuildOptions(max_nodes=8), plan),
+                  engine_cache_key(files, "10.3.0", "Orin", BuildOptions(max_nodes=4), plan)):
+        assert other != key
+
+
 def test_an_onnx_runtime_only_export_gets_no_build_engine_advice(monkeypatch):
     """--ort-matmulnbits exports cannot be parsed by TensorRT anywhere: auto says so instead of naming spot
     build-engine (which refuses it); yes fails."""

@@ -8,6 +8,7 @@ from spot.errors import SpotError
 from spot.runtime.engine import Engine
 
 BACKENDS = ("torch", "ort", "tensorrt")
+EXPORTED_BACKENDS = ("ort", "tensorrt")     # those that run an exported folder (spot-export), not a checkpoint
 
 
 def open_engine(backend: str, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",

@@ -8,7 +8,8 @@ rest on a machine with an NVIDIA GPU; docs/gpu-path.md lists what ran where.
 
 Build (`spot build-engine DIR`): parse DIR/target.onnx (external weights next to it), a block profile and a prefill
 profile per KV-capacity bucket (spot.engines.buckets.BucketPlan.trt_profiles), a persistent timing cache, and an
-engine cache keyed by sha256(ONNX + weights) + TensorRT version + GPU name + build options + profile layout.
+engine cache keyed by the manifest's sha256 of ONNX + weights + TensorRT version + GPU name + build options + profile
+layout.
 Precision: the network is strongly typed wherever TensorRT supports it (required in 11.x, which removed the
 FP16/INT8 builder flags): the precision is the export's (`spot-export --dtype fp16`). On 10.x, `fp16_flag=True`
 instead builds a weakly typed network from an fp32 export with BuilderFlag.FP16 (TensorRT picks fp16 kernels).
@@ -102,26 +103,19 @@ class BuildOptions:
     opt_level: int = 3                      # builder optimisation level 0..5 (3 is TensorRT's default)
 
 
-def _sha256_files(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(p.name.encode())
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 # the order of BucketPlan.trt_profiles, which TrtEngine's profile indices assume: an engine built with another
 # layout (one profile per capacity, before block and prefill profiles were split) is not reused
 PROFILE_LAYOUT = "block+prefill per capacity"
 
 
-def engine_cache_key(onnx_files: list[Path], version: str, gpu: str, options: BuildOptions, plan: BucketPlan) -> str:
-    """sha256 over the ONNX graph + weights, the TensorRT version, the GPU name and the build options/buckets."""
-    meta = json.dumps({"trt": version, "gpu": gpu, "options": asdict(options), "plan": plan.to_dict(),
-                       "profiles": PROFILE_LAYOUT}, sort_keys=True)
-    return hashlib.sha256((_sha256_files(onnx_files) + meta).encode()).hexdigest()
+def engine_cache_key(file_hashes: dict[str, str], version: str, gpu: str, options: BuildOptions,
+                     plan: BucketPlan) -> str:
+    """sha256 over the ONNX graph's and weights' sha256 (file name -> the manifest's record, which the folder was
+    verified against when it opened: not hashed again, 16 GB for SDAR-8B at every open), the TensorRT version, the
+    GPU name and the build options/buckets."""
+    meta = json.dumps({"files": file_hashes, "trt": version, "gpu": gpu, "options": asdict(options),
+                       "plan": plan.to_dict(), "profiles": PROFILE_LAYOUT}, sort_keys=True)
+    return hashlib.sha256(meta.encode()).hexdigest()
 
 
 def cache_dir() -> Path:
@@ -170,9 +164,10 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     plan = BucketPlan.default(max_ctx, exported.block_size, options.max_nodes, options.smallest_capacity,
                               options.prefill_blocks)
     onnx_path = exported.graph_path("target")
-    data = [p for p in onnx_path.parent.glob(onnx_path.name + ".data")]
+    files = exported.manifest["files"]
+    hashes = {n: files[n]["sha256"] for n in (onnx_path.name, onnx_path.name + ".data") if n in files}
     gpu = gpu_name()
-    key = engine_cache_key([onnx_path, *data], trt.__version__, gpu, options, plan)
+    key = engine_cache_key(hashes, trt.__version__, gpu, options, plan)
     folder = Path(out) if out else cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     engine_file = folder / f"{key[:24]}.engine"
@@ -262,23 +257,21 @@ def build_after_export(folder: str | Path, mode: str, progress=print) -> Path | 
     from spot.export.manifest import load_manifest
     if mode == "no":
         return None
-    try:
-        check_parsable(load_manifest(folder))
-    except SpotError as e:         # no machine can build it: say so, not "build it on the target machine"
+
+    def not_built(e: SpotError, advice: str) -> None:
         if mode == "yes":
             raise SpotError(f"the export in {folder} is complete, but no TensorRT engine was built: {e.message}",
                             e.hint) from None
-        progress(f"TensorRT engine: none for this export ({e.message}); ONNX Runtime runs it (--backend ort)")
-        return None
+        progress(f"TensorRT engine: {advice}")
+    try:
+        check_parsable(load_manifest(folder))
+    except SpotError as e:         # no machine can build it: say so, not "build it on the target machine"
+        return not_built(e, f"none for this export ({e.message}); ONNX Runtime runs it (--backend ort)")
     try:
         _trt()
         _torch_cuda()
     except SpotError as e:
-        if mode == "yes":
-            raise SpotError(f"the export in {folder} is complete, but no TensorRT engine was built: {e.message}",
-                            e.hint) from None
-        progress(f"TensorRT engine: not built here ({e.message}); on the target machine: spot build-engine {folder}")
-        return None
+        return not_built(e, f"not built here ({e.message}); on the target machine: spot build-engine {folder}")
     return build_engine(folder, BuildOptions(), progress=progress)
 
 
