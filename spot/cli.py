@@ -474,7 +474,8 @@ def verify(folder, quick):
               help="Future steps D of the new sampling epilogue (default: the folder's, none if it has none; for "
                    "a folder from before epilogues spot-export's default; 0 removes it).")
 @click.option("--epilogue-positions", type=int, default=None,
-              help="Block positions per epilogue call (default: the most that keep a call under 1 GiB).")
+              help="Block positions per epilogue call (default: the folder's own, unless --epilogue-steps "
+                   "changes D; else the most that keep a call under 1 GiB).")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
     """Rewrite an exported folder's sampling epilogue and kv_append graphs and its TensorRT shape profile (for
@@ -487,9 +488,10 @@ def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
     """
     from spot.export.upgrade import upgrade_export
     progress = stderr_progress(quiet)
-    manifest = upgrade_export(folder, epilogue_steps, epilogue_positions, progress)
+    manifest, changed = upgrade_export(folder, epilogue_steps, epilogue_positions, progress)
     epi = manifest["graphs"].get("epilogue")
-    click.echo(f"ok: {folder}: " + (f"epilogue D {epi['future_steps']}, {epi['positions_per_call']} positions per "
+    current = "" if changed else " (already current, nothing changed)"
+    click.echo(f"ok: {folder}{current}: " + (f"epilogue D {epi['future_steps']}, {epi['positions_per_call']} positions per "
                                     "call" if epi else "no epilogue") + ", kv_append, TensorRT profile")
 
 

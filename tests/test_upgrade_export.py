@@ -126,3 +126,32 @@ def test_upgrade_keeps_a_folder_exported_without_an_epilogue_without_one(tmp_pat
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
     assert r.exit_code == 0, r.output
     assert "epilogue" not in load_manifest(folder).manifest["graphs"] and not (folder / "epilogue.onnx").exists()
+
+
+def test_upgrade_leaves_a_current_folder_alone_and_keeps_its_memory_plan(tmp_path):
+    """A second upgrade changes nothing (no swap, says so); a folder exported with --plan gets its plan recomputed
+    for the new epilogue and an upgrade that would no longer fit that device is refused before anything is written."""
+    from spot.export.memory_plan import EpilogueCall, make_plan, resolve_device
+    random_model(CFG, seed=1).save_pretrained(tmp_path / "ckpt")
+    small, large = EpilogueCall(2, 1), EpilogueCall(2, 8)
+    plans = [make_plan(CFG, "fp32", None, 128, 8, resolve_device("4GB"), epilogue=e) for e in (small, large)]
+    assert plans[0].total < plans[1].total
+    device = f"{(plans[0].total + plans[1].total) / 2 / 2**30:.9f}GB"     # fits P = 1, not P = 8
+    folder = export_checkpoint(resolve_source(str(tmp_path / "ckpt")), tmp_path / "planned",
+                               ExportOptions(dtype="fp32", validate=False, max_nodes=8, epilogue_steps=2,
+                                             epilogue_positions=1, plan=device))
+    before, inode = (folder / "manifest.json").read_bytes(), folder.stat().st_ino
+    r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
+    assert r.exit_code == 0 and "already current, nothing changed" in r.output, r.output
+    assert (folder / "manifest.json").read_bytes() == before and folder.stat().st_ino == inode
+    r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-positions", "8"])
+    assert r.exit_code == 2 and "would not fit" in r.output and "--epilogue-positions" in r.output, r.output
+    assert (folder / "manifest.json").read_bytes() == before and not (tmp_path / "planned.upgrading").exists()
+    r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-steps", "1"])    # D changed: P = 8
+    assert r.exit_code == 2 and "would not fit" in r.output, r.output
+    r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-steps", "1", "--epilogue-positions", "2"])
+    assert r.exit_code == 0 and "already current" not in r.output and "epilogue D 1, 2 positions" in r.output, r.output
+    memory = load_manifest(folder, "full").manifest["memory"]
+    expected = EpilogueCall(1, 2).peak_bytes(CFG.vocab_size)
+    assert memory["plan"]["verify_pass_bytes"]["sampling_epilogue"] == expected
+    assert memory["verify_pass_terms"]["sampling_epilogue"] == expected and memory["plan"]["device"] == device.lower()

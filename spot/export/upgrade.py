@@ -6,7 +6,9 @@ what keeps it under 1 GiB per call at SDAR's vocabulary) and the device KV cache
 from the manifest's model facts alone; the target graph and its weights (16 GB for SDAR-8B in fp16) stay as they
 are. The upgrade builds a sibling folder of hard links (no copy of the weights), writes the new graphs there, checks
 them bit for bit (as spot-export does) and swaps the folders by renames, so the folder is either the old one or the
-new one, never half of each.
+new one, never half of each. A folder that is already current is left as it is, and a memory plan recorded at export
+(`--plan`) is recomputed for the new epilogue: an upgrade that would no longer fit that device is refused before
+anything is written.
 """
 from __future__ import annotations
 
@@ -21,14 +23,16 @@ from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.export import ExportOptions, check_options
 from spot.export.kv_append import validate_kv_append, write_kv_append
 from spot.export.manifest import add_files, load_manifest, write_manifest
-from spot.export.memory_plan import EpilogueCall, verify_pass_bytes
+from spot.export.memory_plan import EpilogueCall, make_plan, resolve_device, verify_pass_bytes
+from spot.export.quantize import DEFAULT_INT4_BLOCK, QuantScheme
 
 
 def upgrade_export(folder: str | Path, future_steps: int | None = None, positions: int | None = None,
-                   progress: Callable[[str], None] = print) -> dict:
+                   progress: Callable[[str], None] = print) -> tuple[dict, bool]:
     """Rewrite `folder`'s epilogue (D = future_steps, default: the folder's own — none for a folder exported with
     --epilogue-steps 0 — else, for a folder from before epilogues, spot-export's; 0 removes it;
-    P = positions, default: spot-export's) and kv_append graphs. Returns the new manifest."""
+    P = positions, default: the folder's own at its D, else spot-export's) and kv_append graphs. Returns (the folder's manifest, whether it
+    changed)."""
     folder = Path(folder)
     moved = folder.with_name(folder.name + ".replaced")
     if not folder.exists() and moved.is_dir():
@@ -45,9 +49,11 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     options = ExportOptions(dtype=exported.dtype, max_nodes=int(manifest["max_nodes"]),
                             max_context=int(manifest["max_context"]),
                             epilogue_steps=future_steps if future_steps is not None else old.get("future_steps"),
-                            epilogue_positions=positions)
+                            epilogue_positions=positions if positions is not None else
+                            old.get("positions_per_call") if future_steps in (None, old.get("future_steps")) else None)
     check_options(cfg, options)
     epilogue = options.epilogue_call(cfg)
+    plan = _replanned(manifest, cfg, exported.dtype, epilogue)      # refused here when it no longer fits
     tmp, previous = folder.with_name(folder.name + ".upgrading"), folder.with_name(folder.name + ".replaced")
     for leftover in (tmp, previous):
         if leftover.exists():
@@ -88,7 +94,11 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
             cfg, int(manifest["max_nodes"]), int(manifest["max_context"])).to_dict()}
         manifest["graphs"] = graphs
         manifest = add_files(tmp, manifest, [*names, name])
-        _refresh_memory_terms(manifest, cfg, dtype, epilogue)
+        _refresh_memory_terms(manifest, cfg, dtype, epilogue, plan)
+        if _same_graphs(exported.manifest, manifest):
+            shutil.rmtree(tmp)
+            progress(f"{folder} is already current: nothing changed")
+            return exported.manifest, False
         write_manifest(tmp, manifest)
         load_manifest(tmp)                                 # the new manifest reads back, every file there
     except BaseException:
@@ -114,15 +124,49 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     except (KeyboardInterrupt, SystemExit):
         pass
     progress(f"upgraded {folder}")
-    return manifest
+    return manifest, True
 
 
-def _refresh_memory_terms(manifest: dict, cfg, dtype: str, epilogue: EpilogueCall | None) -> None:
-    """The manifest's verify-pass memory terms for the new epilogue (the plan recorded at export is left as it was:
-    re-run spot-export --plan for a device's figures)."""
+def _same_graphs(old: dict, new: dict) -> bool:
+    """The upgrade rebuilt what the folder holds: the same files (sha256), graph records (validation aside) and
+    memory record."""
+    def records(m: dict) -> dict:
+        return {name: {k: v for k, v in entry.items() if k != "validation"} for name, entry in m["graphs"].items()}
+    return old["files"] == new["files"] and records(old) == records(new) and old.get("memory") == new.get("memory")
+
+
+def _replanned(manifest: dict, cfg, dtype: str, epilogue: EpilogueCall | None) -> dict | None:
+    """The memory plan recorded at export (--plan), recomputed with the new epilogue; SpotError when it no longer
+    fits the device at the recorded context and nodes."""
+    recorded = (manifest.get("memory") or {}).get("plan")
+    if not recorded:
+        return None
+    weights = manifest.get("weights") or {}
+    quant = (QuantScheme(weights["precision"], weights.get("block_size") or DEFAULT_INT4_BLOCK,
+                         bool(manifest.get("ort_only"))) if weights.get("quantized") else QuantScheme())
+    source = manifest.get("source") or {}
+    name = source.get("preset") or Path(str(source.get("checkpoint", "model"))).name
+    plan = make_plan(cfg, dtype, quant, int(recorded["context"]), int(recorded["nodes"]),
+                     resolve_device(recorded["device"]), name, epilogue)
+    if not plan.fits:
+        gib = 2 ** 30
+        raise SpotError(f"the upgraded {name} would not fit {plan.device.name}, the device of its memory plan: "
+                        f"{plan.total / gib:.2f} GiB of {plan.device.memory_gib:g} GiB at {plan.context} tokens and "
+                        f"{plan.nodes} nodes (sampling epilogue "
+                        f"{plan.activations.get('sampling_epilogue', 0) / 2**20:.1f} MiB)",
+                        "lower --epilogue-positions or --epilogue-steps (0: no epilogue; decode with --sampler host)")
+    return plan.to_dict() | {"block_size": cfg.block_size}
+
+
+def _refresh_memory_terms(manifest: dict, cfg, dtype: str, epilogue: EpilogueCall | None,
+                          plan: dict | None) -> None:
+    """The manifest's verify-pass memory terms, and the plan recorded at export (if any), for the new epilogue."""
     memory = manifest.get("memory")
     if not memory or "verify_pass_terms" not in memory:
         return
+    memory = manifest["memory"] = dict(memory)
+    if plan is not None:
+        memory["plan"] = plan
     quantized = bool(manifest.get("weights", {}).get("quantized", False))
     terms = verify_pass_bytes(cfg, dtype, int(manifest["max_nodes"]), int(manifest["max_context"]), quantized,
                               epilogue)
