@@ -36,6 +36,7 @@ OS_GIB = 1.0           # carve-outs (the 8 GB Orin Nano shows ~7.4 GiB to Linux)
 # ORT CPU with the memory arena off (peak RSS); the GPU providers plan memory the same way but were not measured
 EPILOGUE_PEAK_FACTOR = 9.5
 EPILOGUE_CALL_BUDGET = GIB   # the default positions per epilogue call keep its peak under this
+MIN_HINT_CONTEXT = 512       # tokens at one node a smaller model named by a hint must hold (a prompt and an answer)
 
 
 @dataclass(frozen=True)
@@ -256,11 +257,22 @@ def _smaller_hint(cfg: ModelConfig, dtype: str, quant, device: Device) -> str:
         return (f"the runtime and OS take {device.runtime_gib + device.os_gib:g} GiB of the device's "
                 f"{device.memory_gib:g} GiB before any weights: use a device with more memory")
     from spot.export.presets import PRESETS
-    # smaller presets whose smallest form (int4 weights) leaves room: not a model that fails the same way
-    smaller = sorted({p.name.split("-b")[0]: p.config().parameter_count() for p in PRESETS.values()
-                      if p.config().parameter_count() < cfg.parameter_count()
-                      and weight_bytes(p.config(), dtype, QuantScheme("int4")) < room}.items(), key=lambda kv: -kv[1])
-    return ((f"use a smaller model ({', '.join(name for name, _ in smaller)}) or " if smaller else "use ")
+    # smaller presets whose smallest form (int4 weights) holds a usable context with standard decoding: not a model
+    # that fails the same way, nor one that fits with a few dozen tokens
+    smaller: dict[str, tuple[int, int]] = {}          # name -> (parameters, largest context at 1 node)
+    int4 = QuantScheme("int4")
+    for preset in PRESETS.values():
+        small = preset.config()
+        if small.parameter_count() >= cfg.parameter_count():
+            continue
+        fixed = weight_bytes(small, dtype, int4) + device.budget - room
+        context = largest_context(small, dtype, 1, True, fixed, device.budget)
+        name = preset.name.split("-b")[0]
+        if context >= MIN_HINT_CONTEXT and context > smaller.get(name, (0, 0))[1]:
+            smaller[name] = (small.parameter_count(), context)
+    listed = ", ".join(f"{name} (int4: up to {context} tokens)" for name, (_, context)
+                       in sorted(smaller.items(), key=lambda kv: -kv[1][0]))
+    return ((f"use a smaller model: {listed}; or " if smaller else "use ")
             + "a device with more memory" + ("; --weights int4 is the smallest form" if current != "int4" else ""))
 
 
