@@ -36,8 +36,36 @@ def tuning_dir() -> Path:
     return spot_cache() / "tuning"
 
 
+# where a machine names its GPUs without a GPU library: the NVIDIA driver (one folder per GPU), a Jetson's board
+NVIDIA_GPU_INFO = "/proc/driver/nvidia/gpus"
+DEVICE_TREE_MODEL = "/proc/device-tree/model"
+
+
+def gpu_models() -> list[str]:
+    """The machine's NVIDIA GPU models as the driver names them (or the Jetson board's model), [] when none: a
+    budget tuned on one GPU is not another's, whichever backend ran it (ORT's CUDA provider has no device query)."""
+    models = []
+    folder = Path(NVIDIA_GPU_INFO)
+    for info in sorted(folder.glob("*/information")) if folder.is_dir() else ():
+        try:
+            for line in info.read_text(errors="replace").splitlines():
+                if line.startswith("Model:"):
+                    models.append(line.split(":", 1)[1].strip())
+        except OSError:
+            continue
+    if not models:
+        try:
+            board = Path(DEVICE_TREE_MODEL).read_bytes().rstrip(b"\0").decode(errors="replace").strip()
+        except OSError:
+            board = ""
+        if "jetson" in board.lower() or "nvidia" in board.lower():
+            models.append(board)
+    return models
+
+
 def machine_identity() -> dict:
-    """The host a latency curve was measured on: name, architecture, CPU model and count."""
+    """The host a latency curve was measured on: name, architecture, CPU model and count, and its NVIDIA GPUs (key
+    left out where there are none, so CPU records keep their key)."""
     cpu = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -47,7 +75,11 @@ def machine_identity() -> dict:
     except OSError:
         pass
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()   # taskset, cgroups
-    return {"host": platform.node(), "arch": platform.machine(), "cpu": cpu, "cpus": cpus}
+    identity = {"host": platform.node(), "arch": platform.machine(), "cpu": cpu, "cpus": cpus}
+    gpus = gpu_models()
+    if gpus:
+        identity["gpus"] = gpus
+    return identity
 
 
 def model_fingerprint(folder: str | Path) -> str:

@@ -425,6 +425,27 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     assert json.loads(path.read_text())["by_temperature"].keys() == {"0"}
 
 
+def test_a_tuned_budget_is_keyed_by_the_machines_gpu_models(tmp_path, monkeypatch):
+    """ORT's CUDA provider has no device query: the key names the driver's GPU models (or a Jetson board), so a
+    record tuned on one GPU is not read on another; a machine without one keeps the CPU key."""
+    import spot.tuned as tuned
+    monkeypatch.setattr(tuned, "NVIDIA_GPU_INFO", str(tmp_path / "none"))
+    monkeypatch.setattr(tuned, "DEVICE_TREE_MODEL", str(tmp_path / "none"))
+    cpu_only = tuned.machine_identity()
+    assert "gpus" not in cpu_only
+    for index, model in (("0000:01:00.0", "NVIDIA H200"), ("0000:02:00.0", "NVIDIA L4")):
+        (tmp_path / "gpus" / index).mkdir(parents=True)
+        (tmp_path / "gpus" / index / "information").write_text(f"Model: \t\t {model}\nIRQ:   123\n")
+    monkeypatch.setattr(tuned, "NVIDIA_GPU_INFO", str(tmp_path / "gpus"))
+    assert tuned.machine_identity() == {**cpu_only, "gpus": ["NVIDIA H200", "NVIDIA L4"]}
+    monkeypatch.setattr(tuned, "NVIDIA_GPU_INFO", str(tmp_path / "none"))
+    (tmp_path / "model").write_bytes(b"NVIDIA Jetson Orin NX Engineering Reference Developer Kit\0")
+    monkeypatch.setattr(tuned, "DEVICE_TREE_MODEL", str(tmp_path / "model"))
+    assert tuned.gpu_models() == ["NVIDIA Jetson Orin NX Engineering Reference Developer Kit"]
+    (tmp_path / "model").write_bytes(b"Raspberry Pi 4 Model B\0")
+    assert tuned.gpu_models() == []
+
+
 def test_concurrent_tunes_keep_every_entry(tmp_path, monkeypatch):
     """Two processes recording into one tuning file at once: each entry survives (a lock around the read-modify-
     write; without it about half were lost)."""
