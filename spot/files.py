@@ -3,6 +3,7 @@ an output path before the work that fills it."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,39 @@ def plain_file_name(name: str) -> bool:
 def spot_cache() -> Path:
     """$SPOT_CACHE, else ~/.cache/spot: exports of the embedded model, engine caches, tuned budgets."""
     return Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot"))
+
+
+def remove_tree(path: Path) -> None:
+    """A folder with its contents, or a link (rmtree refuses links, silently with ignore_errors)."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def swap_in_folder(new: Path, folder: Path, aside: Path) -> None:
+    """Put the finished folder `new` in place of the existing `folder` by two renames: `folder` to `aside`, `new` to
+    `folder`. If the second fails or is interrupted, `folder` is moved back (unless another process has put one
+    there meanwhile). Then `aside` is removed; an interrupt during that only leaves it, for the caller's next run to
+    name or clean. SpotError when a rename is refused (an immutable or busy folder); `new` is the caller's."""
+    try:
+        folder.rename(aside)
+    except OSError as e:
+        raise SpotError(f"could not move {folder} aside to put the new one in place: {e.strerror}",
+                        f"{folder} is unchanged; check that it and its parent can be renamed") from None
+    try:
+        new.rename(folder)
+    except BaseException as e:
+        if not folder.exists():
+            aside.rename(folder)
+        if isinstance(e, OSError):
+            raise SpotError(f"could not move the new folder to {folder}: {e.strerror}", f"{folder} is unchanged") \
+                from None
+        raise
+    try:
+        remove_tree(aside)
+    except (KeyboardInterrupt, SystemExit):
+        pass
 
 
 def publish(tmp: str | Path, path: str | Path) -> None:

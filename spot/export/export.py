@@ -34,7 +34,7 @@ from spot.export.manifest import DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPE
 from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
-from spot.files import refuse_dangling_link
+from spot.files import refuse_dangling_link, remove_tree, swap_in_folder
 from spot.tokenizer import load_tokenizer
 
 TARGET_FILE = "target.onnx"
@@ -292,37 +292,18 @@ def remove_stale_partials(out: Path) -> None:
         for left in out.parent.glob(f".{out.name}.{kind}-*"):
             pid = left.name.rsplit("-", 1)[-1]
             if pid.isdigit() and not _pid_alive(int(pid)):
-                _remove(left)
-
-
-def _remove(path: Path) -> None:
-    """A folder with its contents, or a link (rmtree refuses links, silently with ignore_errors)."""
-    if path.is_symlink():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
+                remove_tree(left)
 
 
 def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished folder into place; an existing output is replaced only with overwrite: moved aside, the
-    new one renamed in (or, if that fails or is interrupted, the old one back), then removed."""
+    """Rename the finished folder into place; an existing output is replaced only with overwrite (swap_in_folder)."""
     if not out.exists():
         tmp.rename(out)
         return
     if not overwrite:
         raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
-    trash = out.parent / f".{out.name}.old-{os.getpid()}"
-    out.rename(trash)
-    try:
-        tmp.rename(out)
-    except BaseException:
-        if not out.exists():        # (another export may have published meanwhile: then ours stays aside)
-            trash.rename(out)
-        raise
-    try:        # the export is in place: an interrupt now only leaves the old copy to the next export's cleanup
-        _remove(trash)
-    except (KeyboardInterrupt, SystemExit):
-        pass
+    # an old copy an interrupt leaves aside is removed by the next export (remove_stale_partials)
+    swap_in_folder(tmp, out, out.parent / f".{out.name}.old-{os.getpid()}")
 
 
 def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, source: Source, ckpt: Checkpoint,

@@ -19,6 +19,7 @@ from typing import Callable
 
 from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
+from spot.files import swap_in_folder
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.export import ExportOptions, check_options
 from spot.export.kv_append import validate_kv_append, write_kv_append
@@ -104,25 +105,11 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    try:
-        folder.rename(previous)
-    except OSError as e:          # e.g. an immutable or busy folder: the old one stays, the new one goes
+    try:      # an old copy an interrupt leaves aside is named by the next upgrade's check
+        swap_in_folder(tmp, folder, previous)
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SpotError(f"could not move {folder} aside to swap the upgraded folder in: {e.strerror}",
-                        f"{folder} is unchanged; check that it and its parent can be renamed") from None
-    try:
-        tmp.rename(folder)
-    except BaseException as e:    # an OSError, or Ctrl-C between the renames: back as it was
-        previous.rename(folder)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise SpotError(f"could not move the upgraded folder to {folder}: {e.strerror}",
-                            f"{folder} is unchanged") from None
         raise
-    try:        # upgraded: an interrupt now only leaves the old copy, named by the next upgrade's check
-        shutil.rmtree(previous)
-    except (KeyboardInterrupt, SystemExit):
-        pass
     progress(f"upgraded {folder}")
     return manifest, True
 
