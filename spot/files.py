@@ -16,8 +16,8 @@ TEMP_PREFIX = ".spot-"      # short: a legal 255-byte name must not grow past th
 
 def plain_file_name(name: str) -> bool:
     """True for the name of a file in a folder itself: no separator, not "", "." or ".." (a name a descriptor gives
-    must never lead out of its folder)."""
-    return Path(name).name == name and name not in ("", ".", "..")
+    must never lead out of its folder, nor hold a NUL, which would cut it wherever it reaches C)."""
+    return Path(name).name == name and name not in ("", ".", "..") and "\0" not in name
 
 
 def spot_cache() -> Path:

@@ -601,6 +601,16 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     _fails(cli(spot_cli, "generate", "--model", epilogue, *ids), CORRUPT, "names graph file '../../etc/passwd'")
     with pytest.raises(SpotError, match="names graph file '../../etc/passwd', expected a file name"):
         OrtEngine(epilogue, sampler="device")
+    # a graph no hash vouches for (a file of the folder the files record leaves out), and a NUL that would cut the
+    # name at C's boundary ("epilogue.onnx\0x" opened epilogue.onnx in both hosts)
+    for name, host_error, python_error in (
+            ("config.json.bak", "which its files record does not list", "which its files record does not list"),
+            ("epilogue.onnx\0x", r"NUL (\u0000) in a string", r"names graph file 'epilogue.onnx\\x00x', expected")):
+        manifest["graphs"]["epilogue"]["file"] = name
+        (epilogue / "manifest.json").write_text(json.dumps(manifest))
+        _fails(cli(spot_cli, "generate", "--model", epilogue, *ids), CORRUPT, host_error)
+        with pytest.raises(SpotError, match=python_error):
+            OrtEngine(epilogue, sampler="device")
     anonymous = edited("anonymous", lambda m: m.update(target={}))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", anonymous, *ids), CORRUPT,
            "names no target vocab_size")

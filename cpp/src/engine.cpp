@@ -117,12 +117,17 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
     ef.block_size = m.at("block_size").integer();
     ef.max_nodes = m.at("max_nodes").integer();
     ef.max_context = m.at("max_context").integer();
-    // a graph is a file of the folder itself (as verify_files' names): never a path that leaves it
+    // a graph is a file of the folder itself (as verify_files' names): never a path that leaves it, and one the
+    // files record hashes (else nothing vouches for what is loaded)
+    const Json& files = m.at("files");
     auto graph_file = [&](const Json& entry) {
       const std::string name = entry.at("file").str();
       if (name.empty() || name.find('/') != std::string::npos || name.find('\\') != std::string::npos ||
           name == "." || name == "..")
         fail(SPOT_ERR_CORRUPT, mpath + " names graph file '" + name + "', expected a file name in its own folder");
+      if (files.find(name) == nullptr)
+        fail(SPOT_ERR_CORRUPT, mpath + " names graph file '" + name + "', which its files record does not list "
+                                       "(no hash vouches for it): re-export the model");
       return join(folder, name);
     };
     const Json& target = m.at("graphs").at("target");

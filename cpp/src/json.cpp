@@ -224,6 +224,8 @@ class JsonParser {
             if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
             else error("bad surrogate pair");
           }
+          // a NUL would cut the string wherever it reaches C (file names, messages): no manifest needs one
+          if (cp == 0) error("NUL (\\u0000) in a string");
           append_utf8(out, cp);
           break;
         }

@@ -120,6 +120,9 @@ class ExportedModel:
         if not plain_file_name(file):     # never a path that leaves the folder
             raise SpotError(f"{self.folder}/manifest.json names graph file {file!r}, expected a file name in its "
                             "own folder", "re-export it with spot-export")
+        if file not in self.manifest.get("files", {}) and name != "drafter":    # (drafter.json hashes its graph)
+            raise SpotError(f"{self.folder}/manifest.json names graph file {file!r}, which its files record does "
+                            "not list (no hash vouches for it)", "re-export it with spot-export")
         return self.folder / file
 
 
