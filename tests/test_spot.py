@@ -450,6 +450,24 @@ def test_the_tuners_pass_profile_counts_what_the_decoders_did():
                                                      - standard.stats.passes.get("prefill", 0))
 
 
+def test_the_tuner_decodes_standard_only_beside_each_candidate(monkeypatch):
+    """TUNE_REPEATS standard decodes per prompt beside each candidate, and none besides (a separate standard run
+    only for the report cost one more decode of every prompt)."""
+    import spot.bench as bench
+    engine = engine_for(4, 3)
+    prompts = [bench.Prompt("p", [1, 2, 3, 4, 5]), bench.Prompt("q", [6, 7, 8])]
+    calls = []
+
+    def counting(name, *args, **kwargs):
+        calls.append(name)
+        return run_decoder(name, *args, **kwargs)
+    monkeypatch.setattr(bench, "run_decoder", counting)
+    tuned = bench.tune_budget(engine, prompts, 1.0, [TreeBudget(2, 1), TreeBudget(4, 2)], decoder="tree",
+                              curve={1: 1.0, 2: 1.5, 4: 2.0})
+    assert calls.count("standard") == calls.count("tree") == 2 * len(prompts) * bench.TUNE_REPEATS
+    assert tuned["standard_host_ms_per_step"] > 0 and set(tuned["curve_speedup"]) == {"2x1", "4x2"}
+
+
 def test_a_decodes_host_time_is_its_wall_time_outside_the_engines_passes():
     """Counting only the draft and walk timers left a tree's rounds 20-25% cheaper than measured: the tuner charges
     each decode its wall time minus the engine's pass time (prefill, block, verify, store passes alike)."""
