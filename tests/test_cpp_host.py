@@ -522,6 +522,50 @@ def test_the_c_streaming_example(spot_cli, tiny):
         assert proc.returncode == 64 and words in proc.stderr, (args, proc.stderr)
 
 
+def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):
+    """spot_generate called back from on_block on the same handle is refused (SPOT_ERR_INVALID_ARGUMENT), as
+    Python's request lock refuses it; before, both calls returned 0 and the outer request's tokens changed. The
+    handle works again once the request ends."""
+    import ctypes
+    lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
+
+    class Error(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 1024)]
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p)
+    lib.spot_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
+    lib.spot_close.argtypes = [ctypes.c_void_p]
+    lib.spot_output_capacity.restype = ctypes.c_size_t
+    lib.spot_output_capacity.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    generate_args = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p]
+    tail = [ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
+            ctypes.POINTER(Error)]
+    lib.spot_generate.argtypes = generate_args + tail
+    lib.spot_generate_stream.argtypes = generate_args + [callback_type, ctypes.c_void_p] + tail
+    model, err = ctypes.c_void_p(), Error()
+    assert lib.spot_open(str(tiny[0]).encode(), None, ctypes.byref(model), ctypes.byref(err)) == 0, err.message
+    prompt = (ctypes.c_int64 * 3)(1, 2, 3)
+    capacity = lib.spot_output_capacity(model, 3, 64)
+
+    def generate(on_block=None) -> tuple[int, bytes, list[int]]:
+        out, n, e = (ctypes.c_int64 * capacity)(), ctypes.c_size_t(), Error()
+        if on_block is None:
+            status = lib.spot_generate(model, prompt, 3, None, out, capacity, ctypes.byref(n), None, ctypes.byref(e))
+        else:
+            status = lib.spot_generate_stream(model, prompt, 3, None, on_block, None, out, capacity, ctypes.byref(n),
+                                              None, ctypes.byref(e))
+        return status, e.message, list(out[:n.value])
+    inner = []
+    try:
+        reference = generate()
+        assert reference[0] == 0
+        outer = generate(callback_type(lambda ids, n, user: inner.append(generate()) or 0))
+        assert outer == reference and inner                       # the outer request, untouched
+        assert all(status == 1 and b"already decoding a request" in message for status, message, _ in inner)
+        assert generate() == reference                            # the handle is free again
+    finally:
+        lib.spot_close(model)
+
+
 # -- bad input: exit code = spot_status, message on stderr ---------------------------------------------------------
 def _fails(proc: subprocess.CompletedProcess, code: int, *words: str) -> None:
     assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)

@@ -1,6 +1,7 @@
 // The C API of include/spot/spot.h: exceptions stop here and become (status, message).
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +21,9 @@ struct spot_model {
   std::unique_ptr<spot::TargetEngine> engine;
   std::unique_ptr<spot::Drafter> drafter;
   std::string ort_version;
+  // one request at a time (one KV cache): a second thread or an on_block calling back in is refused, not
+  // interleaved into the first request's cache (as spot.runtime.decode.generate's request lock)
+  std::atomic<bool> busy{false};
 };
 
 namespace {
@@ -209,6 +213,14 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
                      "spot_generate: out_capacity " + std::to_string(out_capacity) + " is below the " +
                          std::to_string(spot_output_capacity(model, n_prompt, o.max_new_tokens)) +
                          " ids this request may produce (spot_output_capacity)");
+  if (model->busy.exchange(true))
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
+                     "spot_generate: this model is already decoding a request (one request at a time per handle: it "
+                     "holds one KV cache); open one handle per thread, and do not call spot_generate from on_block");
+  struct Release {
+    std::atomic<bool>& busy;
+    ~Release() { busy.store(false); }
+  } release{model->busy};
   return guarded(err, [&]() {
     spot::DecodeRequest req;
     req.decoder = kDecoderNames[o.decoder];

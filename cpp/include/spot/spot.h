@@ -4,7 +4,8 @@
  * - Token ids in, token ids out; outputs are bit-identical to the Python runtime (spot.runtime) for the same folder,
  *   prompt and options: standard, threshold, chain, tree, spot and spot-sets decoding.
  * - Every function reports failure by a status code and, when `err` is not NULL, a message; none aborts on bad input.
- * - A spot_model is not thread-safe: one spot_generate at a time per handle (open one handle per thread).
+ * - One spot_generate at a time per spot_model (open one handle per thread): a call while another is running on the
+ *   same handle (another thread, or an on_block calling back in) returns SPOT_ERR_INVALID_ARGUMENT.
  */
 #ifndef SPOT_SPOT_H
 #define SPOT_SPOT_H
@@ -162,8 +163,8 @@ SPOT_API spot_status spot_generate(spot_model* model, const int64_t* prompt, siz
 /* Streaming: called after each finished block with the ids that block adds to the output (the generated part of
  * the block, cut before a stop id; n_ids may be 0), so the calls' ids joined are what spot_generate_stream writes to
  * out_ids. `ids` is valid during the call only. Return 0 to go on, nonzero to end generation after this block
- * (stats->stopped = 2). Called on the thread that called spot_generate_stream; it must not call back into the same
- * model, and (a C function) must not throw. */
+ * (stats->stopped = 2). Called on the thread that called spot_generate_stream; a call back into the same model is
+ * refused (SPOT_ERR_INVALID_ARGUMENT), and (a C function) it must not throw. */
 typedef int (*spot_block_callback)(const int64_t* ids, size_t n_ids, void* user_data);
 
 /* spot_generate with a block callback (NULL: exactly spot_generate). Diffusion decoding finalises a block at a
