@@ -6,6 +6,7 @@ once per target pass; SPOT (spot.runtime.spot) plugs in the same way.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -141,10 +142,12 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
         raise SpotError("this engine is already decoding a request (one request at a time per engine: it holds one "
                         "KV cache)", "open one engine per thread, and do not decode with the same engine inside "
                         "on_block")
+    engine.request_thread = threading.get_ident()
     try:
         return _generate(engine, prompt_ids, max_new_tokens, rule, sampling, stop_ids, block_decoder, stats,
                          observer, on_block)
     finally:
+        engine.request_thread = None
         engine.request_lock.release()
 
 

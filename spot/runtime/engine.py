@@ -51,10 +51,12 @@ class Engine(ABC):
         # held by generate() for a whole request: the engine has ONE KV cache, and a second request (another
         # thread, or a decode started inside on_block) would reset it under the first
         self.request_lock = threading.Lock()
+        self.request_thread: int | None = None      # the thread whose request holds it (set by generate())
 
     # -- public, checked -------------------------------------------------------------------------------------
     def prefill(self, ids: np.ndarray) -> None:
         """Reset the cache and store the K/V of `ids` [P] (P a multiple of the block size, block-causal mask)."""
+        self._check_caller()
         ids = self._check_ids(ids, "prefill ids")
         if ids.ndim != 1 or ids.shape[0] % self.block_size:
             raise ValueError(f"prefill ids: got shape {ids.shape}, expected [P] with P a multiple of "
@@ -69,6 +71,7 @@ class Engine(ABC):
 
     def block_logits(self, states: np.ndarray) -> np.ndarray:
         """Logits [N, B, V] float32 of N candidate states [N, B] of the block after the cache; stores nothing."""
+        self._check_caller()
         states = self._check_states(states)
         t0 = time.perf_counter()
         try:
@@ -81,6 +84,7 @@ class Engine(ABC):
         reads (spot.runtime.outputs). Host engines hand over the logits (sampled with the decode's NoiseCache
         `noise` when given); an engine that samples on the device overrides `_block_outputs` and returns the
         epilogue's small outputs instead."""
+        self._check_caller()
         states = self._check_states(states)
         steps = np.asarray(steps, dtype=np.int64).reshape(-1)
         if steps.shape[0] != states.shape[0]:
@@ -103,6 +107,7 @@ class Engine(ABC):
 
     def store(self, state: np.ndarray) -> None:
         """Append the K/V of a finished block state [B] to the cache."""
+        self._check_caller()
         state = self._check_ids(state, "store state")
         if state.shape != (self.block_size,):
             raise ValueError(f"store state: got shape {state.shape}, expected [{self.block_size}]")
@@ -113,6 +118,14 @@ class Engine(ABC):
         self.cached_len += self.block_size
 
     # -- checks ------------------------------------------------------------------------------------------------
+    def _check_caller(self) -> None:
+        """While a request decodes, its thread alone may run passes: a prefill or store from another thread would
+        change the cache under it and its tokens with it."""
+        owner = self.request_thread
+        if owner is not None and owner != threading.get_ident():
+            raise SpotError("this engine is decoding a request on another thread (one request at a time per engine: "
+                            "it holds one KV cache)", "open one engine per thread")
+
     def _check_ids(self, ids, what: str) -> np.ndarray:
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
