@@ -24,7 +24,7 @@ from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.errors import SpotError
 from spot.runtime.drafter import DEFAULT_RUNNER_UP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT, load_drafter
-from spot.runtime.step import STATIC, THRESHOLD
+from spot.runtime.step import STATIC, THRESHOLD, CommitRule
 
 ROOT = Path(__file__).resolve().parents[1]
 CPP = ROOT / "cpp"
@@ -520,6 +520,50 @@ def test_the_c_streaming_example(spot_cli, tiny):
                         ([prompt, "2", "extra"], "usage")):
         proc = _run([str(spot_cli.parent / "spot_stream"), str(folder), *args], timeout=600)
         assert proc.returncode == 64 and words in proc.stderr, (args, proc.stderr)
+
+
+# (kind, rule args, values, the answer): filter -> the ids top-k / top-p keep; select -> the indices committed
+STEP_RULE_CASES = [
+    ("filter", (0, 0.45), np.log([0.2, 0.5, 0.3]).tolist(), [1]),
+    ("filter", (0, 0.75), np.log([0.2, 0.5, 0.3]).tolist(), [1, 2]),
+    ("filter", (0, 0.85), np.log([0.2, 0.5, 0.3]).tolist(), [0, 1, 2]),
+    ("filter", (0, 0.25), [0.0] * 4, [0, 1]),        # mass exactly p does not exceed it: the next token is kept
+    ("filter", (0, 0.5), [0.0] * 4, [0, 1, 2]),
+    ("filter", (0, 0.2), [0.0] * 4, [0]),            # equal values in id order; the first token always
+    ("filter", (0, 0.1), [0.0, 1.0, 1.0, 0.0], [1]),
+    ("filter", (2, 1.0), [0.0, 3.0, 3.0, 1.0], [1, 2]),
+    ("filter", (3, 1.0), [0.0, 3.0, 3.0, 1.0], [1, 2, 3]),
+    ("filter", (2, 1.0), [2.0, 1.0, 1.0, 0.0], [0, 1, 2]),      # ties with the k-th largest are kept
+    ("filter", (2, 0.5), [0.0] * 4, [0, 1, 2]),      # top-k keeps the 4 ties, then top-p
+    ("select", ("threshold", 0.5), [0.5, 0.5, 0.25], [0]),      # strict: none passes -> the single best, first tie
+    ("select", ("threshold", 0.5), [0.75, 0.5, 0.75], [0, 2]),
+    ("select", ("threshold", 0.76), [0.5, 0.75, 0.5, 0.75], [1]),
+    ("select", ("threshold", 0.4), [0.5, 0.75], [0, 1]),
+    ("select", ("threshold", 0.0), [0.0, 1e-300], [1]),
+    ("select", ("static", 0.9), [0.2, 0.7, 0.7], [1]),          # ties: the smallest position
+    ("select", ("static", 0.9), [0.3], [0]),
+]
+
+
+def test_the_step_rules_give_the_written_answers_in_both_hosts(spot_cli):
+    """The commit rule and the top-k / top-p filter on cases whose answers are written down, through the numpy
+    runtime and the C++ rules (cpp/tests/step_rules.cpp): a confidence equal to tau and a mass equal to p never
+    occur on random models, so a `>=` for a `>` in either host passed every end-to-end comparison."""
+    from spot.runtime.step import filter_scaled_logits, select_commits
+    lines, python = [], []
+    for kind, args, values, _ in STEP_RULE_CASES:
+        lines.append(" ".join([kind, *map(str, args), *map(repr, values)]))
+        if kind == "filter":
+            kept = np.isfinite(filter_scaled_logits(np.array([values]), args[0], args[1]))[0]
+            python.append(np.flatnonzero(kept).tolist())
+        else:
+            rule = CommitRule(THRESHOLD if args[0] == "threshold" else STATIC, args[1])
+            python.append(select_commits(np.array(values), rule).tolist())
+    proc = _run([str(spot_cli.parent / "spot_step_rules")], input="\n".join(lines) + "\n", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    cpp = [list(map(int, line.split())) for line in proc.stdout.splitlines()]
+    assert python == [answer for *_, answer in STEP_RULE_CASES]
+    assert cpp == python
 
 
 def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):

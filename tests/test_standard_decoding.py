@@ -354,7 +354,7 @@ def test_top_k_keeps_ties():
     assert np.isfinite(filter_scaled_logits(z, top_k=0, top_p=1.0)).all()
 
 
-def test_top_p_keeps_the_smallest_prefix_reaching_p():
+def test_top_p_keeps_the_smallest_prefix_exceeding_p():
     z = np.log(np.array([[0.2, 0.5, 0.3]]))
     assert np.isfinite(filter_scaled_logits(z, 0, 0.45)).tolist() == [[False, True, False]]
     assert np.isfinite(filter_scaled_logits(z, 0, 0.75)).tolist() == [[False, True, True]]
@@ -363,6 +363,8 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p():
     flat = np.zeros((1, 4))
     assert np.isfinite(filter_scaled_logits(flat, 0, 0.2)).tolist() == [[True, False, False, False]]
     assert np.isfinite(filter_scaled_logits(flat, 0, 0.3)).tolist() == [[True, True, False, False]]
+    # a prefix whose mass is exactly p does not exceed it: the token after it is kept too
+    assert np.isfinite(filter_scaled_logits(flat, 0, 0.25)).tolist() == [[True, True, False, False]]
     z2 = np.array([[0.0, 1.0, 1.0, 0.0]])
     assert np.isfinite(filter_scaled_logits(z2, 0, 0.1)).tolist() == [[False, True, False, False]]
 
