@@ -722,6 +722,8 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     (["--temperature", "-0.5"], INVALID_ARGUMENT, ["temperature must be"]),
     (["--temperature", "5e-324"], INVALID_ARGUMENT, ["temperature must be 0 or a finite number >= 1e-06, got "]),
     (["--decoder", "threshold", "--tau", "1.5"], INVALID_ARGUMENT, ["tau must be in [0, 1)"]),
+    (["--decoder", "threshold", "--tau", "-1e-9"], INVALID_ARGUMENT, ["tau must be in [0, 1), got -1e-09"]),
+    (["--top-p", "1.0000001"], INVALID_ARGUMENT, ["top_p must be in (0, 1], got 1.0000001"]),   # not "1.000000"
     (["--max-new-tokens", "0"], INVALID_ARGUMENT, ["max_new_tokens must be >= 1"]),
     (["--max-new-tokens", "4000"], INVALID_ARGUMENT, ["more than the model's limit"]),
     (["--top-k", "-1"], INVALID_ARGUMENT, ["top_k must be >= 0"]),
@@ -790,6 +792,8 @@ def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
         assert proc.returncode == 64 and f"{flag} expects an integer in [-2147483648, 2147483647]" in proc.stderr
     proc = cli(spot_cli, "generate", "--model", tiny[0], "--max-new-tokens", "4")
     assert proc.returncode == 64 and "--prompt-ids is required" in proc.stderr
+    proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1", "--decoder", "spot", "--depth", "0")
+    assert proc.returncode == 64 and "--depth must be >= 1, got 0" in proc.stderr      # (C API 0 = default)
     proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1,2,")
     assert proc.returncode == 64 and "trailing comma" in proc.stderr
     # a batch reports a failed request and goes on with the next one

@@ -136,16 +136,15 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
                                                                  "tree, spot, spot-sets");
   // step.MIN_TEMPERATURE: below it L / T leaves double's range for large logits
   if (!std::isfinite(req.temperature) || req.temperature < 0 || (req.temperature > 0 && req.temperature < 1e-6)) {
-    char got[32];
-    std::snprintf(got, sizeof got, "%g", req.temperature);
-    fail(SPOT_ERR_INVALID_ARGUMENT, std::string("temperature must be 0 or a finite number >= 1e-06, got ") + got);
+    fail(SPOT_ERR_INVALID_ARGUMENT, "temperature must be 0 or a finite number >= 1e-06, got " +
+                                        number_text(req.temperature));
   }
   CommitRule rule;
   rule.tau = req.tau;
   // decoders.rule_for: threshold / spot-sets always use the threshold rule, every other decoder the request's mode
   rule.threshold = name == "threshold" || name == "spot-sets" || req.threshold_mode;
   if (rule.threshold && !(req.tau >= 0.0 && req.tau < 1.0))
-    fail(SPOT_ERR_INVALID_ARGUMENT, "tau must be in [0, 1), got " + std::to_string(req.tau));
+    fail(SPOT_ERR_INVALID_ARGUMENT, "tau must be in [0, 1), got " + number_text(req.tau));
   const int64_t b = engine.block_size();
   std::unique_ptr<Proposer> proposer;
   int64_t nodes = req.budget, depth = req.depth;
@@ -179,7 +178,7 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
   if (engine.samples_on_device()) {   // what the sampling epilogue serves (epilogue.check_sampling, spot.py)
     if (req.top_p < 1.0)
       fail(SPOT_ERR_UNSUPPORTED, "the device sampling epilogue does not implement top-p (got top_p " +
-                                     std::to_string(req.top_p) + "): use top_p 1 with it, or the host sampler");
+                                     number_text(req.top_p) + "): use top_p 1 with it, or the host sampler");
     if (proposer && nodes > 1 && depth > engine.sampler_depth())
       fail(SPOT_ERR_INVALID_ARGUMENT, "tree depth " + std::to_string(depth) + " exceeds the " +
                                           std::to_string(engine.sampler_depth()) + " future steps the device " +

@@ -81,7 +81,7 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
     d->target.members();
     if (const Json* t = m.find("member_threshold"); t && !t->is_null()) d->member_threshold = t->number();
     if (!(d->member_threshold > 0 && d->member_threshold < 1))   // drafter.check_member_threshold
-      fail(SPOT_ERR_CORRUPT, "member_threshold is " + std::to_string(d->member_threshold) +
+      fail(SPOT_ERR_CORRUPT, "member_threshold is " + number_text(d->member_threshold) +
                                  ", expected a number in (0, 1)");
     if (const Json* t = m.find("max_staleness"); t && !t->is_null()) d->max_staleness = t->integer();
     if (d->max_staleness < 1)
@@ -90,19 +90,19 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
     if (const Json* t = m.find("order_temperature"); t && !t->is_null()) {
       d->order_temperature = t->number();
       if (!std::isfinite(d->order_temperature) || d->order_temperature <= 0)
-        fail(SPOT_ERR_CORRUPT, "order_temperature is " + std::to_string(d->order_temperature) +
+        fail(SPOT_ERR_CORRUPT, "order_temperature is " + number_text(d->order_temperature) +
                                    ", expected a number > 0 (1 = the order model's own logits)");
     }
     if (const Json* t = m.find("runner_up_weight"); t && !t->is_null()) {
       d->runner_up_weight = t->number();
       if (!(d->runner_up_weight >= 0 && d->runner_up_weight <= 1))
-        fail(SPOT_ERR_CORRUPT, "runner_up_weight is " + std::to_string(d->runner_up_weight) +
+        fail(SPOT_ERR_CORRUPT, "runner_up_weight is " + number_text(d->runner_up_weight) +
                                    ", expected a number in [0, 1] (0 = no runner-up children)");
     }
     if (const Json* t = m.find("set_flip_weight"); t && !t->is_null()) {
       d->set_flip_weight = t->number();
       if (!(d->set_flip_weight >= 0 && d->set_flip_weight <= 1))
-        fail(SPOT_ERR_CORRUPT, "set_flip_weight is " + std::to_string(d->set_flip_weight) +
+        fail(SPOT_ERR_CORRUPT, "set_flip_weight is " + number_text(d->set_flip_weight) +
                                    ", expected a number in [0, 1] (0 = no flip variants)");
     }
     const std::string digest = sha256_file(onnx_path);

@@ -203,7 +203,7 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
   if (o.top_k < 0) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "top_k must be >= 0, got " +
                                                                       std::to_string(o.top_k));
   if (!(o.top_p > 0.0 && o.top_p <= 1.0))
-    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1], got " + std::to_string(o.top_p));
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1], got " + spot::number_text(o.top_p));
   if (o.mode != SPOT_MODE_STATIC && o.mode != SPOT_MODE_THRESHOLD)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: unknown mode");
   if (o.stop_ids == nullptr && o.n_stop_ids > 0)
