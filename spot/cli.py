@@ -207,7 +207,8 @@ def find_drafter(path, model_dir):
 @click.option("--block-size", type=int, default=None, help="Block size B. Default: the config's block_size.")
 @click.option("--mode", type=click.Choice(["static", "threshold"]), default="static", show_default=True,
               help="Commit rule: one token per pass, or every token with confidence > tau.")
-@click.option("--tau", type=float, default=0.9, show_default=True, help="Threshold of --mode threshold.")
+@click.option("--tau", type=float, default=0.9, show_default=True,
+              help="Threshold of the threshold rule, in [0, 1): --decoder threshold / spot-sets, or --mode threshold.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (argmax).")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables top-k filtering.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 disables top-p filtering.")
@@ -247,7 +248,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     import json
 
     from spot.engines.factory import open_engine
-    from spot.runtime.decoders import DecodeRequest, rule_for, run_decoder
+    from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, rule_for, run_decoder
     from spot.runtime.step import Sampling
     from spot.tokenizer import TextStream, load_tokenizer, prompt_ids_for
 
@@ -259,13 +260,13 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
             raise SpotError("give one of --prompt TEXT or --prompt-file PATH, not both")
         prompt = read_prompt_file(prompt_file)
     sampling = Sampling(temperature, top_k, top_p, seed)
+    request = DecodeRequest(max_new_tokens, mode, tau, sampling)
+    rule = rule_for(decoder, request)     # a bad --tau before the weights load
     tokenizer = load_tokenizer(folder)
     ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
     engine = open_engine(backend, folder, block_size, device, sampler, kv_cache)
     drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
-    request = DecodeRequest(max_new_tokens, mode, tau, sampling)
     # the command that records what --budget auto looks for: the same model, engine options, decoder, temperature
-    rule = rule_for(decoder, request)
     tune_command = shlex.join(["spot", "tune", *(["--model", model_dir] if model_dir is not None else []),
                                "--backend", backend, "--device", device,
                                *(["--sampler", sampler] if sampler != "auto" else []),
@@ -296,8 +297,9 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
         out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "prompt_len": gen.prompt_len,
                "block_size": engine.block_size, "mode": rule.kind, "decoder": decoder,
                "backend": backend,
-               "placement": engine.placement, "budget": {"nodes": tree_budget.nodes, "depth": tree_budget.depth,
-                                                         "tuned": tuned}, **stats.to_dict()}
+               "placement": engine.placement,
+               "budget": ({"nodes": tree_budget.nodes, "depth": tree_budget.depth, "tuned": tuned}
+                          if decoder in TREE_DECODERS else None), **stats.to_dict()}
         if text is not None:
             out["text"] = text
         click.echo(json.dumps(out))

@@ -268,6 +268,9 @@ ERRORS = [
     (["generate", "--prompt-ids", "1,2", "--decoder", "tree", "--budget", "0"], "budget must be >= 1"),
     (["generate", "--prompt-ids", "1,2", "--decoder", "tree", "--depth", "9"], "depth must be in 1..4"),
     (["generate", "--prompt-ids", "1,2", "--temperature", "-1"], "temperature"),
+    # a bad --tau is named before the drafter (or the weights) is looked for
+    (["generate", "--prompt-ids", "1,2", "--decoder", "spot-sets", "--tau", "5", "--drafter", "/nonexistent"],
+     "tau must be in [0, 1), got 5"),
     (["bench", "--decoders", "standard,medusa"], "unknown decoder"),
     (["bench", "--budgets", "sixteen"], "budgets must look like"),
     (["bench", "--prompts", "/nonexistent.jsonl", "--decoders", "standard"], "does not exist"),
@@ -299,6 +302,13 @@ def test_bench_defaults_fit_a_block_of_4_and_reports_are_readable(as_embedded, t
     os.umask(umask)
     for name in ("bench.json", "bench.md"):
         assert stat.S_IMODE((report / name).stat().st_mode) == 0o666 & ~umask
+
+
+def test_json_reports_a_budget_only_for_decoders_with_verify_rounds(as_embedded):
+    for decoder, budget in (("threshold", None), ("tree", {"nodes": 6, "depth": 2, "tuned": None})):
+        r = run("generate", "--prompt-ids", "1,2", "--decoder", decoder, "--budget", "6", "--depth", "2",
+                "--max-new-tokens", "4", "--json")
+        assert r.exit_code == 0 and json.loads(r.stdout)["budget"] == budget, r.output
 
 
 @pytest.mark.parametrize("args,message", ERRORS, ids=[" ".join(a[:2]) + f"-{i}" for i, (a, _) in enumerate(ERRORS)])

@@ -24,6 +24,7 @@ from spot.runtime.spot import SpotBlockDecoder, TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 
 DECODERS = ("standard", "threshold", "chain", "tree", "oracle", "order-oracle", "spot", "spot-sets")
+TREE_DECODERS = DECODERS[2:]      # the decoders with verify rounds, which --budget / --depth size
 TREE_BRANCH = 4
 
 

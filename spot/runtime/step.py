@@ -74,7 +74,9 @@ class CommitRule:
             raise SpotError(f"commit rule must be 'static' or 'threshold', got {self.kind!r}")
         number_arg(self.tau, "tau")
         if self.kind == THRESHOLD and not 0.0 <= self.tau < 1.0:
-            raise SpotError(f"tau must be in [0, 1), got {self.tau}")
+            raise SpotError(f"tau must be in [0, 1), got {self.tau}",
+                            "the threshold rule commits every position whose confidence exceeds tau (at least the "
+                            "most confident one): at tau >= 1 it is the static rule, --decoder standard / spot")
 
 
 def filter_scaled_logits(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
