@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -138,6 +139,73 @@ def test_independent_noise_is_still_exact():
                             independent_noise=True)
         base = run_decoder("standard", engine, np.arange(6), req)
         assert run_decoder("chain", engine, np.arange(6), req).token_ids == base.token_ids
+
+
+def test_independent_drafting_noise_is_another_seeds_not_the_targets():
+    """The ablation's proposals sample with the xor'd seed and never read the target's noise cache (reading the
+    cache kept every decode exact but measured coupled SPOT under the ablation's name)."""
+    from spot.runtime.noise import NoiseCache
+    from spot.runtime.stale import INDEPENDENT_SEED_XOR, StaleView
+    logits = np.random.default_rng(0).normal(size=(8, 50)).astype(np.float32)
+    masked, sampling = np.ones(8, bool), Sampling(1.0, seed=5)
+    cache = NoiseCache(sampling.seed, 50)
+    independent = StaleView(logits, masked, sampling, 2, independent_noise=True, noise=cache)
+    other_seed = StaleView(logits, masked, replace(sampling, seed=sampling.seed ^ INDEPENDENT_SEED_XOR), 2)
+    coupled = StaleView(logits, masked, sampling, 2, noise=cache)
+    for step in (1, 2, 3):
+        np.testing.assert_array_equal(independent.coupled(step)[0], other_seed.coupled(step)[0])
+    assert any((independent.coupled(k)[0] != coupled.coupled(k)[0]).any() for k in (1, 2, 3))
+
+
+def test_each_round_drafts_from_its_states_logits_with_each_steps_noise():
+    """Every round's stale view holds L(s_m) of that round's state s_m (not an earlier pass's: still exact, but
+    more passes), and its coupled sample for a node at step k is F's sample at step k from those logits (not step
+    k + 1's noise). Both were invisible to the exactness tests."""
+    from spot.runtime.decode import generate
+    from spot.runtime.proposers import ConfidenceOrderProposer
+    from spot.runtime.step import sample_positions
+    engine, sampling = engine_for(8, 1), Sampling(1.0, seed=3)
+    rounds = []
+
+    class Checking(ConfidenceOrderProposer):
+        def begin_round(self, round_inputs, state, step):
+            super().begin_round(round_inputs, state, step)
+            stale = round_inputs.stale
+            np.testing.assert_array_equal(stale.logits, engine.block_logits(state[None])[0])
+            masked = np.flatnonzero(state == MASK)
+            for k in (step + 1, step + 2):
+                tokens, conf = sample_positions(stale.logits, masked, replace(sampling, exclude_token=MASK),
+                                                round_inputs.block, k)
+                np.testing.assert_array_equal(stale.coupled(k)[0][masked], tokens)
+                np.testing.assert_array_equal(stale.coupled(k)[1][masked], conf)
+            rounds.append(step)
+
+    gen = generate(engine, np.arange(1, 12), max_new_tokens=24, sampling=sampling, stop_ids=(),
+                   block_decoder=SpotBlockDecoder(Checking(branch=4), TreeBudget(8, 3)))
+    assert len(gen.token_ids) >= 16 and len(rounds) >= 4 and any(step > 0 for step in rounds)
+
+
+def test_standard_decoding_over_blocks_equals_f_without_a_noise_cache():
+    """generate() at T > 0 over several blocks equals a plain loop of F with noise rows computed on each use: the
+    decode's noise cache starts over at each block (reusing a previous block's rows passed every test that compares
+    two decoders sharing the cache)."""
+    from spot.runtime.decode import generate
+    from spot.runtime.step import step_fn
+    engine, rule = engine_for(4, 1), CommitRule()
+    sampling = Sampling(1.0, seed=11)
+    prompt = np.arange(1, 9)                          # two whole blocks of 4
+    gen = generate(engine, prompt, max_new_tokens=12, sampling=sampling, stop_ids=())
+    engine.prefill(prompt)
+    out = []
+    for block in (2, 3, 4):
+        state, step = np.full(4, MASK, dtype=np.int64), 0
+        while (state == MASK).any():
+            logits = engine.block_logits(state[None])[0]
+            state = step_fn(state, logits, MASK, rule, replace(sampling, exclude_token=MASK), block, step)
+            step += 1
+        engine.store(state)
+        out += state.tolist()
+    assert gen.token_ids == out
 
 
 def _ctx(rule: CommitRule) -> DecodeContext:
