@@ -294,7 +294,8 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     text = tokenizer.decode(gen.token_ids) if tokenizer is not None else None
     stats = gen.stats
     if as_json:
-        out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "prompt_len": gen.prompt_len,
+        out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "cancelled": gen.cancelled,
+               "prompt_len": gen.prompt_len,
                "block_size": engine.block_size, "mode": rule.kind, "decoder": decoder,
                "backend": backend,
                "placement": engine.placement,

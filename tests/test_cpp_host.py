@@ -566,6 +566,26 @@ def test_the_step_rules_give_the_written_answers_in_both_hosts(spot_cli):
     assert cpp == python
 
 
+def test_both_clis_report_the_same_result_keys(spot_cli, tiny):
+    """`spot generate --json` and `spot_cli generate` agree on the request's outcome keys (mode, stopped,
+    cancelled, passes, steps) and tokens, for a static and a threshold decoder."""
+    from click.testing import CliRunner
+
+    from spot.cli import main
+    folder, drafter = tiny[:2]
+    for decoder in ("tree", "spot-sets"):
+        flags = ["--decoder", decoder, "--temperature", "1", "--seed", "4", "--max-new-tokens", "12",
+                 "--budget", "6", "--depth", "3", "--tau", "0.3", "--prompt-ids", "1,2,3"]
+        cpp = json.loads(cli(spot_cli, "generate", "--model", folder, "--drafter", drafter, *flags).stdout)
+        r = CliRunner().invoke(main, ["generate", "--model", str(folder), "--backend", "ort", "--drafter",
+                                      str(drafter), *flags, "--json"])
+        assert r.exit_code == 0, r.output
+        python = json.loads(r.stdout)
+        keys = ("token_ids", "mode", "stopped", "cancelled", "target_passes", "passes", "steps", "blocks")
+        assert {k: python[k] for k in keys} == {k: cpp[k] for k in keys}
+        assert cpp["mode"] == ("threshold" if decoder == "spot-sets" else "static")
+
+
 def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):
     """spot_generate called back from on_block on the same handle is refused (SPOT_ERR_INVALID_ARGUMENT), as
     Python's request lock refuses it; before, both calls returned 0 and the outer request's tokens changed. The

@@ -226,6 +226,10 @@ void print_result_json(const spot_generate_options& o, const std::vector<int64_t
   out += "\", \"token_ids\": [";
   for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
   out += "]";
+  // the commit rule the request decoded with, as the Python CLI's "mode" (threshold / spot-sets: always threshold)
+  const bool threshold = o.decoder == SPOT_DECODER_THRESHOLD || o.decoder == SPOT_DECODER_SPOT_SETS ||
+                         o.mode == SPOT_MODE_THRESHOLD;
+  out += threshold ? ", \"mode\": \"threshold\"" : ", \"mode\": \"static\"";
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 ", \"stopped\": %s, \"cancelled\": %s, \"target_passes\": %" PRId64 ", \"passes\": {\"prefill\": %" PRId64
