@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -160,6 +162,49 @@ def test_factory_opens_exported_folder(tiny):
     with pytest.raises(SpotError, match="not an exported spot model folder") as e:
         open_engine("ort", ckpt)
     assert "spot-export" in e.value.hint
+
+
+def test_close_releases_the_mapped_weights_at_once(tiny, tmp_path):
+    """close() (or leaving a with block) drops the sessions, so ONNX Runtime unmaps target.onnx.data even while
+    the engine object is still referenced; later passes, and closing during a request, are clear errors."""
+    import gc
+    import os
+    import threading
+
+    import shutil
+
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    fp32 = Path(shutil.copytree(tiny[1], tmp_path / "own"))       # no other test's engine maps this copy
+
+    def mapped() -> bool:
+        return str(os.path.realpath(fp32 / "target.onnx.data")) in Path("/proc/self/maps").read_text()
+    if not Path("/proc/self/maps").is_file():
+        pytest.skip("needs /proc/self/maps")
+    gc.collect()
+    assert not mapped()
+    with OrtEngine(fp32, sampler="device", kv_cache="device") as engine:
+        assert mapped()
+        want = run_decoder("standard", engine, [1, 2, 3], DecodeRequest(8)).token_ids
+        started, release = threading.Event(), threading.Event()
+
+        def waiting(_ids):
+            started.set()
+            release.wait(10)
+        worker = threading.Thread(target=lambda: run_decoder("standard", engine, [1, 2, 3], DecodeRequest(8),
+                                                             on_block=waiting))
+        worker.start()
+        started.wait(10)
+        with pytest.raises(SpotError, match="decoding a request"):
+            engine.close()
+        release.set()
+        worker.join()
+    gc.collect()
+    assert engine.closed and not mapped()          # `engine` still names the object
+    with pytest.raises(SpotError, match="this engine is closed") as e:
+        run_decoder("standard", engine, [1, 2, 3], DecodeRequest(8))
+    assert "open the model again" in e.value.hint
+    engine.close()                                 # twice: nothing more to do
+    assert run_decoder("standard", OrtEngine(fp32), [1, 2, 3], DecodeRequest(8)).token_ids == want
 
 
 def test_cli_generate_with_ort_backend(tiny):

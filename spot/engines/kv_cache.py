@@ -151,6 +151,9 @@ class StaticOrtEngine(Engine):
         self.last_shapes = (n, s, self.cache.capacity)
         return self.session.run(outputs, feeds)
 
+    def _release(self) -> None:
+        self.session = self.cache = None
+
     def _reset(self) -> None:
         self.cache.reset()
 

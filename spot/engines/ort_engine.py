@@ -246,6 +246,10 @@ class OrtEngine(Engine):
     def sampler_depth(self) -> int | None:
         return self._future_steps
 
+    def _release(self) -> None:
+        self.session = self.device_kv = self.epilogue = None
+        self._k = self._v = self._empty
+
     @property
     def placement(self) -> dict[str, str]:
         """What --device / --sampler / --kv-cache resolved to (auto included)."""

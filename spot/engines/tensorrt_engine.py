@@ -406,6 +406,9 @@ class TrtEngine(Engine):
                  "past_k": self.cache.k, "past_v": self.cache.v}
         return self.runner.run(feeds, self.plan.profile_index(self.cache.capacity, s), wanted)
 
+    def _release(self) -> None:       # the engine, its context and the device KV cache (never run here)
+        self.runner = self.cache = None
+
     def _reset(self) -> None:
         self.cache.reset()
 

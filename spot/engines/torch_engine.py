@@ -41,6 +41,9 @@ class TorchEngine(Engine):
         self.model = model.to(self.device).eval()
         self._k = self._v = None
 
+    def _release(self) -> None:
+        self.model = self._k = self._v = None
+
     @property
     def placement(self) -> dict[str, str]:
         """The torch device, with the GPU's name on cuda (a tuned budget holds for one device: spot.tuned)."""

@@ -53,6 +53,27 @@ class Engine(ABC):
         self.request_lock = threading.Lock()
         self.request_thread: int | None = None      # the thread whose request holds it (set by generate())
 
+    # -- lifetime ----------------------------------------------------------------------------------------------
+    closed = False
+
+    def close(self) -> None:
+        """Release the engine's sessions, KV cache and mapped weights now rather than when the last reference to it
+        goes (an embedder switching models); later passes raise SpotError. Refused while a request decodes."""
+        if self.request_thread is not None:
+            raise SpotError("this engine is decoding a request", "close it after the request returns")
+        if not self.closed:
+            self.closed = True
+            self._release()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _release(self) -> None:
+        """Drop what holds the engine's resources (subclasses: their sessions and caches)."""
+
     # -- public, checked -------------------------------------------------------------------------------------
     def prefill(self, ids: np.ndarray) -> None:
         """Reset the cache and store the K/V of `ids` [P] (P a multiple of the block size, block-causal mask)."""
@@ -120,7 +141,9 @@ class Engine(ABC):
     # -- checks ------------------------------------------------------------------------------------------------
     def _check_caller(self) -> None:
         """While a request decodes, its thread alone may run passes: a prefill or store from another thread would
-        change the cache under it and its tokens with it."""
+        change the cache under it and its tokens with it. A closed engine runs none."""
+        if self.closed:
+            raise SpotError("this engine is closed", "open the model again")
         owner = self.request_thread
         if owner is not None and owner != threading.get_ident():
             raise SpotError("this engine is decoding a request on another thread (one request at a time per engine: "
