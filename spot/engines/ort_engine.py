@@ -29,8 +29,14 @@ _GPU_HINT = ("install onnxruntime-gpu (x86_64: `pip install onnxruntime-gpu`; Je
 def _ort():
     try:
         import onnxruntime as ort
-    except ImportError:  # pragma: no cover - onnxruntime is a core dependency
+    except ModuleNotFoundError as e:
+        if e.name != "onnxruntime":
+            raise SpotError(f"onnxruntime is installed but could not be imported: {e}",
+                            "reinstall onnxruntime (>= 1.19 with numpy 2)") from None
         raise SpotError("the ort backend needs onnxruntime", "pip install onnxruntime") from None
+    except (ImportError, AttributeError) as e:   # e.g. a build for numpy 1.x beside numpy 2 (_ARRAY_API not found)
+        raise SpotError(f"onnxruntime is installed but could not be imported: {e}",
+                        "install onnxruntime >= 1.19 (the first built for numpy 2), or numpy < 2") from None
     return ort
 
 
