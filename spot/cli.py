@@ -86,7 +86,9 @@ class SpotGroup(click.Group):
                     or package not in OPTIONAL_EXTRAS):
                 raise
             extra = OPTIONAL_EXTRAS[package]
-            self._fail(ctx, f"`spot {ctx.invoked_subcommand}` needs the {package} package, which is not "
+            command = ("spot-export" if ctx.invoked_subcommand == "spot-export"
+                       else f"spot {ctx.invoked_subcommand}")
+            self._fail(ctx, f"`{command}` needs the {package} package, which is not "
                             "installed (the ONNX Runtime decoding of an exported folder needs none of the extras)",
                        f"pip install 'spot-edge[{extra}]'" + (" (torch==2.13.0 is the CPU build)"
                                                               if extra == "export" else ""))
@@ -172,7 +174,8 @@ def model_folder(backend: str, model_dir):
         raise SpotError(f"no --model given, and --backend {backend} runs an exported folder: the embedded model's "
                         f"export {folder} does not exist yet",
                         "run `spot demo` once (it exports it there), or `spot-export embedded --out DIR` and pass "
-                        "--model DIR")
+                        "--model DIR; both need the export extra (pip install 'spot-edge[export]', torch==2.13.0 "
+                        "is the CPU build), or export on a machine that has it and copy the folder here")
     if not embedded_export_current():       # still a valid export (its manifest is checked when it opens)
         click.echo(f"note: {folder} was exported from another version of spot or of its embedded model; "
                    "`spot demo` exports it again", err=True)
@@ -494,8 +497,9 @@ def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
     manifest, changed = upgrade_export(folder, epilogue_steps, epilogue_positions, progress)
     epi = manifest["graphs"].get("epilogue")
     current = "" if changed else " (already current, nothing changed)"
-    click.echo(f"ok: {folder}{current}: " + (f"epilogue D {epi['future_steps']}, {epi['positions_per_call']} positions per "
-                                    "call" if epi else "no epilogue") + ", kv_append, TensorRT profile")
+    graphs = (f"epilogue D {epi['future_steps']}, {epi['positions_per_call']} positions per call" if epi
+              else "no epilogue")
+    click.echo(f"ok: {folder}{current}: {graphs}, kv_append, TensorRT profile")
 
 
 @main.command("train-target")
@@ -984,6 +988,10 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
 # name, so that its usage line reads "spot-export [OPTIONS] SOURCE" (not "spot-export export ...")
 _export_alias = copy.copy(export)
 _export_alias.hidden = True
+_export_alias.params = [*export.params, click.Option(["--version"], is_flag=True, expose_value=False, is_eager=True,
+                                                     callback=lambda ctx, _, on: on and (click.echo(
+                                                         f"spot-export, version {__version__}"), ctx.exit()),
+                                                     help="Show the version and exit.")]
 main.add_command(_export_alias, "spot-export")
 
 

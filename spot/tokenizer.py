@@ -214,7 +214,10 @@ def load_tokenizer(model_dir: str | Path) -> SpotTokenizer | None:
         try:
             tok = Tokenizer.from_file(str(tokenizer_json))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
-            raise SpotError(f"{tokenizer_json} could not be read ({e})", RESTORE) from None
+            import tokenizers
+            raise SpotError(f"{tokenizer_json} could not be read by tokenizers {tokenizers.__version__} ({e})",
+                            "spot needs tokenizers >= 0.20 (older ones cannot read merges stored as pairs): "
+                            "pip install -U tokenizers; if it is current, " + RESTORE) from None
     elif vocab.is_file() and merges.is_file():
         tok = build_qwen2_bpe(vocab, merges, added_tokens(model_dir))
     else:

@@ -122,6 +122,8 @@ def test_the_ort_runtime_needs_neither_torch_nor_onnx(embedded, tmp_path):
     assert cli("verify", str(folder)).returncode == 0
     for args, says in ((["demo"], "`spot demo` needs the onnx package"),
                        (["export", str(embedded), "--out", str(tmp_path / "x")], "`spot export` needs the onnx package"),
+                       (["spot-export", str(embedded), "--out", str(tmp_path / "x")],
+                        "`spot-export` needs the onnx package"),
                        (["generate", "--model", str(embedded), "--prompt", "a"], "the torch backend needs torch")):
         proc = cli(*args)      # what needs an extra says which, in one line
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -302,6 +304,19 @@ def test_bench_defaults_fit_a_block_of_4_and_reports_are_readable(as_embedded, t
     os.umask(umask)
     for name in ("bench.json", "bench.md"):
         assert stat.S_IMODE((report / name).stat().st_mode) == 0o666 & ~umask
+
+
+def test_versions_and_python_dash_m():
+    """`spot --version`, `spot-export --version` and `python -m spot` (the same CLI as the console script)."""
+    import subprocess
+    import sys
+
+    from spot import __version__
+    assert run("--version").output.strip().endswith(f"version {__version__}")
+    assert run("spot-export", "--version").output.strip() == f"spot-export, version {__version__}"
+    proc = subprocess.run([sys.executable, "-m", "spot", "generate", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "--decoder" in proc.stdout, proc.stderr
 
 
 def test_json_reports_a_budget_only_for_decoders_with_verify_rounds(as_embedded):
