@@ -58,12 +58,15 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max
         what = "is a folder" if path.is_dir() else "does not exist"
         raise SpotError(f"prompt file {path} {what}", "pass a JSONL file with one {\"text\": ...} per line")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8-sig")          # (a byte-order mark some editors write: dropped)
     except UnicodeDecodeError as e:
         raise SpotError(f"prompt file {path} is not UTF-8 text (byte {e.start})",
                         "write it as UTF-8 JSONL, one {\"text\": ...} or {\"ids\": [...]} per line") from None
     prompts = []
-    for n, line in enumerate(text.splitlines()):
+    # JSON lines end at \n only: str.splitlines() also splits inside a string at U+2028, U+0085, \x0c ..., which
+    # json.dumps(ensure_ascii=False) writes unescaped
+    for n, line in enumerate(text.split("\n")):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:
@@ -73,12 +76,15 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max
         if not isinstance(rec, dict):
             rec = {"ids": rec}
         ids = next((rec[k] for k in ID_KEYS if k in rec), None)
+        if ids is not None and "text" in rec:
+            raise SpotError(f"{path}:{n + 1} holds both token ids and text",
+                            "keep one of them: spot cannot tell whether they agree")
         if ids is None and "text" in rec:
             if tokenizer is None:
                 raise SpotError(f"{path}:{n + 1} holds text but the model has no tokenizer",
                                 "give token ids in the JSONL ({\"ids\": [...]}) or use a model with tokenizer files")
             ids = tokenizer.encode(rec["text"])
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise SpotError(f"{path}:{n + 1}: expected an object with \"ids\" (a list of ints) or \"text\"")
         if max_tokens:
             ids = ids[:max_tokens]

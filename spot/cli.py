@@ -803,9 +803,12 @@ def _budgets(text: str):
     from spot.runtime.spot import TreeBudget
     try:
         pairs = [b.lower().split("x") for b in text.split(",") if b.strip()]
-        return tuple(TreeBudget(int(n), int(d)) for n, d in pairs)
+        budgets = tuple(TreeBudget(int(n), int(d)) for n, d in pairs)
     except ValueError:
-        raise SpotError(f"budgets must look like 16x8,64x16 (nodes x depth), got {text!r}") from None
+        budgets = ()
+    if not budgets:         # (",": no budget at all — the tree rows were dropped without a word)
+        raise SpotError(f"budgets must look like 16x8,64x16 (nodes x depth), got {text!r}")
+    return budgets
 
 
 @main.command()
@@ -851,7 +854,10 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
 
     from spot.bench import (TUNE_CANDIDATES, BenchConfig, load_prompts, markdown_table, run_bench,
                             tune_by_temperature, write_report)
+    from spot.runtime.decode import check_request
     from spot.runtime.decoders import DECODERS as ALL
+    from spot.runtime.spot import TreeBudget
+    from spot.runtime.step import Sampling
 
     names = tuple(dict.fromkeys(d.strip() for d in decoders.split(",") if d.strip()))
     if not names:
@@ -864,7 +870,27 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         seed_list = tuple(dict.fromkeys(int(x) for x in seeds.split(",")))
     except ValueError:
         raise SpotError("--temperatures and --seeds take comma-separated numbers, e.g. 0,0.5,1.0") from None
+    for t in temps:                 # every combination checked now, not when the loop reaches it
+        for s in seed_list:
+            Sampling(t, seed=s)
+    given_budgets = _budgets(budgets) if budgets is not None else None
+    if not report_dir:
+        raise SpotError("--report is empty", "name a folder for bench.json and bench.md")
     check_output_path(report_dir, "--report", folder=True)       # before the decoding, not after
+    from spot.plots import PLOT_FILES
+    for name in ("bench.json", "bench.md", *PLOT_FILES):
+        check_output_path(Path(report_dir) / name, "--report", folder=False)
+    compare = {}
+    for spec in compare_drafters:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise SpotError(f"--compare-drafter expects NAME=PATH, got {spec!r}")
+        if name in compare:
+            raise SpotError(f"--compare-drafter names {name!r} twice", "give each drafter its own name")
+        compare[name] = path
+    if compare and not {"spot", "spot-sets"} & set(names):
+        raise SpotError("--compare-drafter compares drafters, but --decoders has neither spot nor spot-sets",
+                        "add spot or spot-sets to --decoders")
     from spot.plots import can_plot
     no_matplotlib = plots is not False and not can_plot()
     if plots and no_matplotlib:      # refused now, not after an hour of decoding
@@ -877,18 +903,22 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         prompts_path = Path(embedded_model_dir()) / "heldout_prompts.jsonl"
     prompts = load_prompts(prompts_path, tokenizer, limit, None)
     prompts = [type(p)(p.id, p.ids[-prompt_tokens:], p.text) for p in prompts]
+    for p in prompts:               # a bad prompt named now, not when the loop reaches it
+        try:
+            check_request(engine, p.ids, max_new_tokens)
+        except SpotError as e:
+            raise SpotError(f"prompt {p.id!r} of {prompts_path}: {e.message}", e.hint) from None
     drafting = {"spot", "spot-sets"} & set(names)
     drafter = find_drafter(drafter_path, folder) if drafting else None
-    others = {}
-    for spec in compare_drafters if drafting else ():
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise SpotError(f"--compare-drafter expects NAME=PATH, got {spec!r}")
-        others[name] = find_drafter(path, folder)
-    budgets = budgets or f"16x{min(DEFAULT_DEPTH, engine.block_size)}"     # SDAR's B = 4: 16x4
-    cfg = BenchConfig(names, temps, seed_list, _budgets(budgets), max_new_tokens, tau)
+    others = {name: find_drafter(path, folder) for name, path in compare.items()}
+    default_budget = (TreeBudget(16, min(DEFAULT_DEPTH, engine.block_size)),)     # SDAR's B = 4: 16x4
+    cfg = BenchConfig(names, temps, seed_list, given_budgets or default_budget, max_new_tokens, tau)
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     result = run_bench(engine, prompts, cfg, drafter, progress=say, other_drafters=others)
+    # what was measured: the model (a manifest's hash names an export exactly) and the prompts
+    from spot.tuned import model_fingerprint
+    result["config"].update(model=str(folder), model_sha256=model_fingerprint(folder),
+                            prompts_file=str(prompts_path), prompt_tokens=prompt_tokens)
     if tune:
         decoder = "spot" if drafter is not None else "tree"
         result["tune"] = tune_by_temperature(engine, prompts, cfg, TUNE_CANDIDATES, decoder, drafter, progress=say,
@@ -946,6 +976,7 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     from spot.runtime.step import Sampling
     from spot.tuned import save_tuning, tuning_key
 
+    temperature += 0.0           # -0 is 0: one tuning entry
     Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep
     request = DecodeRequest(mode=mode, tau=tau)
     if limit < 1:

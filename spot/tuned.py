@@ -150,8 +150,9 @@ def save_tuning(key: dict, tune_result: dict, warn=None) -> Path:
             except SpotError as e:
                 if warn:
                     warn(f"replacing an unreadable tuning record ({e.message})")
-        t = float(tune_result["temperature"])
-        record["by_temperature"][f"{t:g}"] = {**tune_result["choice"], "temperature": t,
+        t = float(tune_result["temperature"]) + 0.0       # -0 is 0
+        short = f"{t:g}"            # the entry's name: "1", "0.7"; exact where 6 digits are not (no two share one)
+        record["by_temperature"][short if float(short) == t else repr(t)] = {**tune_result["choice"], "temperature": t,
                                               "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         write_text_atomic(path, json.dumps(record, indent=2) + "\n")
     return path

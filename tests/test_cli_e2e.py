@@ -265,6 +265,14 @@ def test_an_export_for_another_block_size_leaves_the_checkpoints_drafter_out(as_
 
 ERRORS = [
     (["bench", "--compare-drafter", "nopath"], "NAME=PATH"),
+    # bench refuses before it decodes (or opens the model): each of these used to surface mid-run or never
+    (["bench", "--model", "/nonexistent", "--budgets", ","], "budgets must look like 16x8,64x16"),
+    (["bench", "--model", "/nonexistent", "--temperatures", "0,-1"], "temperature"),
+    (["bench", "--model", "/nonexistent", "--seeds", "0,-1"], "seed"),
+    (["bench", "--model", "/nonexistent", "--report", ""], "--report is empty"),
+    (["bench", "--model", "/nonexistent", "--compare-drafter", "a=x", "--compare-drafter", "a=y"], "names 'a' twice"),
+    (["bench", "--model", "/nonexistent", "--decoders", "standard,tree", "--compare-drafter", "a=x"],
+     "neither spot nor spot-sets"),
     (["generate", "--model", "/nonexistent/model", "--prompt-ids", "1,2"], "does not exist"),
     (["generate", "--prompt-ids", "1,2", "--decoder", "spot", "--drafter", "/nonexistent/d.onnx"], "does not exist"),
     (["generate", "--prompt-ids", "1,2", "--decoder", "tree", "--budget", "0"], "budget must be >= 1"),
@@ -304,6 +312,47 @@ def test_bench_defaults_fit_a_block_of_4_and_reports_are_readable(as_embedded, t
     os.umask(umask)
     for name in ("bench.json", "bench.md"):
         assert stat.S_IMODE((report / name).stat().st_mode) == 0o666 & ~umask
+
+
+def test_prompt_files_are_read_as_json_lines(tmp_path):
+    """JSONL lines end at \\n (and \\r\\n) only: a text holding U+2028 / U+0085 (json.dumps(ensure_ascii=False)
+    writes them raw) is one record; a byte-order mark is dropped; ids that are booleans, or ids beside a text, are
+    refused with the line."""
+    from spot.assets import embedded_model_dir
+    from spot.bench import load_prompts
+    from spot.errors import SpotError
+    from spot.tokenizer import load_tokenizer
+    tokenizer = load_tokenizer(embedded_model_dir())
+    text = "a = 1\u2028b = 2\x85c"
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (json.dumps({"id": "t", "text": text}, ensure_ascii=False) + "\r\n"
+                                          + json.dumps({"ids": [5, 6]}) + "\r\n\r\n").encode())
+    prompts = load_prompts(path, tokenizer)
+    assert [p.id for p in prompts] == ["t", "1"] and prompts[0].ids == tokenizer.encode(text)
+    assert prompts[1].ids == [5, 6]
+    for line, says in (('{"ids": [1, true]}', "expected an object"), ('{"ids": [1], "text": "x"}', "both")):
+        path.write_text('{"ids": [1]}\n' + line + "\n")
+        with pytest.raises(SpotError, match=f"p.jsonl:2.*{says}"):
+            load_prompts(path, tokenizer)
+
+
+def test_bench_names_a_bad_prompt_and_a_report_path_before_decoding_and_records_what_it_measured(as_embedded,
+                                                                                                tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "ok", "ids": [5, 6, 7]}\n{"id": "bad", "ids": [5, 299]}\n')
+    r = run("bench", "--prompts", str(prompts), "--decoders", "standard", "--max-new-tokens", "8", "--report",
+            str(tmp_path / "r"))
+    assert r.exit_code == 2 and "prompt 'bad' of" in r.output and "id 299 is outside" in r.output, r.output
+    assert "standard" not in r.stderr.split("error:")[0]             # nothing decoded first
+    (tmp_path / "r2" / "bench.md").mkdir(parents=True)
+    r = run("bench", "--prompts", str(prompts), "--limit", "1", "--report", str(tmp_path / "r2"))
+    assert r.exit_code == 2 and "bench.md is a folder" in r.output, r.output
+    r = run("bench", "--prompts", str(prompts), "--limit", "1", "--decoders", "standard", "--temperatures", "0",
+            "--max-new-tokens", "4", "--no-plots", "--report", str(tmp_path / "r3"))
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "r3" / "bench.json").read_text())["config"]
+    assert config["prompts_file"] == str(prompts) and config["prompts"] == 1 and config["prompt_tokens"] == 128
+    assert config["model"] and len(config["model_sha256"]) == 64
 
 
 def test_versions_and_python_dash_m():
