@@ -20,11 +20,12 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.files import write_text_atomic
-from spot.runtime.decoders import DecodeRequest, rule_for, run_decoder
+from spot.runtime.decoders import BASELINE_DECODERS, DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 from spot.runtime.tuning import PassProfile, choose_budget, decode_timed, measure_latency_curve
+from spot.tuned import number_name
 
 ID_KEYS = ("ids", "prompt_ids", "token_ids")
 
@@ -127,7 +128,7 @@ def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
     for budget in cfg.budgets:
         shape = f"@{budget.nodes}x{budget.depth}"
         for d in cfg.decoders:
-            if d in ("standard", "threshold"):
+            if d in BASELINE_DECODERS:
                 continue
             out.append(Variant(d + shape, d, budget))
             if cfg.independent_noise_ablation and d in ("chain", "spot"):
@@ -137,7 +138,7 @@ def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
             if d in ("spot", "spot-sets"):
                 out.extend(Variant(f"{d}[{name}]{shape}", d, budget, drafter=name) for name in other_drafters)
     wanted = set(cfg.decoders) | {v.baseline for v in out}
-    return [Variant(d, d) for d in ("standard", "threshold") if d in wanted] + out
+    return [Variant(d, d) for d in BASELINE_DECODERS if d in wanted] + out
 
 
 def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
@@ -232,9 +233,9 @@ def host_facts() -> dict:
     """Where the timings were taken: speed figures are this machine's, passes and exactness are not."""
     import platform
 
-    import onnxruntime
-
+    from spot.ortlib import load_onnxruntime
     from spot.runtime import libm, native
+    onnxruntime = load_onnxruntime()
     return {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "numpy": np.__version__, "onnxruntime": onnxruntime.__version__, "libm": libm.backend(),
             "sampling": "numpy" if native.sampling is None else "c"}     # the per-step loops (spot.runtime.native)
@@ -326,11 +327,11 @@ def check_tuned_budget(engine, prompts: list[Prompt], tune: dict, cfg: BenchConf
     rows = [best[decoder]]
     ratio = best[decoder]["tokens_per_s"] / best["standard"]["tokens_per_s"] if best["standard"]["tokens_per_s"] \
         else 0.0
-    ratios = {f"{best[decoder]['temperature']:g}": round(ratio, 4)}
+    ratios = {number_name(best[decoder]["temperature"]): round(ratio, 4)}
     return {"budget": f"{choice.nodes}x{choice.depth}", "decoder": decoder, "prompts": len(prompts),
             "tokens_per_s_ratio_to_standard": ratios,
-            "passes_reduction": {f"{r['temperature']:g}": round(r["passes_reduction"], 4) for r in rows},
-            "identical_share": {f"{r['temperature']:g}": r["identical_share"] for r in rows},
+            "passes_reduction": {number_name(r["temperature"]): round(r["passes_reduction"], 4) for r in rows},
+            "identical_share": {number_name(r["temperature"]): r["identical_share"] for r in rows},
             "within_5_percent": all(v >= 0.95 for v in ratios.values())}
 
 
@@ -372,7 +373,7 @@ def tune_by_temperature(engine, prompts: list[Prompt], cfg: BenchConfig, candida
             progress(f"T={t:g}: tuned budget {tuned['choice']['nodes']}x{tuned['choice']['depth']}; checking it "
                      "against standard decoding on every prompt")
         tuned["at_choice"] = check_tuned_budget(engine, prompts, tuned, cfg, decoder, drafter, progress)
-        by_t[f"{t:g}"] = tuned
+        by_t[number_name(t)] = tuned
     return {"latency_ms": curve, "decoder": decoder, "tuning_prompts": source, "by_temperature": by_t,
             "within_5_percent": all(v["at_choice"]["within_5_percent"] for v in by_t.values())}
 

@@ -252,6 +252,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
 
     from spot.engines.factory import open_engine
     from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, rule_for, run_decoder
+    from spot.tuned import number_name
     from spot.runtime.step import Sampling
     from spot.tokenizer import TextStream, load_tokenizer, prompt_ids_for
 
@@ -276,10 +277,10 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
                                *(["--kv-cache", kv_cache] if kv_cache != "auto" else []),
                                *(["--block-size", str(block_size)] if block_size is not None else []),
                                *(["--drafter", drafter_path] if drafter_path is not None else []),
-                               "--decoder", decoder, "--temperature", f"{temperature:g}",
+                               "--decoder", decoder, "--temperature", number_name(temperature),
                                *(["--mode", "threshold"] if rule.kind == "threshold" and decoder != "spot-sets"
                                  else []),
-                               *(["--tau", f"{tau:g}"] if rule.kind == "threshold" else [])])
+                               *(["--tau", number_name(tau)] if rule.kind == "threshold" else [])])
     tree_budget, tuned = _tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, rule,
                                       request.sampling.temperature, tune_command)
     request = DecodeRequest(max_new_tokens, mode, tau, sampling, tree_budget)
@@ -322,7 +323,8 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
 def _budget_nodes(budget: str, decoder: str) -> int | None:
     """--budget: a number of nodes, or None for auto; 1 (no tree) for standard / threshold decoding."""
     if budget.strip().lower() == "auto":
-        if decoder in ("standard", "threshold"):
+        from spot.runtime.decoders import TREE_DECODERS
+        if decoder not in TREE_DECODERS:
             return 1
         check_tunable(decoder)
         return None
@@ -974,7 +976,7 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     from spot.bench import TUNE_CANDIDATES, tune_budget, tuning_prompts, tuning_room
     from spot.runtime.decoders import DecodeRequest, rule_for
     from spot.runtime.step import Sampling
-    from spot.tuned import save_tuning, tuning_key
+    from spot.tuned import number_name, save_tuning, tuning_key
 
     temperature += 0.0           # -0 is 0: one tuning entry
     Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep
@@ -1010,8 +1012,8 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     if save:
         path = save_tuning(tuning_key(engine, backend, folder, decoder, drafter, rule), out,
                            warn=lambda line: click.echo(line, err=True))
-        click.echo(f"recorded {out['choice']['nodes']}x{out['choice']['depth']} at temperature {temperature:g} in "
-                   f"{path} (used by --budget auto)", err=True)
+        click.echo(f"recorded {out['choice']['nodes']}x{out['choice']['depth']} at temperature "
+                   f"{number_name(temperature)} in {path} (used by --budget auto)", err=True)
     click.echo(json.dumps(out, indent=2))
 
 

@@ -40,7 +40,8 @@ def plot_report(result: dict, out: Path) -> list[Path]:
     plt = _pyplot()
     rows = result["rows"]
     temps = sorted({r["temperature"] for r in rows})
-    variants = sorted({r["variant"] for r in rows}, key=lambda v: (v.split("@")[0] not in ("standard", "threshold"), v))
+    from spot.runtime.decoders import BASELINE_DECODERS
+    variants = sorted({r["variant"] for r in rows}, key=lambda v: (v.split("@")[0] not in BASELINE_DECODERS, v))
     written = []
 
     # one shared variant axis: the labels sit left of the first panel only, the legend below both

@@ -32,6 +32,14 @@ FORMAT, FORMAT_VERSION = "spot-tuning", 2
 TUNABLE_DECODERS = ("spot", "spot-sets", "tree")    # decoders whose speed the (nodes, depth) budget sets
 
 
+def number_name(x: float) -> str:
+    """A temperature or tau as an entry name or a command-line value: "1", "0.7", "-0" as "0"; exact where six
+    digits are not (0.1234567 and 0.1234568 keep two names, and a suggested --tau 0.9999999 is not "1")."""
+    x = float(x) + 0.0
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
+
+
 def tuning_dir() -> Path:
     return spot_cache() / "tuning"
 
@@ -151,8 +159,7 @@ def save_tuning(key: dict, tune_result: dict, warn=None) -> Path:
                 if warn:
                     warn(f"replacing an unreadable tuning record ({e.message})")
         t = float(tune_result["temperature"]) + 0.0       # -0 is 0
-        short = f"{t:g}"            # the entry's name: "1", "0.7"; exact where 6 digits are not (no two share one)
-        record["by_temperature"][short if float(short) == t else repr(t)] = {**tune_result["choice"], "temperature": t,
+        record["by_temperature"][number_name(t)] = {**tune_result["choice"], "temperature": t,
                                               "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         write_text_atomic(path, json.dumps(record, indent=2) + "\n")
     return path

@@ -355,6 +355,29 @@ def test_bench_names_a_bad_prompt_and_a_report_path_before_decoding_and_records_
     assert config["model"] and len(config["model_sha256"]) == 64
 
 
+@pytest.mark.parametrize("body, says", [
+    ("raise AttributeError('_ARRAY_API not found')", "installed but could not be imported: _ARRAY_API not found"),
+    ("import numpy.core._not_there", "installed but could not be imported"),
+    ("raise ModuleNotFoundError('gone', name='onnxruntime')", "needs onnxruntime, which is not installed"),
+])
+def test_an_unimportable_onnxruntime_is_one_clear_line_wherever_it_is_first_needed(tmp_path, body, says):
+    """An onnxruntime built for numpy 1.x beside numpy 2 fails inside its import: `spot verify` (the drafter's
+    session) printed a traceback and the ort backend said "not installed"; every graph now loads it through one
+    function."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "onnxruntime").mkdir()
+    (tmp_path / "onnxruntime" / "__init__.py").write_text(body + "\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    for code in ("from spot.ortlib import load_onnxruntime; load_onnxruntime()",
+                 # the shipped drafter's session (what `spot verify` opened with a bare import)
+                 "from spot.assets import embedded_model_dir; from spot.runtime.drafter import load_drafter; "
+                 "load_drafter(embedded_model_dir())"):
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and says in proc.stderr and "spot.errors.SpotError" in proc.stderr, proc.stderr
+
+
 def test_versions_and_python_dash_m():
     """`spot --version`, `spot-export --version` and `python -m spot` (the same CLI as the console script)."""
     import subprocess
@@ -518,6 +541,21 @@ def test_a_tuned_budget_is_keyed_by_the_machines_gpu_models(tmp_path, monkeypatc
     assert tuned.gpu_models() == ["NVIDIA Jetson Orin NX Engineering Reference Developer Kit"]
     (tmp_path / "model").write_bytes(b"Raspberry Pi 4 Model B\0")
     assert tuned.gpu_models() == []
+
+
+def test_tuned_entries_and_suggested_commands_name_temperatures_and_tau_exactly(tmp_path, monkeypatch):
+    """-0 is 0 (one entry); temperatures that agree to 6 digits keep two entries; the `spot tune` command that
+    --budget auto suggests writes --tau 0.9999999 as given (rounded to "1", it was refused)."""
+    from spot.tuned import number_name, save_tuning
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
+    assert [number_name(x) for x in (-0.0, 1.0, 0.7, 0.1234567, 0.9999999)] == ["0", "1", "0.7", "0.1234567",
+                                                                                  "0.9999999"]
+    for t in (-0.0, 0.0, 0.1234567, 0.1234568):
+        path = save_tuning({"model": "x"}, {"temperature": t, "choice": {"nodes": 4, "depth": 3}})
+    assert sorted(json.loads(path.read_text())["by_temperature"]) == ["0", "0.1234567", "0.1234568"]
+    r = run("generate", "--prompt-ids", "1,2", "--decoder", "spot-sets", "--tau", "0.9999999", "--budget", "auto",
+            "--max-new-tokens", "4")
+    assert r.exit_code == 2 and "--tau 0.9999999" in r.output, r.output
 
 
 def test_concurrent_tunes_keep_every_entry(tmp_path, monkeypatch):

@@ -189,15 +189,18 @@ def test_close_releases_the_mapped_weights_at_once(tiny, tmp_path):
 
         def waiting(_ids):
             started.set()
-            release.wait(10)
+            release.wait(120)
         worker = threading.Thread(target=lambda: run_decoder("standard", engine, [1, 2, 3], DecodeRequest(8),
                                                              on_block=waiting))
         worker.start()
-        started.wait(10)
+        assert started.wait(120)
         with pytest.raises(SpotError, match="decoding a request"):
             engine.close()
         release.set()
         worker.join()
+        with engine.request_lock:       # a request that has the lock but has not yet named its thread
+            with pytest.raises(SpotError, match="decoding a request"):
+                engine.close()
     gc.collect()
     assert engine.closed and not mapped()          # `engine` still names the object
     with pytest.raises(SpotError, match="this engine is closed") as e:

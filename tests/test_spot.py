@@ -451,6 +451,11 @@ def test_one_request_at_a_time_per_engine(decoder):
         with pytest.raises(SpotError, match="already decoding a request") as info:
             run_decoder("standard", engine, [1, 2, 3], DecodeRequest(4))
         refused.append(info.value.hint)
+        # the engine's own passes too, on the request's thread: a prefill here changed 23 of 29 tokens silently
+        with pytest.raises(SpotError, match="on_block ran a pass of the engine"):
+            engine.prefill(np.arange(8))
+        with pytest.raises(SpotError, match="on_block ran a pass of the engine"):
+            engine.store(np.zeros(8, np.int64))
     assert run_decoder(decoder, engine, prompt, req, on_block=nested).token_ids == want
     assert refused and "one engine per thread" in refused[0]
 
@@ -459,12 +464,12 @@ def test_one_request_at_a_time_per_engine(decoder):
 
     def blocked(_ids):
         started.set()
-        release.wait(10)
+        release.wait(120)
     results = []
     worker = threading.Thread(target=lambda: results.append(run_decoder(decoder, engine, prompt, req,
                                                                         on_block=blocked).token_ids))
     worker.start()
-    started.wait(10)
+    assert started.wait(120)
     try:
         run_decoder(decoder, engine, prompt, req)
     except SpotError as e:

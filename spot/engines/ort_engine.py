@@ -18,26 +18,14 @@ from spot.engines.buckets import Profile, trt_shape_option
 from spot.errors import SpotError
 from spot.files import spot_cache
 from spot.export.manifest import NP_DTYPES, load_manifest
+from spot.ortlib import load_onnxruntime
 from spot.runtime.engine import Engine, check_threads
 
 DEVICES = ("cpu", "cuda", "trt")
 PLACES = ("auto", "host", "device")      # the choices of --sampler and --kv-cache
-_GPU_HINT = ("install onnxruntime-gpu (x86_64: `pip install onnxruntime-gpu`; Jetson/aarch64: the JetPack wheel "
-             "from NVIDIA's Jetson AI Lab index, PyPI has none) in place of onnxruntime, or use --device cpu")
-
-
-def _ort():
-    try:
-        import onnxruntime as ort
-    except ModuleNotFoundError as e:
-        if e.name != "onnxruntime":
-            raise SpotError(f"onnxruntime is installed but could not be imported: {e}",
-                            "reinstall onnxruntime (>= 1.19 with numpy 2)") from None
-        raise SpotError("the ort backend needs onnxruntime", "pip install onnxruntime") from None
-    except (ImportError, AttributeError) as e:   # e.g. a build for numpy 1.x beside numpy 2 (_ARRAY_API not found)
-        raise SpotError(f"onnxruntime is installed but could not be imported: {e}",
-                        "install onnxruntime >= 1.19 (the first built for numpy 2), or numpy < 2") from None
-    return ort
+_GPU_HINT = ("install onnxruntime-gpu in place of onnxruntime (x86_64: `pip uninstall -y onnxruntime && pip install "
+             "onnxruntime-gpu`: side by side the CPU build wins; Jetson/aarch64: the JetPack wheel from NVIDIA's "
+             "Jetson AI Lab index, PyPI has none), or use --device cpu")
 
 
 def trt_cache_dir(folder: Path) -> Path:
@@ -62,7 +50,7 @@ def providers_for(device: str, folder: Path, dtype: str, cuda_options: dict | No
                   trt_profile: Profile | None = None) -> list:
     """Execution providers for --device, checked against what the installed onnxruntime offers; cuda_options: extra
     CUDA provider options; trt_profile: the TensorRT shape profile of the graph (--device trt)."""
-    ort = _ort()
+    ort = load_onnxruntime()
     if device not in DEVICES:
         raise SpotError(f"unknown device {device!r} for the ort backend, expected one of {', '.join(DEVICES)}")
     available = ort.get_available_providers()
@@ -87,7 +75,7 @@ def providers_for(device: str, folder: Path, dtype: str, cuda_options: dict | No
 def make_session(graph: Path, device: str, dtype: str, threads: int | None = None, config: dict | None = None,
                  cuda_options: dict | None = None, trt_profile: Profile | None = None):
     """An InferenceSession on the requested provider; SpotError when the provider did not actually load."""
-    ort = _ort()
+    ort = load_onnxruntime()
     threads = check_threads(threads)
     providers = providers_for(device, graph.parent, dtype, cuda_options, trt_profile)
     so = ort.SessionOptions()

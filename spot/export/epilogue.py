@@ -690,7 +690,8 @@ def graph_positions(session) -> int | None:
 
 
 def make_epilogue_session(model_or_path, providers=None, threads: int | None = None):
-    import onnxruntime as ort
+    from spot.ortlib import load_onnxruntime
+    ort = load_onnxruntime()
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if threads:

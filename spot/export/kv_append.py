@@ -57,7 +57,8 @@ def write_kv_append(folder: str | Path, layers: int, kv_heads: int, head_dim: in
 def validate_kv_append(folder: str | Path, layers: int, kv_heads: int, head_dim: int, dtype: str) -> dict:
     """Run the saved graph on ORT's CPU provider for an empty and a filled cache and require numpy's concatenate
     exactly (SpotError otherwise): the export fails rather than ship a cache that drifts."""
-    import onnxruntime as ort
+    from spot.ortlib import load_onnxruntime
+    ort = load_onnxruntime()
     np_dtype = NP_DTYPES[dtype]
     session = ort.InferenceSession(str(Path(folder) / KV_APPEND_FILE), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(3)

@@ -256,9 +256,10 @@ def _smaller_hint(cfg: ModelConfig, dtype: str, quant, device: Device) -> str:
     if room <= 0:
         return (f"the runtime and OS take {device.runtime_gib + device.os_gib:g} GiB of the device's "
                 f"{device.memory_gib:g} GiB before any weights: use a device with more memory")
+    from spot.export.export import ExportOptions
     from spot.export.presets import PRESETS
-    # smaller presets whose smallest form (int4 weights) holds a usable context with standard decoding: not a model
-    # that fails the same way, nor one that fits with a few dozen tokens
+    # smaller presets whose smallest form (int4 weights, spot-export's default sampling epilogue) holds a usable
+    # context with standard decoding: not a model that fails the same way, nor one that fits with a few dozen tokens
     smaller: dict[str, tuple[int, int]] = {}          # name -> (parameters, largest context at 1 node)
     int4 = QuantScheme("int4")
     for preset in PRESETS.values():
@@ -266,11 +267,12 @@ def _smaller_hint(cfg: ModelConfig, dtype: str, quant, device: Device) -> str:
         if small.parameter_count() >= cfg.parameter_count():
             continue
         fixed = weight_bytes(small, dtype, int4) + device.budget - room
-        context = largest_context(small, dtype, 1, True, fixed, device.budget)
+        epilogue = ExportOptions(dtype=dtype, weights="int4").epilogue_call(small)
+        context = largest_context(small, dtype, 1, True, fixed, device.budget, epilogue)
         name = preset.name.split("-b")[0]
         if context >= MIN_HINT_CONTEXT and context > smaller.get(name, (0, 0))[1]:
             smaller[name] = (small.parameter_count(), context)
-    listed = ", ".join(f"{name} (int4: up to {context} tokens)" for name, (_, context)
+    listed = ", ".join(f"{name} (int4: up to {context} tokens at 1 node)" for name, (_, context)
                        in sorted(smaller.items(), key=lambda kv: -kv[1][0]))
     return ((f"use a smaller model: {listed}; or " if smaller else "use ")
             + "a device with more memory" + ("; --weights int4 is the smallest form" if current != "int4" else ""))

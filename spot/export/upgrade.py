@@ -32,8 +32,8 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
                    progress: Callable[[str], None] = print) -> tuple[dict, bool]:
     """Rewrite `folder`'s epilogue (D = future_steps, default: the folder's own — none for a folder exported with
     --epilogue-steps 0 — else, for a folder from before epilogues, spot-export's; 0 removes it;
-    P = positions, default: the folder's own at its D, else spot-export's) and kv_append graphs. Returns (the folder's manifest, whether it
-    changed)."""
+    P = positions, default: the folder's own at its D, else spot-export's) and kv_append graphs. Returns (the
+    folder's manifest, whether it changed)."""
     folder = Path(folder)
     moved = folder.with_name(folder.name + ".replaced")
     if not folder.exists() and moved.is_dir():

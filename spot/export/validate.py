@@ -95,7 +95,8 @@ def compare_with_reference(session, model, cfg, dtype: str, atol: float | None =
 
 def validate_export(folder, ckpt: Checkpoint, graph: TargetGraph, layout: dict, options, progress) -> dict:
     """Validate the exported folder (before publishing); SpotError with the numbers on a mismatch."""
-    import onnxruntime as ort
+    from spot.ortlib import load_onnxruntime
+    ort = load_onnxruntime()
     import torch
 
     from spot.export.export import TARGET_FILE, make_model, truncated

@@ -151,6 +151,15 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
         engine.request_lock.release()
 
 
+def _call_back(engine: Engine, on_block: Callable[[list[int]], bool | None], new: list[int]) -> bool | None:
+    """on_block(new), with the engine's passes refused meanwhile (Engine._check_caller)."""
+    engine.in_callback = True
+    try:
+        return on_block(new)
+    finally:
+        engine.in_callback = False
+
+
 def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule, sampling: Sampling, stop_ids,
               block_decoder: BlockDecoder, stats: DecodeStats | None, observer: Callable | None,
               on_block: Callable[[list[int]], bool | None] | None) -> Generation:
@@ -188,7 +197,7 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
         if stopped:
             new = new[: next(i for i, t in enumerate(new) if t in stop)]
         generated.extend(new)
-        if on_block is not None and on_block(new) and not stopped and block < n_blocks - 1:
+        if on_block is not None and _call_back(engine, on_block, new) and not stopped and block < n_blocks - 1:
             cancelled = True
         if stopped or cancelled:
             break

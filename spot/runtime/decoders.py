@@ -24,7 +24,8 @@ from spot.runtime.spot import SpotBlockDecoder, TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 
 DECODERS = ("standard", "threshold", "chain", "tree", "oracle", "order-oracle", "spot", "spot-sets")
-TREE_DECODERS = DECODERS[2:]      # the decoders with verify rounds, which --budget / --depth size
+BASELINE_DECODERS = ("standard", "threshold")      # one target pass per commit step: no tree
+TREE_DECODERS = tuple(d for d in DECODERS if d not in BASELINE_DECODERS)   # verify rounds: --budget / --depth size
 TREE_BRANCH = 4
 
 
@@ -76,7 +77,7 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
         raise SpotError(f"unknown decoder {name!r}, expected one of {', '.join(DECODERS)}")
     rule = rule_for(name, req)
     common = dict(max_new_tokens=req.max_new_tokens, rule=rule, sampling=req.sampling, stop_ids=req.stop_ids)
-    if name in ("standard", "threshold"):
+    if name in BASELINE_DECODERS:
         return generate(engine, prompt_ids, block_decoder=standard_block, on_block=on_block, **common)
     budget = req.budget.resolve(engine)
     if name == "chain":       # one node per depth: --budget does not size a chain, its depth does

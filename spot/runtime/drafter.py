@@ -187,7 +187,8 @@ class Drafter:
     """An order model exported by `spot train-drafter`: drafter.onnx run by ONNX Runtime, facts from drafter.json."""
 
     def __init__(self, onnx_path: Path, manifest: dict, threads: int | None = None):
-        import onnxruntime as ort
+        from spot.ortlib import load_onnxruntime
+        ort = load_onnxruntime()
 
         self.path = Path(onnx_path)
         self.manifest = manifest

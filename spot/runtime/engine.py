@@ -52,6 +52,7 @@ class Engine(ABC):
         # thread, or a decode started inside on_block) would reset it under the first
         self.request_lock = threading.Lock()
         self.request_thread: int | None = None      # the thread whose request holds it (set by generate())
+        self.in_callback = False     # generate() is inside its on_block: the request's own thread, not its passes
 
     # -- lifetime ----------------------------------------------------------------------------------------------
     closed = False
@@ -59,11 +60,14 @@ class Engine(ABC):
     def close(self) -> None:
         """Release the engine's sessions, KV cache and mapped weights now rather than when the last reference to it
         goes (an embedder switching models); later passes raise SpotError. Refused while a request decodes."""
-        if self.request_thread is not None:
+        if not self.request_lock.acquire(blocking=False):        # (held from before request_thread is set)
             raise SpotError("this engine is decoding a request", "close it after the request returns")
-        if not self.closed:
-            self.closed = True
-            self._release()
+        try:
+            if not self.closed:
+                self.closed = True
+                self._release()
+        finally:
+            self.request_lock.release()
 
     def __enter__(self) -> "Engine":
         return self
@@ -140,14 +144,18 @@ class Engine(ABC):
 
     # -- checks ------------------------------------------------------------------------------------------------
     def _check_caller(self) -> None:
-        """While a request decodes, its thread alone may run passes: a prefill or store from another thread would
-        change the cache under it and its tokens with it. A closed engine runs none."""
+        """While a request decodes, its decoder alone may run passes: a prefill or store from another thread, or
+        from the request's own on_block, would change the cache under it and its tokens with it. A closed engine
+        runs none."""
         if self.closed:
             raise SpotError("this engine is closed", "open the model again")
         owner = self.request_thread
         if owner is not None and owner != threading.get_ident():
             raise SpotError("this engine is decoding a request on another thread (one request at a time per engine: "
                             "it holds one KV cache)", "open one engine per thread")
+        if self.in_callback:
+            raise SpotError("on_block ran a pass of the engine whose request called it (a prefill or store there "
+                            "changes the request's cache and tokens)", "decode with another engine inside on_block")
 
     def _check_ids(self, ids, what: str) -> np.ndarray:
         ids = np.asarray(ids)

@@ -488,7 +488,8 @@ def export_onnx(model: OrderModel, path: Path, sample: dict[str, np.ndarray], to
     other shapes; SpotError beyond tol. graph: GRAPH_ENCODER, GRAPH_BASELINE (only for zero heads) or None = the
     baseline graph exactly when the heads are zero. Returns {"graph", "inputs" (the graph's, in order),
     "max_abs_diff"}."""
-    import onnxruntime as ort
+    from spot.ortlib import load_onnxruntime
+    ort = load_onnxruntime()
 
     model.eval()
     graph = graph or (GRAPH_BASELINE if model.heads_are_zero() else GRAPH_ENCODER)
