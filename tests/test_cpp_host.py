@@ -559,6 +559,8 @@ def test_the_step_rules_give_the_written_answers_in_both_hosts(spot_cli):
         else:
             rule = CommitRule(THRESHOLD if args[0] == "threshold" else STATIC, args[1])
             python.append(select_commits(np.array(values), rule).tolist())
+    build = _run(["cmake", "--build", str(BUILD), "--target", "spot_step_rules", "-j1"])     # (not in `all`)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     proc = _run([str(spot_cli.parent / "spot_step_rules")], input="\n".join(lines) + "\n", timeout=60)
     assert proc.returncode == 0, proc.stderr
     cpp = [list(map(int, line.split())) for line in proc.stdout.splitlines()]
@@ -589,7 +591,7 @@ def test_both_clis_report_the_same_result_keys(spot_cli, tiny):
 def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):
     """spot_generate called back from on_block on the same handle is refused (SPOT_ERR_INVALID_ARGUMENT), as
     Python's request lock refuses it; before, both calls returned 0 and the outer request's tokens changed. The
-    handle works again once the request ends."""
+    handle works again once the request ends; a spot_close from on_block takes effect when the request returns."""
     import ctypes
     lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
 
@@ -626,6 +628,11 @@ def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):
         assert outer == reference and inner                       # the outer request, untouched
         assert all(status == 1 and b"already decoding a request" in message for status, message, _ in inner)
         assert generate() == reference                            # the handle is free again
+        # spot_close from on_block: carried out when the request returns (it deleted the model under the
+        # request: a use-after-free under AddressSanitizer)
+        closed = generate(callback_type(lambda ids, n, user: lib.spot_close(model) or 0))
+        assert closed == reference
+        model = None
     finally:
         lib.spot_close(model)
 
@@ -814,6 +821,8 @@ def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
     assert proc.returncode == 64 and "--prompt-ids is required" in proc.stderr
     proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1", "--decoder", "spot", "--depth", "0")
     assert proc.returncode == 64 and "--depth must be >= 1, got 0" in proc.stderr      # (C API 0 = default)
+    proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1", "--depth", "-1")
+    assert proc.returncode == 64 and "--depth must be >= 1, got -1" in proc.stderr
     proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1,2,")
     assert proc.returncode == 64 and "trailing comma" in proc.stderr
     # a batch reports a failed request and goes on with the next one

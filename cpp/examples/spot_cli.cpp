@@ -194,8 +194,9 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
     else if (req && flag == "--budget") req->options.budget = parse_int32(flag, v);
     else if (req && flag == "--depth") {
       req->options.depth = parse_int32(flag, v);
-      // 0 is the C API's "default depth"; as a flag it is a depth of nothing (Python refuses it too)
-      if (req->options.depth == 0) throw UsageError{"--depth must be >= 1, got 0 (omit --depth for the default)"};
+      // 0 is the C API's "default depth"; as a flag, any depth below 1 is a depth of nothing
+      if (req->options.depth < 1)
+        throw UsageError{"--depth must be >= 1, got " + v + " (omit --depth for the default)"};
     }
     else if (req && flag == "--top-k") req->options.top_k = parse_int32(flag, v);
     else if (req && flag == "--top-p") req->options.top_p = parse_double(flag, v);

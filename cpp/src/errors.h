@@ -1,8 +1,7 @@
 // Internal errors: thrown inside the library, turned into (status, message) at the C API boundary.
 #pragma once
 
-#include <cstdio>
-#include <cstdlib>
+#include <charconv>
 #include <stdexcept>
 #include <string>
 
@@ -21,15 +20,12 @@ class SpotException : public std::runtime_error {
 
 [[noreturn]] inline void fail(spot_status code, const std::string& message) { throw SpotException(code, message); }
 
-// A double in a message as Python's repr writes it: the shortest of %.15g .. %.17g that reads back exactly
-// (std::to_string's six fixed places printed -1e-9 as "-0.000000" and 1.0000001 as "1.000000")
+// A double in a message in the fewest digits that read back exactly, as Python's repr chooses them (5e-324,
+// 1.0000001, -1e-09): std::to_string's six fixed places printed -1e-9 as "-0.000000" and 1.0000001 as "1.000000"
 inline std::string number_text(double v) {
-  char buf[32];
-  for (int digits = 15; digits <= 17; ++digits) {
-    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  return buf;
+  char buf[64];
+  const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+  return std::string(buf, end);
 }
 
 }  // namespace spot

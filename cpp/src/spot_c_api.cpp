@@ -1,10 +1,10 @@
 // The C API of include/spot/spot.h: exceptions stop here and become (status, message).
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -22,8 +22,11 @@ struct spot_model {
   std::unique_ptr<spot::Drafter> drafter;
   std::string ort_version;
   // one request at a time (one KV cache): a second thread or an on_block calling back in is refused, not
-  // interleaved into the first request's cache (as spot.runtime.decode.generate's request lock)
-  std::atomic<bool> busy{false};
+  // interleaved into the first request's cache (as spot.runtime.decode.generate's request lock); a spot_close
+  // meanwhile is carried out when the request returns (deleting the model under it was a use-after-free)
+  std::mutex lock;
+  bool busy = false;
+  bool close_requested = false;
 };
 
 namespace {
@@ -150,7 +153,17 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
   return st;
 }
 
-void spot_close(spot_model* model) { delete model; }
+void spot_close(spot_model* model) {
+  if (model == nullptr) return;
+  {
+    std::lock_guard<std::mutex> guard(model->lock);
+    if (model->busy) {          // from on_block or another thread: the running request deletes it at its end
+      model->close_requested = true;
+      return;
+    }
+  }
+  delete model;
+}
 
 spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, spot_error* err) {
   if (model == nullptr || info == nullptr)
@@ -213,14 +226,28 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
                      "spot_generate: out_capacity " + std::to_string(out_capacity) + " is below the " +
                          std::to_string(spot_output_capacity(model, n_prompt, o.max_new_tokens)) +
                          " ids this request may produce (spot_output_capacity)");
-  if (model->busy.exchange(true))
+  bool was_busy;
+  {
+    std::lock_guard<std::mutex> guard(model->lock);
+    was_busy = model->busy;
+    model->busy = true;
+  }
+  if (was_busy)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
                      "spot_generate: this model is already decoding a request (one request at a time per handle: it "
                      "holds one KV cache); open one handle per thread, and do not call spot_generate from on_block");
-  struct Release {
-    std::atomic<bool>& busy;
-    ~Release() { busy.store(false); }
-  } release{model->busy};
+  struct Release {     // the request's end: the handle free again, or closed if spot_close came meanwhile
+    spot_model* model;
+    ~Release() {
+      bool close;
+      {
+        std::lock_guard<std::mutex> guard(model->lock);
+        model->busy = false;
+        close = model->close_requested;
+      }
+      if (close) delete model;
+    }
+  } release{model};
   return guarded(err, [&]() {
     spot::DecodeRequest req;
     req.decoder = kDecoderNames[o.decoder];

@@ -1,4 +1,4 @@
-// Known-answer checks of the C++ commit and filter rules, driven by tests/test_step_rules.py, which feeds the same
+// Known-answer checks of the C++ commit and filter rules, driven by tests/test_cpp_host.py, which feeds the same
 // cases to the numpy runtime (spot.runtime.step): one table of cases whose answers are written down, two
 // implementations. End-to-end comparisons on random models never hit a confidence equal to tau or a probability
 // mass equal to top-p, so a `>=` for a `>` survived them.
