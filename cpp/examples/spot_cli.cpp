@@ -129,6 +129,7 @@ struct Request {
   bool has_stop_ids = false;
   bool has_prompt = false;   // --prompt-ids given (an empty list is a choice; no flag is a mistake)
   int64_t stream = -1;   // --stream N: -1 off; print each final block's ids; N > 0: stop after N blocks
+  bool depth_zero = false;   // --depth 0: the C API reads 0 as "the default depth"; as a flag it is out of range
 };
 
 // The streaming callback of --stream: one JSON line per finished block, and the request's block limit (a user
@@ -194,9 +195,7 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
     else if (req && flag == "--budget") req->options.budget = parse_int32(flag, v);
     else if (req && flag == "--depth") {
       req->options.depth = parse_int32(flag, v);
-      // 0 is the C API's "default depth"; as a flag, any depth below 1 is a depth of nothing
-      if (req->options.depth < 1)
-        throw UsageError{"--depth must be >= 1, got " + v + " (omit --depth for the default)"};
+      req->depth_zero = req->options.depth == 0;
     }
     else if (req && flag == "--top-k") req->options.top_k = parse_int32(flag, v);
     else if (req && flag == "--top-p") req->options.top_p = parse_double(flag, v);
@@ -259,6 +258,18 @@ spot_status run_request(spot_model* model, Request& req) {
   spot_stats stats;
   spot_error err;
   StreamState stream{req.stream};
+  const spot_decoder d = req.options.decoder;
+  if (req.depth_zero && d != SPOT_DECODER_STANDARD && d != SPOT_DECODER_THRESHOLD) {
+    // refused as the C API refuses any other depth out of range (and as Python refuses 0); the baseline decoders
+    // have no depth and ignore it, as in Python
+    spot_model_info info;
+    spot_model_get_info(model, &info, nullptr);
+    const std::string message = "depth must be in 1.." + std::to_string(info.block_size) + " (the block size), got 0";
+    print_error_json(SPOT_ERR_INVALID_ARGUMENT, message.c_str());
+    std::fprintf(stderr, "spot_cli: error (code %d, %s): %s\n", static_cast<int>(SPOT_ERR_INVALID_ARGUMENT),
+                 status_name(SPOT_ERR_INVALID_ARGUMENT), message.c_str());
+    return SPOT_ERR_INVALID_ARGUMENT;
+  }
   spot_status st = spot_generate_stream(model, req.prompt.data(), req.prompt.size(), &req.options,
                                         req.stream >= 0 ? print_block : nullptr, &stream, out.data(), out.size(), &n,
                                         &stats, &err);
