@@ -184,6 +184,7 @@ def test_close_releases_the_mapped_weights_at_once(tiny, tmp_path):
     assert not mapped()
     with OrtEngine(fp32, sampler="device", kv_cache="device") as engine:
         assert mapped()
+        placement = engine.placement
         want = run_decoder("standard", engine, [1, 2, 3], DecodeRequest(8)).token_ids
         started, release = threading.Event(), threading.Event()
 
@@ -203,6 +204,7 @@ def test_close_releases_the_mapped_weights_at_once(tiny, tmp_path):
                 engine.close()
     gc.collect()
     assert engine.closed and not mapped()          # `engine` still names the object
+    assert engine.placement == placement == {"device": "cpu", "sampler": "device", "kv_cache": "device"}
     with pytest.raises(SpotError, match="this engine is closed") as e:
         run_decoder("standard", engine, [1, 2, 3], DecodeRequest(8))
     assert "open the model again" in e.value.hint

@@ -64,8 +64,8 @@ class Engine(ABC):
             raise SpotError("this engine is decoding a request", "close it after the request returns")
         try:
             if not self.closed:
-                self.closed = True
                 self._release()
+                self.closed = True
         finally:
             self.request_lock.release()
 
