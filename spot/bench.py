@@ -187,7 +187,9 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
     rows = []
     for (label, temp), gens in runs.items():
         v = plan[label]
-        row = {"variant": label, "decoder": v.decoder, "rule": v.rule, "temperature": temp, **summarize(gens)}
+        depth = v.budget.depth if v.budget is not None else None
+        row = {"variant": label, "decoder": v.decoder, "rule": v.rule, "temperature": temp,
+               **summarize(gens, depth=depth)}
         if v.drafter:
             row["drafter"] = v.drafter
         base = summarize(runs[(v.baseline, temp)]) if (v.baseline, temp) in runs else None

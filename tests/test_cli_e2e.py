@@ -308,6 +308,8 @@ def test_bench_defaults_fit_a_block_of_4_and_reports_are_readable(as_embedded, t
     result = json.loads((report / "bench.json").read_text())
     assert {row["variant"] for row in result["rows"]} == {"standard", "tree@16x4"}
     assert len(result["rows"]) == 2          # duplicate decoders and temperatures (0, -0) run once
+    tree = next(row for row in result["rows"] if row["variant"] == "tree@16x4")
+    assert len(tree["acceptance_by_depth"]) == 4        # every depth of the budget, reached or not
     umask = os.umask(0)
     os.umask(umask)
     for name in ("bench.json", "bench.md"):

@@ -531,6 +531,19 @@ def test_the_tuners_pass_profile_counts_what_the_decoders_did():
                                                      - standard.stats.passes.get("prefill", 0))
 
 
+def test_acceptance_by_depth_lists_every_depth_of_the_budget():
+    """A depth the tree never reached reads 0, not absent (chain@4x2 listed [0.185] only)."""
+    from spot.runtime.metrics import summarize
+    engine = engine_for(8, 1)
+    gen = run_decoder("tree", engine, np.arange(1, 7), DecodeRequest(16, sampling=Sampling(1.0, seed=2),
+                                                                     budget=TreeBudget(8, 6)))
+    reached = max(gen.stats.extra["accepted_per_verify"])
+    assert reached < 6
+    listed = summarize([gen], depth=6)["acceptance_by_depth"]
+    assert len(listed) == 6 and listed[reached:] == [0.0] * (6 - reached) and listed[0] > 0
+    assert len(summarize([gen])["acceptance_by_depth"]) == max(reached, 1)
+
+
 def test_the_tuner_decodes_standard_only_beside_each_candidate(monkeypatch):
     """TUNE_REPEATS standard decodes per prompt beside each candidate, and none besides (a separate standard run
     only for the report cost one more decode of every prompt)."""

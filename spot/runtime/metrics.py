@@ -14,8 +14,10 @@ def acceptance_by_depth(accepted: list[int], depth: int) -> list[float]:
     return [float((a >= d).mean()) for d in range(1, depth + 1)]
 
 
-def summarize(runs: list, seconds_key: str = "seconds") -> dict:
-    """runs: Generation objects of one decoder over many cases -> passes per token, tokens/s, steps per verify."""
+def summarize(runs: list, seconds_key: str = "seconds", depth: int | None = None) -> dict:
+    """runs: Generation objects of one decoder over many cases -> passes per token, tokens/s, steps per verify.
+    depth: the budget's, so that acceptance_by_depth lists every depth the tree could reach (default: the deepest
+    reached)."""
     tokens = sum(max(len(r.token_ids), 1) for r in runs)
     passes = sum(r.stats.target_passes for r in runs)
     seconds = sum(r.stats.seconds for r in runs)
@@ -40,7 +42,7 @@ def summarize(runs: list, seconds_key: str = "seconds") -> dict:
         out["steps_per_verify"] = ((sum(r.stats.steps for r in runs) - kinds["block"])
                                    / max(kinds["verify"], 1))
         out["mean_nodes_per_verify"] = float(np.mean(nodes))
-        out["acceptance_by_depth"] = acceptance_by_depth(accepted, max(accepted) if max(accepted) > 0 else 1)
+        out["acceptance_by_depth"] = acceptance_by_depth(accepted, depth or max(max(accepted), 1))
         verifies = max(len(accepted), 1)
         for key in ("draft_ms", "walk_ms", "target_ms"):
             out[key + "_per_verify"] = sum(r.stats.extra.get(key, 0.0) for r in runs) / verifies
