@@ -209,6 +209,8 @@ def test_close_releases_the_mapped_weights_at_once(tiny, tmp_path):
         run_decoder("standard", engine, [1, 2, 3], DecodeRequest(8))
     assert "open the model again" in e.value.hint
     engine.close()                                 # twice: nothing more to do
+    with engine.request_lock:                      # ... also while another close() holds the lock
+        engine.close()
     assert run_decoder("standard", OrtEngine(fp32), [1, 2, 3], DecodeRequest(8)).token_ids == want
 
 

@@ -261,10 +261,12 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
     req.budget = o.budget;
     req.depth = o.depth == 0 ? std::min<int64_t>(8, model->engine->block_size()) : o.depth;
     if (o.stop_ids != nullptr) req.stop_ids = std::vector<int64_t>(o.stop_ids, o.stop_ids + o.n_stop_ids);
-    if (on_block != nullptr)
-      req.on_block = [on_block, user_data](const std::vector<int64_t>& ids) {
-        return on_block(ids.data(), ids.size(), user_data) != 0;
-      };
+    // after each block: the caller's on_block, and a spot_close made meanwhile ends the request there (stopped = 2)
+    req.on_block = [model, on_block, user_data](const std::vector<int64_t>& ids) {
+      bool stop = on_block != nullptr && on_block(ids.data(), ids.size(), user_data) != 0;
+      std::lock_guard<std::mutex> guard(model->lock);
+      return stop || model->close_requested;
+    };
     std::vector<int64_t> ids(prompt, prompt + n_prompt);
     spot::Generation gen = spot::run_decoder(*model->engine, model->folder.config, model->drafter.get(), ids, req);
     if (gen.token_ids.size() > out_capacity) spot::fail(SPOT_ERR_INTERNAL, "output larger than its bound");

@@ -241,15 +241,16 @@ class OrtEngine(Engine):
         return self._future_steps
 
     def _release(self) -> None:
-        self._placement_at_close = self.placement      # what it ran as (the sessions below are gone)
+        self._placement_at_close = self._placement()      # what it ran as (the sessions below are gone)
         self.session = self.device_kv = self.epilogue = None
         self._k = self._v = self._empty
 
     @property
     def placement(self) -> dict[str, str]:
         """What --device / --sampler / --kv-cache resolved to (auto included)."""
-        if self.closed:
-            return self._placement_at_close
+        return self._placement_at_close if self.closed else self._placement()
+
+    def _placement(self) -> dict[str, str]:
         return {"device": self.device, "sampler": "host" if self.epilogue is None else "device",
                 "kv_cache": "host" if self.device_kv is None else "device"}
 

@@ -61,11 +61,13 @@ class Engine(ABC):
         """Release the engine's sessions, KV cache and mapped weights now rather than when the last reference to it
         goes (an embedder switching models); later passes raise SpotError. Refused while a request decodes."""
         if not self.request_lock.acquire(blocking=False):        # (held from before request_thread is set)
+            if self.closed:         # another close() holds it: closing twice is no error
+                return
             raise SpotError("this engine is decoding a request", "close it after the request returns")
         try:
             if not self.closed:
+                self.closed = True      # first: a concurrent close() finds it and returns
                 self._release()
-                self.closed = True
         finally:
             self.request_lock.release()
 
@@ -154,8 +156,9 @@ class Engine(ABC):
             raise SpotError("this engine is decoding a request on another thread (one request at a time per engine: "
                             "it holds one KV cache)", "open one engine per thread")
         if self.in_callback:
-            raise SpotError("on_block ran a pass of the engine whose request called it (a prefill or store there "
-                            "changes the request's cache and tokens)", "decode with another engine inside on_block")
+            raise SpotError("on_block ran a pass of the engine whose request called it (one request at a time per "
+                            "engine: a prefill or store there changes the request's cache and tokens)",
+                            "decode with another engine inside on_block")
 
     def _check_ids(self, ids, what: str) -> np.ndarray:
         ids = np.asarray(ids)

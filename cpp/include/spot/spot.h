@@ -145,8 +145,10 @@ SPOT_API void spot_generate_options_init(spot_generate_options* options);
  * is NULL and the status says why. */
 SPOT_API spot_status spot_open(const char* folder, const spot_open_options* options, spot_model** out,
                                spot_error* err);
-/* NULL is fine. Called while a spot_generate runs on the handle (from its on_block, or another thread), the
- * close happens when that request returns; the handle must not be used after spot_close either way. */
+/* NULL is fine. Called while a spot_generate runs on the handle — from its on_block, or from another thread once
+ * that request is known to be running (e.g. signalled from its on_block) — the request ends after its current
+ * block (stats->stopped = 2) and the handle is freed when it returns. A spot_close racing the start of a call on
+ * the handle is a use-after-free, like any use of a closed handle. */
 SPOT_API void spot_close(spot_model* model);
 
 SPOT_API spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, spot_error* err);
