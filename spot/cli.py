@@ -252,9 +252,9 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
 
     from spot.engines.factory import open_engine
     from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, rule_for, run_decoder
-    from spot.tuned import number_name
     from spot.runtime.step import Sampling
     from spot.tokenizer import TextStream, load_tokenizer, prompt_ids_for
+    from spot.tuned import number_name
 
     nodes = _budget_nodes(budget, decoder)      # before the weights load
     folder = model_folder(backend, model_dir)
@@ -1019,12 +1019,16 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
 
 # `spot-export` == `spot export`: a hidden copy of the command under the script's name, run with an empty program
 # name, so that its usage line reads "spot-export [OPTIONS] SOURCE" (not "spot-export export ...")
+def _export_version(ctx, _param, wanted: bool) -> None:
+    if wanted:
+        click.echo(f"spot-export, version {__version__}")
+        ctx.exit()
+
+
 _export_alias = copy.copy(export)
 _export_alias.hidden = True
 _export_alias.params = [*export.params, click.Option(["--version"], is_flag=True, expose_value=False, is_eager=True,
-                                                     callback=lambda ctx, _, on: on and (click.echo(
-                                                         f"spot-export, version {__version__}"), ctx.exit()),
-                                                     help="Show the version and exit.")]
+                                                     callback=_export_version, help="Show the version and exit.")]
 main.add_command(_export_alias, "spot-export")
 
 
