@@ -160,7 +160,7 @@ def save_tuning(key: dict, tune_result: dict, warn=None) -> Path:
                     warn(f"replacing an unreadable tuning record ({e.message})")
         t = float(tune_result["temperature"]) + 0.0       # -0 is 0
         record["by_temperature"][number_name(t)] = {**tune_result["choice"], "temperature": t,
-                                              "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                                                    "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         write_text_atomic(path, json.dumps(record, indent=2) + "\n")
     return path
 

@@ -338,6 +338,11 @@ def check_plan_fits(cfg: ModelConfig, options, context: int, progress, model: st
     return plan
 
 
+def plan_record(plan: MemoryPlan, block_size: int) -> dict:
+    """A plan as the manifest's memory record holds it."""
+    return plan.to_dict() | {"block_size": block_size}
+
+
 def manifest_memory(cfg: ModelConfig, options, context: int) -> dict:
     """The manifest's `memory` record: device-independent numbers, plus the plan when --plan was given."""
     quant = options.quant
@@ -349,7 +354,7 @@ def manifest_memory(cfg: ModelConfig, options, context: int) -> dict:
            "verify_pass_bytes_at_max_nodes_and_context": sum(act.values()),
            "verify_pass_terms": act, "plan": None}
     if options.plan:
-        out["plan"] = plan_for_options(cfg, options, context).to_dict() | {"block_size": cfg.block_size}
+        out["plan"] = plan_record(plan_for_options(cfg, options, context), cfg.block_size)
     return out
 
 

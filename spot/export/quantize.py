@@ -127,6 +127,13 @@ class QuantScheme:
         return (f"linear weights {self.weights} [in, out] + scales {scales} (model dtype) -> DequantizeLinear -> "
                 f"MatMul{packing}; embed, lm_head in the model dtype; norm weights float32")
 
+    @staticmethod
+    def from_record(weights: dict, ort_only: bool = False) -> "QuantScheme":
+        """The scheme a manifest's `weights` record (describe) and `ort_only` flag name."""
+        if not weights.get("quantized"):
+            return QuantScheme()
+        return QuantScheme(weights["precision"], weights.get("block_size") or DEFAULT_INT4_BLOCK, bool(ort_only))
+
     def describe(self, dtype: str) -> dict:
         """The manifest's `weights` record."""
         if not self.quantized:

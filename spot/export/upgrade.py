@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,8 +25,8 @@ from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.export import ExportOptions, check_options
 from spot.export.kv_append import validate_kv_append, write_kv_append
 from spot.export.manifest import add_files, load_manifest, write_manifest
-from spot.export.memory_plan import EpilogueCall, make_plan, resolve_device, verify_pass_bytes
-from spot.export.quantize import DEFAULT_INT4_BLOCK, QuantScheme
+from spot.export.memory_plan import GIB, EpilogueCall, plan_for_options, plan_record, verify_pass_bytes
+from spot.export.quantize import QuantScheme
 
 
 def upgrade_export(folder: str | Path, future_steps: int | None = None, positions: int | None = None,
@@ -54,7 +55,7 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
                             old.get("positions_per_call") if future_steps in (None, old.get("future_steps")) else None)
     check_options(cfg, options)
     epilogue = options.epilogue_call(cfg)
-    plan = _replanned(manifest, cfg, exported.dtype, epilogue)      # refused here when it no longer fits
+    plan = _replanned(manifest, cfg, options)      # refused here when it no longer fits
     tmp, previous = folder.with_name(folder.name + ".upgrading"), folder.with_name(folder.name + ".replaced")
     for leftover in (tmp, previous):
         if leftover.exists():
@@ -122,27 +123,25 @@ def _same_graphs(old: dict, new: dict) -> bool:
     return old["files"] == new["files"] and records(old) == records(new) and old.get("memory") == new.get("memory")
 
 
-def _replanned(manifest: dict, cfg, dtype: str, epilogue: EpilogueCall | None) -> dict | None:
-    """The memory plan recorded at export (--plan), recomputed with the new epilogue; SpotError when it no longer
-    fits the device at the recorded context and nodes."""
+def _replanned(manifest: dict, cfg, options: ExportOptions) -> dict | None:
+    """The memory plan recorded at export (--plan), recomputed as spot-export computes it for `options` (the
+    upgrade's epilogue) with the export's weights, device and context; SpotError when it no longer fits."""
     recorded = (manifest.get("memory") or {}).get("plan")
     if not recorded:
         return None
-    weights = manifest.get("weights") or {}
-    quant = (QuantScheme(weights["precision"], weights.get("block_size") or DEFAULT_INT4_BLOCK,
-                         bool(manifest.get("ort_only"))) if weights.get("quantized") else QuantScheme())
+    quant = QuantScheme.from_record(manifest.get("weights") or {}, bool(manifest.get("ort_only")))
+    options = replace(options, plan=recorded["device"], weights=quant.weights, int4_block=quant.int4_block,
+                      matmulnbits=quant.matmulnbits)
     source = manifest.get("source") or {}
     name = source.get("preset") or Path(str(source.get("checkpoint", "model"))).name
-    plan = make_plan(cfg, dtype, quant, int(recorded["context"]), int(recorded["nodes"]),
-                     resolve_device(recorded["device"]), name, epilogue)
+    plan = plan_for_options(cfg, options, int(recorded["context"]), name)
     if not plan.fits:
-        gib = 2 ** 30
         raise SpotError(f"the upgraded {name} would not fit {plan.device.name}, the device of its memory plan: "
-                        f"{plan.total / gib:.2f} GiB of {plan.device.memory_gib:g} GiB at {plan.context} tokens and "
+                        f"{plan.total / GIB:.2f} GiB of {plan.device.memory_gib:g} GiB at {plan.context} tokens and "
                         f"{plan.nodes} nodes (sampling epilogue "
                         f"{plan.activations.get('sampling_epilogue', 0) / 2**20:.1f} MiB)",
                         "lower --epilogue-positions or --epilogue-steps (0: no epilogue; decode with --sampler host)")
-    return plan.to_dict() | {"block_size": cfg.block_size}
+    return plan_record(plan, cfg.block_size)
 
 
 def _refresh_memory_terms(manifest: dict, cfg, dtype: str, epilogue: EpilogueCall | None,

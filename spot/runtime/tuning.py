@@ -8,8 +8,8 @@ them (host: drafting, sampling, the walk, every line of Python). The choice is b
 candidate's fastest of 3 decodes against standard decoding's fastest of 3, run alternately (machine drift hits both
 alike, and noise only adds time); (1, 1) — no speculation — wins unless a tree measured more than 3% faster.
 Beside it, the curve's prediction from the pass counts (one-state passes x latency(1) + latency(nodes) per verify
-pass + host ms) says why: on a compute-bound CPU it ran 10-25% above the
-measured speed-up for small trees (the decodes' passes, between host work, cost more than the curve's tight loop).
+pass + host ms) says why: on a compute-bound CPU it ran 10-25% above the measured speed-up for small trees (the
+decodes' passes, between host work, cost more than the curve's tight loop).
 Steps per verify pass alone overrate trees: each block's first pass commits one step and a block's last verify
 pass often commits no free root (by 20-30% at SDAR's block size 4).
 """
