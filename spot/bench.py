@@ -441,7 +441,8 @@ def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[
     write_text_atomic(written[1], md)
     from spot.plots import PLOT_FILES, plot_report      # matplotlib is imported inside, only to plot
     for name in PLOT_FILES:            # a previous run's plots are not left beside this run's bench.json
-        (out / name).unlink(missing_ok=True)
+        if not (out / name).is_dir():      # a folder of that name is no plot (the CLI refuses it when plotting)
+            (out / name).unlink(missing_ok=True)
     try:
         if plots:
             written += plot_report(result, out)

@@ -226,20 +226,24 @@ def write_safetensors_stream(path: str | Path, shapes: dict[str, tuple[int, ...]
     hbytes = json.dumps(header).encode()
     hbytes += b" " * (-len(hbytes) % 8)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(hbytes)))
-        f.write(hbytes)
-        for name in shapes:
-            written = 0
-            for part in chunks(name):
-                data = encode_tensor(part, dtype)
-                f.write(data)
-                written += len(data)
-            start, end = header[name]["data_offsets"]
-            if written != end - start:
-                raise ValueError(f"tensor {name}: got {written} bytes, expected {end - start}")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(hbytes)))
+            f.write(hbytes)
+            for name in shapes:
+                written = 0
+                for part in chunks(name):
+                    data = encode_tensor(part, dtype)
+                    f.write(data)
+                    written += len(data)
+                start, end = header[name]["data_offsets"]
+                if written != end - start:
+                    raise ValueError(f"tensor {name}: got {written} bytes, expected {end - start}")
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
     return offset
 

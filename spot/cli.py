@@ -217,6 +217,8 @@ def find_drafter(path, model_dir):
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 disables top-p filtering.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Noise seed (temperature > 0).")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--stop-ids", default=None,
+              help="Comma-separated ids that end generation ('' = none). Default: the model's (config / export).")
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
 @click.option("--device", default="cpu", show_default=True,
               help="Device of the backend (torch: cpu, cuda; ort: cpu, cuda, trt; tensorrt: cuda).")
@@ -237,8 +239,8 @@ def find_drafter(path, model_dir):
               help="Print the output block by block as each block is final (with --json: one JSON line per block, "
                    "{\"block_ids\": [...]}, before the result).")
 def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
-             max_new_tokens, backend, device, decoder, budget, depth, drafter_path, sampler, kv_cache, as_json,
-             stream):
+             max_new_tokens, stop_ids, backend, device, decoder, budget, depth, drafter_path, sampler, kv_cache,
+             as_json, stream):
     """Generate with one decoder. SPOT decoders give the same tokens as standard decoding, in fewer passes.
 
     \b
@@ -251,9 +253,9 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     import json
 
     from spot.engines.factory import open_engine
-    from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, rule_for, run_decoder
+    from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, rule_for, run_decoder, verified_budget
     from spot.runtime.step import Sampling
-    from spot.tokenizer import TextStream, load_tokenizer, prompt_ids_for
+    from spot.tokenizer import TextStream, load_tokenizer, parse_prompt_ids, prompt_ids_for
     from spot.tuned import number_name
 
     nodes = _budget_nodes(budget, decoder)      # before the weights load
@@ -264,7 +266,8 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
             raise SpotError("give one of --prompt TEXT or --prompt-file PATH, not both")
         prompt = read_prompt_file(prompt_file)
     sampling = Sampling(temperature, top_k, top_p, seed)
-    request = DecodeRequest(max_new_tokens, mode, tau, sampling)
+    stops = None if stop_ids is None else tuple(parse_prompt_ids(stop_ids, "--stop-ids"))
+    request = DecodeRequest(max_new_tokens, mode, tau, sampling, stop_ids=stops)
     rule = rule_for(decoder, request)     # a bad --tau before the weights load
     tokenizer = load_tokenizer(folder)
     ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
@@ -283,7 +286,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
                                *(["--tau", number_name(tau)] if rule.kind == "threshold" else [])])
     tree_budget, tuned = _tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, rule,
                                       request.sampling.temperature, tune_command)
-    request = DecodeRequest(max_new_tokens, mode, tau, sampling, tree_budget)
+    request = DecodeRequest(max_new_tokens, mode, tau, sampling, tree_budget, stops)
     on_block, text_stream = None, None
     if stream and as_json:
         def on_block(block_ids):
@@ -298,13 +301,14 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     text = tokenizer.decode(gen.token_ids) if tokenizer is not None else None
     stats = gen.stats
     if as_json:
+        verified = verified_budget(decoder, tree_budget, engine) if decoder in TREE_DECODERS else None
         out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "cancelled": gen.cancelled,
-               "prompt_len": gen.prompt_len,
+               "prompt_len": gen.prompt_len, "prompt_ids": ids,     # the ids a C++ host (spot_cli) decodes the same
                "block_size": engine.block_size, "mode": rule.kind, "decoder": decoder,
                "backend": backend,
                "placement": engine.placement,
-               "budget": ({"nodes": tree_budget.nodes, "depth": tree_budget.depth, "tuned": tuned}
-                          if decoder in TREE_DECODERS else None), **stats.to_dict()}
+               "budget": ({"nodes": verified.nodes, "depth": verified.depth, "tuned": tuned}
+                          if verified is not None else None), **stats.to_dict()}
         if text is not None:
             out["text"] = text
         click.echo(json.dumps(out))
@@ -530,6 +534,7 @@ def train_target_cmd(out, steps, seed, minutes, work_dir, no_eval, quiet):
         raise SpotError(f"--steps must be >= 1, got {steps}")
     if out is None:
         out = Path(__file__).parent / "assets" / "embedded"
+    check_output_path(out, "--out", folder=True)      # before the training, not after it
     report = train_target(out, steps, seed=seed, minutes=minutes, progress=not quiet, work_dir=work_dir,
                           final_eval=not no_eval)
     click.echo(f"wrote {out}: {report['parameters']} parameters, {report['steps_done']} steps, "
@@ -555,6 +560,8 @@ def build_engine_cmd(folder, out, max_nodes, max_context, smallest_capacity, wor
       spot build-engine sdar-8b-fp16-onnx --max-nodes 16 --max-context 8192
     """
     from spot.engines.tensorrt_engine import BuildOptions, build_engine
+    if out is not None:
+        check_output_path(out, "--out", folder=True)      # before a build of minutes, not after it
     opts = BuildOptions(max_nodes=max_nodes, max_context=max_context, smallest_capacity=smallest_capacity,
                         workspace_gib=workspace_gib, fp16_flag=fp16_flag)
     build_engine(folder, opts, out, progress=click.echo)
@@ -678,6 +685,7 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
     if (Path(out) / DRAFTER_ONNX).exists() and not overwrite:   # e.g. the embedded model's shipped drafter
         raise SpotError(f"{out} already has a drafter ({DRAFTER_ONNX})",
                         "pass --overwrite to replace it, or --out FOLDER")
+    check_output_path(out, "--out", folder=True)      # before the training, not after it
     settings = DrafterTrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, minutes=minutes,
                                     tau=traces.meta["tau"] if tau is None else tau, threads=threads)
     log = (lambda _: None) if quiet else click.echo
@@ -736,6 +744,9 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, None, device, sampler, kv_cache)
     drafter = find_drafter(drafter_path, folder)
     check_settings(drafter, temps, cands, weights, flips)       # before the prompts are drawn and fitted
+    if not dry_run:             # drafter.json is rewritten at the end: a read-only one is refused now
+        from spot.runtime.drafter import resolve_paths
+        check_output_path(resolve_paths(drafter.path)[1], "drafter.json")
     if prompts_file is not None:
         prompts = prompts_from_jsonl(prompts_file, tokenizer)
     elif tokenizer is None:
@@ -879,9 +890,9 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     if not report_dir:
         raise SpotError("--report is empty", "name a folder for bench.json and bench.md")
     check_output_path(report_dir, "--report", folder=True)       # before the decoding, not after
-    from spot.plots import PLOT_FILES
-    for name in ("bench.json", "bench.md", *PLOT_FILES):
-        check_output_path(Path(report_dir) / name, "--report", folder=False)
+    if tune:                        # where --tune records its choices
+        from spot.tuned import check_tuning_dir
+        check_tuning_dir()
     compare = {}
     for spec in compare_drafters:
         name, sep, path = spec.partition("=")
@@ -899,6 +910,9 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         raise SpotError("--plots needs matplotlib, which cannot be imported here",
                         "pip install 'spot-edge[plots]', or leave out --plots (the report is written without them)")
     plots = plots is not False and not no_matplotlib
+    from spot.plots import PLOT_FILES
+    for name in ("bench.json", "bench.md", *(PLOT_FILES if plots else ())):    # the files this run writes
+        check_output_path(Path(report_dir) / name, "--report", folder=False)
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
     if prompts_path is None:
         from spot.assets import embedded_model_dir
@@ -925,6 +939,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         decoder = "spot" if drafter is not None else "tree"
         result["tune"] = tune_by_temperature(engine, prompts, cfg, TUNE_CANDIDATES, decoder, drafter, progress=say,
                                              tokenizer=tokenizer)
+    click.echo(markdown_table(result))      # first: printed even if writing the report fails (a full disk)
     paths = write_report(result, report_dir, plots)
     if tune:       # after the report: what --budget auto then decodes with
         from spot.tuned import save_tuning, tuning_key
@@ -932,7 +947,6 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         for tuned in result["tune"]["by_temperature"].values():
             record = save_tuning(key, tuned, warn=say)
         say(f"recorded the tuned budgets in {record} (used by --budget auto)")
-    click.echo(markdown_table(result))
     click.echo("wrote " + ", ".join(str(p) for p in paths)
                + (" (no plots: pip install 'spot-edge[plots]' adds them)" if no_matplotlib else ""), err=True)
 
@@ -976,13 +990,15 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     from spot.bench import TUNE_CANDIDATES, tune_budget, tuning_prompts, tuning_room
     from spot.runtime.decoders import DecodeRequest, rule_for
     from spot.runtime.step import Sampling
-    from spot.tuned import number_name, save_tuning, tuning_key
+    from spot.tuned import check_tuning_dir, number_name, save_tuning, tuning_key
 
     temperature += 0.0           # -0 is 0: one tuning entry
     Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep
     request = DecodeRequest(mode=mode, tau=tau)
     if limit < 1:
         raise SpotError(f"--limit must be >= 1, got {limit}")
+    if save:                    # an unwritable cache is refused now, not after the sweep
+        check_tuning_dir()
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
     prompts, source = tuning_prompts(tokenizer, [], limit, max_tokens=tuning_room(engine))
     if not prompts:
@@ -1009,12 +1025,12 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     out = tune_budget(engine, prompts, temperature, TUNE_CANDIDATES, drafter, decoder,
                       progress=lambda line: click.echo(line, err=True), rule=rule)
     out["decoder"], out["rule"] = decoder, {"kind": rule.kind, "tau": rule.tau}
+    click.echo(json.dumps(out, indent=2))       # first: the measurement is printed even if recording fails
     if save:
         path = save_tuning(tuning_key(engine, backend, folder, decoder, drafter, rule), out,
                            warn=lambda line: click.echo(line, err=True))
         click.echo(f"recorded {out['choice']['nodes']}x{out['choice']['depth']} at temperature "
                    f"{number_name(temperature)} in {path} (used by --budget auto)", err=True)
-    click.echo(json.dumps(out, indent=2))
 
 
 # `spot-export` == `spot export`: a hidden copy of the command under the script's name, run with an empty program

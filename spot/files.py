@@ -22,12 +22,18 @@ def plain_file_name(name: str) -> bool:
 
 def spot_cache() -> Path:
     """$SPOT_CACHE, else ~/.cache/spot: exports of the embedded model, engine caches, tuned budgets."""
-    return Path(os.environ.get("SPOT_CACHE", Path.home() / ".cache" / "spot"))
+    if os.environ.get("SPOT_CACHE"):
+        return Path(os.environ["SPOT_CACHE"])
+    try:
+        return Path.home() / ".cache" / "spot"
+    except RuntimeError:        # HOME unset and a user with no passwd entry
+        raise SpotError("no home folder to hold the spot cache (HOME is unset)",
+                        "set SPOT_CACHE (or HOME) to a writable folder") from None
 
 
 def remove_tree(path: Path) -> None:
     """A folder with its contents, or a link (rmtree refuses links, silently with ignore_errors)."""
-    if path.is_symlink():
+    if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
     else:
         shutil.rmtree(path, ignore_errors=True)

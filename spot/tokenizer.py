@@ -225,8 +225,8 @@ def load_tokenizer(model_dir: str | Path) -> SpotTokenizer | None:
     return SpotTokenizer(tok, _chat_template_from(model_dir), model_dir)
 
 
-def parse_prompt_ids(text: str) -> list[int]:
-    """'1,2, 3' -> [1, 2, 3] (the --prompt-ids syntax); SpotError naming the bad item."""
+def parse_prompt_ids(text: str, flag: str = "--prompt-ids") -> list[int]:
+    """'1,2, 3' -> [1, 2, 3] (the syntax of --prompt-ids, and of --stop-ids); SpotError naming the bad item."""
     items = [s.strip() for s in text.split(",")]
     if items == [""]:
         return []
@@ -235,8 +235,8 @@ def parse_prompt_ids(text: str) -> list[int]:
         try:
             ids.append(int(item))
         except ValueError:
-            raise SpotError(f"prompt ids must be comma-separated integers, got {item!r} in {text!r}",
-                            "example: --prompt-ids 151644,872,198") from None
+            raise SpotError(f"{flag} takes comma-separated integers, got {item!r} in {text!r}",
+                            f"example: {flag} 151644,872,198") from None
     return ids
 
 

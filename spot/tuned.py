@@ -18,7 +18,7 @@ from pathlib import Path
 
 from spot.descriptors import load_descriptor
 from spot.errors import SpotError
-from spot.files import spot_cache, write_text_atomic
+from spot.files import check_output_path, spot_cache, write_text_atomic
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import THRESHOLD
 
@@ -42,6 +42,11 @@ def number_name(x: float) -> str:
 
 def tuning_dir() -> Path:
     return spot_cache() / "tuning"
+
+
+def check_tuning_dir() -> None:
+    """SpotError now, before a sweep of minutes, when the tuned budgets could not be recorded."""
+    check_output_path(tuning_dir(), "the tuning cache ($SPOT_CACHE/tuning)", folder=True)
 
 
 # where a machine names its GPUs without a GPU library: the NVIDIA driver (one folder per GPU), a Jetson's board

@@ -190,6 +190,25 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
 
 
 
+def test_generate_json_names_the_prompt_ids_stop_ids_and_the_budget_it_verified_with(as_embedded):
+    """What a C++ host needs to repeat a request (spot_cli --prompt-ids / --stop-ids), and a chain's budget as it
+    verifies (depth + 1 nodes; the JSON said --budget's 16)."""
+    base = ("generate", "--prompt-ids", "5, 6,7", "--max-new-tokens", "12", "--json")
+    free = json.loads(run(*base, "--stop-ids", "").stdout)
+    assert free["prompt_ids"] == [5, 6, 7] and not free["stopped"] and len(free["token_ids"]) >= 12
+    stop = free["token_ids"][3]
+    cut = run(*base, "--stop-ids", f"{stop}")
+    assert cut.exit_code == 0, cut.output
+    cut = json.loads(cut.stdout)
+    assert cut["stopped"] and cut["token_ids"] == free["token_ids"][:free["token_ids"].index(stop)]
+    bad = run(*base, "--stop-ids", "1,x")
+    assert bad.exit_code == 2 and "--stop-ids takes comma-separated integers, got 'x'" in bad.output, bad.output
+    chain = json.loads(run(*base, "--decoder", "chain", "--depth", "3").stdout)
+    assert chain["budget"] == {"nodes": 4, "depth": 3, "tuned": None} and max(chain["nodes_per_verify"]) <= 4
+    tree = json.loads(run(*base, "--decoder", "tree", "--budget", "6").stdout)
+    assert tree["budget"]["nodes"] == 6 and tree["token_ids"] == free["token_ids"]
+
+
 def test_bench_rows_always_have_their_baselines_and_a_mismatch_never_reads_100_percent():
     """--decoders spot-sets without threshold (or spot without standard) still gets the ratios and the identity
     check (the baseline runs anyway); a baseline row is not judged against itself; one mismatch in 300 is shown."""
@@ -290,6 +309,8 @@ ERRORS = [
     (["calibrate-drafter", "--candidates", "1,0"], "expected a number > 0"),
     (["calibrate-drafter", "--drafter", "/nonexistent/d"], "does not exist"),
     (["calibrate-drafter", "--runner-up-weights", "0,2"], "expected a number in [0, 1]"),
+    (["calibrate-drafter", "--temperatures", "0,1e-9"],
+     "--temperatures: temperature must be 0 or a finite number >= 1e-06, got 1e-09"),
     (["tune", "--limit", "0"], "--limit must be >= 1"),
     (["bench", "--decoders", ","], "--decoders names no decoder"),
     (["demo", "--prompt-index", "-1"], "--prompt-index must be in 0.."),
@@ -349,6 +370,9 @@ def test_bench_names_a_bad_prompt_and_a_report_path_before_decoding_and_records_
     (tmp_path / "r2" / "bench.md").mkdir(parents=True)
     r = run("bench", "--prompts", str(prompts), "--limit", "1", "--report", str(tmp_path / "r2"))
     assert r.exit_code == 2 and "bench.md is a folder" in r.output, r.output
+    (tmp_path / "r3" / "passes_and_speed.png").mkdir(parents=True)      # a plot's name: refused only with plots
+    r = run("bench", "--prompts", str(prompts), "--limit", "1", "--plots", "--report", str(tmp_path / "r3"))
+    assert r.exit_code == 2 and "passes_and_speed.png is a folder" in r.output, r.output
     r = run("bench", "--prompts", str(prompts), "--limit", "1", "--decoders", "standard", "--temperatures", "0",
             "--max-new-tokens", "4", "--no-plots", "--report", str(tmp_path / "r3"))
     assert r.exit_code == 0, r.output
@@ -407,6 +431,15 @@ def test_user_errors_are_one_clear_line(as_embedded, args, message):
     errors = [line for line in r.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], r.output
     assert "Traceback" not in r.output
+
+
+def test_traces_refuse_a_bad_temperature_before_decoding(as_embedded, tmp_path):
+    """A temperature the sampler refuses was found when the loop reached it, after decoding every combination
+    before it (and nothing was written)."""
+    r = run("traces", "--corpus-prompts", "1", "--temperatures", "0,1e-9", "--rules", "static", "--max-new-tokens",
+            "4", "--out", str(tmp_path / "t.npz"))
+    assert r.exit_code == 2 and "temperature must be 0 or a finite number >= 1e-06, got 1e-09" in r.output, r.output
+    assert "trace 1" not in r.output and not (tmp_path / "t.npz").exists()
 
 
 def test_mismatched_drafter_is_refused(as_embedded, tmp_path):
@@ -724,6 +757,24 @@ def test_corpus_prompts_fit_a_small_context_in_calibrate_drafter_and_traces(as_e
             "--dry-run", "--quiet")
     assert r.exit_code == 0, r.output
     assert r.stderr == "" and json.loads(r.stdout)["order_temperature"] in (1.0, 2.0)
+
+
+def test_outputs_written_after_minutes_of_work_are_checked_first(as_embedded, tmp_path, monkeypatch):
+    """train-drafter's --out, spot tune's and bench --tune's tuning cache were found unwritable only after the
+    training or the sweep (whose JSON was then not printed)."""
+    t = run("traces", "--corpus-prompts", "1", "--temperatures", "0", "--rules", "static", "--max-new-tokens", "4",
+            "--depth", "2", "--quiet", "--out", str(tmp_path / "t.npz"))
+    assert t.exit_code == 0, t.output
+    (tmp_path / "file").write_text("x")
+    r = run("train-drafter", "--traces", str(tmp_path / "t.npz"), "--epochs", "1", "--out",
+            str(tmp_path / "file" / "drafter"))
+    assert r.exit_code == 2 and "--out" in r.stderr and "is a file, expected a folder" in r.stderr, r.output
+    assert "step" not in r.output and "held-out" not in r.output        # refused before training
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "file"))            # the cache's tuning folder under a file
+    r = run("tune", "--limit", "1")
+    assert r.exit_code == 2 and "the tuning cache" in r.stderr and "measuring" not in r.stderr, r.output
+    r = run("bench", "--decoders", "standard", "--limit", "1", "--tune", "--report", str(tmp_path / "rep"))
+    assert r.exit_code == 2 and "the tuning cache" in r.stderr and "prompt" not in r.stderr, r.output
 
 
 @pytest.mark.parametrize("signal_kind", ["SIGINT", "SIGTERM"])

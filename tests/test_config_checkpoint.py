@@ -375,3 +375,31 @@ def test_non_finite_tensor(tmp_path):
     assert "non-finite" in error_of(ckpt.tensor, "model.layers.1.mlp.gate_proj.weight")
     assert "non-finite" in error_of(ckpt.tensor, "model.layers.0.input_layernorm.weight")
     assert np.isfinite(ckpt.tensor("model.norm.weight")).all()
+
+
+def test_a_failed_streamed_write_leaves_no_temporary_and_the_cache_needs_no_home(tmp_path, monkeypatch):
+    """A failing write_safetensors_stream (ENOSPC, a bad chunk) left its multi-GB .tmp behind; spot_cache()
+    looked the home folder up even with SPOT_CACHE set (a traceback without HOME / passwd entry) and read an
+    empty SPOT_CACHE as the current folder; remove_tree silently kept a file."""
+    from spot.checkpoint import write_safetensors_stream
+    from spot.files import remove_tree, spot_cache
+
+    def chunks(name):
+        yield np.zeros(4, np.float32)
+        raise OSError(28, "No space left on device")
+    with pytest.raises(OSError, match="No space left"):
+        write_safetensors_stream(tmp_path / "model.safetensors", {"w": (8,)}, "F32", chunks)
+    assert list(tmp_path.iterdir()) == []
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "c"))
+    assert spot_cache() == tmp_path / "c"
+    for unset in (lambda: monkeypatch.setenv("SPOT_CACHE", ""), lambda: monkeypatch.delenv("SPOT_CACHE")):
+        unset()
+        with pytest.raises(SpotError, match="no home folder to hold the spot cache"):
+            spot_cache()
+    (tmp_path / "f").write_text("x")
+    remove_tree(tmp_path / "f")
+    assert not (tmp_path / "f").exists()

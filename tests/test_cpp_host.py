@@ -638,6 +638,35 @@ def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):
         lib.spot_close(model)
 
 
+def test_a_broken_drafter_beside_the_model_stops_only_the_decoders_that_need_it(spot_cli, tiny, tmp_path):
+    """The folder's own drafter.onnx, found rather than named: garbled or for another block size, spot_open failed
+    and no decoder could run, while `spot generate` decodes standard / chain / tree without it. Now both hosts do,
+    and spot / spot-sets fail with the drafter's error; a drafter the caller names is still refused at open."""
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    folder, drafter_dir = tiny[0], tiny[1]
+    ids = "--prompt-ids", "1,2,3", "--max-new-tokens", "8"
+    for name, breaks, code, says in (
+            ("garbled", lambda d: (d / "drafter.onnx").write_bytes(b"garbage"), CORRUPT, "does not match"),
+            ("foreign", lambda d: (d / "drafter.json").write_text(json.dumps(
+                {**json.loads((d / "drafter.json").read_text()), "block_size": 16})), INCOMPATIBLE, "block size")):
+        model = tmp_path / name
+        shutil.copytree(folder, model)
+        for f in ("drafter.onnx", "drafter.json"):
+            shutil.copy(drafter_dir / f, model / f)
+        breaks(model)
+        for decoder in ("standard", "tree"):
+            proc = cli(spot_cli, "generate", "--model", model, "--decoder", decoder, *ids)
+            assert proc.returncode == 0, (name, decoder, proc.stderr)
+            python = run_decoder(decoder, tiny[2], [1, 2, 3], DecodeRequest(8))
+            assert json.loads(proc.stdout)["token_ids"] == python.token_ids
+        for decoder in ("spot", "spot-sets"):
+            _fails(cli(spot_cli, "generate", "--model", model, "--decoder", decoder, *ids), code, says,
+                   "the drafter beside the model")
+        _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", model, *ids), code, says)
+        info = cli(spot_cli, "info", "--model", model)
+        assert info.returncode == 0 and json.loads(info.stdout)["has_drafter"] is False, info.stdout
+
+
 # -- bad input: exit code = spot_status, message on stderr ---------------------------------------------------------
 def _fails(proc: subprocess.CompletedProcess, code: int, *words: str) -> None:
     assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
@@ -754,7 +783,7 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     (["--top-p", "1.0000001"], INVALID_ARGUMENT, ["top_p must be in (0, 1], got 1.0000001"]),   # not "1.000000"
     (["--max-new-tokens", "0"], INVALID_ARGUMENT, ["max_new_tokens must be >= 1"]),
     (["--max-new-tokens", "4000"], INVALID_ARGUMENT, ["more than the model's limit"]),
-    (["--top-k", "-1"], INVALID_ARGUMENT, ["top_k must be >= 0"]),
+    (["--top-k", "-1"], INVALID_ARGUMENT, ["top_k must be in [0, 2147483647] (0 disables it), got -1"]),
     (["--top-p", "0"], INVALID_ARGUMENT, ["top_p must be in (0, 1]"]),
     (["--prompt-ids", "1,300,2"], INVALID_ARGUMENT, ["token id 300 is outside the vocabulary [0, 300)"]),
     (["--prompt-ids", "1,-4"], INVALID_ARGUMENT, ["outside the vocabulary"]),
@@ -829,6 +858,15 @@ def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
                "0").returncode == 0
     proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1,2,")
     assert proc.returncode == 64 and "trailing comma" in proc.stderr
+    # strtod rounds 1e-400 to 0: a sampling request decoded greedily
+    proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1", "--temperature", "1e-400")
+    assert proc.returncode == 64 and "--temperature 1e-400 is too small for a double" in proc.stderr
+    # ids with spaces, as Python reads them; and spot generate's default of 128 new tokens (the C API keeps 64)
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    spaced = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1, 2 ", "--stop-ids", "")
+    assert spaced.returncode == 0, spaced.stderr
+    ids = json.loads(spaced.stdout)["token_ids"]
+    assert len(ids) > 64 and ids == run_decoder("standard", tiny[2], [1, 2], DecodeRequest(128, stop_ids=())).token_ids
     # a batch reports a failed request and goes on with the next one
     proc = cli(spot_cli, "batch", "--model", tiny[0], stdin="--budget 0 --decoder tree --prompt-ids 1\n"
                                                             "--prompt-ids 1,2 --max-new-tokens 4\n")

@@ -174,8 +174,14 @@ def test_partial_folder_of_a_killed_export_is_cleaned(ckpt, tmp_path):
     (stale / DATA_FILE).write_bytes(b"half")
     aside = tmp_path / ".k.old-999999998"           # a previous export a killed --overwrite had moved aside
     aside.mkdir()
-    export(ckpt, tmp_path / "k", validate=False)
-    assert not stale.exists() and not aside.exists() and _no_leftovers(tmp_path) == []
+    other = tmp_path / ".int4.partial-999999996"     # a killed export to another --out: named, not removed
+    other.mkdir()
+    (other / DATA_FILE).write_bytes(b"x" * 4096)
+    said = []
+    export_checkpoint(resolve_source(str(ckpt)), tmp_path / "k", ExportOptions(dtype="fp32", validate=False),
+                      progress=said.append)
+    assert not stale.exists() and not aside.exists() and _no_leftovers(tmp_path) == [other.name]
+    assert any(f"{other} (0.00 GiB) was left by a killed spot-export of another --out" in s for s in said), said
 
 
 def test_overwrite_through_a_link_replaces_what_it_points_to(ckpt, tmp_path):

@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -405,6 +406,8 @@ def test_bad_budgets_are_clear_errors():
     (lambda: Sampling(5e-324), "temperature must be 0 or a finite number >= 1e-06"),
     (lambda: Sampling(1.0, seed=2.9), "seed must be an integer, got 2.9"),
     (lambda: Sampling(1.0, top_k=2.5), "top_k must be an integer"),
+    (lambda: Sampling(1.0, top_k=-1), "top_k must be in [0, 2147483647] (0 disables it), got -1"),
+    (lambda: Sampling(1.0, top_k=2 ** 63), "top_k must be in [0, 2147483647]"),    # the epilogue's int64 overflowed
     (lambda: TreeBudget(2.5, 3), "budget nodes must be an integer"),
     (lambda: TreeBudget(4, 2.5), "tree depth must be an integer"),
     (lambda: DecodeRequest(independent_noise="no"), "independent_noise must be True or False, got 'no'"),
@@ -419,6 +422,10 @@ def test_library_arguments_of_the_wrong_type_are_named(make, says):
 def test_numpy_scalars_and_generators_are_accepted_where_they_mean_the_same():
     assert DecodeRequest(7, stop_ids=(i for i in (3, 4))).stop_ids == (3, 4)
     assert Sampling(np.float64(0.5), np.int64(3), seed=np.uint32(7)) == Sampling(0.5, 3, seed=7)
+    # held as float / int: a Fraction or float128 temperature reached numpy as itself (TypeError mid-decode)
+    for held in (Sampling(Fraction(7, 10), top_p=np.longdouble(0.5)), Sampling(np.longdouble(0.7), top_p=0.5)):
+        assert held == Sampling(0.7, top_p=0.5) and type(held.temperature) is float and type(held.top_p) is float
+    assert type(CommitRule(THRESHOLD, Fraction(1, 2)).tau) is float
     assert TreeBudget(np.int64(4), 2) == TreeBudget(4, 2)
     assert DecodeRequest(7, stop_ids=[torch.tensor(5)]).stop_ids == (5,)       # as prompt ids may be tensors
     engine = engine_for(8, 0)

@@ -118,6 +118,31 @@ def test_train_target_writes_a_folder_that_loads_and_generates(tmp_path):
     assert (out / "model.safetensors").read_bytes() == (tmp_path / "model2" / "model.safetensors").read_bytes()
 
 
+def test_train_target_replaces_its_folder_only_when_complete(tmp_path, monkeypatch):
+    """An interrupt after the weights were written (during the final evaluation, minutes on the real recipe) left
+    the new weights beside the previous report; now the folder is built aside and swapped in, keeping the files
+    the run does not write (a drafter)."""
+    import spot.training.target as target
+    out = tmp_path / "model"
+    kw = dict(settings=TINY, work_dir=tmp_path / "work", max_files=6, progress=False, n_prompts=4, final_eval=False)
+    train_target(out, 2, **kw)
+    (out / "drafter.json").write_text("{}")
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+
+    def interrupted(path, text):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(target, "write_text_atomic", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            train_target(out, 3, **kw)
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "work"]        # no partial folder left
+    report = train_target(out, 3, **kw)
+    assert report["steps_done"] == 3 and json.loads((out / "training_report.json").read_text())["steps_done"] == 3
+    assert (out / "drafter.json").read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["model",
+                                                                                                          "work"]
+
+
 def test_the_default_recipe_is_the_shipped_models():
     """`spot train-target` with no options reproduces the embedded model: its report's settings are the defaults."""
     import json

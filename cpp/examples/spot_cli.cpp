@@ -34,7 +34,7 @@ constexpr int kUsageExit = 64;
 
 const char* kUsage =
     "usage: spot_cli generate --model DIR [--drafter DIR] [--decoder standard|threshold|chain|tree|spot|spot-sets]\n"
-    "                         --prompt-ids IDS [--temperature T] [--seed S] [--tau X] [--max-new-tokens N]\n"
+    "                         --prompt-ids IDS [--temperature T] [--seed S] [--tau X] [--max-new-tokens N (128)]\n"
     "                         [--budget N] [--depth D] [--mode static|threshold] [--top-k K] [--top-p P]\n"
     "                         [--stop-ids IDS] [--threads N] [--verify quick|full|none] [--device cpu|cuda|trt]\n"
     "                         [--sampler auto|host|device] [--kv-cache auto|host|device]\n"
@@ -102,9 +102,17 @@ int parse_int32(const std::string& flag, const std::string& v) {
 
 double parse_double(const std::string& flag, const std::string& v) {
   char* end = nullptr;
+  errno = 0;
   double x = std::strtod(v.c_str(), &end);
   if (v.empty() || *end != '\0') throw UsageError{flag + " expects a number, got '" + v + "'"};
+  // strtod rounds a value below the smallest double to 0: --temperature 1e-400 would decode greedily
+  if (errno == ERANGE && x == 0.0) throw UsageError{flag + " " + v + " is too small for a double (it rounds to 0)"};
   return x;
+}
+
+std::string trimmed(const std::string& s) {
+  const size_t first = s.find_first_not_of(" \t"), last = s.find_last_not_of(" \t");
+  return first == std::string::npos ? std::string() : s.substr(first, last - first + 1);
 }
 
 std::vector<int64_t> parse_ids(const std::string& flag, const std::string& v) {
@@ -114,7 +122,7 @@ std::vector<int64_t> parse_ids(const std::string& flag, const std::string& v) {
   if (v.back() == ',') throw UsageError{flag + " expects comma-separated integers, got a trailing comma in '" + v + "'"};
   std::stringstream ss(v);
   std::string item;
-  while (std::getline(ss, item, ',')) ids.push_back(parse_int(flag, item));
+  while (std::getline(ss, item, ',')) ids.push_back(parse_int(flag, trimmed(item)));   // "1, 2" as Python reads it
   return ids;
 }
 
@@ -123,7 +131,13 @@ struct OpenArgs {
   spot_open_options options;
 };
 
+constexpr int kDefaultMaxNewTokens = 128;   // spot generate's default (the C API's is DecodeRequest's 64)
+
 struct Request {
+  Request() {
+    spot_generate_options_init(&options);
+    options.max_new_tokens = kDefaultMaxNewTokens;
+  }
   spot_generate_options options;
   std::vector<int64_t> prompt, stop_ids;
   bool has_stop_ids = false;
@@ -340,7 +354,6 @@ int run(int argc, char** argv) {
   spot_open_options_init(&oa.options);
   if (cmd == "generate") {
     Request req;
-    spot_generate_options_init(&req.options);
     parse_flags(args, 2, &oa, &req);
     require_prompt(req);
     spot_status st;
@@ -361,7 +374,6 @@ int run(int argc, char** argv) {
       std::vector<std::string> words = split_ws(line);
       if (words.empty()) continue;
       Request req;
-      spot_generate_options_init(&req.options);
       try {
         parse_flags(words, 0, nullptr, &req);
         require_prompt(req);

@@ -20,6 +20,10 @@ struct spot_model {
   spot::ExportedFolder folder;
   std::unique_ptr<spot::TargetEngine> engine;
   std::unique_ptr<spot::Drafter> drafter;
+  // the folder's own drafter.onnx (found, not named) failed to load or fit: the error of spot / spot-sets, which
+  // need it; the other decoders run without it (as `spot generate` looks for a drafter only for those two)
+  spot_status drafter_status = SPOT_OK;
+  std::string drafter_message;
   std::string ort_version;
   // one request at a time (one KV cache): a second thread or an on_block calling back in is refused, not
   // interleaved into the first request's cache (as spot.runtime.decode.generate's request lock); a spot_close
@@ -143,9 +147,16 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
       drafter_dir = folder;
     }
     if (!drafter_dir.empty()) {
-      m->drafter = spot::Drafter::load(drafter_dir);
-      // refuse a mismatched drafter at open: spot / spot-sets with it could never run
-      m->drafter->check_compatible(m->engine->block_size(), m->folder.config);
+      try {
+        auto drafter = spot::Drafter::load(drafter_dir);
+        // refuse a mismatched drafter at open: spot / spot-sets with it could never run
+        drafter->check_compatible(m->engine->block_size(), m->folder.config);
+        m->drafter = std::move(drafter);
+      } catch (const spot::SpotException& e) {
+        if (opts.drafter_dir != nullptr) throw;      // the caller named it
+        m->drafter_status = e.code();
+        m->drafter_message = std::string(e.what()) + " (the drafter beside the model, which spot and spot-sets use)";
+      }
     }
     model = m.release();
   });
@@ -213,8 +224,9 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
   if (static_cast<int>(o.decoder) < 0 || static_cast<int>(o.decoder) > SPOT_DECODER_SPOT_SETS)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: unknown decoder " +
                                                          std::to_string(static_cast<int>(o.decoder)));
-  if (o.top_k < 0) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "top_k must be >= 0, got " +
-                                                                      std::to_string(o.top_k));
+  if (o.top_k < 0)    // the range of an int, as Python's Sampling (step.MAX_TOP_K)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "top_k must be in [0, 2147483647] (0 disables it), got " +
+                                                         std::to_string(o.top_k));
   if (!(o.top_p > 0.0 && o.top_p <= 1.0))
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1], got " + spot::number_text(o.top_p));
   if (o.mode != SPOT_MODE_STATIC && o.mode != SPOT_MODE_THRESHOLD)
@@ -267,6 +279,8 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
       std::lock_guard<std::mutex> guard(model->lock);
       return stop || model->close_requested;
     };
+    if ((o.decoder == SPOT_DECODER_SPOT || o.decoder == SPOT_DECODER_SPOT_SETS) && model->drafter_status != SPOT_OK)
+      spot::fail(model->drafter_status, model->drafter_message);
     std::vector<int64_t> ids(prompt, prompt + n_prompt);
     spot::Generation gen = spot::run_decoder(*model->engine, model->folder.config, model->drafter.get(), ids, req);
     if (gen.token_ids.size() > out_capacity) spot::fail(SPOT_ERR_INTERNAL, "output larger than its bound");

@@ -417,25 +417,26 @@ class TrtEngine(Engine):
             out = self._run(ids[start:start + self.plan.prefill_chunk][None], ["new_k", "new_v"])
             self.cache.append(out["new_k"][:, 0], out["new_v"][:, 0])
 
-    def device_logits(self, states: np.ndarray):
+    def _device_logits(self, states: np.ndarray):
         """Logits [N,B,V] float32 as a CUDA tensor (padded rows dropped)."""
         n = states.shape[0]
         return self._run(pad_nodes(states, self.plan.nodes_for(n)), ["logits"])["logits"][:n]
 
     def _block_logits(self, states: np.ndarray) -> np.ndarray:
-        return self.device_logits(states).cpu().numpy()
+        return self._device_logits(states).cpu().numpy()
 
     def block_epilogue(self, states: np.ndarray, node_steps, sampling, block: int, future_steps: int):
         """The sampling epilogue over every state of one pass (spot.reference.noise_torch.epilogue_torch): returns
         spot.export.epilogue.EpilogueResult with O(N x B x (D + 32)) values copied to the host. The decoders use
         `block_outputs`, which runs it per state on demand."""
         from spot.export.epilogue import check_sampling
+        self._check_caller()
         check_sampling(sampling)
         logits = self._finite_device_logits(self._check_states(states))
         return self._epilogue(logits, node_steps, sampling, block, future_steps)
 
     def _finite_device_logits(self, states: np.ndarray):
-        logits = self.device_logits(states)
+        logits = self._device_logits(states)
         # before the twin: NaN / inf logits can turn its table lookups' indices out of range (on CUDA a device-side
         # assert that ends the process); one reduction on the device
         if not bool(logits.isfinite().all()):

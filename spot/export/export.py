@@ -285,14 +285,24 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_partials(out: Path) -> None:
-    """Partial folders left by exports that were killed (SIGKILL, power loss), and previous exports they had moved
-    aside to swap in a new one: their process is gone."""
+def _dead_owner(left: Path) -> bool:
+    pid = left.name.rsplit("-", 1)[-1]
+    return pid.isdigit() and not _pid_alive(int(pid))
+
+
+def remove_stale_partials(out: Path, progress=lambda _: None) -> None:
+    """Partial folders left by exports of `out` that were killed (SIGKILL, the OOM killer, power loss), and previous
+    exports they had moved aside to swap in a new one: their process is gone. A killed export to another name
+    (retried as another --out) is named, not removed: the folder may be someone else's."""
     for kind in ("partial", "old"):
         for left in out.parent.glob(f".{out.name}.{kind}-*"):
-            pid = left.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if _dead_owner(left):
                 remove_tree(left)
+    for left in out.parent.glob(".*.partial-*"):
+        if left.is_dir() and not left.is_symlink() and (left / DATA_FILE).is_file() and _dead_owner(left):
+            size = sum(f.stat().st_size for f in left.iterdir() if f.is_file() and not f.is_symlink())
+            progress(f"note: {left} ({size / 2**30:.2f} GiB) was left by a killed spot-export of another --out; "
+                     "delete it to free the space")
 
 
 def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
@@ -371,7 +381,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
         check_plan_fits(cfg, options, max_context, progress, source.preset or source.default_name)
     layout, total = plan_layout(graph.weights)
     out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_partials(out)
+    remove_stale_partials(out, progress)
     tmp = _partial_dir(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

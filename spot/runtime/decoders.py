@@ -69,6 +69,13 @@ def record_trajectories(trajectories: dict[int, list[np.ndarray]]):
     return observe
 
 
+def verified_budget(name: str, budget: TreeBudget, engine: Engine) -> TreeBudget:
+    """The budget the tree decoder `name` verifies with on `engine`: its depth resolved, and a chain's nodes its
+    depth + 1 (one node per depth: --budget does not size a chain, its depth does)."""
+    budget = budget.resolve(engine)
+    return TreeBudget(budget.depth + 1, budget.depth) if name == "chain" else budget
+
+
 def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, drafter=None,
                 on_block: Callable[[list[int]], bool | None] | None = None) -> Generation:
     """Decode `prompt_ids` with the decoder `name`; returns tokens and stats (no printing). on_block: streaming, as
@@ -79,9 +86,8 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
     common = dict(max_new_tokens=req.max_new_tokens, rule=rule, sampling=req.sampling, stop_ids=req.stop_ids)
     if name in BASELINE_DECODERS:
         return generate(engine, prompt_ids, block_decoder=standard_block, on_block=on_block, **common)
-    budget = req.budget.resolve(engine)
-    if name == "chain":       # one node per depth: --budget does not size a chain, its depth does
-        budget = TreeBudget(budget.depth + 1, budget.depth)
+    budget = verified_budget(name, req.budget, engine)
+    if name == "chain":
         if 1 <= budget.depth <= engine.block_size and budget.nodes > engine.max_nodes:
             raise SpotError(f"a chain of depth {budget.depth} verifies {budget.nodes} states, more than the "
                             f"{engine.max_nodes} one verify pass of this engine takes (the export's max_nodes)",

@@ -29,6 +29,7 @@ FAST_CONFIDENCE_FLOOR = 2.0 ** -900
 
 # below it L / T leaves float64's range for large logits; sampling there is argmax anyway (the C++ host's bound too)
 MIN_TEMPERATURE = 1e-6
+MAX_TOP_K = 2 ** 31 - 1     # what the C API's int and the epilogue's int64 input hold (spot_generate_options.top_k)
 
 
 @dataclass(frozen=True)
@@ -46,16 +47,17 @@ class Sampling:
     exclude_token: int = -1
 
     def __post_init__(self):
-        t = number_arg(self.temperature, "temperature")
-        integer_arg(self.top_k, "top_k")
-        number_arg(self.top_p, "top_p")
-        integer_arg(self.seed, "seed")
-        integer_arg(self.exclude_token, "exclude_token")
+        # kept as the checked float / int: a Fraction or float128 temperature would reach numpy as itself
+        for name, coerce in (("temperature", number_arg), ("top_k", integer_arg), ("top_p", number_arg),
+                             ("seed", integer_arg), ("exclude_token", integer_arg)):
+            object.__setattr__(self, name, coerce(getattr(self, name), name))
+        t = self.temperature
         if not np.isfinite(t) or t < 0 or 0 < t < MIN_TEMPERATURE:
             raise SpotError(f"temperature must be 0 or a finite number >= {MIN_TEMPERATURE:g}, got {t}",
                             "0 decodes greedily (argmax); 1 samples from the model's distribution")
-        if self.top_k < 0:
-            raise SpotError(f"top_k must be >= 0 (0 disables it), got {self.top_k}", "e.g. --top-k 40, or 0")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise SpotError(f"top_k must be in [0, {MAX_TOP_K}] (0 disables it), got {self.top_k}",
+                            "e.g. --top-k 40, or 0; a top_k >= the vocabulary size keeps every token too")
         if not 0.0 < self.top_p <= 1.0:
             raise SpotError(f"top_p must be in (0, 1], got {self.top_p}", "e.g. --top-p 0.9, or 1 to disable it")
         if not 0 <= self.seed <= 0xFFFFFFFF:
@@ -72,7 +74,7 @@ class CommitRule:
     def __post_init__(self):
         if self.kind not in (STATIC, THRESHOLD):
             raise SpotError(f"commit rule must be 'static' or 'threshold', got {self.kind!r}")
-        number_arg(self.tau, "tau")
+        object.__setattr__(self, "tau", number_arg(self.tau, "tau"))
         if self.kind == THRESHOLD and not 0.0 <= self.tau < 1.0:
             raise SpotError(f"tau must be in [0, 1), got {self.tau}",
                             "the threshold rule commits every position whose confidence exceeds tau (at least the "

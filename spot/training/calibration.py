@@ -95,6 +95,11 @@ def check_settings(drafter: Drafter, temperatures, candidates, runner_up_candida
                 drafter.with_settings(**{name: value})
             except SpotError as e:      # the value came from the command line, not from drafter.json
                 raise SpotError(f"{flag}: {e.message.split(': ', 1)[-1]}", f"fix {flag}") from None
+    for t in temperatures:          # checked now, not when the candidate loop first reaches it
+        try:
+            Sampling(t)
+        except SpotError as e:
+            raise SpotError(f"--temperatures: {e.message}", "fix --temperatures, e.g. 0,1") from None
 
 
 def calibrate_drafter(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float],

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from torch import nn
 
 from spot.descriptors import sha256_file
 from spot.errors import SpotError
+from spot.files import atomic_output
 from spot.runtime.drafter import (BASELINE_INPUTS, DRAFTER_JSON, DRAFTER_ONNX, FORMAT, FORMAT_VERSION, INPUT_NAMES,
                                   MAX_BLOCK, MAX_STALENESS, OUTPUT_NAMES, drafter_inputs)
 from spot.runtime.stale import TOPK_FEATURES
@@ -537,21 +537,15 @@ def random_inputs(k: int, b: int, seed: int = 0) -> dict[str, np.ndarray]:
 def write_drafter(model: OrderModel, out_dir: Path, manifest: dict, sample: dict[str, np.ndarray]) -> dict:
     """Export to out_dir/drafter.onnx + drafter.json: temporary names, validated, then renamed (json last)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp_onnx = out_dir / (DRAFTER_ONNX + ".partial")
-    tmp_json = out_dir / (DRAFTER_JSON + ".partial")
-    try:
+    # unique temporary names (two runs into one folder do not write each other's), removed on any failure; the
+    # inner block's file is renamed first: drafter.onnx, then the drafter.json that vouches for it
+    with atomic_output(out_dir / DRAFTER_JSON, ".json") as tmp_json, \
+            atomic_output(out_dir / DRAFTER_ONNX, ".onnx") as tmp_onnx:
         exported = export_onnx(model, tmp_onnx, sample)
         manifest = {**manifest, "onnx": DRAFTER_ONNX, "onnx_sha256": sha256_file(tmp_onnx),
                     "onnx_bytes": tmp_onnx.stat().st_size, "graph": exported["graph"],
                     "inputs": exported["inputs"], "onnx_vs_torch_max_abs_diff": exported["max_abs_diff"]}
         tmp_json.write_text(json.dumps(manifest, indent=2) + "\n")
-        os.replace(tmp_onnx, out_dir / DRAFTER_ONNX)
-        os.replace(tmp_json, out_dir / DRAFTER_JSON)
-    finally:
-        for t in (tmp_onnx, tmp_json):
-            if t.exists():
-                t.unlink()
     return manifest
 
 

@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 from spot.config import ModelConfig
 from spot.errors import SpotError
-from spot.files import write_text_atomic
+from spot.files import remove_tree, swap_in_folder, write_text_atomic
 from spot.reference.model import SDARModel
 from spot.training import bpe, corpus
 
@@ -334,29 +335,50 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
     train_seconds = time.time() - t_loop
 
     model.eval()
-    write_folder(model, prep, out_dir, n_prompts=n_prompts, seed=s.seed)
-    report = {
-        "parameters": n_params, "settings": asdict(s), "steps_done": steps_done, "stopped_early": stopped_early,
-        "train_seconds": round(train_seconds, 1), "total_seconds": round(time.time() - t_start, 1),
-        "torch": torch.__version__, "threads": s.threads,
-        "tokens_seen": steps_done * s.batch_size * s.seq_len,
-        "corpus": {"root": str(Path(corpus_root) if corpus_root else corpus.stdlib_root()),
-                   "split_rule": "held-out iff int(sha1(relative posix path), 16) % 20 == 0",
-                   "train_files": len(prep.train_files), "heldout_files": len(prep.heldout_files),
-                   "train_tokens": int(prep.train_stream.size), "heldout_tokens": int(prep.heldout_stream.size),
-                   "train_sha1": corpus.split_digest(prep.train_files),
-                   "heldout_sha1": corpus.split_digest(prep.heldout_files)},
-        "tokenizer": {"vocab_size": s.vocab_size, "eos": [bpe.EOS_TOKEN, bpe.EOS_ID],
-                      "mask": [bpe.MASK_TOKEN, s.vocab_size - 1],
-                      "sha1": hashlib.sha1((out_dir / "tokenizer.json").read_bytes()).hexdigest()},
-        "history": history,
-    }
-    if final_eval:
-        from spot.training.evaluate import evaluate_folder
-        report["evaluation"] = evaluate_folder(out_dir, prep, s, log=lambda m: _log(m, log_file, progress))
-    write_text_atomic(out_dir / "training_report.json", json.dumps(report, indent=2))
+    # built beside out_dir and swapped in when complete: an interrupt during the minutes of final evaluation left
+    # the new weights beside the previous training_report.json
+    partial = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    remove_tree(partial)
+    try:
+        write_folder(model, prep, partial, n_prompts=n_prompts, seed=s.seed)
+        report = {
+            "parameters": n_params, "settings": asdict(s), "steps_done": steps_done, "stopped_early": stopped_early,
+            "train_seconds": round(train_seconds, 1), "total_seconds": round(time.time() - t_start, 1),
+            "torch": torch.__version__, "threads": s.threads,
+            "tokens_seen": steps_done * s.batch_size * s.seq_len,
+            "corpus": {"root": str(Path(corpus_root) if corpus_root else corpus.stdlib_root()),
+                       "split_rule": "held-out iff int(sha1(relative posix path), 16) % 20 == 0",
+                       "train_files": len(prep.train_files), "heldout_files": len(prep.heldout_files),
+                       "train_tokens": int(prep.train_stream.size), "heldout_tokens": int(prep.heldout_stream.size),
+                       "train_sha1": corpus.split_digest(prep.train_files),
+                       "heldout_sha1": corpus.split_digest(prep.heldout_files)},
+            "tokenizer": {"vocab_size": s.vocab_size, "eos": [bpe.EOS_TOKEN, bpe.EOS_ID],
+                          "mask": [bpe.MASK_TOKEN, s.vocab_size - 1],
+                          "sha1": hashlib.sha1((partial / "tokenizer.json").read_bytes()).hexdigest()},
+            "history": history,
+        }
+        if final_eval:
+            from spot.training.evaluate import evaluate_folder
+            report["evaluation"] = evaluate_folder(partial, prep, s, log=lambda m: _log(m, log_file, progress))
+        write_text_atomic(partial / "training_report.json", json.dumps(report, indent=2))
+        publish_folder(partial, out_dir)
+    except BaseException:
+        remove_tree(partial)
+        raise
     _log(f"wrote {out_dir} ({folder_bytes(out_dir) / 1e6:.1f} MB)", log_file, progress)
     return report
+
+
+def publish_folder(new: Path, folder: Path) -> None:
+    """Put the finished folder `new` at `folder`; files of an existing `folder` that `new` lacks (a drafter trained
+    for the model) are carried over."""
+    if not folder.exists():
+        new.rename(folder)
+        return
+    for f in folder.iterdir():
+        if f.is_file() and not (new / f.name).exists():
+            shutil.copy2(f, new / f.name)
+    swap_in_folder(new, folder, folder.parent / f".{folder.name}.old-{os.getpid()}")
 
 
 def folder_bytes(path: Path) -> int:

@@ -191,6 +191,10 @@ class TracePlan:
     depth: int = DEFAULT_DEPTH
     cycle: bool = False
 
+    def __post_init__(self):
+        for t in self.temperatures:         # checked now, not after decoding the combinations before it
+            Sampling(t)
+
     def combos(self) -> list[tuple[float, str, int]]:
         return [(float(t), rule, s) for t in self.temperatures for rule in self.rules
                 for s in range(self.seeds if t > 0 else 1)]

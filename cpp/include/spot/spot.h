@@ -74,7 +74,9 @@ typedef enum spot_sampler { SPOT_SAMPLER_AUTO = 0, SPOT_SAMPLER_HOST = 1, SPOT_S
 typedef enum spot_kv_cache { SPOT_KV_CACHE_AUTO = 0, SPOT_KV_CACHE_HOST = 1, SPOT_KV_CACHE_DEVICE = 2 } spot_kv_cache;
 
 typedef struct spot_open_options {
-  const char* drafter_dir; /* folder with drafter.onnx + drafter.json; NULL: the model folder's own, if any */
+  const char* drafter_dir; /* folder with drafter.onnx + drafter.json, refused at open if broken or for another
+                              target; NULL: the model folder's own, if any — if that one is broken or foreign, the
+                              model still opens (has_drafter 0) and spot / spot-sets fail with its error */
   spot_verify verify;
   int threads;             /* intra-op threads of the target session; 0: ONNX Runtime's default */
   spot_device device;      /* SPOT_DEVICE_CPU unless set */
