@@ -588,6 +588,37 @@ def test_both_clis_report_the_same_result_keys(spot_cli, tiny):
         assert cpp["mode"] == ("threshold" if decoder == "spot-sets" else "static")
 
 
+def test_the_binary_interface_is_versioned_and_installs_and_failures_leave_zeros(spot_cli, tiny, tmp_path):
+    """An application checks spot_abi_version() against the header it was built with, and a library of another
+    interface has another SONAME (the structs grew three times under libspot.so.0). `cmake --install` gave binaries
+    that found neither libspot nor ONNX Runtime. A failed spot_generate left *stats as the caller's bytes."""
+    import ctypes
+    import re
+    header = (CPP / "include" / "spot" / "spot.h").read_text()
+    abi = int(re.search(r"^#define SPOT_ABI_VERSION (\d+)$", header, re.M).group(1))
+    lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
+    assert lib.spot_abi_version() == abi
+    assert os.path.realpath(spot_cli.parent / "libspot.so") == str((spot_cli.parent / f"libspot.so.{abi}").resolve())
+    stats_size = 112            # spot_stats: 7 int64, an int (padded), 4 doubles, an int64, a double
+    for model, prompt in ((None, [1, 2]), ("open", [1, 300])):        # no model; a token id outside the vocabulary
+        handle = ctypes.c_void_p()
+        if model:
+            assert lib.spot_open(str(tiny[0]).encode(), None, ctypes.byref(handle), None) == 0
+        stats = (ctypes.c_ubyte * (stats_size + 16))(*([0xAB] * (stats_size + 16)))
+        out, n = (ctypes.c_int64 * 64)(), ctypes.c_size_t(7)
+        ids = (ctypes.c_int64 * len(prompt))(*prompt)
+        status = lib.spot_generate(handle, ids, ctypes.c_size_t(len(prompt)), None, out, ctypes.c_size_t(64),
+                                   ctypes.byref(n), stats, None)
+        lib.spot_close(handle)
+        assert status == 1 and n.value == 0
+        assert bytes(stats[:stats_size]) == bytes(stats_size) and bytes(stats[stats_size:]) == b"\xab" * 16
+    prefix = tmp_path / "prefix"
+    subprocess.run(["cmake", "--install", str(BUILD), "--prefix", str(prefix)], check=True, capture_output=True)
+    installed = subprocess.run([str(prefix / "bin" / "spot_cli"), "info", "--model", str(tiny[0])],
+                               capture_output=True, text=True)
+    assert installed.returncode == 0 and json.loads(installed.stdout)["abi_version"] == abi, installed.stderr
+
+
 def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):
     """spot_generate called back from on_block on the same handle is refused (SPOT_ERR_INVALID_ARGUMENT), as
     Python's request lock refuses it; before, both calls returned 0 and the outer request's tokens changed. The

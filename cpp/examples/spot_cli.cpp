@@ -400,9 +400,9 @@ int run(int argc, char** argv) {
     std::printf("{\"vocab_size\": %" PRId64 ", \"block_size\": %" PRId64 ", \"mask_token_id\": %" PRId64
                 ", \"max_nodes\": %" PRId64 ", \"max_context\": %" PRId64
                 ", \"has_drafter\": %s, \"dtype\": \"%s\", \"ort_version\": \"%s\", \"spot_version\": \"%s\""
-                ", \"samples_on_device\": %s, \"cache_on_device\": %s}\n",
+                ", \"abi_version\": %d, \"samples_on_device\": %s, \"cache_on_device\": %s}\n",
                 info.vocab_size, info.block_size, info.mask_token_id, info.max_nodes, info.max_context,
-                info.has_drafter ? "true" : "false", info.dtype, info.ort_version, SPOT_VERSION,
+                info.has_drafter ? "true" : "false", info.dtype, info.ort_version, SPOT_VERSION, spot_abi_version(),
                 info.samples_on_device ? "true" : "false", info.cache_on_device ? "true" : "false");
     spot_close(model);
     return 0;
@@ -413,6 +413,11 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (spot_abi_version() != SPOT_ABI_VERSION) {   // a libspot built from another header: its structs differ
+    std::fprintf(stderr, "spot_cli: error (incompatible): libspot has binary interface %d, this program was built "
+                 "for %d\n", spot_abi_version(), SPOT_ABI_VERSION);
+    return SPOT_ERR_INCOMPATIBLE;
+  }
   try {
     return run(argc, argv);
   } catch (const UsageError& e) {

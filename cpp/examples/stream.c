@@ -1,7 +1,7 @@
 /* Streaming from C: decode with SPOT and print each block's ids the moment the block is final.
  *
  *   spot_stream MODEL_DIR PROMPT_IDS [STOP_AFTER_BLOCKS]
- *   spot_stream emb_onnx 12,7,301,9 3      # one line of ids per finished block; stop after 3 blocks
+ *   spot_stream emb_onnx 12,7,301,9 1      # one line of ids per finished block; stop after the first
  *
  * Plain C99 against include/spot/spot.h (it also keeps the header C-compatible: CMake builds this as C). The
  * drafter is the folder's own (drafter.onnx beside the manifest); without one, the `tree` decoder is used. */
@@ -45,6 +45,11 @@ static const char* kUsage = "usage: spot_stream MODEL_DIR PROMPT_IDS [STOP_AFTER
                             "  PROMPT_IDS: comma-separated token ids; STOP_AFTER_BLOCKS: >= 0 (0: to the end)\n";
 
 int main(int argc, char** argv) {
+  if (spot_abi_version() != SPOT_ABI_VERSION) { /* a libspot built from another header: its structs differ */
+    fprintf(stderr, "spot_stream: libspot has binary interface %d, this program was built for %d\n",
+            spot_abi_version(), SPOT_ABI_VERSION);
+    return 4;
+  }
   if (argc < 3 || argc > 4) {
     fputs(kUsage, stderr);
     return 64;

@@ -212,6 +212,9 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
                                  const spot_generate_options* options, spot_block_callback on_block,
                                  void* user_data, int64_t* out_ids, size_t out_capacity, size_t* out_len,
                                  spot_stats* stats, spot_error* err) {
+  // what a caller reads after a failure is zero, not its buffer's earlier contents
+  if (out_len != nullptr) *out_len = 0;
+  if (stats != nullptr) *stats = spot_stats{};
   if (model == nullptr) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: model is NULL");
   if (prompt == nullptr && n_prompt > 0)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: prompt is NULL");
@@ -321,6 +324,8 @@ double spot_uniform(uint32_t seed, uint32_t block, uint32_t step, uint32_t posit
   if (b) *b = wb;
   return spot::uniform_from_words(wa, wb);
 }
+
+int spot_abi_version(void) { return SPOT_ABI_VERSION; }
 
 const char* spot_decoder_name(spot_decoder decoder) {
   int d = static_cast<int>(decoder);

@@ -18,6 +18,11 @@ extern "C" {
 #endif
 
 #define SPOT_VERSION "0.1.0"
+/* The binary interface: the layout of every struct and enum here and every function's signature. Raised with any
+ * change to them, together with the library's SONAME (libspot.so.<SPOT_ABI_VERSION>, cpp/CMakeLists.txt reads it
+ * from here). An application checks spot_abi_version() == SPOT_ABI_VERSION before its first call: a library
+ * built from another header would read and write structs of another size. */
+#define SPOT_ABI_VERSION 1
 
 #if defined(_WIN32)
 #define SPOT_API __declspec(dllexport)
@@ -108,7 +113,7 @@ typedef struct spot_generate_options {
                               threshold); standard + SPOT_MODE_THRESHOLD = threshold decoding, as in Python */
   int top_k;               /* >= 0; 0 disables top-k filtering (T > 0 only; confidences stay unfiltered) */
   double top_p;            /* in (0, 1]; 1 disables top-p filtering (T > 0 only, after top-k) */
-  const int64_t* stop_ids; /* NULL: the manifest's stop ids */
+  const int64_t* stop_ids; /* NULL: the manifest's stop ids; otherwise n_stop_ids ids (0: none) */
   size_t n_stop_ids;
 } spot_generate_options;
 
@@ -131,11 +136,14 @@ typedef struct spot_stats {
 typedef struct spot_model_info {
   int64_t vocab_size, block_size, mask_token_id, max_nodes, max_context;
   int has_drafter;
-  const char* dtype;     /* "fp32" or "fp16"; owned by the model */
-  const char* ort_version;
+  const char* dtype;     /* "fp32" or "fp16" */
+  const char* ort_version; /* the ONNX Runtime library's; both strings owned by the model, valid until spot_close */
   int samples_on_device; /* 1: F's sampling runs in the export's epilogue (spot_open_options.sampler resolved) */
   int cache_on_device;   /* 1: the KV cache lives where the target runs (spot_open_options.kv_cache resolved) */
 } spot_model_info;
+
+/* SPOT_ABI_VERSION of the header the library was built from. */
+SPOT_API int spot_abi_version(void);
 
 /* Defaults: verify quick, drafter from the folder, ORT's default threads. */
 SPOT_API void spot_open_options_init(spot_open_options* options);
@@ -161,7 +169,7 @@ SPOT_API size_t spot_output_capacity(const spot_model* model, size_t n_prompt, i
 
 /* Decode `prompt` (n_prompt ids). Writes the generated ids after the prompt, cut before the first stop id, to
  * out_ids (capacity out_capacity >= spot_output_capacity(...)) and their number to *out_len. `options` may be NULL
- * (defaults); `stats` may be NULL. */
+ * (defaults); `stats` may be NULL. On failure *out_len is 0 and *stats all zero. */
 SPOT_API spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_prompt,
                                    const spot_generate_options* options, int64_t* out_ids, size_t out_capacity,
                                    size_t* out_len, spot_stats* stats, spot_error* err);
@@ -186,6 +194,7 @@ SPOT_API double spot_gumbel(uint32_t seed, uint32_t block, uint32_t step, uint32
 SPOT_API double spot_uniform(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, uint32_t token,
                              uint32_t* a, uint32_t* b);
 
+/* A static string: the decoder's name, "unknown" for a value outside the enum. */
 SPOT_API const char* spot_decoder_name(spot_decoder decoder);
 /* Parse "standard", "threshold", "chain", "tree", "spot", "spot-sets"; "oracle" / "order-oracle" (Python-only
    diagnostics): SPOT_ERR_UNSUPPORTED; anything else: SPOT_ERR_INVALID_ARGUMENT. */
