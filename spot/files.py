@@ -39,6 +39,34 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def beside(folder: Path, kind: str) -> Path:
+    """This process's hidden folder next to `folder` while it is built ("partial") or moved aside ("old")."""
+    return folder.parent / f".{folder.name}.{kind}-{os.getpid()}"
+
+
+def owner_gone(left: Path) -> bool:
+    """Whether the process that named `left` (beside(): the pid after the last "-") has ended."""
+    pid = left.name.rsplit("-", 1)[-1]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):      # another user's live process; not a pid
+        return False
+    return False
+
+
+def remove_stale_beside(folder: Path) -> None:
+    """The partial folders a killed run (SIGKILL, the OOM killer, power loss) left next to `folder`, and the
+    previous folders such runs had moved aside to swap in a new one: their process is gone."""
+    for kind in ("partial", "old"):
+        for left in folder.parent.glob(f".{folder.name}.{kind}-*"):
+            if owner_gone(left):
+                remove_tree(left)
+
+
 def swap_in_folder(new: Path, folder: Path, aside: Path) -> None:
     """Put the finished folder `new` in place of the existing `folder` by two renames: `folder` to `aside`, `new` to
     `folder`. If the second fails or is interrupted, `folder` is moved back (unless another process has put one

@@ -400,6 +400,13 @@ def test_a_failed_streamed_write_leaves_no_temporary_and_the_cache_needs_no_home
         unset()
         with pytest.raises(SpotError, match="no home folder to hold the spot cache"):
             spot_cache()
+    from spot.export.presets import hf_hub_dir          # a preset's checkpoint is looked for in the HF cache
+    for name in ("HF_HUB_CACHE", "HF_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SpotError, match="no home folder to hold the Hugging Face cache"):
+        hf_hub_dir()
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert hf_hub_dir() == tmp_path / "hf" / "hub"
     (tmp_path / "f").write_text("x")
     remove_tree(tmp_path / "f")
     assert not (tmp_path / "f").exists()

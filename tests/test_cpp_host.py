@@ -867,7 +867,7 @@ def test_tensorrt_needs_the_recorded_shape_profile(spot_cli, tiny, tmp_path, mon
     assert cli(spot_cli, "generate", "--model", old, "--prompt-ids", "1,2", "--max-new-tokens", "4").returncode == 0
 
 
-def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
+def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny, tmp_path):
     _fails(cli(spot_cli, "generate", "--model", tiny[0], "--decoder", "spot", "--prompt-ids", "1,2"),
            INVALID_ARGUMENT, "needs a drafter")
     proc = cli(spot_cli, "generate", "--model", tiny[0], "--decoder", "oracle", "--prompt-ids", "1")
@@ -892,12 +892,20 @@ def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny):
     # strtod rounds 1e-400 to 0: a sampling request decoded greedily
     proc = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1", "--temperature", "1e-400")
     assert proc.returncode == 64 and "--temperature 1e-400 is too small for a double" in proc.stderr
-    # ids with spaces, as Python reads them; and spot generate's default of 128 new tokens (the C API keeps 64)
+    # ids with spaces, as Python reads them; spot generate's default of 128 new tokens (the C API keeps 64); and
+    # --stop-ids '' = none, on a copy whose manifest stops at a token the request generates (an empty vector's
+    # data() is NULL: the C API read it as "the manifest's stop ids")
     from spot.runtime.decoders import DecodeRequest, run_decoder
-    spaced = cli(spot_cli, "generate", "--model", tiny[0], "--prompt-ids", "1, 2 ", "--stop-ids", "")
-    assert spaced.returncode == 0, spaced.stderr
-    ids = json.loads(spaced.stdout)["token_ids"]
-    assert len(ids) > 64 and ids == run_decoder("standard", tiny[2], [1, 2], DecodeRequest(128, stop_ids=())).token_ids
+    free = run_decoder("standard", tiny[2], [1, 2], DecodeRequest(128, stop_ids=())).token_ids
+    stops = tmp_path / "stops"
+    shutil.copytree(tiny[0], stops)
+    manifest = json.loads((stops / "manifest.json").read_text())
+    manifest["stop_ids"] = manifest["model"]["stop_ids"] = [free[5]]
+    (stops / "manifest.json").write_text(json.dumps(manifest))
+    for flags, want in ((["--stop-ids", ""], free), (["--stop-ids", " "], free), ([], free[:free.index(free[5])])):
+        proc = cli(spot_cli, "generate", "--model", stops, "--prompt-ids", "1, 2 ", *flags)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["token_ids"] == want and len(free) > 64, flags
     # a batch reports a failed request and goes on with the next one
     proc = cli(spot_cli, "batch", "--model", tiny[0], stdin="--budget 0 --decoder tree --prompt-ids 1\n"
                                                             "--prompt-ids 1,2 --max-new-tokens 4\n")

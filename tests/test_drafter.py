@@ -316,7 +316,7 @@ def test_exported_drafter_folder(drafter_dir, engine, traces):
     assert set(acc["per_staleness"]) <= {1, 2, 3, 4} or set(acc["per_staleness"]) <= {"1", "2", "3", "4"}
     assert 0.0 <= acc["model"] <= 1.0 and 0.0 <= acc["baseline"] <= 1.0
     assert (drafter_dir / DRAFTER_ONNX).stat().st_size < 5e6
-    assert not list(drafter_dir.glob("*.partial"))
+    assert not list(drafter_dir.glob(".spot-*"))        # atomic_output's temporaries: none left
 
 
 def test_calibrated_threshold_is_the_proposer_cut(drafter_dir, traces):
@@ -631,7 +631,7 @@ def test_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp_path):
     assert reloaded.order_temperature == best_t and reloaded.runner_up_weight == best_w
     assert reloaded.set_flip_weight == result["set_flip_weight"]
     assert reloaded.manifest["onnx_sha256"] == sha and reloaded.manifest["order_calibration"]["prompts"] == 3
-    assert not list(tmp_path.glob("*.partial"))
+    assert not list(tmp_path.glob(".spot-*"))
     assert best_order_temperature({0.5: 10, 1.0: 10, 3.0: 9}) == 3.0
     assert best_order_temperature({0.5: 10, 1.0: 10, 3.0: 10}) == 1.0   # ties: the least change
     assert best_order_temperature({0.5: 10, 3.0: 10}) == 0.5            # |log 0.5| < |log 3|

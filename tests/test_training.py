@@ -127,7 +127,9 @@ def test_train_target_replaces_its_folder_only_when_complete(tmp_path, monkeypat
     kw = dict(settings=TINY, work_dir=tmp_path / "work", max_files=6, progress=False, n_prompts=4, final_eval=False)
     train_target(out, 2, **kw)
     (out / "drafter.json").write_text("{}")
-    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    (out / "onnx").mkdir()                      # a user's subfolder: carried over, not removed with the old folder
+    (out / "onnx" / "manifest.json").write_text("{}")
+    before = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
 
     def interrupted(path, text):
         raise KeyboardInterrupt
@@ -135,12 +137,14 @@ def test_train_target_replaces_its_folder_only_when_complete(tmp_path, monkeypat
         m.setattr(target, "write_text_atomic", interrupted)
         with pytest.raises(KeyboardInterrupt):
             train_target(out, 3, **kw)
-    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "work"]        # no partial folder left
-    report = train_target(out, 3, **kw)
+    (tmp_path / "link").symlink_to(out)         # through a link: the folder it names is replaced, the link stays
+    report = train_target(tmp_path / "link", 3, **kw)
     assert report["steps_done"] == 3 and json.loads((out / "training_report.json").read_text())["steps_done"] == 3
-    assert (out / "drafter.json").read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["model",
-                                                                                                          "work"]
+    assert (out / "drafter.json").read_text() == "{}" and (out / "onnx" / "manifest.json").read_text() == "{}"
+    assert (tmp_path / "link").is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["link", "model",
+                                                                                                "work"]
 
 
 def test_the_default_recipe_is_the_shipped_models():

@@ -118,7 +118,7 @@ std::string trimmed(const std::string& s) {
 std::vector<int64_t> parse_ids(const std::string& flag, const std::string& v) {
   std::vector<int64_t> ids;
   // '' or "": an empty list, as a shell passes it to generate and as a batch line (split on whitespace) writes it
-  if (v.empty() || v == "''" || v == "\"\"") return ids;
+  if (trimmed(v).empty() || v == "''" || v == "\"\"") return ids;
   if (v.back() == ',') throw UsageError{flag + " expects comma-separated integers, got a trailing comma in '" + v + "'"};
   std::stringstream ss(v);
   std::string item;
@@ -263,7 +263,9 @@ void require_prompt(const Request& req) {
 
 spot_status run_request(spot_model* model, Request& req) {
   if (req.has_stop_ids) {
-    req.options.stop_ids = req.stop_ids.data();
+    // none: a pointer with n_stop_ids 0 — an empty vector's data() may be NULL, which means "the manifest's"
+    static const int64_t kNoStopIds = 0;
+    req.options.stop_ids = req.stop_ids.empty() ? &kNoStopIds : req.stop_ids.data();
     req.options.n_stop_ids = req.stop_ids.size();
   }
   size_t cap = spot_output_capacity(model, req.prompt.size(), req.options.max_new_tokens);

@@ -34,7 +34,7 @@ from spot.export.manifest import DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPE
 from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
-from spot.files import refuse_dangling_link, remove_tree, swap_in_folder
+from spot.files import beside, owner_gone, refuse_dangling_link, remove_stale_beside, swap_in_folder
 from spot.tokenizer import load_tokenizer
 
 TARGET_FILE = "target.onnx"
@@ -271,38 +271,18 @@ def _hf_config_json(ckpt_dir: Path, cfg: ModelConfig) -> str:
     return json.dumps(raw, indent=2) + "\n"
 
 
-def _partial_dir(out: Path) -> Path:
-    return out.parent / f".{out.name}.partial-{os.getpid()}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _dead_owner(left: Path) -> bool:
-    pid = left.name.rsplit("-", 1)[-1]
-    return pid.isdigit() and not _pid_alive(int(pid))
-
-
 def remove_stale_partials(out: Path, progress=lambda _: None) -> None:
-    """Partial folders left by exports of `out` that were killed (SIGKILL, the OOM killer, power loss), and previous
-    exports they had moved aside to swap in a new one: their process is gone. A killed export to another name
-    (retried as another --out) is named, not removed: the folder may be someone else's."""
-    for kind in ("partial", "old"):
-        for left in out.parent.glob(f".{out.name}.{kind}-*"):
-            if _dead_owner(left):
-                remove_tree(left)
+    """What killed exports of `out` left (spot.files.remove_stale_beside). A killed export to another name (retried
+    as another --out) is named, not removed: the folder may be someone else's."""
+    remove_stale_beside(out)
     for left in out.parent.glob(".*.partial-*"):
-        if left.is_dir() and not left.is_symlink() and (left / DATA_FILE).is_file() and _dead_owner(left):
-            size = sum(f.stat().st_size for f in left.iterdir() if f.is_file() and not f.is_symlink())
-            progress(f"note: {left} ({size / 2**30:.2f} GiB) was left by a killed spot-export of another --out; "
-                     "delete it to free the space")
+        try:        # another user's folder may not be readable: never a reason to stop this export
+            if owner_gone(left) and left.is_dir() and not left.is_symlink() and (left / DATA_FILE).is_file():
+                size = sum(f.stat().st_size for f in left.iterdir() if f.is_file() and not f.is_symlink())
+                progress(f"note: {left} ({size / 2**30:.2f} GiB) was left by a killed spot-export of another "
+                         "--out; delete it to free the space")
+        except OSError:
+            continue
 
 
 def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
@@ -313,7 +293,7 @@ def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
     if not overwrite:
         raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
     # an old copy an interrupt leaves aside is removed by the next export (remove_stale_partials)
-    swap_in_folder(tmp, out, out.parent / f".{out.name}.old-{os.getpid()}")
+    swap_in_folder(tmp, out, beside(out, "old"))
 
 
 def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, source: Source, ckpt: Checkpoint,
@@ -382,7 +362,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     layout, total = plan_layout(graph.weights)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out, progress)
-    tmp = _partial_dir(out)
+    tmp = beside(out, "partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:

@@ -57,8 +57,13 @@ def preset_names() -> list[str]:
 def hf_hub_dir() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])
-    home = Path(os.environ["HF_HOME"]) if os.environ.get("HF_HOME") else Path.home() / ".cache" / "huggingface"
-    return home / "hub"
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    try:
+        return Path.home() / ".cache" / "huggingface" / "hub"
+    except RuntimeError:        # HOME unset and a user with no passwd entry
+        raise SpotError("no home folder to hold the Hugging Face cache (HOME is unset)",
+                        "set HF_HOME or HF_HUB_CACHE, or pass the checkpoint's folder") from None
 
 
 def hf_snapshot(repo: str) -> tuple[Path | None, Path]:

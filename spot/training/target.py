@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from spot.config import ModelConfig
 from spot.errors import SpotError
-from spot.files import remove_tree, swap_in_folder, write_text_atomic
+from spot.files import beside, remove_stale_beside, remove_tree, swap_in_folder, write_text_atomic
 from spot.reference.model import SDARModel
 from spot.training import bpe, corpus
 
@@ -336,8 +336,10 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
 
     model.eval()
     # built beside out_dir and swapped in when complete: an interrupt during the minutes of final evaluation left
-    # the new weights beside the previous training_report.json
-    partial = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    # the new weights beside the previous training_report.json. A link's target is what is replaced (the link stays)
+    out_dir = Path(os.path.realpath(out_dir))
+    remove_stale_beside(out_dir)
+    partial = beside(out_dir, "partial")
     remove_tree(partial)
     try:
         write_folder(model, prep, partial, n_prompts=n_prompts, seed=s.seed)
@@ -370,15 +372,29 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
 
 
 def publish_folder(new: Path, folder: Path) -> None:
-    """Put the finished folder `new` at `folder`; files of an existing `folder` that `new` lacks (a drafter trained
-    for the model) are carried over."""
+    """Put the finished folder `new` at `folder`; what an existing `folder` holds that `new` lacks (a drafter trained
+    for the model, an export in a subfolder) is carried over — hard links where the file system allows."""
     if not folder.exists():
         new.rename(folder)
         return
     for f in folder.iterdir():
-        if f.is_file() and not (new / f.name).exists():
-            shutil.copy2(f, new / f.name)
-    swap_in_folder(new, folder, folder.parent / f".{folder.name}.old-{os.getpid()}")
+        if (new / f.name).exists() or (new / f.name).is_symlink():
+            continue
+        if f.is_dir() and not f.is_symlink():
+            shutil.copytree(f, new / f.name, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(f, new / f.name)
+    swap_in_folder(new, folder, beside(folder, "old"))
+
+
+def _link_or_copy(src, dst) -> None:
+    if Path(src).is_symlink():
+        os.symlink(os.readlink(src), dst)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def folder_bytes(path: Path) -> int:

@@ -113,7 +113,8 @@ typedef struct spot_generate_options {
                               threshold); standard + SPOT_MODE_THRESHOLD = threshold decoding, as in Python */
   int top_k;               /* >= 0; 0 disables top-k filtering (T > 0 only; confidences stay unfiltered) */
   double top_p;            /* in (0, 1]; 1 disables top-p filtering (T > 0 only, after top-k) */
-  const int64_t* stop_ids; /* NULL: the manifest's stop ids; otherwise n_stop_ids ids (0: none) */
+  const int64_t* stop_ids; /* NULL: the manifest's stop ids; otherwise n_stop_ids ids (0: none — a non-NULL
+                              pointer: an empty std::vector's data() may be NULL) */
   size_t n_stop_ids;
 } spot_generate_options;
 
