@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from spot.errors import SpotError
-from spot.files import spot_cache
+from spot.files import exclusive_lock, spot_cache, write_text_atomic
 
 # Sampled, not greedy: greedy text of the small embedded model loops, and the claim to show is exactness at any
 # temperature (the tree shares the target's Gumbel noise)
@@ -54,17 +54,24 @@ def exported_embedded(progress: Callable[[str], None]) -> Path:
 
     out = embedded_export_dir()
     stamp = embedded_export_stamp()
-    if out.is_dir():
+
+    def usable() -> bool:
         try:
             load_manifest(out)                      # hashes: a damaged cache is re-exported, never used
-            if (out / ".stamp").read_text() == stamp:
-                return out
+            return (out / ".stamp").read_text() == stamp
         except (SpotError, OSError):
-            pass
-        progress(f"cached export at {out} is stale or damaged: exporting again")
-    progress(f"exporting the embedded model to {out} (once; cached afterwards)")
-    export_checkpoint(resolve_source("embedded"), out, ExportOptions(dtype="fp32", overwrite=True), progress)
-    (out / ".stamp").write_text(str(stamp))
+            return False
+    if usable():
+        return out
+    # concurrent first runs (a CI matrix, a service's workers): one exports, the others wait and reuse its folder
+    with exclusive_lock(out.parent / f".{out.name}.lock"):
+        if usable():
+            return out
+        if out.is_dir():
+            progress(f"cached export at {out} is stale or damaged: exporting again")
+        progress(f"exporting the embedded model to {out} (once; cached afterwards)")
+        export_checkpoint(resolve_source("embedded"), out, ExportOptions(dtype="fp32", overwrite=True), progress)
+        write_text_atomic(out / ".stamp", stamp)
     return out
 
 

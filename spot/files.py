@@ -13,6 +13,11 @@ from spot.errors import SpotError
 
 TEMP_PREFIX = ".spot-"      # short: a legal 255-byte name must not grow past the limit as its temporary
 
+try:
+    import fcntl
+except ImportError:       # pragma: no cover - Windows: no lock (concurrent runs are not coordinated there)
+    fcntl = None
+
 
 def plain_file_name(name: str) -> bool:
     """True for the name of a file in a folder itself: no separator, not "", "." or ".." (a name a descriptor gives
@@ -82,6 +87,10 @@ def swap_in_folder(new: Path, folder: Path, aside: Path) -> None:
     except BaseException as e:
         if not folder.exists():
             aside.rename(folder)
+        elif isinstance(e, OSError):        # another process put its folder there meanwhile: that one stays
+            remove_tree(aside)              # the folder both were replacing, nobody's any more
+            raise SpotError(f"another process replaced {folder} while this one was replacing it: {folder} now holds "
+                            "that process's", "run again if this run's output is the one wanted") from None
         if isinstance(e, OSError):
             raise SpotError(f"could not move the new folder to {folder}: {e.strerror}", f"{folder} is unchanged") \
                 from None
@@ -99,6 +108,18 @@ def publish(tmp: str | Path, path: str | Path) -> None:
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)
+
+
+@contextmanager
+def exclusive_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file `path` (created; it stays) for the block: concurrent processes that share
+    a cache take turns at a read-modify-write or a first-time build. Released when the block ends or the process
+    dies."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @contextmanager

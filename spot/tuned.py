@@ -18,14 +18,9 @@ from pathlib import Path
 
 from spot.descriptors import load_descriptor
 from spot.errors import SpotError
-from spot.files import check_output_path, spot_cache, write_text_atomic
+from spot.files import check_output_path, exclusive_lock, spot_cache, write_text_atomic
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import THRESHOLD
-
-try:
-    import fcntl          # POSIX: concurrent tunes keep each other's entries
-except ImportError:       # pragma: no cover - Windows: records are written without the lock
-    fcntl = None
 
 # 2: the tuner chooses by measured speed (session 17); version 1's choices came from a model that overrated trees
 FORMAT, FORMAT_VERSION = "spot-tuning", 2
@@ -152,10 +147,7 @@ def save_tuning(key: dict, tune_result: dict, warn=None) -> Path:
     record is replaced, said through `warn`: it is a cache); the file path. Concurrent tunes each keep their entry
     (the read-modify-write holds a lock file)."""
     path = record_path(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive_lock(path.with_suffix(".lock")):
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "key": key, "by_temperature": {}}
         if path.is_file():
             try:

@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from unittest.mock import ANY
@@ -50,6 +51,45 @@ def as_embedded(embedded, monkeypatch, tmp_path):
 
 def run(*args):
     return CliRunner().invoke(main, list(args))
+
+
+def test_concurrent_first_runs_export_the_demo_cache_once(tmp_path, monkeypatch):
+    """Workers starting together on a fresh cache each exported it, and one that looked in between another's swap
+    and its stamp exported again and swapped the folder from under it (which then failed writing its stamp)."""
+    import threading
+
+    import spot.export.export as export_mod
+    import spot.export.manifest as manifest_mod
+    from spot.demo import embedded_export_dir, exported_embedded
+    from spot.errors import SpotError
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))
+    exports = []
+
+    def slow_export(source, out, options, progress):
+        exports.append(out)
+        time.sleep(0.5)
+        out.mkdir(parents=True)
+        (out / "manifest.json").write_text("{}")
+
+    def load(folder, *args, **kwargs):
+        if not (Path(folder) / "manifest.json").is_file():
+            raise SpotError(f"{folder} has no manifest")
+    monkeypatch.setattr(export_mod, "export_checkpoint", slow_export)
+    monkeypatch.setattr(manifest_mod, "load_manifest", load)
+    got, errors = [], []
+
+    def worker():
+        try:
+            got.append(exported_embedded(lambda _: None))
+        except Exception as e:      # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and got == [embedded_export_dir()] * 3 and len(exports) == 1
+    assert (embedded_export_dir() / ".stamp").is_file()
 
 
 def test_demo_shows_identical_outputs_and_caches_the_export(as_embedded, tmp_path):

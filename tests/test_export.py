@@ -184,6 +184,49 @@ def test_partial_folder_of_a_killed_export_is_cleaned(ckpt, tmp_path):
     assert any(f"{other} (0.00 GiB) was left by a killed spot-export of another --out" in s for s in said), said
 
 
+def test_a_folder_replaced_while_it_is_opened_is_opened_again(ckpt, tmp_path, monkeypatch):
+    """The manifest read from the old folder, the files checked in the new one: a false "changed since export"
+    for a folder replaced by rename, the way docs/deployment.md recommends (1 open in 62 during upgrade-export)."""
+    live = export(ckpt, tmp_path / "live", validate=False)
+    other = export(ckpt, tmp_path / "other", dtype="fp16", validate=False)
+    verify = manifest_mod.verify_files
+    swaps = []
+
+    def swapped_meanwhile(folder, files, level):
+        if not swaps:
+            swaps.append(1)
+            live.rename(tmp_path / "aside")
+            other.rename(live)
+        return verify(folder, files, level)
+    monkeypatch.setattr(manifest_mod, "verify_files", swapped_meanwhile)
+    assert load_manifest(live).dtype == "fp16" and swaps
+    monkeypatch.setattr(manifest_mod, "verify_files", verify)
+    (live / DATA_FILE).write_bytes(b"changed")          # a folder really changed is still refused
+    with pytest.raises(SpotError, match="changed since export"):
+        load_manifest(live)
+
+
+def test_a_folder_put_in_place_by_another_process_mid_swap_stays_and_the_old_one_goes(tmp_path, monkeypatch):
+    """Two processes replacing one folder (concurrent --overwrite exports, or demo's cache): the one whose rename
+    lost said "{folder} is unchanged" — it held the other's folder — and left the old one aside, many GB."""
+    from spot.files import swap_in_folder
+    folder, new, aside = tmp_path / "out", tmp_path / ".out.partial-1", tmp_path / ".out.old-1"
+    for d, name in ((folder, "old"), (new, "mine")):
+        d.mkdir()
+        (d / "who").write_text(name)
+    rename = Path.rename
+
+    def racing(self, target):
+        if self == new:         # the other process's folder lands first
+            Path(target).mkdir()
+            (Path(target) / "who").write_text("theirs")
+        return rename(self, target)
+    monkeypatch.setattr(Path, "rename", racing)
+    with pytest.raises(SpotError, match="another process replaced .* now holds that process's"):
+        swap_in_folder(new, folder, aside)
+    assert (folder / "who").read_text() == "theirs" and not aside.exists()
+
+
 def test_overwrite_through_a_link_replaces_what_it_points_to(ckpt, tmp_path):
     """--out a link to a folder: the folder it points to is replaced and the link stays (the link itself was
     replaced, and the previous export left behind a hidden link no cleanup removed)."""

@@ -147,7 +147,28 @@ def add_files(folder: Path, manifest: dict, names: list[str]) -> dict:
 
 
 def load_manifest(folder: str | Path, verify: str = "quick") -> ExportedModel:
-    """Open an exported folder by its manifest; SpotError (naming the file) when it is absent, foreign or changed."""
+    """Open an exported folder by its manifest; SpotError (naming the file) when it is absent, foreign or changed.
+    A folder replaced by rename while it is opened (spot upgrade-export, an --overwrite export: the way
+    docs/deployment.md recommends) is opened again, once: its files were checked against the previous manifest."""
+    path = Path(folder) / MANIFEST_NAME
+    for attempt in (0, 1):
+        before = _read_or_none(path)
+        try:
+            return _load_manifest_once(folder, verify)
+        except SpotError:
+            if attempt == 0 and _read_or_none(path) != before:
+                continue
+            raise
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _load_manifest_once(folder: str | Path, verify: str) -> ExportedModel:
     folder = Path(folder)
     if not folder.is_dir():
         what = "is a file" if folder.exists() else "does not exist"
