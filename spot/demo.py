@@ -64,7 +64,8 @@ def exported_embedded(progress: Callable[[str], None]) -> Path:
     if usable():
         return out
     # concurrent first runs (a CI matrix, a service's workers): one exports, the others wait and reuse its folder
-    with exclusive_lock(out.parent / f".{out.name}.lock"):
+    with exclusive_lock(out.parent / f".{out.name}.lock",
+                        lambda: progress(f"waiting for another process exporting the embedded model to {out}")):
         if usable():
             return out
         if out.is_dir():

@@ -7,10 +7,11 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from spot.errors import SpotError
 
+T = TypeVar("T")
 TEMP_PREFIX = ".spot-"      # short: a legal 255-byte name must not grow past the limit as its temporary
 
 try:
@@ -72,6 +73,34 @@ def remove_stale_beside(folder: Path) -> None:
                 remove_tree(left)
 
 
+def folder_identity(folder: str | Path) -> tuple[int, int] | None:
+    """(device, inode) of what the path names now, None when absent: a folder replaced by rename, or a link
+    re-pointed, names another one."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def opened_whole(folder: str | Path, open_folder: Callable[[], T]) -> T:
+    """open_folder(), run again once when `folder` named another folder by the end of it (replaced by rename, the way
+    docs/deployment.md recommends, or a link re-pointed): what it read may mix both folders' files — a manifest with
+    the other's graphs — which reads as a damaged folder, or passes unchecked."""
+    for attempt in (0, 1):
+        before = folder_identity(folder)
+        try:
+            opened = open_folder()
+        except SpotError:
+            if attempt == 0 and folder_identity(folder) != before:
+                continue
+            raise
+        if attempt == 0 and folder_identity(folder) != before:
+            continue
+        return opened
+    raise AssertionError("unreachable")
+
+
 def swap_in_folder(new: Path, folder: Path, aside: Path) -> None:
     """Put the finished folder `new` in place of the existing `folder` by two renames: `folder` to `aside`, `new` to
     `folder`. If the second fails or is interrupted, `folder` is moved back (unless another process has put one
@@ -111,14 +140,19 @@ def publish(tmp: str | Path, path: str | Path) -> None:
 
 
 @contextmanager
-def exclusive_lock(path: str | Path) -> Iterator[None]:
+def exclusive_lock(path: str | Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold an exclusive lock on the file `path` (created; it stays) for the block: concurrent processes that share
     a cache take turns at a read-modify-write or a first-time build. Released when the block ends or the process
-    dies."""
+    dies. waiting(): called once when another process holds it (say why this one waits)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
         if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if waiting is not None:
+                    waiting()
+                fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
 

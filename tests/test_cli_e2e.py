@@ -78,9 +78,12 @@ def test_concurrent_first_runs_export_the_demo_cache_once(tmp_path, monkeypatch)
     monkeypatch.setattr(manifest_mod, "load_manifest", load)
     got, errors = [], []
 
+    said, start = [], threading.Barrier(3)
+
     def worker():
+        start.wait()
         try:
-            got.append(exported_embedded(lambda _: None))
+            got.append(exported_embedded(said.append))
         except Exception as e:      # noqa: BLE001 - reported below
             errors.append(e)
     threads = [threading.Thread(target=worker) for _ in range(3)]
@@ -89,6 +92,7 @@ def test_concurrent_first_runs_export_the_demo_cache_once(tmp_path, monkeypatch)
     for t in threads:
         t.join()
     assert not errors and got == [embedded_export_dir()] * 3 and len(exports) == 1
+    assert any("waiting for another process exporting" in line for line in said)      # said, not silent
     assert (embedded_export_dir() / ".stamp").is_file()
 
 

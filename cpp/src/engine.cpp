@@ -90,39 +90,7 @@ std::string trt_shape_option(const Json& shapes) {
 
 }  // namespace
 
-namespace {
-
-std::string text_or_empty(const std::string& path) {
-  try {
-    return is_file(path) ? read_text_file(path) : std::string();
-  } catch (const SpotException&) {
-    return std::string();
-  }
-}
-
-ExportedFolder load_exported_folder_once(const std::string& folder, spot_verify verify);
-
-}  // namespace
-
-// A folder replaced by rename while it is opened (spot upgrade-export, an --overwrite export: the way
-// docs/deployment.md recommends) is opened again, once: its files were checked against the previous manifest
-// (spot.export.manifest.load_manifest)
 ExportedFolder load_exported_folder(const std::string& folder, spot_verify verify) {
-  const std::string mpath = join(folder, kManifest);
-  for (int attempt = 0;; ++attempt) {
-    const std::string before = text_or_empty(mpath);
-    try {
-      return load_exported_folder_once(folder, verify);
-    } catch (const SpotException&) {
-      if (attempt == 0 && text_or_empty(mpath) != before) continue;
-      throw;
-    }
-  }
-}
-
-namespace {
-
-ExportedFolder load_exported_folder_once(const std::string& folder, spot_verify verify) {
   if (!is_dir(folder)) fail(SPOT_ERR_NOT_FOUND, "exported model folder " + folder + " does not exist");
   std::string mpath = join(folder, kManifest);
   if (!is_file(mpath))
@@ -196,6 +164,8 @@ ExportedFolder load_exported_folder_once(const std::string& folder, spot_verify 
   verify_files(folder, m.at("files"), verify);
   return ef;
 }
+
+namespace {
 
 // threads as the Python runtime sets them: intra-op threads and one inter-op thread, or ORT's defaults at 0
 SessionConfig session_config(int threads, Device device) {

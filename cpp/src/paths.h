@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace spot {
 
@@ -19,6 +20,14 @@ inline bool is_file(const std::string& p, uint64_t* size = nullptr) {
   if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
   if (size) *size = static_cast<uint64_t>(st.st_size);
   return true;
+}
+
+// What a folder path names now (device, inode; 0, 0 when absent): a folder replaced by rename, or a link
+// re-pointed, names another one.
+inline std::pair<uint64_t, uint64_t> folder_identity(const std::string& p) {
+  struct stat st;
+  if (::stat(p.c_str(), &st) != 0) return {0, 0};
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
 }
 
 inline std::string join(const std::string& a, const std::string& b) {

@@ -133,7 +133,10 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
                                                          std::to_string(opts.kv_cache) +
                                                          ", expected SPOT_KV_CACHE_AUTO, _HOST or _DEVICE");
   spot_model* model = nullptr;
-  spot_status st = guarded(err, [&]() {
+  // the whole open (manifest, file checks, ORT sessions, drafter) reads one folder: if the path names another one
+  // afterwards (replaced by rename, or a link re-pointed — docs/deployment.md), its files may have been read from
+  // both, so it is opened again, once (spot.engines.ort_engine.OrtEngine does the same)
+  auto open_once = [&]() {
     auto m = std::make_unique<spot_model>();
     m->folder = spot::load_exported_folder(folder, opts.verify);
     m->ort_version = spot::ort_version();
@@ -158,7 +161,22 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
         m->drafter_message = std::string(e.what()) + " (the drafter beside the model, which spot and spot-sets use)";
       }
     }
-    model = m.release();
+    return m;
+  };
+  spot_status st = guarded(err, [&]() {
+    for (int attempt = 0;; ++attempt) {
+      const auto before = spot::folder_identity(folder);
+      std::unique_ptr<spot_model> m;
+      try {
+        m = open_once();
+      } catch (const spot::SpotException&) {
+        if (attempt == 0 && spot::folder_identity(folder) != before) continue;
+        throw;
+      }
+      if (attempt == 0 && spot::folder_identity(folder) != before) continue;
+      model = m.release();
+      return;
+    }
   });
   if (st == SPOT_OK) *out = model;
   return st;

@@ -16,7 +16,7 @@ import numpy as np
 
 from spot.engines.buckets import Profile, trt_shape_option
 from spot.errors import SpotError
-from spot.files import spot_cache
+from spot.files import opened_whole, spot_cache
 from spot.export.manifest import NP_DTYPES, load_manifest
 from spot.ortlib import load_onnxruntime
 from spot.runtime.engine import Engine, check_threads
@@ -171,6 +171,10 @@ class OrtEngine(Engine):
 
     def __init__(self, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",
                  threads: int | None = None, verify: str = "quick", sampler: str = "auto", kv_cache: str = "auto"):
+        # the manifest, its checks and the sessions read one folder (spot.files.opened_whole; spot_open as well)
+        opened_whole(model_dir, lambda: self._open(model_dir, block_size, device, threads, verify, sampler, kv_cache))
+
+    def _open(self, model_dir, block_size, device, threads, verify, sampler, kv_cache) -> None:
         self.exported = load_manifest(model_dir, verify)
         super().__init__(self.exported.config, block_size or self.exported.block_size)
         self.device = device

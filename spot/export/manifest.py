@@ -24,7 +24,7 @@ import numpy as np
 from spot.config import ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError
-from spot.files import plain_file_name
+from spot.files import opened_whole, plain_file_name
 from spot.runtime.drafter import DRAFTER_JSON, DRAFTER_ONNX
 
 # The model dtypes an exported folder may have (manifest "dtype") as numpy dtypes: here, not in spot.export.graph,
@@ -148,24 +148,8 @@ def add_files(folder: Path, manifest: dict, names: list[str]) -> dict:
 
 def load_manifest(folder: str | Path, verify: str = "quick") -> ExportedModel:
     """Open an exported folder by its manifest; SpotError (naming the file) when it is absent, foreign or changed.
-    A folder replaced by rename while it is opened (spot upgrade-export, an --overwrite export: the way
-    docs/deployment.md recommends) is opened again, once: its files were checked against the previous manifest."""
-    path = Path(folder) / MANIFEST_NAME
-    for attempt in (0, 1):
-        before = _read_or_none(path)
-        try:
-            return _load_manifest_once(folder, verify)
-        except SpotError:
-            if attempt == 0 and _read_or_none(path) != before:
-                continue
-            raise
-
-
-def _read_or_none(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return None
+    A folder replaced while it is checked is opened again, once (spot.files.opened_whole)."""
+    return opened_whole(folder, lambda: _load_manifest_once(folder, verify))
 
 
 def _load_manifest_once(folder: str | Path, verify: str) -> ExportedModel:
