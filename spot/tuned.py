@@ -91,14 +91,16 @@ def machine_identity() -> dict:
 
 
 def model_fingerprint(folder: str | Path) -> str:
-    """sha256 naming the model in `folder`: an export's manifest.json (it records every file's hash), else a
-    checkpoint's config.json with its weight files' names and sizes (hashing GBs of weights per request would cost
-    more than it saves)."""
+    """sha256 naming the model in `folder`: an export's manifest.json (it records every file's hash) but its
+    "created" line — the same model exported again keeps its tuned budgets — else a checkpoint's config.json with
+    its weight files' names and sizes (hashing GBs of weights per request would cost more than it saves)."""
     folder = Path(folder)
     h = hashlib.sha256()
     manifest = folder / "manifest.json"
     if manifest.is_file():
-        h.update(manifest.read_bytes())
+        for line in manifest.read_bytes().splitlines(keepends=True):
+            if not line.lstrip().startswith(b'"created":'):
+                h.update(line)
     else:
         h.update((folder / "config.json").read_bytes())
         for f in sorted(folder.glob("*.safetensors")):

@@ -168,6 +168,21 @@ def test_interrupted_write_leaves_nothing(ckpt, tmp_path, monkeypatch):
     assert not (tmp_path / "int").exists() and _no_leftovers(tmp_path) == []
 
 
+def test_the_same_model_exported_again_keeps_its_fingerprint(ckpt, tmp_path):
+    """Tuned budgets are keyed by the model's fingerprint: it hashed the whole manifest, whose export time differs
+    between two exports of the same checkpoint, so `--budget auto` lost its budgets after a re-export."""
+    from spot.tuned import model_fingerprint
+    first = export(ckpt, tmp_path / "a", validate=False)
+    again = export(ckpt, tmp_path / "b", validate=False)
+    created = json.loads((first / "manifest.json").read_text())["created"]
+    text = (again / "manifest.json").read_text()
+    (again / "manifest.json").write_text(text.replace(json.loads(text)["created"], created[:-6] + "+09:00"))
+    assert (first / "manifest.json").read_text() != (again / "manifest.json").read_text()
+    assert model_fingerprint(first) == model_fingerprint(again)
+    other = export(ckpt, tmp_path / "c", validate=False, dtype="fp16")
+    assert model_fingerprint(other) != model_fingerprint(first)
+
+
 def test_partial_folder_of_a_killed_export_is_cleaned(ckpt, tmp_path):
     stale = tmp_path / ".k.partial-999999999"        # no such process
     stale.mkdir()
