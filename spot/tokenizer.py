@@ -44,7 +44,7 @@ class SpotTokenizer:
         """Render the checkpoint's chat template (jinja2, as transformers renders it) to the prompt text."""
         if not self.chat_template:
             raise SpotError(f"the tokenizer of {self.source} has no chat template",
-                            "pass --no-chat to use the prompt as raw text")
+                            "use the prompt as raw text: tokenizer.encode(text) (CLI: --no-chat)")
         return render_chat_template(self.chat_template, messages, add_generation_prompt)
 
     def chat_prompt_ids(self, user_text: str) -> list[int]:
@@ -98,7 +98,7 @@ def render_chat_template(template: str, messages: list[dict], add_generation_pro
         return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt)
     except jinja2.exceptions.TemplateError as e:
         raise SpotError(f"the chat template failed to render ({e})",
-                        "pass --no-chat to use the prompt as raw text") from None
+                        "use the prompt as raw text: tokenizer.encode(text) (CLI: --no-chat)") from None
 
 
 RESTORE = "restore the file from the checkpoint"
@@ -205,8 +205,12 @@ def build_qwen2_bpe(vocab_path: Path, merges_path: Path, extra_tokens: dict[int,
 
 
 def load_tokenizer(model_dir: str | Path) -> SpotTokenizer | None:
-    """The checkpoint's tokenizer: tokenizer.json, else vocab.json + merges.txt; None when it has neither."""
+    """The checkpoint's tokenizer: tokenizer.json, else vocab.json + merges.txt; None when the folder has neither
+    (SpotError when there is no such folder)."""
     model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise SpotError(f"model folder {model_dir} {'is a file' if model_dir.exists() else 'does not exist'}",
+                        "pass the checkpoint's folder, or the folder spot-export wrote")
     tokenizer_json = model_dir / "tokenizer.json"
     vocab, merges = model_dir / "vocab.json", model_dir / "merges.txt"
     if tokenizer_json.is_file():

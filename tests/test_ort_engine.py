@@ -162,6 +162,11 @@ def test_factory_opens_exported_folder(tiny):
     with pytest.raises(SpotError, match="not an exported spot model folder") as e:
         open_engine("ort", ckpt)
     assert "spot-export" in e.value.hint
+    # the library's threads (one engine per thread shares the cores), as spot_open_options.threads
+    one = open_engine("ort", fp32, threads=1)
+    assert one.session.get_session_options().intra_op_num_threads == 1
+    with pytest.raises(SpotError, match="threads sets ONNX Runtime's sessions of the ort backend"):
+        open_engine("torch", ckpt, threads=1)
 
 
 def test_close_releases_the_mapped_weights_at_once(tiny, tmp_path):

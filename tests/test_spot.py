@@ -401,6 +401,14 @@ def test_bad_budgets_are_clear_errors():
     (lambda: DecodeRequest(stop_ids="746"), "stop_ids must be a sequence of token ids"),
     (lambda: DecodeRequest(stop_ids=[5.5]), "a stop id must be an integer"),
     (lambda: DecodeRequest(sampling={"temperature": 1}), "DecodeRequest.sampling must be a Sampling"),
+    (lambda: DecodeRequest(budget=16), "DecodeRequest.budget must be a TreeBudget, got 16"),      # was "treebudget"
+    (lambda: DecodeRequest(max_new_tokens=0), "max_new_tokens must be >= 1, got 0"),       # at construction now
+    (lambda: run_decoder("standard", engine_for(8, 0), [1, 2], {"max_new_tokens": 8}),
+     "the request must be a DecodeRequest, got dict"),
+    (lambda: run_decoder("standard", engine_for(8, 0), [1, 2], DecodeRequest(4), on_block=5),
+     "on_block must be a function or None, got 5"),
+    (lambda: run_decoder("spot", engine_for(8, 0), [1, 2], DecodeRequest(4), drafter="drafter.onnx"),
+     "drafter must be a loaded drafter, got str"),
     (lambda: DecodeRequest(mode="threshold", tau="0.5"), "tau must be a number, got '0.5'"),
     (lambda: Sampling(temperature="1"), "temperature must be a number"),
     (lambda: Sampling(5e-324), "temperature must be 0 or a finite number >= 1e-06"),

@@ -73,6 +73,8 @@ def test_encode_decode_round_trip(tok, text):
 
 
 def test_folder_without_tokenizer_files(tmp_path):
+    with pytest.raises(SpotError, match="model folder .*missing does not exist"):    # not None, as for no files
+        load_tokenizer(tmp_path / "missing")
     (tmp_path / "config.json").write_text("{}")
     assert load_tokenizer(tmp_path) is None
     (tmp_path / "vocab.json").write_text("{}")      # vocab without merges is not a tokenizer either

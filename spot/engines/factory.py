@@ -12,18 +12,23 @@ EXPORTED_BACKENDS = ("ort", "tensorrt")     # those that run an exported folder 
 
 
 def open_engine(backend: str, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",
-                sampler: str = "auto", kv_cache: str = "auto") -> Engine:
+                sampler: str = "auto", kv_cache: str = "auto", threads: int | None = None) -> Engine:
     """An engine over the checkpoint in `model_dir` decoding blocks of `block_size` (default: the config's).
 
     ort and tensorrt: sampler, where F's sampling runs, and kv_cache, where the KV cache lives — auto | host |
-    device (spot.engines.ort_engine.on_device; tensorrt keeps the KV cache on the GPU)."""
+    device (spot.engines.ort_engine.on_device; tensorrt keeps the KV cache on the GPU). threads (ort): ONNX
+    Runtime's intra-op threads of this engine's sessions (None: its default, every core) — set it when several
+    engines share the machine's cores, one per thread."""
     if backend not in BACKENDS:
         raise SpotError(f"unknown backend {backend!r}, expected one of {', '.join(BACKENDS)}")
+    if threads is not None and backend != "ort":
+        raise SpotError(f"threads sets ONNX Runtime's sessions of the ort backend, got backend {backend!r}",
+                        "torch: torch.set_num_threads (process-wide); tensorrt runs on the GPU")
     if backend == "ort":  # an exported folder (spot-export), opened and checked by its manifest
         from spot.engines.ort_engine import OrtEngine
         if block_size is not None:
             check_block_size(block_size)
-        return OrtEngine(model_dir, block_size, device, sampler=sampler, kv_cache=kv_cache)
+        return OrtEngine(model_dir, block_size, device, threads, sampler=sampler, kv_cache=kv_cache)
     if backend == "tensorrt":  # an exported folder, its TensorRT engine built (or taken from the engine cache)
         from spot.engines.tensorrt_engine import open_trt_engine
         return open_trt_engine(model_dir, block_size, device, sampler, kv_cache)

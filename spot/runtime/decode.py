@@ -117,7 +117,8 @@ def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -
         raise SpotError(f"the prompt contains the mask token id {cfg.mask_token_id}",
                         "remove <|MASK|> from the prompt: it marks undecided positions")
     if max_new_tokens < 1:
-        raise SpotError(f"max_new_tokens must be >= 1, got {max_new_tokens}", "e.g. --max-new-tokens 64")
+        raise SpotError(f"max_new_tokens must be >= 1, got {max_new_tokens}",
+                        "e.g. max_new_tokens=64 (CLI: --max-new-tokens 64)")
     b = engine.block_size
     total = -(-(prompt.size + max_new_tokens) // b) * b
     if total > engine.max_context:

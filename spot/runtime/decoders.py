@@ -31,6 +31,11 @@ TREE_BRANCH = 4
 
 @dataclass(frozen=True)
 class DecodeRequest:
+    """What to decode, for run_decoder. max_new_tokens: generation runs to the block boundary covering prompt +
+    max_new_tokens; mode: the commit rule of standard / chain / tree / spot (threshold and spot-sets always use
+    the threshold rule), tau its threshold; budget: tree decoders only (a chain's nodes are its depth + 1);
+    stop_ids: None = the model's stop ids, () = none."""
+
     max_new_tokens: int = 64
     mode: str = STATIC
     tau: float = 0.9
@@ -40,12 +45,15 @@ class DecodeRequest:
     independent_noise: bool = False   # ablation: proposals use noise unrelated to the target's (SPEC §7)
 
     def __post_init__(self):
-        integer_arg(self.max_new_tokens, "max_new_tokens")
+        if integer_arg(self.max_new_tokens, "max_new_tokens") < 1:      # now, not when a decoder runs
+            raise SpotError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}",
+                            "e.g. max_new_tokens=64 (CLI: --max-new-tokens 64)")
         if not isinstance(self.independent_noise, bool):      # a truthy string turned the ablation on
             raise SpotError(f"independent_noise must be True or False, got {self.independent_noise!r}")
-        for value, kind in ((self.sampling, Sampling), (self.budget, TreeBudget)):
-            if not isinstance(value, kind):
-                raise SpotError(f"DecodeRequest.{kind.__name__.lower()} must be a {kind.__name__}, got {value!r}")
+        for name, kind in (("sampling", Sampling), ("budget", TreeBudget)):
+            if not isinstance(getattr(self, name), kind):
+                raise SpotError(f"DecodeRequest.{name} must be a {kind.__name__}, got {getattr(self, name)!r}",
+                                f"e.g. {name}={kind.__name__}(...)")
         CommitRule(self.mode, self.tau)         # an unknown mode or a tau outside [0, 1) now, not mid-decode
         if self.stop_ids is not None:
             if isinstance(self.stop_ids, (str, bytes)) or not hasattr(self.stop_ids, "__iter__"):
@@ -78,10 +86,19 @@ def verified_budget(name: str, budget: TreeBudget, engine: Engine) -> TreeBudget
 
 def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, drafter=None,
                 on_block: Callable[[list[int]], bool | None] | None = None) -> Generation:
-    """Decode `prompt_ids` with the decoder `name`; returns tokens and stats (no printing). on_block: streaming, as
-    in decode.generate."""
+    """Decode `prompt_ids` with the decoder `name`; returns tokens and stats (no printing). drafter: a loaded
+    drafter (spot.runtime.drafter.load_drafter), for spot / spot-sets; on_block: streaming, as in
+    decode.generate."""
     if name not in DECODERS:
         raise SpotError(f"unknown decoder {name!r}, expected one of {', '.join(DECODERS)}")
+    if not isinstance(req, DecodeRequest):          # checked once here, not as an AttributeError mid-decode
+        raise SpotError(f"the request must be a DecodeRequest, got {type(req).__name__}",
+                        "e.g. DecodeRequest(max_new_tokens=64)")
+    if on_block is not None and not callable(on_block):
+        raise SpotError(f"on_block must be a function or None, got {on_block!r}")
+    if drafter is not None and not hasattr(drafter, "proposer"):
+        raise SpotError(f"drafter must be a loaded drafter, got {type(drafter).__name__}",
+                        "drafter=spot.runtime.drafter.load_drafter(folder)")
     rule = rule_for(name, req)
     common = dict(max_new_tokens=req.max_new_tokens, rule=rule, sampling=req.sampling, stop_ids=req.stop_ids)
     if name in BASELINE_DECODERS:
@@ -107,7 +124,8 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
     else:
         if drafter is None:
             raise SpotError(f"decoder {name!r} needs a drafter (order model)",
-                            "pass --drafter PATH or use an exported folder that ships drafter.onnx")
+                            "pass drafter=load_drafter(PATH) (CLI: --drafter PATH), or use an exported folder "
+                            "that ships drafter.onnx")
         drafter.check_compatible(engine)
         proposer = drafter.proposer()
     return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, budget, req.independent_noise),

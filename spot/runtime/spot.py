@@ -48,7 +48,8 @@ class TreeBudget:
         if self.nodes > engine.max_nodes:
             raise SpotError(f"budget {self.nodes} nodes exceeds the {engine.max_nodes} states one verify pass of this "
                             "engine takes (the export's max_nodes)",
-                            "use a smaller --budget, or re-export with a larger --max-nodes")
+                            "use a smaller budget (TreeBudget(nodes, depth); CLI: --budget), or re-export with a "
+                            "larger --max-nodes")
         if self.nodes > 1 and engine.sampler_depth is not None and self.depth > engine.sampler_depth:
             raise SpotError(f"tree depth {self.depth} exceeds the {engine.sampler_depth} future steps the engine's "
                             "device sampling epilogue provides",
