@@ -1,11 +1,12 @@
 """Write tests/data/noise_vectors.json: test vectors of spot.runtime.noise (docs/noise.md).
 
 Run once after a deliberate change of the noise definition (which changes every seeded output):
-    python scripts/make_noise_vectors.py
+    python scripts/make_noise_vectors.py [--out FILE]
 Each vector: the five counters -> the two hash words a, b, the 53-bit integer k, u and g as float.hex() strings.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -47,14 +48,17 @@ def vector(seed: int, block: int, step: int, position: int, token: int) -> dict:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])     # --help prints, writes nothing
+    ap.add_argument("--out", type=Path, default=OUT, help=f"default: {OUT}")
+    out = ap.parse_args().out
     vectors = [vector(*c) for c in counters()]
     doc = {"definition": "spot.runtime.noise (docs/noise.md); u and g as Python float.hex()",
            "generator": "scripts/make_noise_vectors.py", "vectors": vectors}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     lines = ",\n".join("  " + json.dumps(v) for v in vectors)      # one vector per line
     head = json.dumps({k: v for k, v in doc.items() if k != "vectors"})[:-1]
-    OUT.write_text(f'{head}, "vectors": [\n{lines}\n]}}\n')
-    print(f"wrote {len(vectors)} vectors to {OUT}")
+    out.write_text(f'{head}, "vectors": [\n{lines}\n]}}\n')
+    print(f"wrote {len(vectors)} vectors to {out}")
 
 
 if __name__ == "__main__":
