@@ -251,6 +251,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
       spot generate --prompt "class Stack:" --decoder spot --stream
     """
     import json
+    from dataclasses import replace
 
     from spot.engines.factory import open_engine
     from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, rule_for, run_decoder, verified_budget
@@ -286,7 +287,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
                                *(["--tau", number_name(tau)] if rule.kind == "threshold" else [])])
     tree_budget, tuned = _tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, rule,
                                       request.sampling.temperature, tune_command)
-    request = DecodeRequest(max_new_tokens, mode, tau, sampling, tree_budget, stops)
+    request = replace(request, budget=tree_budget)
     on_block, text_stream = None, None
     if stream and as_json:
         def on_block(block_ids):

@@ -34,7 +34,8 @@ from spot.export.manifest import DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPE
 from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
-from spot.files import beside, owner_gone, refuse_dangling_link, remove_stale_beside, swap_in_folder
+from spot.files import (beside, folder_bytes, owner_gone, refuse_dangling_link, remove_stale_beside, remove_tree,
+                        swap_in_folder)
 from spot.tokenizer import load_tokenizer
 
 TARGET_FILE = "target.onnx"
@@ -278,9 +279,8 @@ def remove_stale_partials(out: Path, progress=lambda _: None) -> None:
     for left in out.parent.glob(".*.partial-*"):
         try:        # another user's folder may not be readable: never a reason to stop this export
             if owner_gone(left) and left.is_dir() and not left.is_symlink() and (left / DATA_FILE).is_file():
-                size = sum(f.stat().st_size for f in left.iterdir() if f.is_file() and not f.is_symlink())
-                progress(f"note: {left} ({size / 2**30:.2f} GiB) was left by a killed spot-export of another "
-                         "--out; delete it to free the space")
+                progress(f"note: {left} ({folder_bytes(left) / 2**30:.2f} GiB) was left by a killed spot-export of "
+                         "another --out; delete it to free the space")
         except OSError:
             continue
 
@@ -363,7 +363,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out, progress)
     tmp = beside(out, "partial")
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_tree(tmp)
     tmp.mkdir()
     try:
         progress(f"exporting {ckpt.dir} -> {out} ({options.dtype}{options.quant.summary()}, opset {graph.opset}, "
@@ -404,7 +404,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
         write_manifest(tmp, manifest)
         _publish(tmp, out, options.overwrite)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         raise
     progress(f"done: {out}")
     return out

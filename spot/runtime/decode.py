@@ -93,6 +93,13 @@ class Generation:
     cancelled: bool = False       # the on_block callback ended generation before its last block
 
 
+def check_max_new_tokens(max_new_tokens: int) -> None:
+    """SpotError unless max_new_tokens >= 1 (DecodeRequest when it is built, check_request before decoding)."""
+    if max_new_tokens < 1:
+        raise SpotError(f"max_new_tokens must be >= 1, got {max_new_tokens}",
+                        "e.g. max_new_tokens=64 (CLI: --max-new-tokens 64)")
+
+
 def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -> np.ndarray:
     if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__"):
         raise SpotError(f"prompt ids must be a list or array of token ids, got a {type(prompt_ids).__name__}",
@@ -116,9 +123,7 @@ def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -
     if (prompt == cfg.mask_token_id).any():
         raise SpotError(f"the prompt contains the mask token id {cfg.mask_token_id}",
                         "remove <|MASK|> from the prompt: it marks undecided positions")
-    if max_new_tokens < 1:
-        raise SpotError(f"max_new_tokens must be >= 1, got {max_new_tokens}",
-                        "e.g. max_new_tokens=64 (CLI: --max-new-tokens 64)")
+    check_max_new_tokens(max_new_tokens)
     b = engine.block_size
     total = -(-(prompt.size + max_new_tokens) // b) * b
     if total > engine.max_context:

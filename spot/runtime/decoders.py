@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from spot.errors import SpotError, integer_arg
-from spot.runtime.decode import Generation, generate, standard_block
+from spot.runtime.decode import Generation, check_max_new_tokens, generate, standard_block
 from spot.runtime.engine import Engine
 from spot.runtime.proposers import ConfidenceOrderProposer, OracleProposer, OrderOracleProposer
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget
@@ -45,9 +45,7 @@ class DecodeRequest:
     independent_noise: bool = False   # ablation: proposals use noise unrelated to the target's (SPEC §7)
 
     def __post_init__(self):
-        if integer_arg(self.max_new_tokens, "max_new_tokens") < 1:      # now, not when a decoder runs
-            raise SpotError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}",
-                            "e.g. max_new_tokens=64 (CLI: --max-new-tokens 64)")
+        check_max_new_tokens(integer_arg(self.max_new_tokens, "max_new_tokens"))      # now, not when decoding
         if not isinstance(self.independent_noise, bool):      # a truthy string turned the ablation on
             raise SpotError(f"independent_noise must be True or False, got {self.independent_noise!r}")
         for name, kind in (("sampling", Sampling), ("budget", TreeBudget)):

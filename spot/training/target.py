@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from spot.config import ModelConfig
 from spot.errors import SpotError
-from spot.files import beside, remove_stale_beside, remove_tree, swap_in_folder, write_text_atomic
+from spot.files import beside, folder_bytes, remove_stale_beside, remove_tree, swap_in_folder, write_text_atomic
 from spot.reference.model import SDARModel
 from spot.training import bpe, corpus
 
@@ -395,10 +395,6 @@ def _link_or_copy(src, dst) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).iterdir() if p.is_file())
 
 
 def write_folder(model: SDARModel, prep: PreparedCorpus, out_dir: Path, n_prompts: int, seed: int) -> None:
