@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from spot.errors import SpotError
 
@@ -20,10 +20,15 @@ EOS_ID = 0
 DEFAULT_VOCAB_SIZE = 4096
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
-    """Train on texts; the result has EOS at id 0 and MASK at id vocab_size-1 (checked, not assumed)."""
+def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, split_digits: bool = False) -> Tokenizer:
+    """Train on texts; the result has EOS at id 0 and MASK at id vocab_size-1 (checked, not assumed).
+
+    split_digits: every digit is a pre-token of its own, so no merge ever holds a digit (Qwen's rule: numbers are
+    read and written one digit per token)."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\p{N}"), "isolated"), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, special_tokens=[EOS_TOKEN], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

@@ -17,7 +17,7 @@ import torch
 from spot.engines.torch_engine import TorchEngine
 from spot.runtime.decode import DecodeContext, generate
 from spot.runtime.step import CommitRule, Sampling, sample_positions, step_fn
-from spot.training.target import diffusion_bias, eval_windows, heldout_loss
+from spot.training.target import heldout_loss
 
 CONFIDENT = 0.9
 
@@ -43,6 +43,48 @@ class StepRecorder:
             step += 1
         ctx.stats.steps += step
         return state
+
+
+def answer_accuracy(model, tokenizer, problems, max_new_tokens: int = 160) -> dict:
+    """Greedy standard decoding of each problem's prompt; right when its '#### N' is the true answer."""
+    from spot.gsm8k import is_correct
+    engine = TorchEngine(model)
+    right, first = 0, ""
+    for p in problems:
+        ids = np.asarray(tokenizer.encode(p.prompt, add_special_tokens=False).ids, dtype=np.int64)
+        g = generate(engine, ids, max_new_tokens=max_new_tokens)
+        text = tokenizer.decode(g.token_ids)
+        right += is_correct(text, p.answer)
+        first = first or f"{p.prompt}{text}"
+    return {"problems": len(problems), "right": right, "accuracy": right / max(len(problems), 1), "first": first}
+
+
+def arithmetic_evaluation(folder: Path, data, log=print, n_decode: int = 20, n_accuracy: int = 100) -> dict:
+    """The arithmetic model's figures from its saved folder (fp16 weights computed in fp32): greedy answers right on
+    n_accuracy held-out problems; on n_decode of them the confidence profile of greedy standard decoding (as the
+    code model's) and threshold decoding's passes (tau 0.9) against static decoding's."""
+    from spot.checkpoint import Checkpoint
+    from spot.reference.model import SDARModel
+    model = SDARModel.from_checkpoint(Checkpoint(folder))
+    accuracy = answer_accuracy(model, data.tokenizer, data.heldout[:n_accuracy])
+    log(f"greedy answers right on {accuracy['problems']} held-out problems: {accuracy['right']} "
+        f"({accuracy['accuracy']:.1%})")
+    prompts = [{"text": p.prompt} for p in data.heldout[:n_decode]]
+    stats = decode_stats(folder, data.tokenizer, prompts, max_new_tokens=160)
+    engine = TorchEngine.from_dir(folder)
+    passes = {}
+    for rule in (CommitRule(), CommitRule("threshold", 0.9)):
+        total, tokens = 0, 0
+        for p in prompts:
+            ids = np.asarray(data.tokenizer.encode(p["text"], add_special_tokens=False).ids, dtype=np.int64)
+            g = generate(engine, ids, max_new_tokens=160, rule=rule)
+            total, tokens = total + g.stats.target_passes, tokens + len(g.token_ids)
+        passes[rule.kind] = {"target_passes": total, "tokens": tokens, "passes_per_token": total / max(tokens, 1)}
+    threshold = {"tau": 0.9, **passes, "passes_reduction": passes["static"]["passes_per_token"]
+                 / passes["threshold"]["passes_per_token"]}
+    log(f"greedy decoding stats: {stats}; threshold decoding (tau 0.9) against static: {threshold}")
+    return {"greedy_answers": {k: accuracy[k] for k in ("problems", "right", "accuracy")},
+            "greedy_decode": stats, "threshold_vs_static": threshold, "sample": accuracy["first"]}
 
 
 def load_prompts(folder: Path) -> list[dict]:
@@ -80,16 +122,20 @@ def completions(folder: Path, tokenizer, prompts: list[dict], max_new_tokens: in
     return out
 
 
-def evaluate_folder(folder: Path, prep, settings, log=print, n_windows: int = 32, n_decode: int = 20) -> dict:
-    """The report section; prep is the PreparedCorpus of the run (tokenizer + held-out stream)."""
+def evaluate_folder(folder: Path, data, settings, log=print, n_windows: int = 32, n_decode: int = 20) -> dict:
+    """The report section; data is the run's training data (its tokenizer and held-out batches)."""
     from spot.reference.model import SDARModel
     from spot.checkpoint import Checkpoint
     folder = Path(folder)
     model = SDARModel.from_checkpoint(Checkpoint(folder))  # the shipped fp16 weights, computed in fp32
-    windows = eval_windows(prep.heldout_stream, n_windows, settings.seq_len)
-    bias = diffusion_bias(settings.seq_len, settings.block_size)
+    batches = data.heldout_batches(n_windows)
     with torch.no_grad():
-        losses = {str(r): round(heldout_loss(model, windows, bias, r), 4) for r in (0.25, 0.5, 1.0)}
+        losses = {str(r): round(heldout_loss(model, batches, r), 4) for r in (0.25, 0.5, 1.0)}
+    log(f"held-out masked CE (nats/token) by mask ratio: {losses}")
+    if settings.corpus == "arithmetic":
+        return {"heldout_masked_ce": losses, "eval_problems": n_windows,
+                **arithmetic_evaluation(folder, data, log, n_decode)}
+    prep = data
     log(f"held-out masked CE (nats/token) by mask ratio: {losses}")
     prompts = load_prompts(folder)
     # short prompts first: the model saw windows of settings.seq_len tokens

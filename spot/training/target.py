@@ -18,26 +18,28 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spot.config import ModelConfig
+from spot.config import TRAINING_CORPUS_KEY, ModelConfig
 from spot.errors import SpotError
 from spot.files import beside, folder_bytes, remove_stale_beside, remove_tree, swap_in_folder, write_text_atomic
 from spot.reference.model import SDARModel
 from spot.training import bpe, corpus
+from spot.training.batch import Batch
 
 NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Model shape and optimisation of one run. The defaults are the shipped embedded model."""
+    """Model shape, data and optimisation of one run. The defaults are the shipped code model (CODE);
+    ARITHMETIC is the arithmetic model's recipe."""
 
+    corpus: str = "code"          # "code": windows of the stdlib stream; "arithmetic": one generated problem each
     vocab_size: int = 2048
     hidden_size: int = 192
     intermediate_size: int = 512
@@ -48,7 +50,11 @@ class TrainSettings:
     max_position_embeddings: int = 2048
     block_size: int = 32
     seq_len: int = 256            # tokens of x_0 per window (8 blocks): attention over 2L dominates the cost
-    batch_size: int = 8
+    batch_size: int = 8           # code: windows per batch
+    tokens_per_batch: int = 0     # arithmetic: padded tokens per batch (problems of one padded length each)
+    train_prompt: bool = False    # arithmetic: the question is masked and scored too (else the solution alone)
+    bf16: bool = False            # matmuls under torch.autocast(bfloat16), fp32 weights: ~2x on CPUs with AVX512-BF16
+    qk_gain_init: float = 1.0     # initial q_norm / k_norm weights (below)
     steps: int = 2800             # ~80 minutes on 2 cores (~1250 tokens/s)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -60,10 +66,21 @@ class TrainSettings:
     log_every: int = 10
     eval_every: int = 100
     ckpt_every: int = 50
+    accuracy_every: int = 0       # arithmetic: greedy answers of held-out problems every N steps (0: never)
+    accuracy_problems: int = 24
 
     @property
     def mask_eps(self) -> float:
         return 1.0 / self.block_size
+
+
+CODE = TrainSettings()
+ARITHMETIC = TrainSettings(
+    corpus="arithmetic", vocab_size=768, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+    num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=512, block_size=32,
+    tokens_per_batch=2048, steps=5000, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=100,
+    accuracy_every=500, accuracy_problems=24, bf16=True, qk_gain_init=1.8)
+RECIPES = {"code": CODE, "arithmetic": ARITHMETIC}
 
 
 def model_config(s: TrainSettings) -> ModelConfig:
@@ -74,14 +91,20 @@ def model_config(s: TrainSettings) -> ModelConfig:
                        mask_token_id=s.vocab_size - 1, stop_ids=(bpe.EOS_ID,), torch_dtype="float16")
 
 
-def init_model(cfg: ModelConfig, seed: int) -> SDARModel:
-    """Qwen-style init: matrices N(0, 0.02), residual outputs scaled by 1/sqrt(2 layers), norms 1."""
+def init_model(cfg: ModelConfig, seed: int, qk_gain: float = 1.0) -> SDARModel:
+    """Qwen-style init: matrices N(0, 0.02), residual outputs scaled by 1/sqrt(2 layers), norms 1 — but q_norm and
+    k_norm at qk_gain. Why: with q and k RMS-normalised, an attention logit is at most g_q g_k sqrt(head_dim); at
+    head_dim 32 and gains 1 that is 5.7, too flat to single out one token of a hundred, and a small model left there
+    never learns to copy from its context (the arithmetic target ignored its question for 2,000 steps). Gains of
+    1.8 allow logits up to ~18, log2(L^2) of a 256-token window (Henry et al. 2020, "Query-Key Normalization")."""
     torch.manual_seed(seed)
     model = SDARModel(cfg)
     out_scale = 1.0 / math.sqrt(2 * cfg.num_hidden_layers)
     with torch.no_grad():
         for name, p in model.hf_state().items():
-            if p.ndim == 1:
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.fill_(qk_gain)
+            elif p.ndim == 1:
                 p.fill_(1.0)
             else:
                 std = 0.02 * (out_scale if name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0)
@@ -103,10 +126,13 @@ def diffusion_bias(seq_len: int, block_size: int) -> torch.Tensor:
 
 
 def mask_blocks(x0: torch.Tensor, block_size: int, mask_id: int, gen: torch.Generator,
-                eps: float, ratio: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                eps: float, ratio: float | None = None, eligible: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x0 [N,L] int64 -> (x_t [N,L], masked [N,L] bool, t [N,L] float: the block's mask ratio per token).
 
-    ratio None draws t ~ U(eps, 1) per block; a number fixes it (evaluation). At least one mask per block."""
+    ratio None draws t ~ U(eps, 1) per block; a number fixes it (evaluation). At least one mask per block that
+    has a maskable position. eligible [N,L] bool: the positions that may be masked (None: all; the arithmetic
+    corpus never masks the prompt)."""
     n, length = x0.shape
     nb = length // block_size
     if ratio is None:
@@ -115,26 +141,36 @@ def mask_blocks(x0: torch.Tensor, block_size: int, mask_id: int, gen: torch.Gene
         t = torch.full((n, nb), float(ratio))
     t_tok = t.repeat_interleave(block_size, dim=1)
     masked = torch.rand(n, length, generator=gen) < t_tok
-    # force one mask in blocks that drew none (a block with nothing to predict teaches nothing)
-    forced = torch.randint(0, block_size, (n, nb), generator=gen) + torch.arange(nb) * block_size
-    none = ~masked.view(n, nb, block_size).any(-1)
-    masked[torch.arange(n)[:, None].expand(n, nb)[none], forced[none]] = True
+    if eligible is None:
+        # force one mask in blocks that drew none (a block with nothing to predict teaches nothing)
+        forced = torch.randint(0, block_size, (n, nb), generator=gen) + torch.arange(nb) * block_size
+        none = ~masked.view(n, nb, block_size).any(-1)
+        masked[torch.arange(n)[:, None].expand(n, nb)[none], forced[none]] = True
+    else:
+        masked &= eligible
+        # the forced mask of an empty block: a uniformly drawn eligible position of it
+        score = torch.rand(n, length, generator=gen).masked_fill(~eligible, -1.0).view(n, nb, block_size)
+        pick = score.argmax(-1) + torch.arange(nb) * block_size
+        none = ~masked.view(n, nb, block_size).any(-1) & eligible.view(n, nb, block_size).any(-1)
+        masked[torch.arange(n)[:, None].expand(n, nb)[none], pick[none]] = True
     return x0.masked_fill(masked, mask_id), masked, t_tok
 
 
 def diffusion_loss(model: SDARModel, x0: torch.Tensor, bias: torch.Tensor, gen: torch.Generator, eps: float,
-                   ratio: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weighted training loss: sum CE/t over masked / (N*L),  plain mean CE over masked tokens).
+                   ratio: float | None = None, eligible: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted training loss: sum CE/t over masked / maskable tokens,  plain mean CE over masked tokens).
 
-    The LM head runs only on masked positions of x_t: the other 3/4 of the 2L outputs are never scored."""
+    The LM head runs only on masked positions of x_t: the other outputs are never scored."""
     cfg = model.cfg
     n, length = x0.shape
-    xt, masked, t_tok = mask_blocks(x0, cfg.block_size, cfg.mask_token_id, gen, eps, ratio)
+    xt, masked, t_tok = mask_blocks(x0, cfg.block_size, cfg.mask_token_id, gen, eps, ratio, eligible)
     positions = torch.arange(length).repeat(2)
     hidden, _, _ = model(torch.cat([xt, x0], 1), positions, bias, return_hidden=True)
     h = hidden[:, :length][masked]                       # [M, H]
     ce = F.cross_entropy(model.lm_head(h).float(), x0[masked], reduction="none")
-    return (ce / t_tok[masked]).sum() / (n * length), ce.mean()
+    maskable = n * length if eligible is None else max(int(eligible.sum()), 1)
+    return (ce / t_tok[masked]).sum() / maskable, ce.mean()
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -152,54 +188,26 @@ def make_optimizer(model: SDARModel, s: TrainSettings) -> torch.optim.Optimizer:
                               {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-# -- data ------------------------------------------------------------------------------------------------------
-def token_stream(files_ids: list[list[int]]) -> np.ndarray:
-    """All files joined with <|endoftext|> (also after the last one): int64 [T]."""
-    out = []
-    for ids in files_ids:
-        out.extend(ids)
-        out.append(bpe.EOS_ID)
-    return np.asarray(out, dtype=np.int64)
-
-
-def sample_windows(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -> torch.Tensor:
-    """n windows [n, length] at uniform random offsets of the stream."""
-    if stream.size < length + 1:
-        raise SpotError(f"the token stream has {stream.size} tokens, fewer than one window of {length}",
-                        "use a larger corpus slice or a shorter seq_len")
-    starts = rng.integers(0, stream.size - length, size=n)
-    return torch.from_numpy(np.stack([stream[s:s + length] for s in starts]))
-
-
-def eval_windows(stream: np.ndarray, n: int, length: int) -> torch.Tensor:
-    """n evenly spaced (deterministic) windows of the held-out stream."""
-    starts = np.linspace(0, stream.size - length - 1, n).astype(np.int64)
-    return torch.from_numpy(np.stack([stream[s:s + length] for s in starts]))
-
-
+# -- evaluation during training -------------------------------------------------------------------------------
 @torch.no_grad()
-def heldout_loss(model: SDARModel, windows: torch.Tensor, bias: torch.Tensor, ratio: float, seed: int = 1234,
-                 batch: int = 8) -> float:
-    """Mean CE (nats/token) over masked tokens of held-out windows at a fixed mask ratio."""
+def heldout_loss(model: SDARModel, batches: list[Batch], ratio: float, seed: int = 1234) -> float:
+    """Mean CE (nats/token) over masked tokens of held-out batches at a fixed mask ratio."""
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     total, count = 0.0, 0
-    for i in range(0, windows.shape[0], batch):
-        x0 = windows[i:i + batch]
-        _, mean_ce = _masked_ce(model, x0, bias, gen, ratio)
-        total += mean_ce[0]
-        count += mean_ce[1]
+    cfg = model.cfg
+    for b in batches:
+        x0 = torch.from_numpy(b.x0)
+        eligible = None if b.eligible is None else torch.from_numpy(b.eligible)
+        xt, masked, _ = mask_blocks(x0, cfg.block_size, cfg.mask_token_id, gen, 0.0, ratio, eligible)
+        positions = torch.arange(x0.shape[1]).repeat(2)
+        hidden, _, _ = model(torch.cat([xt, x0], 1), positions, diffusion_bias(x0.shape[1], cfg.block_size),
+                             return_hidden=True)
+        ce = F.cross_entropy(model.lm_head(hidden[:, :x0.shape[1]][masked]).float(), x0[masked], reduction="sum")
+        total += float(ce)
+        count += int(masked.sum())
     model.train()
     return total / max(count, 1)
-
-
-def _masked_ce(model, x0, bias, gen, ratio):
-    cfg = model.cfg
-    xt, masked, _ = mask_blocks(x0, cfg.block_size, cfg.mask_token_id, gen, 0.0, ratio)
-    positions = torch.arange(x0.shape[1]).repeat(2)
-    hidden, _, _ = model(torch.cat([xt, x0], 1), positions, bias, return_hidden=True)
-    ce = F.cross_entropy(model.lm_head(hidden[:, :x0.shape[1]][masked]).float(), x0[masked], reduction="sum")
-    return None, (float(ce), int(masked.sum()))
 
 
 # -- checkpoints -----------------------------------------------------------------------------------------------
@@ -210,29 +218,17 @@ def save_atomic(obj, path: Path) -> None:
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
-@dataclass
-class PreparedCorpus:
-    tokenizer: object
-    train_files: list
-    heldout_files: list
-    train_stream: np.ndarray
-    heldout_stream: np.ndarray
-    heldout_ids: list = field(default_factory=list)
-
-
-def prepare_corpus(vocab_size: int, root: Path | None = None, max_files: int | None = None) -> PreparedCorpus:
-    """Split, train the BPE on the train split, tokenize both splits. max_files slices the corpus (tests)."""
-    train_files, heldout_files = corpus.split_corpus(root)
-    if max_files is not None:
-        train_files, heldout_files = train_files[:max_files], heldout_files[:max(1, max_files // 10)]
-    if not train_files or not heldout_files:
-        raise SpotError(f"the corpus has {len(train_files)} train and {len(heldout_files)} held-out files",
-                        "pass a folder of .py files with at least a few dozen files")
-    tok = bpe.train_bpe([f.text for f in train_files], vocab_size)
-    train_ids = bpe.encode_files(tok, [f.text for f in train_files])
-    heldout_ids = bpe.encode_files(tok, [f.text for f in heldout_files])
-    return PreparedCorpus(tok, train_files, heldout_files, token_stream(train_ids), token_stream(heldout_ids),
-                          heldout_ids)
+def build_data(s: TrainSettings, corpus_root: Path | None, max_files: int | None, tokenizer=None):
+    """The run's data source: corpus.CodeData or arithmetic_corpus.ArithmeticData (same methods). tokenizer: the
+    one a resumed run started with (None: train one)."""
+    if s.corpus == "code":
+        prep = corpus.prepare_corpus(s.vocab_size, corpus_root, max_files, tokenizer)
+        return corpus.CodeData(prep, corpus_root, s.batch_size, s.seq_len, s.seed)
+    if s.corpus == "arithmetic":
+        from spot.training.arithmetic_corpus import ArithmeticData, train_tokenizer
+        tok = tokenizer or train_tokenizer(s.vocab_size, s.seed)
+        return ArithmeticData(tok, s.block_size, s.tokens_per_batch, s.seed, with_prompt=s.train_prompt)
+    raise SpotError(f"unknown corpus {s.corpus!r}, expected one of {sorted(RECIPES)}")
 
 
 def _log(line: str, log_file: Path | None, progress: bool) -> None:
@@ -247,8 +243,9 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
                  progress: bool = True, settings: TrainSettings | None = None, work_dir: str | Path | None = None,
                  corpus_root: str | Path | None = None, max_files: int | None = None, resume: bool = True,
                  n_prompts: int = 300, final_eval: bool = True) -> dict:
-    """Train the embedded target and write the Hugging Face SDAR folder to out_dir; returns the report dict.
+    """Train a target and write the Hugging Face SDAR folder to out_dir; returns the report dict.
 
+    settings: the recipe (CODE by default; ARITHMETIC for the arithmetic model).
     minutes: a wall-clock cap (stops early, still writes the folder, and says so in the report).
     work_dir: where checkpoints and train.log go (default out_dir/../.train_<name>); a run resumes from its
     checkpoint when one exists and resume is true."""
@@ -261,71 +258,91 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
     torch.set_num_threads(s.threads)
     t_start = time.time()
 
-    prep = prepare_corpus(s.vocab_size, Path(corpus_root) if corpus_root else None, max_files)
+    ckpt_path = work / "ckpt.pt"
+    ck = torch.load(ckpt_path, weights_only=False) if resume and ckpt_path.exists() else None
+    if ck is not None and ck["settings"] != asdict(s):
+        ck = None
+    # a resumed run keeps the tokenizer it started with (one trained again from changed code would renumber tokens)
+    tokenizer_path = work / "tokenizer.json"
+    from tokenizers import Tokenizer
+    started_with = Tokenizer.from_file(str(tokenizer_path)) if ck is not None and tokenizer_path.is_file() else None
+    data = build_data(s, Path(corpus_root) if corpus_root else None, max_files, started_with)
+    if started_with is None:
+        data.tokenizer.save(str(tokenizer_path))
     cfg = model_config(s)
-    _log(f"corpus: {len(prep.train_files)} train files ({prep.train_stream.size} tokens), "
-         f"{len(prep.heldout_files)} held-out files ({prep.heldout_stream.size} tokens); "
-         f"tokenizer {time.time() - t_start:.1f}s", log_file, progress)
+    _log(f"{data.describe()}; tokenizer {time.time() - t_start:.1f}s", log_file, progress)
 
-    model = init_model(cfg, s.seed)
+    model = init_model(cfg, s.seed, s.qk_gain_init)
     model.train()
     opt = make_optimizer(model, s)
     n_params = sum(p.numel() for p in model.parameters())
-    _log(f"model: {n_params} parameters ({n_params / 1e6:.2f}M), {s.steps} steps x {s.batch_size} x {s.seq_len} "
-         f"tokens", log_file, progress)
+    _log(f"model: {n_params} parameters ({n_params / 1e6:.2f}M), {s.steps} steps", log_file, progress)
 
-    bias = diffusion_bias(s.seq_len, s.block_size)
+    biases: dict[int, torch.Tensor] = {}
     gen = torch.Generator().manual_seed(s.seed + 1)
-    rng = np.random.default_rng(s.seed)
-    val_windows = eval_windows(prep.heldout_stream, 16, s.seq_len)
-    history: dict = {"step": [], "train_loss": [], "train_ce": [], "val": []}
-    step0, trained_seconds = 0, 0.0
-    ckpt_path = work / "ckpt.pt"
-    if resume and ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
-        if ck["settings"] == asdict(s):
-            model.load_state_dict(ck["model"])
-            opt.load_state_dict(ck["opt"])
-            gen.set_state(ck["gen"])
-            rng.bit_generator.state = ck["rng"]
-            step0, history, trained_seconds = ck["step"], ck["history"], ck["seconds"]
-            _log(f"resumed from {ckpt_path} at step {step0}", log_file, progress)
+    val_batches = data.heldout_batches(16)
+    history: dict = {"step": [], "train_loss": [], "train_ce": [], "val": [], "tokens": []}
+    step0, trained_seconds, tokens_seen = 0, 0.0, 0
+    if ck is not None:
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        gen.set_state(ck["gen"])
+        data.load_state(ck["data"])
+        step0, history, trained_seconds = ck["step"], ck["history"], ck["seconds"]
+        tokens_seen = ck["tokens_seen"]
+        _log(f"resumed from {ckpt_path} at step {step0}", log_file, progress)
 
     stopped_early = False
     t_loop = time.time() - trained_seconds
-    window_loss, window_ce, window_t = 0.0, 0.0, time.time()
+    window_loss, window_ce, window_t, window_tokens = 0.0, 0.0, time.time(), 0
     step = step0
     for step in range(step0, s.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, s)
-        x0 = sample_windows(prep.train_stream, s.batch_size, s.seq_len, rng)
-        loss, ce = diffusion_loss(model, x0, bias, gen, s.mask_eps)
+        batch = data.train_batch()
+        x0 = torch.from_numpy(batch.x0)
+        length = x0.shape[1]
+        if length not in biases:
+            biases[length] = diffusion_bias(length, s.block_size)
+        eligible = None if batch.eligible is None else torch.from_numpy(batch.eligible)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=s.bf16):
+            loss, ce = diffusion_loss(model, x0, biases[length], gen, s.mask_eps, eligible=eligible)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
         opt.step()
         window_loss += float(loss.detach())
         window_ce += float(ce.detach())
+        window_tokens += x0.numel()
+        tokens_seen += x0.numel()
         done = step + 1
         if done % s.log_every == 0 or done == s.steps:
             n = done % s.log_every or s.log_every
             elapsed = time.time() - t_loop
-            tok_s = n * s.batch_size * s.seq_len / max(time.time() - window_t, 1e-9)
+            tok_s = window_tokens / max(time.time() - window_t, 1e-9)
             eta = elapsed / (done - step0 or 1) * (s.steps - done) if done > step0 else 0.0
             history["step"].append(done)
             history["train_loss"].append(window_loss / n)
             history["train_ce"].append(window_ce / n)
+            history["tokens"].append(tokens_seen)
             _log(f"step {done}/{s.steps} loss {window_loss / n:.4f} masked-ce {window_ce / n:.4f} "
                  f"lr {lr_at(step, s):.2e} {tok_s:.0f} tok/s elapsed {elapsed / 60:.1f}m eta {eta / 60:.1f}m",
                  log_file, progress)
-            window_loss, window_ce, window_t = 0.0, 0.0, time.time()
+            window_loss, window_ce, window_t, window_tokens = 0.0, 0.0, time.time(), 0
         if done % s.eval_every == 0 or done == s.steps:
-            val = heldout_loss(model, val_windows, bias, 0.5)
+            val = heldout_loss(model, val_batches, 0.5)
             history["val"].append([done, val])
             _log(f"step {done}: held-out masked CE at ratio 0.5 = {val:.4f}", log_file, progress)
+        if s.accuracy_every and (done % s.accuracy_every == 0 or done == s.steps):
+            from spot.training.evaluate import answer_accuracy
+            acc = answer_accuracy(model, data.tokenizer, data.heldout[:s.accuracy_problems])
+            model.train()
+            history.setdefault("accuracy", []).append([done, acc["accuracy"]])
+            _log(f"step {done}: greedy answers right on {acc['problems']} held-out problems: {acc['right']} "
+                 f"({acc['accuracy']:.0%}); the first one:\n{acc['first']}", log_file, progress)
         if done % s.ckpt_every == 0 or done == s.steps:
             save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                         "rng": rng.bit_generator.state, "step": done, "history": history,
+                         "data": data.state(), "step": done, "history": history, "tokens_seen": tokens_seen,
                          "seconds": time.time() - t_loop, "settings": asdict(s)}, ckpt_path)
         if minutes is not None and time.time() - t_start > minutes * 60 and done < s.steps:
             stopped_early = True
@@ -342,18 +359,12 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
     partial = beside(out_dir, "partial")
     remove_tree(partial)
     try:
-        write_folder(model, prep, partial, n_prompts=n_prompts, seed=s.seed)
+        write_folder(model, data, partial, n_prompts=n_prompts, seed=s.seed)
         report = {
             "parameters": n_params, "settings": asdict(s), "steps_done": steps_done, "stopped_early": stopped_early,
             "train_seconds": round(train_seconds, 1), "total_seconds": round(time.time() - t_start, 1),
-            "torch": torch.__version__, "threads": s.threads,
-            "tokens_seen": steps_done * s.batch_size * s.seq_len,
-            "corpus": {"root": str(Path(corpus_root) if corpus_root else corpus.stdlib_root()),
-                       "split_rule": "held-out iff int(sha1(relative posix path), 16) % 20 == 0",
-                       "train_files": len(prep.train_files), "heldout_files": len(prep.heldout_files),
-                       "train_tokens": int(prep.train_stream.size), "heldout_tokens": int(prep.heldout_stream.size),
-                       "train_sha1": corpus.split_digest(prep.train_files),
-                       "heldout_sha1": corpus.split_digest(prep.heldout_files)},
+            "torch": torch.__version__, "threads": s.threads, "tokens_seen": tokens_seen,
+            "corpus": data.report(),
             "tokenizer": {"vocab_size": s.vocab_size, "eos": [bpe.EOS_TOKEN, bpe.EOS_ID],
                           "mask": [bpe.MASK_TOKEN, s.vocab_size - 1],
                           "sha1": hashlib.sha1((partial / "tokenizer.json").read_bytes()).hexdigest()},
@@ -361,7 +372,7 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
         }
         if final_eval:
             from spot.training.evaluate import evaluate_folder
-            report["evaluation"] = evaluate_folder(partial, prep, s, log=lambda m: _log(m, log_file, progress))
+            report["evaluation"] = evaluate_folder(partial, data, s, log=lambda m: _log(m, log_file, progress))
         write_text_atomic(partial / "training_report.json", json.dumps(report, indent=2))
         publish_folder(partial, out_dir)
     except BaseException:
@@ -397,43 +408,11 @@ def _link_or_copy(src, dst) -> None:
         shutil.copy2(src, dst)
 
 
-def write_folder(model: SDARModel, prep: PreparedCorpus, out_dir: Path, n_prompts: int, seed: int) -> None:
+def write_folder(model: SDARModel, data, out_dir: Path, n_prompts: int, seed: int) -> None:
     """config.json + model.safetensors (fp16) + tokenizer files + heldout_prompts.jsonl."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, dtype="F16", extra_config={"bos_token_id": None, "pad_token_id": bpe.EOS_ID})
-    bpe.save_tokenizer(prep.tokenizer, out_dir)
-    prompts = heldout_prompts(prep, n_prompts, seed, max_tokens=min(448, model.cfg.max_position_embeddings - 64))
+    model.save_pretrained(out_dir, dtype="F16", extra_config={"bos_token_id": None, "pad_token_id": bpe.EOS_ID,
+                                                              TRAINING_CORPUS_KEY: data.corpus})
+    bpe.save_tokenizer(data.tokenizer, out_dir)
+    prompts = data.prompt_records(n_prompts, seed, max_tokens=min(448, model.cfg.max_position_embeddings - 64))
     write_text_atomic(out_dir / "heldout_prompts.jsonl", "".join(json.dumps(p) + "\n" for p in prompts))
-
-
-def heldout_prompts(prep: PreparedCorpus, n: int, seed: int, min_tokens: int = 64,
-                    max_tokens: int = 448) -> list[dict]:
-    """n prompts of min..max tokens cut from held-out files at line starts, drawn with a seeded Generator.
-
-    A file is picked with probability proportional to its token count; the prompt starts at the beginning of a
-    line and leaves at least 64 tokens of the file after it. n_tokens is the length of the re-encoded text."""
-    tok = prep.tokenizer
-    rng = np.random.default_rng(seed + 7)
-    sizes = np.array([len(ids) for ids in prep.heldout_ids], dtype=np.float64)
-    ok = sizes >= min_tokens + 64
-    if not ok.any():
-        return []
-    weights = np.where(ok, sizes, 0.0) / sizes[ok].sum()
-    newline_ids = {i for t, i in tok.get_vocab().items() if t.endswith("Ċ")}
-    prompts, tries = [], 0
-    while len(prompts) < n and tries < 50 * n:
-        tries += 1
-        fi = int(rng.choice(len(sizes), p=weights))
-        ids = prep.heldout_ids[fi]
-        length = int(rng.integers(min_tokens, max_tokens + 1))
-        length = min(length, len(ids) - 64)
-        if length < min_tokens:
-            continue
-        starts = [0] + [j + 1 for j in range(len(ids) - length - 64) if ids[j] in newline_ids]
-        start = starts[int(rng.integers(len(starts)))]
-        text = tok.decode(ids[start:start + length])
-        n_tokens = len(tok.encode(text, add_special_tokens=False).ids)
-        if not min_tokens <= n_tokens <= max_tokens:
-            continue
-        prompts.append({"id": len(prompts), "file": prep.heldout_files[fi].rel, "text": text, "n_tokens": n_tokens})
-    return prompts

@@ -1,0 +1,549 @@
+"""Grade-school arithmetic word problems in GSM8K's format, generated from the project's own templates.
+
+A problem is a question and a worked solution, one step per line, each step carrying GSM8K's calculator
+annotation and ending in the final answer line:
+
+    Question: Maya has 12 boxes with 6 pencils in each box. She gives 17 pencils to Omar. How many pencils ...?
+    Answer:
+    Maya has 12*6 = <<12*6=72>>72 pencils.
+    After giving some away, she has 72-17 = <<72-17=55>>55 pencils.
+    #### 55
+
+Every number is a positive integer and every operation a single binary + - * / with an exact integer result,
+kept in a range a small model can compute (BOUNDS). Problems are drawn from scenario families (shopping, rates,
+ages, sharing, collections, comparisons, ...) with 1 to 4 steps, names, objects, units and verbs varied per draw.
+
+The split is by problem instance: a problem is held out when sha1 of its question text, as an integer, is 0 mod
+HELDOUT_MODULUS. Generation is a pure function of the seed (numpy Generator), so a corpus is reproducible.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from spot.gsm8k import apply_op
+
+HELDOUT_MODULUS = 20
+PROMPT_PREFIX = "Question: "
+ANSWER_HEADER = "\nAnswer:\n"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What each operation may compute (operands and results are positive integers)."""
+    max_value: int = 200        # any operand or result of + and -
+    max_factor: int = 9         # the smaller factor of a product
+    max_multiplicand: int = 30  # the larger factor of a product
+    max_divisor: int = 9
+    max_quotient: int = 30
+
+
+BOUNDS = Bounds()
+
+
+@dataclass(frozen=True)
+class Step:
+    a: int
+    op: str          # one of + - * /
+    b: int
+    line: str        # the solution line with "{calc}" where "a op b = <<a op b=c>>c" goes
+
+    @property
+    def value(self) -> int:
+        return apply_op(self.a, self.op, self.b)
+
+    def render(self) -> str:
+        expr = f"{self.a}{self.op}{self.b}"
+        return self.line.replace("{calc}", f"{expr} = <<{expr}={self.value}>>{self.value}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    steps: tuple[Step, ...]
+    family: str
+
+    @property
+    def answer(self) -> int:
+        return self.steps[-1].value
+
+    @property
+    def solution(self) -> str:
+        return "\n".join(s.render() for s in self.steps) + f"\n#### {self.answer}"
+
+    @property
+    def prompt(self) -> str:
+        return format_prompt(self.question)
+
+    @property
+    def text(self) -> str:
+        return self.prompt + self.solution
+
+
+def format_prompt(question: str) -> str:
+    """The text a model is given: the question and the answer header (the solution follows on the next line)."""
+    return PROMPT_PREFIX + question + ANSWER_HEADER
+
+
+def is_heldout(question: str) -> bool:
+    return int(hashlib.sha1(question.encode("utf-8")).hexdigest(), 16) % HELDOUT_MODULUS == 0
+
+
+# -- vocabulary of the stories ---------------------------------------------------------------------------------
+NAMES = [("Maya", "she"), ("Omar", "he"), ("Lena", "she"), ("James", "he"), ("Sofia", "she"), ("Ravi", "he"),
+         ("Emma", "she"), ("Noah", "he"), ("Aisha", "she"), ("Lucas", "he"), ("Chloe", "she"), ("Mateo", "he"),
+         ("Priya", "she"), ("Ethan", "he"), ("Hana", "she"), ("Diego", "he"), ("Zoe", "she"), ("Samuel", "he"),
+         ("Nora", "she"), ("Kenji", "he"), ("Grace", "she"), ("Leo", "he"), ("Amara", "she"), ("Felix", "he"),
+         ("Ivy", "she"), ("Marcus", "he"), ("Julia", "she"), ("Tariq", "he"), ("Elena", "she"), ("Ben", "he"),
+         ("Rosa", "she"), ("Carlos", "he"), ("Mia", "she"), ("Hugo", "he"), ("Lucy", "she"), ("Arjun", "he"),
+         ("Nina", "she"), ("Owen", "he"), ("Fatima", "she"), ("Jack", "he")]
+
+# (singular, plural)
+ITEMS = [("apple", "apples"), ("pencil", "pencils"), ("marble", "marbles"), ("sticker", "stickers"),
+         ("cookie", "cookies"), ("book", "books"), ("shell", "shells"), ("card", "cards"), ("egg", "eggs"),
+         ("orange", "oranges"), ("toy car", "toy cars"), ("balloon", "balloons"), ("cupcake", "cupcakes"),
+         ("flower", "flowers"), ("stamp", "stamps"), ("crayon", "crayons"), ("muffin", "muffins"),
+         ("candle", "candles"), ("button", "buttons"), ("bead", "beads"), ("rock", "rocks"), ("lemon", "lemons"),
+         ("peach", "peaches"), ("coin", "coins"), ("puzzle", "puzzles"), ("ribbon", "ribbons"), ("plant", "plants"),
+         ("notebook", "notebooks"), ("sandwich", "sandwiches"), ("tomato", "tomatoes")]
+
+CONTAINERS = [("box", "boxes"), ("bag", "bags"), ("basket", "baskets"), ("jar", "jars"), ("crate", "crates"),
+              ("pack", "packs"), ("tray", "trays"), ("bucket", "buckets")]
+
+# things sold with a price each: (singular, plural)
+GOODS = [("notebook", "notebooks"), ("pen", "pens"), ("ticket", "tickets"), ("sandwich", "sandwiches"),
+         ("T-shirt", "T-shirts"), ("toy", "toys"), ("cake", "cakes"), ("comic book", "comic books"),
+         ("bottle of juice", "bottles of juice"), ("plant", "plants"), ("lamp", "lamps"), ("hat", "hats"),
+         ("ball", "balls"), ("kite", "kites"), ("board game", "board games"), ("scarf", "scarves")]
+
+# (activity unit plural, verb phrase, per-day noun)
+RATES = [("pages", "reads", "day"), ("miles", "runs", "day"), ("laps", "swims", "day"),
+         ("words", "writes", "day"), ("cookies", "bakes", "day"), ("emails", "answers", "day"),
+         ("bricks", "lays", "hour"), ("boxes", "packs", "hour"), ("photos", "takes", "hour"),
+         ("trees", "plants", "hour")]
+
+PLACES = ["the market", "the fair", "the bakery", "the book store", "the garden center", "the school shop",
+          "the toy store", "the museum shop"]
+
+FRIENDS_WORDS = ["friends", "classmates", "cousins", "neighbors", "teammates"]
+
+
+# -- building blocks -------------------------------------------------------------------------------------------
+class Draw:
+    """Seeded choices for one problem: rng is a numpy Generator owned by the caller (no global state)."""
+
+    def __init__(self, rng: np.random.Generator, bounds: Bounds = BOUNDS):
+        self.rng, self.bounds = rng, bounds
+
+    def int(self, lo: int, hi: int) -> int:
+        """Uniform in lo..hi inclusive (hi < lo is a bug in a template, not a user error)."""
+        if hi < lo:
+            raise ValueError(f"empty range {lo}..{hi}")
+        return int(self.rng.integers(lo, hi + 1))
+
+    def pick(self, seq):
+        return seq[int(self.rng.integers(len(seq)))]
+
+    def people(self, n: int) -> list[tuple[str, str]]:
+        idx = self.rng.choice(len(NAMES), size=n, replace=False)
+        return [NAMES[int(i)] for i in idx]
+
+    def addend(self, current: int, lo: int = 2) -> int:
+        return self.int(lo, max(lo, min(self.bounds.max_value - current, 60)))
+
+    def subtrahend(self, current: int) -> int:
+        return self.int(1, current - 1)
+
+    def factor(self, current: int) -> int | None:
+        """k in 2..max_factor with current*k in bounds (current must be a multiplicand), or None."""
+        if current > self.bounds.max_multiplicand:
+            return None
+        ks = [k for k in range(2, self.bounds.max_factor + 1) if current * k <= self.bounds.max_value]
+        return self.pick(ks) if ks else None
+
+    def divisor(self, current: int) -> int | None:
+        ks = [k for k in range(2, self.bounds.max_divisor + 1)
+              if current % k == 0 and current // k <= self.bounds.max_quotient]
+        return self.pick(ks) if ks else None
+
+    def product(self) -> tuple[int, int]:
+        """(a, b): a multiplicand in 2..max_multiplicand, b a factor in 2..max_factor, a*b in bounds."""
+        b = self.int(2, self.bounds.max_factor)
+        a = self.int(2, min(self.bounds.max_multiplicand, self.bounds.max_value // b))
+        return a, b
+
+    def quotient(self) -> tuple[int, int]:
+        """(a, b) with a/b exact: b a divisor, a/b in 2..max_quotient."""
+        b = self.int(2, self.bounds.max_divisor)
+        q = self.int(2, min(self.bounds.max_quotient, self.bounds.max_value // b))
+        return q * b, b
+
+
+def cap(s: str) -> str:
+    return s[:1].upper() + s[1:]
+
+
+def possessive(pronoun: str) -> str:
+    return {"she": "her", "he": "his"}[pronoun]
+
+
+def objective(pronoun: str) -> str:
+    return {"she": "her", "he": "him"}[pronoun]
+
+
+# -- scenario families: each builds a problem of n_steps steps, or None when this draw cannot (make_problem
+# then draws again) ----------------------------------------------------------------------------------------------
+def story_chain(d: Draw, n_steps: int) -> Problem | None:
+    """One person's collection changes: gains, losses, packs bought, doubling, equal sharing at the end."""
+    (name, he), (friend, _) = d.people(2)
+    item, items = d.pick(ITEMS)
+    sentences, steps = [], []
+    if n_steps >= 2 and d.rng.random() < 0.5:     # the opening may itself be a step: packs of items
+        box, boxes = d.pick(CONTAINERS)
+        a, b = d.product()
+        sentences.append(f"{name} has {a} {boxes} with {b} {items} in each {box}.")
+        steps.append(Step(a, "*", b, f"At first there are {{calc}}."))
+        current = a * b
+    else:
+        current = d.int(8, 120)
+        sentences.append(f"{name} has {current} {items}.")
+    question = f"How many {items} does {name} have now?"
+    while len(steps) < n_steps:
+        last = len(steps) == n_steps - 1
+        kind = d.pick(["gain", "lose", "packs", "double", "share"])
+        if kind == "share":
+            k = d.divisor(current)
+            if not last or k is None:
+                continue
+            group = d.pick(FRIENDS_WORDS)
+            sentences.append(f"{cap(he)} shares them equally among {k} {group}.")
+            question = f"How many {items} does each of the {group} get?"
+            steps.append(Step(current, "/", k, f"Each one gets {{calc}}."))
+        elif kind == "double":
+            k = d.factor(current)
+            if k is None:
+                continue
+            if k in (2, 3):
+                word = {2: "doubles", 3: "triples"}[k]
+                sentences.append(f"Then {he} {word} the number of {items} {he} has.")
+            else:
+                sentences.append(f"Then {he} ends up with {k} times as many {items} as before.")
+            steps.append(Step(current, "*", k, f"Then there are {{calc}}."))
+        elif kind == "packs":
+            box, boxes = d.pick(CONTAINERS)
+            a, b = d.product()
+            if last or current + a * b > d.bounds.max_value:
+                continue
+            sentences.append(f"{cap(he)} buys {a} {boxes} of {items} with {b} in each {box}.")
+            steps.append(Step(a, "*", b, f"The new ones are {{calc}}."))
+            steps.append(Step(current, "+", a * b, f"So there are {{calc}}."))
+        elif kind == "gain":
+            b = d.addend(current)
+            verb = d.pick([f"finds {b} more", f"gets {b} more from {friend}", f"buys {b} more",
+                           f"is given {b} more"])
+            sentences.append(f"{cap(he)} {verb}.")
+            steps.append(Step(current, "+", b, f"After getting more there are {{calc}}."))
+        else:
+            if current < 3:
+                continue
+            b = d.subtrahend(current)
+            verb = d.pick([f"gives {b} to {friend}", f"loses {b} of them", f"uses {b} of them",
+                           f"sells {b} of them"])
+            sentences.append(f"{cap(he)} {verb}.")
+            steps.append(Step(current, "-", b, f"After that {{calc}} are left."))
+        current = steps[-1].value
+    return Problem(" ".join(sentences + [question]), tuple(steps), "story_chain")
+
+
+def shopping(d: Draw, n_steps: int) -> Problem | None:
+    """Items bought at a price each; a second kind of item or a fee; paying; change."""
+    (name, he), = d.people(1)
+    place = d.pick(PLACES)
+    (g1, g1s), (g2, g2s) = [GOODS[int(i)] for i in d.rng.choice(len(GOODS), size=2, replace=False)]
+    n1, p1 = d.product()
+    sentences = [f"At {place}, {name} buys {n1} {g1s} for ${p1} each."]
+    steps = [Step(n1, "*", p1, f"The first ones cost {{calc}} dollars.")]
+    question = f"How much does {name} spend?"
+    if n_steps >= 3:
+        n2, p2 = d.product()
+        sentences.append(f"{cap(he)} also buys {n2} {g2s} for ${p2} each.")
+        steps.append(Step(n2, "*", p2, f"The second ones cost {{calc}} dollars."))
+        steps.append(Step(n1 * p1, "+", n2 * p2, f"In total that is {{calc}} dollars."))
+    elif n_steps == 2 and d.rng.random() < 0.5:
+        extra = d.addend(n1 * p1)
+        sentences.append(f"{cap(he)} also pays ${extra} for a {g2}.")
+        steps.append(Step(n1 * p1, "+", extra, f"In total that is {{calc}} dollars."))
+        question = f"How much money does {name} spend in all?"
+    if len(steps) < n_steps:
+        total = steps[-1].value
+        if total >= d.bounds.max_value:
+            return None
+        paid = d.int(total + 1, min(d.bounds.max_value, total + 80))
+        sentences.append(f"{cap(he)} pays with ${paid}.")
+        steps.append(Step(paid, "-", total, f"The change is {{calc}} dollars."))
+        question = f"How much change does {name} get?"
+    return Problem(" ".join(sentences + [question]), tuple(steps), "shopping")
+
+
+def rates(d: Draw, n_steps: int) -> Problem | None:
+    """A rate over a number of days or hours, a second stretch, then a goal or an extra amount."""
+    (name, he), = d.people(1)
+    unit, verb, per = d.pick(RATES)
+    r, t = d.product()
+    sentences = [f"{name} {verb} {r} {unit} every {per} for {t} {per}s."]
+    steps = [Step(r, "*", t, f"At first that is {{calc}}.")]
+    question = f"How many {unit} does {name} finish in all?"
+    if n_steps >= 3:
+        r2, t2 = d.product()
+        sentences.append(f"After that, {he} {verb} {r2} {unit} every {per} for {t2} more {per}s.")
+        steps.append(Step(r2, "*", t2, f"Later that is {{calc}}."))
+        steps.append(Step(r * t, "+", r2 * t2, f"Altogether that is {{calc}}."))
+    if len(steps) < n_steps:
+        total = steps[-1].value
+        if d.rng.random() < 0.5 and total < d.bounds.max_value - 2:
+            goal = d.int(total + 1, min(d.bounds.max_value, total + 90))
+            sentences.append(f"{possessive(he).capitalize()} goal is {goal} {unit}.")
+            steps.append(Step(goal, "-", total, f"Still needed: {{calc}}."))
+            question = f"How many more {unit} does {name} need to reach the goal?"
+        else:
+            extra = d.addend(total)
+            sentences.append(f"On the last {per} {he} {verb} {extra} extra {unit}.")
+            steps.append(Step(total, "+", extra, f"With the extra that is {{calc}}."))
+    return Problem(" ".join(sentences + [question]), tuple(steps), "rates")
+
+
+def comparison(d: Draw, n_steps: int) -> Problem | None:
+    """People's counts defined from each other: more than, fewer than, times as many, together."""
+    people = [n for n, _ in d.people(5)]
+    item, items = d.pick(ITEMS)
+    current, who = d.int(5, 60), people[0]
+    sentences = [f"{who} has {current} {items}."]
+    steps: list[Step] = []
+    question = None
+    for name in people[1:]:
+        if len(steps) == n_steps:
+            break
+        if len(steps) == n_steps - 1 and steps and d.rng.random() < 0.4:
+            prev = steps[-2].value if len(steps) >= 2 else steps[-1].a
+            prev_name = people[len(steps) - 1]
+            question = f"How many {items} do {prev_name} and {who} have together?"
+            steps.append(Step(prev, "+", current, f"Together they have {{calc}}."))
+            break
+        kind = d.pick(["more", "fewer", "times"])
+        k = d.factor(current) if kind == "times" else None
+        if k is not None:
+            word = {2: "twice", 3: "three times", 4: "four times", 5: "five times"}.get(k, f"{k} times")
+            sentences.append(f"{name} has {word} as many {items} as {who}.")
+            steps.append(Step(current, "*", k, f"The next one has {{calc}}."))
+        elif kind == "fewer" and current >= 3:
+            b = d.subtrahend(current)
+            sentences.append(f"{name} has {b} fewer {items} than {who}.")
+            steps.append(Step(current, "-", b, f"The next one has {{calc}}."))
+        else:
+            b = d.addend(current)
+            sentences.append(f"{name} has {b} more {items} than {who}.")
+            steps.append(Step(current, "+", b, f"The next one has {{calc}}."))
+        current, who = steps[-1].value, name
+    question = question or f"How many {items} does {who} have?"
+    return Problem(" ".join(sentences + [question]), tuple(steps), "comparison")
+
+
+def ages(d: Draw, n_steps: int) -> Problem | None:
+    """Ages now and later: times as old, older / younger, in some years, a sum."""
+    (n1, _), (n2, _) = d.people(2)
+    a = d.int(4, 40)
+    sentences = [f"{n1} is {a} years old."]
+    steps: list[Step] = []
+    current, who = a, n1
+    if n_steps >= 2 and d.rng.random() < 0.5:
+        k = d.factor(a)
+        if k is None or a * k > 90:
+            return None
+        sentences.append(f"Their aunt is {k} times as old as {n1}.")
+        steps.append(Step(a, "*", k, f"The aunt is {{calc}} years old."))
+        current, who = a * k, "the aunt"
+    if len(steps) < n_steps - 1 or (len(steps) == n_steps - 1 and d.rng.random() < 0.5):
+        b = d.int(2, 30)
+        if d.rng.random() < 0.5 or current <= b:
+            sentences.append(f"{n2} is {b} years older than {who}.")
+            steps.append(Step(current, "+", b, f"The next one is {{calc}} years old."))
+        else:
+            sentences.append(f"{n2} is {b} years younger than {who}.")
+            steps.append(Step(current, "-", b, f"The next one is {{calc}} years old."))
+        current, who = steps[-1].value, n2
+    if len(steps) == n_steps:
+        return Problem(" ".join(sentences + [f"How old is {who}?"]), tuple(steps), "ages")
+    if len(steps) == n_steps - 2:
+        steps.append(Step(a, "+", current, f"Together they are {{calc}} years old."))
+        years = d.int(2, 30)
+        sentences.append(f"Their grandfather is {years} years older than {n1} and {who} together. "
+                         "How old is their grandfather?")
+        steps.append(Step(a + current, "+", years, f"The grandfather is {{calc}} years old."))
+        return Problem(" ".join(sentences), tuple(steps), "ages")
+    years = d.int(2, 25)
+    sentences.append(f"How old will {who} be in {years} years?")
+    steps.append(Step(current, "+", years, f"Later the age is {{calc}} years."))
+    return Problem(" ".join(sentences), tuple(steps), "ages")
+
+
+def sharing(d: Draw, n_steps: int) -> Problem | None:
+    """Made or picked, some eaten or given away, the rest packed equally, maybe one container topped up."""
+    (name, he), = d.people(1)
+    item, items = d.pick(ITEMS)
+    box, boxes = d.pick(CONTAINERS)
+    if n_steps == 1:
+        total, k = d.quotient()
+        sentences = [f"{name} packs {total} {items} equally into {k} {boxes}."]
+        step = Step(total, "/", k, f"Each one holds {{calc}}.")
+        return Problem(" ".join(sentences + [f"How many {items} are in each {box}?"]), (step,), "sharing")
+    sentences, steps = [], []
+    if n_steps >= 3:
+        batches, per = d.product()
+        made = batches * per
+        sentences.append(f"{name} makes {batches} batches of {items} with {per} in each batch.")
+        steps.append(Step(batches, "*", per, f"At first there are {{calc}}."))
+    else:
+        made = d.int(10, 150)
+        sentences.append(f"{name} has {made} {items}.")
+    options = [(k, e) for k in range(2, d.bounds.max_divisor + 1) for e in range(1, min(40, made - 2) + 1)
+               if (made - e) % k == 0 and 2 <= (made - e) // k <= d.bounds.max_quotient]
+    if not options:
+        return None
+    k, eaten = d.pick(options)
+    kept = made - eaten
+    verb = d.pick(["eats", "gives away", "keeps", "sells"])
+    sentences.append(f"{cap(he)} {verb} {eaten} of them and packs the rest equally into {k} {boxes}.")
+    steps.append(Step(made, "-", eaten, f"After that {{calc}} are left."))
+    steps.append(Step(kept, "/", k, f"Each one holds {{calc}}."))
+    question = f"How many {items} are in each {box}?"
+    if len(steps) < n_steps:
+        m = d.int(2, 30)
+        sentences.append(f"Later {he} adds {m} more {items} to one {box}.")
+        steps.append(Step(kept // k, "+", m, f"That one now holds {{calc}}."))
+        question = f"How many {items} are in that {box} now?"
+    return Problem(" ".join(sentences + [question]), tuple(steps), "sharing")
+
+
+def savings(d: Draw, n_steps: int) -> Problem | None:
+    """Money saved per week, money already there, something bought, the rest shared."""
+    (name, he), = d.people(1)
+    good, _ = d.pick(GOODS)
+    w, s = d.product()
+    sentences, steps = [], [Step(s, "*", w, f"The savings are {{calc}} dollars.")]
+    total = s * w
+    if n_steps >= 2:
+        start = d.addend(total, lo=3)
+        sentences.append(f"{name} has ${start} in a piggy bank.")
+        sentences.append(f"{cap(he)} saves ${s} more every week for {w} weeks.")
+        steps.append(Step(start, "+", total, f"Now there are {{calc}} dollars."))
+        total += start
+    else:
+        sentences.append(f"{name} saves ${s} every week for {w} weeks.")
+    question = f"How much money does {name} have?"
+    if n_steps >= 3:
+        if total < 4:
+            return None
+        price = d.int(2, total - 1)
+        sentences.append(f"{cap(he)} spends ${price} on a {good}.")
+        steps.append(Step(total, "-", price, f"After buying, {{calc}} dollars are left."))
+        total -= price
+        question = f"How much money does {name} have left?"
+    if n_steps >= 4:
+        k = d.divisor(total)
+        if k is None:
+            return None
+        sentences.append(f"{cap(he)} splits the rest equally among {k} {d.pick(FRIENDS_WORDS)}.")
+        steps.append(Step(total, "/", k, f"Each one gets {{calc}} dollars."))
+        question = "How many dollars does each one get?"
+    return Problem(" ".join(sentences + [question]), tuple(steps), "savings")
+
+
+def seating(d: Draw, n_steps: int) -> Problem | None:
+    """Rows and chairs, shelves and books, teams and players: a grid, then changes and equal groups."""
+    (name, _), = d.people(1)
+    groups, things, where, group = d.pick([("rows", "chairs", "the hall", "row"),
+                                           ("shelves", "books", "the library", "shelf"),
+                                           ("teams", "players", "the tournament", "team"),
+                                           ("tables", "guests", "the party", "table"),
+                                           ("buses", "students", "the trip", "bus")])
+    a, b = d.product()
+    sentences = [f"In {where} there are {a} {groups} with {b} {things} in each {group}."]
+    steps = [Step(a, "*", b, f"There are {{calc}} in all.")]
+    question = f"How many {things} are there?"
+    total = a * b
+    if n_steps >= 2:
+        if d.rng.random() < 0.5 and total > 3:
+            c = d.subtrahend(total)
+            sentences.append(f"{c} of the {things} leave early.")
+            steps.append(Step(total, "-", c, f"After that {{calc}} stay."))
+            question = f"How many {things} stay?"
+        else:
+            c = d.addend(total)
+            sentences.append(f"{name} brings {c} more {things}.")
+            steps.append(Step(total, "+", c, f"Now there are {{calc}}."))
+        total = steps[-1].value
+    if n_steps >= 3:
+        k = d.divisor(total)
+        if k is None:
+            return None
+        sentences.append(f"{name} puts all of them into {k} equal groups.")
+        steps.append(Step(total, "/", k, f"Each group has {{calc}}."))
+        question = f"How many {things} are in each group?"
+        total = steps[-1].value
+    if n_steps >= 4:
+        m = d.addend(total)
+        sentences.append(f"Then {m} more {things} join one of the groups.")
+        steps.append(Step(total, "+", m, f"That group has {{calc}}."))
+        question = f"How many {things} are in that group?"
+    return Problem(" ".join(sentences + [question]), tuple(steps), "seating")
+
+
+FAMILIES: dict[str, Callable[[Draw, int], Problem | None]] = {
+    "story_chain": story_chain, "shopping": shopping, "rates": rates, "comparison": comparison, "ages": ages,
+    "sharing": sharing, "savings": savings, "seating": seating,
+}
+
+
+def within_bounds(p: Problem, bounds: Bounds = BOUNDS) -> bool:
+    """Every step's operands and result are positive integers in range, products and quotients in theirs."""
+    for s in p.steps:
+        try:
+            v = s.value
+        except ValueError:
+            return False
+        if min(s.a, s.b, v) < 1 or max(s.a, s.b, v) > bounds.max_value:
+            return False
+        if s.op == "*" and (min(s.a, s.b) > bounds.max_factor or max(s.a, s.b) > bounds.max_multiplicand):
+            return False
+        if s.op == "/" and (s.b > bounds.max_divisor or v > bounds.max_quotient):
+            return False
+    return True
+
+
+def make_problem(rng: np.random.Generator, bounds: Bounds = BOUNDS) -> Problem:
+    """One problem: a family and a step count (1..4) drawn uniformly, retried until it is within bounds."""
+    d = Draw(rng, bounds)
+    names = sorted(FAMILIES)
+    while True:
+        family = names[int(rng.integers(len(names)))]
+        n_steps = int(rng.integers(1, 5))
+        p = FAMILIES[family](d, n_steps)
+        if p is not None and len(p.steps) == n_steps and within_bounds(p, bounds):
+            return p
+
+
+def generate_problems(n: int, seed: int, heldout: bool | None = None,
+                      bounds: Bounds = BOUNDS) -> list[Problem]:
+    """n distinct problems from the seeded stream; heldout True / False keeps only that split (None: both)."""
+    rng = np.random.default_rng(seed)
+    out, seen = [], set()
+    while len(out) < n:
+        p = make_problem(rng, bounds)
+        if p.question in seen or (heldout is not None and is_heldout(p.question) != heldout):
+            continue
+        seen.add(p.question)
+        out.append(p)
+    return out
