@@ -20,6 +20,7 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.files import write_text_atomic
+from spot.gsm8k import is_correct
 from spot.runtime.decoders import BASELINE_DECODERS, DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import TreeBudget
@@ -48,12 +49,13 @@ class Prompt:
     id: str
     ids: list[int]
     text: str | None = None
+    answer: int | None = None       # a GSM8K-format prompt's true final answer (the arithmetic model's held-out set)
 
 
 def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max_tokens: int | None = None
                  ) -> list[Prompt]:
     """JSONL with {"id", "text"} (needs a tokenizer) or {"id", "ids": [...]} ("prompt_ids" / "token_ids" too, or a
-    bare list of ids) per line."""
+    bare list of ids) per line; an optional integer "answer" is the true final answer of a GSM8K-format prompt."""
     path = Path(path)
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
@@ -87,9 +89,12 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max
             ids = tokenizer.encode(rec["text"])
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise SpotError(f"{path}:{n + 1}: expected an object with \"ids\" (a list of ints) or \"text\"")
+        answer = rec.get("answer")
+        if answer is not None and (not isinstance(answer, int) or isinstance(answer, bool)):
+            raise SpotError(f"{path}:{n + 1}: \"answer\" must be an integer (the true final answer), got {answer!r}")
         if max_tokens:
             ids = ids[:max_tokens]
-        prompts.append(Prompt(str(rec.get("id", n)), ids, rec.get("text")))
+        prompts.append(Prompt(str(rec.get("id", n)), ids, rec.get("text"), answer))
         if limit and len(prompts) >= limit:
             break
     if not prompts:
@@ -142,11 +147,12 @@ def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
 
 
 def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
-              progress: Callable[[str], None] | None = None, other_drafters: dict | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, other_drafters: dict | None = None,
+              tokenizer=None) -> dict:
     """Run every variant on every (prompt, seed, temperature); returns the JSON-ready result.
 
     other_drafters: name -> Drafter, compared with `drafter` on the same engine (e.g. one recalibrated on a
-    quantized target)."""
+    quantized target). tokenizer: decodes outputs of prompts that carry a true answer (answers_right per row)."""
     other_drafters = other_drafters or {}
     needs_drafter = {"spot", "spot-sets"} & set(cfg.decoders)
     if needs_drafter and drafter is None:
@@ -161,6 +167,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
             progress("the engine samples on the device: no independent-noise rows (they need --sampler host)")
     runs: dict[tuple[str, float], list] = {}
     identical: dict[tuple[str, float], list[bool]] = {}
+    right: dict[tuple[str, float], list[bool]] = {}     # prompts with a true answer: is the decoded one right
     plan = {v.label: v for v in variants(cfg, tuple(other_drafters))}
     total = len(prompts) * len(cfg.seeds) * len(cfg.temperatures)
     done = 0
@@ -177,6 +184,9 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                                       other_drafters[v.drafter] if v.drafter else drafter)
                     outputs[v.label] = gen
                     runs.setdefault((v.label, temp), []).append(gen)
+                    if prompt.answer is not None and tokenizer is not None:
+                        right.setdefault((v.label, temp), []).append(
+                            is_correct(tokenizer.decode(gen.token_ids), prompt.answer))
                     base = outputs.get(v.baseline)
                     if base is not None:
                         identical.setdefault((v.label, temp), []).append(gen.token_ids == base.token_ids)
@@ -200,6 +210,9 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
         row["identical_share"] = float(np.mean(same)) if same else None
         if same:
             row["identical_cases"] = [int(sum(same)), len(same)]
+        answers = right.get((label, temp))
+        if answers:
+            row["answers_right"] = [int(sum(answers)), len(answers)]
         rows.append(row)
     drafters = {"": drafter, **other_drafters} if needs_drafter else {}
     return {"config": {"decoders": list(cfg.decoders), "temperatures": list(cfg.temperatures),
@@ -340,15 +353,18 @@ def check_tuned_budget(engine, prompts: list[Prompt], tune: dict, cfg: BenchConf
 TRAIN_SPLIT = "corpus train split"
 
 
-def tuning_prompts(tokenizer, fallback: list[Prompt], n: int = 2, max_tokens: int = 128) -> tuple[list[Prompt], str]:
-    """Prompts on which the tuner measures acceptance, and where they come from: cut from the embedded corpus's
-    TRAIN split (spot.training.traces.corpus_prompts; 64-128 tokens, then their last max_tokens) — never the prompts
-    a benchmark then judges the choice on — or, for a model without a tokenizer to encode them, the first n of
-    `fallback`."""
+def tuning_prompts(tokenizer, fallback: list[Prompt], n: int = 2, max_tokens: int = 128,
+                   folder=None) -> tuple[list[Prompt], str]:
+    """Prompts on which the tuner measures acceptance, and where they come from: the TRAIN split of the model's
+    training corpus (spot.config.training_corpus of `folder`; spot.training.traces.corpus_prompts: code cut to
+    64-128 tokens, then their last max_tokens) — never the prompts a benchmark then judges the choice on — or, for a
+    model without a tokenizer to encode them, the first n of `fallback`."""
     if tokenizer is not None and max_tokens > 0:
+        from spot.config import training_corpus
         from spot.training.traces import corpus_prompts
         try:
-            drawn = corpus_prompts(tokenizer, n, seed=0, min_tokens=64, max_tokens=128)
+            drawn = corpus_prompts(tokenizer, n, seed=0, min_tokens=64, max_tokens=128,
+                                   corpus=training_corpus(folder) if folder is not None else "code")
         except SpotError:          # no corpus on this interpreter
             drawn = []
         if len(drawn) == n:
@@ -363,10 +379,10 @@ def tuning_room(engine, max_tokens: int = 128) -> int:
 
 def tune_by_temperature(engine, prompts: list[Prompt], cfg: BenchConfig, candidates: list[TreeBudget], decoder: str,
                         drafter=None, progress: Callable[[str], None] | None = None,
-                        node_counts=(1, 2, 4, 8, 16, 32, 64), tokenizer=None) -> dict:
+                        node_counts=(1, 2, 4, 8, 16, 32, 64), tokenizer=None, folder=None) -> dict:
     """One latency curve, then per bench temperature: the tuned budget (acceptance measured on 2 tuning_prompts)
     and that budget checked beside standard decoding on every benchmark prompt (`at_choice`)."""
-    tuning, source = tuning_prompts(tokenizer, prompts, max_tokens=tuning_room(engine))
+    tuning, source = tuning_prompts(tokenizer, prompts, max_tokens=tuning_room(engine), folder=folder)
     curve, by_t = None, {}
     for t in cfg.temperatures:
         tuned = tune_budget(engine, tuning, t, candidates, drafter, decoder, node_counts, progress, curve)
@@ -394,6 +410,8 @@ def markdown_table(result: dict) -> str:
             ("passes reduction", "passes_reduction", "{:.2f}x"), ("steps/verify", "steps_per_verify", "{:.2f}"),
             ("tokens/s", "tokens_per_s", "{:.1f}"), ("speed-up", "speedup", "{:.2f}x"),
             ("identical", "identical_share", "{:.0%}"), ("host ms/verify", None, None)]
+    if any("answers_right" in row for row in result["rows"]):
+        cols.insert(-1, ("answers right", "answers_right", None))
     if any("epilogue_ms_per_step" in row for row in result["rows"]):
         # the device sampler: its epilogue runs inside the host times (once per commit step, any decoder)
         cols.append(("device epilogue ms/step", "epilogue_ms_per_step", "{:.1f}"))
@@ -407,6 +425,9 @@ def markdown_table(result: dict) -> str:
                 cells.append(f"{host:.1f} / {tgt:.1f}" if tgt else "")
                 continue
             v = row.get(key)
+            if key == "answers_right":
+                cells.append(f"{v[0]}/{v[1]}" if v else "")
+                continue
             cells.append(identical_cell(row) if key == "identical_share" else fmt.format(v) if v is not None else "")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("\nRatios: static-rule rows against `standard`, threshold-rule rows (threshold, spot-sets, "

@@ -6,6 +6,7 @@ Each command lives in this file as a thin shell over library functions: parse, c
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shlex
 import signal
 import sys
@@ -18,7 +19,6 @@ from spot.engines.factory import BACKENDS, EXPORTED_BACKENDS
 from spot.errors import SpotError
 from spot.entry import INTERRUPTED_LINE, TERMINATED_LINE
 from spot.files import check_output_path
-from spot.demo import DEMO_TEMPERATURE
 from spot.runtime.decoders import DECODERS
 from spot.runtime.spot import DEFAULT_DEPTH
 from spot.tuned import TUNABLE_DECODERS, check_tunable
@@ -162,21 +162,25 @@ def check_model_folder(backend: str, folder) -> None:
 
 
 def model_folder(backend: str, model_dir):
-    """--model, else the embedded model: its checkpoint (torch), or its export by `spot demo` (ort, tensorrt)."""
-    if model_dir is not None:
+    """--model: a folder, or an embedded model's name (spot.assets: code, arithmetic) — its checkpoint (torch) or
+    its export by `spot demo` (ort, tensorrt). No --model: the default embedded model."""
+    from spot.assets import DEFAULT_MODEL, embedded_model_dir, embedded_name, model_names
+    name = DEFAULT_MODEL if model_dir is None else embedded_name(model_dir)
+    if name is None:
         return model_dir
     if backend not in EXPORTED_BACKENDS:
-        from spot.assets import embedded_model_dir
-        return embedded_model_dir()
+        return embedded_model_dir(name)
     from spot.demo import embedded_export_current, embedded_export_dir
-    folder = embedded_export_dir()
+    folder = embedded_export_dir(name)
     if not (folder / "manifest.json").is_file():
-        raise SpotError(f"no --model given, and --backend {backend} runs an exported folder: the embedded model's "
-                        f"export {folder} does not exist yet",
-                        "run `spot demo` once (it exports it there), or `spot-export embedded --out DIR` and pass "
-                        "--model DIR; both need the export extra (pip install 'spot-edge[export]', torch==2.13.0 "
-                        "is the CPU build), or export on a machine that has it and copy the folder here")
-    if not embedded_export_current():       # still a valid export (its manifest is checked when it opens)
+        given = "no --model given" if model_dir is None else f"--model {model_dir}"
+        raise SpotError(f"{given}, and --backend {backend} runs an exported folder: the {name} model's export "
+                        f"{folder} does not exist yet",
+                        f"run `spot demo` once (it exports {' and '.join(model_names()[:2])} there), or "
+                        f"`spot-export {name} --out DIR` and pass --model DIR; both need the export extra (pip "
+                        "install 'spot-edge[export]', torch==2.13.0 is the CPU build), or export on a machine that "
+                        "has it and copy the folder here")
+    if not embedded_export_current(name):       # still a valid export (its manifest is checked when it opens)
         click.echo(f"note: {folder} was exported from another version of spot or of its embedded model; "
                    "`spot demo` exports it again", err=True)
     return folder
@@ -400,14 +404,14 @@ def _tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, dra
 def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_size, dry_run, no_validate,
            validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, epilogue_steps,
            epilogue_positions, tensorrt_mode, quiet):
-    """Export an SDAR checkpoint to an ONNX folder (SOURCE: a checkpoint folder or a preset: embedded,
-    sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants).
+    """Export an SDAR checkpoint to an ONNX folder (SOURCE: a checkpoint folder, an embedded model: arithmetic,
+    code, or a preset: sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants).
 
     \b
     Examples:
       spot-export sdar-8b --checkpoint /path/to/SDAR-8B-Chat --out sdar-8b-fp16-onnx
       spot-export sdar-8b-b32 --weights int4 --plan orin-nx-16gb --max-nodes 16
-      spot-export embedded --out embedded-fp32-onnx
+      spot-export arithmetic --out arithmetic-fp32-onnx
     """
     import json
     from pathlib import Path
@@ -418,7 +422,8 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
 
     plan_only = plan_device is not None and out is None
     resolved = resolve_source(source, checkpoint, dry_run or plan_only)
-    dtype = dtype or ("fp32" if resolved.preset == "embedded" else "fp16")
+    from spot.assets import EMBEDDED_MODELS
+    dtype = dtype or ("fp32" if resolved.preset in EMBEDDED_MODELS else "fp16")
     if int4_block is not None and weights != "int4":
         raise SpotError(f"--int4-block applies to --weights int4, got --weights {weights}")
     options = ExportOptions(dtype=dtype, opset=opset, max_nodes=max_nodes, max_context=max_context,
@@ -510,10 +515,14 @@ def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
 
 
 @main.command("train-target")
+@click.option("--corpus", type=click.Choice(["code", "arithmetic"]), default="code", show_default=True,
+              help="What the target learns: code (the Python standard library, the code model's recipe) or "
+                   "arithmetic (generated GSM8K-format word problems, the arithmetic model's recipe).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Output Hugging Face folder. Default: the package's embedded model folder.")
+              help="Output Hugging Face folder. Default: the package's folder of that embedded model.")
 @click.option("--steps", type=int, default=None,
-              help="Optimizer steps (8 x 256 tokens each). Default: the embedded model's recipe (2800).")
+              help="Optimizer steps. Default: the recipe's (code 2800 x 8 x 256 tokens; arithmetic: see "
+                   "docs/embedded-model.md).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Wall-clock cap; stops early and still writes the folder.")
@@ -521,23 +530,25 @@ def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
               help="Checkpoints and train.log (resumed when present). Default: next to --out.")
 @click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation written into training_report.json.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
-def train_target_cmd(out, steps, seed, minutes, work_dir, no_eval, quiet):
-    """Train the embedded SDAR target on the Python standard library (block diffusion, BPE 2048, block 32).
+def train_target_cmd(corpus, out, steps, seed, minutes, work_dir, no_eval, quiet):
+    """Train an embedded SDAR target (block diffusion, block 32): the code model on the Python standard library, or
+    the arithmetic model on generated grade-school word problems.
 
     \b
-    Example:
-      spot train-target --out /tmp/embedded --minutes 90
+    Examples:
+      spot train-target --out /tmp/code --minutes 90
+      spot train-target --corpus arithmetic --out /tmp/arithmetic
     """
-    from pathlib import Path
-
-    from spot.training.target import train_target
+    from spot.assets import MODELS
+    from spot.training.target import RECIPES, train_target
     if steps is not None and steps < 1:
         raise SpotError(f"--steps must be >= 1, got {steps}")
     if out is None:
-        out = Path(__file__).parent / "assets" / "embedded"
+        from pathlib import Path
+        out = Path(__file__).parent / "assets" / MODELS[corpus].folder
     check_output_path(out, "--out", folder=True)      # before the training, not after it
     report = train_target(out, steps, seed=seed, minutes=minutes, progress=not quiet, work_dir=work_dir,
-                          final_eval=not no_eval)
+                          settings=RECIPES[corpus], final_eval=not no_eval)
     click.echo(f"wrote {out}: {report['parameters']} parameters, {report['steps_done']} steps, "
                f"{report['train_seconds']:.0f}s")
 
@@ -626,7 +637,8 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
         if tokenizer is None:
             raise SpotError(f"--corpus-prompts needs the model's tokenizer, and {folder} has none",
                             "pass --prompts FILE.jsonl with token ids")
-        prompts = draw_prompts(tokenizer, corpus_prompts, seed)
+        from spot.config import training_corpus
+        prompts = draw_prompts(tokenizer, corpus_prompts, seed, corpus=training_corpus(folder))
     plan = TracePlan(_float_list(temperatures, "--temperatures"), tuple(r.strip() for r in rules.split(",")), tau,
                      seeds, max_new_tokens, depth, cycle)
     check_output_path(out, "--out")       # a bad --out fails now, not after the decoding
@@ -754,7 +766,9 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
         raise SpotError(f"--corpus-prompts needs the model's tokenizer, and {folder} has none",
                         "pass --prompts FILE.jsonl with token ids")
     else:
-        prompts = fit_prompts(draw_prompts(tokenizer, corpus_prompts, seed), engine, max_new_tokens)
+        from spot.config import training_corpus
+        prompts = fit_prompts(draw_prompts(tokenizer, corpus_prompts, seed, corpus=training_corpus(folder)), engine,
+                              max_new_tokens)
     result = calibrate_drafter(engine, drafter, prompts, temps, cands, weights, budgets[0], max_new_tokens,
                                progress=stderr_progress(quiet), flip_candidates=flips)
     click.echo(json.dumps(result, indent=2))
@@ -765,45 +779,89 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
 
 
 @main.command()
-@click.option("--prompt-index", type=int, default=0, show_default=True, help="Which held-out prompt to decode.")
-@click.option("--max-new-tokens", type=int, default=64, show_default=True)
-@click.option("--temperature", type=float, default=DEMO_TEMPERATURE, show_default=True,
-              help="Sampling temperature; SPOT's text is identical at any (0 = greedy, which loops on this small "
-                   "model).")
+@click.option("--model", "models", multiple=True, metavar="NAME",
+              help="Show only this embedded model (repeatable): arithmetic, code. Default: both, arithmetic first.")
+@click.option("--prompt-index", type=int, default=0, show_default=True,
+              help="Which held-out prompt of each model to decode.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
+              help="Default: the model's (arithmetic 160: a whole solution, it stops at its end; code 64).")
+@click.option("--temperature", type=float, default=None,
+              help="Sampling temperature for every model; SPOT's text is identical at any. Default: the model's "
+                   "(arithmetic 0 = greedy, code 0.7: its greedy text loops).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--budget", type=int, default=16, show_default=True, help="Tree nodes per verify pass.")
-@click.option("--depth", type=int, default=8, show_default=True, help="Tree depth.")
-def demo(prompt_index, max_new_tokens, temperature, seed, budget, depth):
-    """Export the embedded model to ONNX (cached), decode a held-out prompt with standard decoding and with SPOT
-    on ONNX Runtime, and show that both texts are identical — in fewer target passes.
+@click.option("--budget", type=int, default=None, help="Tree nodes per verify pass. Default: the model's.")
+@click.option("--depth", type=int, default=None, help="Tree depth. Default: the model's.")
+def demo(models, prompt_index, max_new_tokens, temperature, seed, budget, depth):
+    """Export the embedded models to ONNX (cached), decode a held-out prompt of each with standard decoding and
+    with SPOT on ONNX Runtime, and show that both texts are identical — in fewer target passes.
 
     \b
     Example:
       spot demo
-      spot demo --temperature 0 --prompt-index 5
+      spot demo --model arithmetic --prompt-index 5
       spot demo --temperature 1.0 --seed 3
     """
-    from spot.demo import run_demo
-
-    r = run_demo(prompt_index, max_new_tokens, temperature, seed, budget, depth,
-                 progress=lambda line: click.echo(line, err=True))
-    click.echo(f"prompt ({r['prompt_file']}, last 128 tokens):\n{r['prompt']}")
-    for name in ("standard", "spot"):
-        d = r[name]
-        click.echo(f"\n--- {name}: {d['target_passes']} target passes, {d['tokens_per_s']:.1f} tokens/s\n{d['text']}")
-    verdict = "IDENTICAL" if r["identical"] else "DIFFERENT (a bug: please report it)"
-    click.echo(f"\noutputs {verdict}; SPOT used {r['passes_reduction']:.2f}x fewer target passes, "
-               f"wall-clock speed-up {r['speedup']:.2f}x on this CPU (ONNX Runtime)")
-    # as printed: no "why slower" beside a speed-up shown as 1.00x, nor without verify passes (--budget 1)
-    if round(r["speedup"], 2) < 1.0 and r["spot"]["verify_passes"] > 0:
-        click.echo(f"why: one verify pass of up to {budget} states cost {r['verify_cost']:.1f}x a standard pass here "
-                   f"and the drafter + host loop {r['host_cost']:.1f}x more;\n     on a compute-bound CPU that "
-                   f"outweighs {r['passes_reduction']:.2f}x fewer passes. Where a pass is memory-bound (GPUs, Jetson "
-                   "Orin)\n     a verify pass costs about one pass and fewer passes become speed; `spot tune` "
-                   "measures this\n     engine's curve and picks the budget, and `spot generate --budget auto` "
-                   "decodes with it\n     (docs/benchmarks.md).")
-    if not r["identical"]:
+    from spot.assets import MODELS
+    from spot.demo import DEMO_MODELS, run_demo
+    if temperature is not None:
+        from spot.runtime.step import Sampling
+        Sampling(temperature, seed=seed)        # refused now, not after the exports
+    shape = None
+    if budget is not None or depth is not None:
+        defaults = [MODELS[m].demo_budget for m in (models or DEMO_MODELS) if m in MODELS]
+        default_nodes, default_depth = defaults[0] if defaults else (16, 8)
+        shape = (default_nodes if budget is None else budget, default_depth if depth is None else depth)
+    results = run_demo(models or DEMO_MODELS, prompt_index, max_new_tokens, temperature, seed, shape,
+                       progress=lambda line: click.echo(line, err=True))
+    for r in results:
+        click.echo(demo_model_text(r))
+    click.echo(demo_summary(results))
+    if not all(r["identical"] for r in results):
         raise SystemExit(1)
+
+
+def demo_model_text(r: dict) -> str:
+    """One model's part of `spot demo`: its prompt, the decoded text (both decoders', identical), the answer, passes."""
+    nodes, depth = r["budget"]
+    head = f"\n=== {r['model']} model ({r['about']}) ==="
+    if "true_answer" in r:
+        prompt = f"held-out problem {r['prompt_id']}:\n{r['prompt'].rstrip()}"
+    else:
+        prompt = f"held-out prompt {r['prompt_id']} ({r['prompt_file']}), from a line start:\n{r['prompt']}"
+    same = "standard decoding and SPOT, identical" if r["identical"] else "STANDARD DECODING (SPOT's differs!)"
+    text = f"{head}\n{prompt}\n--- decoded at temperature {r['temperature']:g}, seed {r['seed']} ({same}):\n" \
+           f"{r['standard']['text'].rstrip()}"
+    if not r["identical"]:
+        text += f"\n--- SPOT:\n{r['spot']['text'].rstrip()}"
+    if "true_answer" in r:
+        verdict = "right" if r["answer_right"] else f"wrong (true answer {r['true_answer']})"
+        text += f"\n--- answer {r['answer']}: {verdict}"
+    return text + (f"\n--- target passes: standard {r['standard']['target_passes']}, SPOT {r['spot']['target_passes']} "
+                   f"({nodes}-node trees, depth {depth}): {r['passes_reduction']:.2f}x fewer")
+
+
+def demo_summary(results: list[dict]) -> str:
+    """The table a person reads at a glance, then the wall clock on this machine and why."""
+    lines = ["\n=== what SPOT bought ===",
+             f"{'model':<11} {'output':<10} {'answer':<7} {'target passes':<22} {'fewer passes':<13} wall clock here",
+             ]
+    for r in results:
+        passes = f"{r['standard']['target_passes']} -> {r['spot']['target_passes']}"
+        answer = ("right" if r["answer_right"] else "wrong") if "true_answer" in r else "-"
+        lines.append(f"{r['model']:<11} {'identical' if r['identical'] else 'DIFFERENT':<10} {answer:<7} "
+                     f"{passes:<22} {r['passes_reduction']:<13.2f} {r['speedup']:.2f}x tokens/s")
+    if any(not r["identical"] for r in results):
+        lines.append("outputs DIFFERENT: a bug, please report it")
+    slower = [r for r in results if round(r["speedup"], 2) < 1.0 and r["spot"]["verify_passes"] > 0]
+    if slower:
+        costs = ", ".join(f"{r['model']} {r['verify_cost']:.1f}x (+{r['host_cost']:.1f}x host)" for r in slower)
+        lines.append(
+            f"why the wall clock: on this CPU (ONNX Runtime) one verify pass over a tree costs several standard "
+            f"passes\n  ({costs}), because a CPU pass is compute-bound: it outweighs the fewer passes. Where a pass "
+            "is\n  memory-bound (GPUs, Jetson Orin), a verify pass costs about one pass and fewer passes become "
+            "speed:\n  `spot-export sdar-8b-b32 --plan orin-nx-16gb` projects it, `spot tune` measures this "
+            "engine's curve and\n  `spot generate --budget auto` decodes with the fastest budget (docs/benchmarks.md).")
+    return "\n".join(lines)
 
 
 def _open_bench_engine(backend, model_dir, block_size, device, sampler="auto", kv_cache="auto"):
@@ -915,11 +973,12 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     for name in ("bench.json", "bench.md", *(PLOT_FILES if plots else ())):    # the files this run writes
         check_output_path(Path(report_dir) / name, "--report", folder=False)
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
-    if prompts_path is None:
+    if prompts_path is None:        # the model's own held-out prompts (a spot-export copies them), else the code model's
         from spot.assets import embedded_model_dir
-        prompts_path = Path(embedded_model_dir()) / "heldout_prompts.jsonl"
+        own = Path(folder) / "heldout_prompts.jsonl"
+        prompts_path = own if own.is_file() else Path(embedded_model_dir()) / "heldout_prompts.jsonl"
     prompts = load_prompts(prompts_path, tokenizer, limit, None)
-    prompts = [type(p)(p.id, p.ids[-prompt_tokens:], p.text) for p in prompts]
+    prompts = [dataclasses.replace(p, ids=p.ids[-prompt_tokens:]) for p in prompts]
     for p in prompts:               # a bad prompt named now, not when the loop reaches it
         try:
             check_request(engine, p.ids, max_new_tokens)
@@ -931,7 +990,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     default_budget = (TreeBudget(16, min(DEFAULT_DEPTH, engine.block_size)),)     # SDAR's B = 4: 16x4
     cfg = BenchConfig(names, temps, seed_list, given_budgets or default_budget, max_new_tokens, tau)
     say = lambda line: click.echo(line, err=True)  # noqa: E731
-    result = run_bench(engine, prompts, cfg, drafter, progress=say, other_drafters=others)
+    result = run_bench(engine, prompts, cfg, drafter, progress=say, other_drafters=others, tokenizer=tokenizer)
     # what was measured: the model (a manifest's hash names an export exactly) and the prompts
     from spot.tuned import model_fingerprint
     result["config"].update(model=str(folder), model_sha256=model_fingerprint(folder),
@@ -939,7 +998,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     if tune:
         decoder = "spot" if drafter is not None else "tree"
         result["tune"] = tune_by_temperature(engine, prompts, cfg, TUNE_CANDIDATES, decoder, drafter, progress=say,
-                                             tokenizer=tokenizer)
+                                             tokenizer=tokenizer, folder=folder)
     click.echo(markdown_table(result))      # first: printed even if writing the report fails (a full disk)
     paths = write_report(result, report_dir, plots)
     if tune:       # after the report: what --budget auto then decodes with
@@ -1001,7 +1060,7 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     if save:                    # an unwritable cache is refused now, not after the sweep
         check_tuning_dir()
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
-    prompts, source = tuning_prompts(tokenizer, [], limit, max_tokens=tuning_room(engine))
+    prompts, source = tuning_prompts(tokenizer, [], limit, max_tokens=tuning_room(engine), folder=folder)
     if not prompts:
         raise SpotError(f"spot tune cuts its prompts from the embedded corpus's train split with the model's "
                         f"tokenizer, and {folder} has none", "use a model folder with tokenizer files, or "

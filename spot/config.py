@@ -217,3 +217,18 @@ def load_config(model_dir: str | Path) -> ModelConfig:
     )
     check_block_size(cfg.block_size)
     return cfg
+
+
+TRAINING_CORPUS_KEY = "spot_training_corpus"     # config.json key `spot train-target` writes
+
+
+def training_corpus(model_dir: str | Path) -> str:
+    """The corpus a model's training prompts come from (`spot traces --corpus-prompts`, the tuner): the
+    `spot_training_corpus` key `spot train-target` writes into config.json ("code" or "arithmetic"); "code" (the
+    Python standard library, which any tokenizer can encode) for every other checkpoint or export."""
+    try:
+        raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "code"
+    corpus = raw.get(TRAINING_CORPUS_KEY) if isinstance(raw, dict) else None
+    return corpus if corpus in ("code", "arithmetic") else "code"

@@ -1,5 +1,5 @@
-"""`spot demo`: export the embedded model (cached), then decode one held-out prompt with standard decoding and SPOT
-on ONNX Runtime and compare. Returns a result dict; the CLI prints it."""
+"""`spot demo`: export the embedded models (cached), then decode one held-out prompt of each with standard decoding
+and with SPOT on ONNX Runtime and compare. Returns result dicts; the CLI prints them."""
 from __future__ import annotations
 
 import hashlib
@@ -7,30 +7,43 @@ import json
 from pathlib import Path
 from typing import Callable
 
+import spot.assets
+from spot.assets import DEFAULT_MODEL, MODELS, embedded_name
 from spot.errors import SpotError
 from spot.files import exclusive_lock, spot_cache, write_text_atomic
 
-# Sampled, not greedy: greedy text of the small embedded model loops, and the claim to show is exactness at any
-# temperature (the tree shares the target's Gumbel noise)
-DEMO_TEMPERATURE = 0.7
+DEMO_MODELS = ("arithmetic", "code")      # the order spot demo shows them in: where SPOT pays most first
+CODE_PROMPT_TOKENS = 128                  # the code model's prompt: at most this many tokens, from a line start
 
 
 def cache_dir() -> Path:
     return spot_cache()
 
 
-def embedded_export_dir() -> Path:
-    """Where `spot demo` exports the embedded model (fp32 ONNX): the ort / tensorrt backends' default model."""
-    return cache_dir() / "embedded-fp32-onnx"
+def _canonical(name: str) -> str:
+    canonical = embedded_name(name)
+    if canonical is None:
+        embedded_model_dir(name)          # raises the unknown-name error with its hint
+    return canonical
 
 
-def embedded_export_stamp() -> str:
+def embedded_model_dir(name: str) -> Path:
+    """spot.assets.embedded_model_dir, looked up when called (tests stand a tiny model in for the shipped ones)."""
+    return spot.assets.embedded_model_dir(name)
+
+
+def embedded_export_dir(name: str = DEFAULT_MODEL) -> Path:
+    """Where `spot demo` exports the embedded model `name` (fp32 ONNX): the ort / tensorrt backends' model for
+    `--model NAME` (and for no --model: the default one)."""
+    return cache_dir() / f"{_canonical(name)}-fp32-onnx"
+
+
+def embedded_export_stamp(name: str = DEFAULT_MODEL) -> str:
     """What the demo's export was made from: the weights' mtime, the shipped drafter's manifest (it holds the ONNX
     hash) and the exporter's sources — a new drafter, or any change to how graphs are built (target, epilogue,
     kv_append), re-exports."""
     import spot.export
-    from spot.assets import embedded_model_dir
-    src = embedded_model_dir()
+    src = embedded_model_dir(name)
     exporter = hashlib.sha256()
     for source in sorted(Path(spot.export.__file__).parent.glob("*.py")):
         exporter.update(source.read_bytes())
@@ -38,22 +51,23 @@ def embedded_export_stamp() -> str:
            f"{hashlib.sha256((src / 'drafter.json').read_bytes()).hexdigest()[:16]} {exporter.hexdigest()[:16]}"
 
 
-def embedded_export_current() -> bool:
-    """Whether the demo's export was made from this spot's embedded model and exporter (its stamp)."""
+def embedded_export_current(name: str = DEFAULT_MODEL) -> bool:
+    """Whether the demo's export of `name` was made from this spot's embedded model and exporter (its stamp)."""
     try:
-        return (embedded_export_dir() / ".stamp").read_text() == embedded_export_stamp()
+        return (embedded_export_dir(name) / ".stamp").read_text() == embedded_export_stamp(name)
     except OSError:
         return False
 
 
-def exported_embedded(progress: Callable[[str], None]) -> Path:
-    """The embedded model exported to fp32 ONNX, reused while its manifest checks out (re-exported otherwise)."""
+def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL) -> Path:
+    """The embedded model `name` exported to fp32 ONNX, reused while its manifest checks out (re-exported
+    otherwise)."""
     from spot.export.export import ExportOptions, export_checkpoint
     from spot.export.manifest import load_manifest
     from spot.export.presets import resolve_source
 
-    out = embedded_export_dir()
-    stamp = embedded_export_stamp()
+    out = embedded_export_dir(name)
+    stamp = embedded_export_stamp(name)
 
     def usable() -> bool:
         try:
@@ -65,64 +79,111 @@ def exported_embedded(progress: Callable[[str], None]) -> Path:
         return out
     # concurrent first runs (a CI matrix, a service's workers): one exports, the others wait and reuse its folder
     with exclusive_lock(out.parent / f".{out.name}.lock",
-                        lambda: progress(f"waiting for another process exporting the embedded model to {out}")):
+                        lambda: progress(f"waiting for another process exporting the {name} model to {out}")):
         if usable():
             return out
         if out.is_dir():
             progress(f"cached export at {out} is stale or damaged: exporting again")
-        progress(f"exporting the embedded model to {out} (once; cached afterwards)")
-        export_checkpoint(resolve_source("embedded"), out, ExportOptions(dtype="fp32", overwrite=True), progress)
+        progress(f"exporting the {_canonical(name)} model to {out} (once; cached afterwards)")
+        export_checkpoint(resolve_source(name), out, ExportOptions(dtype="fp32", overwrite=True), progress)
         write_text_atomic(out / ".stamp", stamp)
     return out
 
 
-def heldout_prompt(index: int, max_tokens: int) -> tuple[str, list[int]]:
-    from spot.assets import embedded_model_dir
-    from spot.tokenizer import load_tokenizer
-    path = embedded_model_dir() / "heldout_prompts.jsonl"
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    if not 0 <= index < len(lines):
-        raise SpotError(f"--prompt-index must be in 0..{len(lines) - 1} (the held-out prompts), got {index}")
-    rec = lines[index]
-    ids = load_tokenizer(embedded_model_dir()).encode(rec["text"])[-max_tokens:]
-    return rec.get("file", str(index)), ids
+def heldout_record(name: str, index: int) -> dict:
+    """Line `index` of the embedded model's heldout_prompts.jsonl; SpotError for an index outside the file."""
+    path = embedded_model_dir(name) / "heldout_prompts.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    if not 0 <= index < len(records):
+        raise SpotError(f"--prompt-index must be in 0..{len(records) - 1} (the {name} model's held-out prompts), "
+                        f"got {index}")
+    return records[index]
 
 
-def run_demo(prompt_index: int = 0, max_new_tokens: int = 64, temperature: float = DEMO_TEMPERATURE, seed: int = 0,
-             nodes: int = 16, depth: int = 8, progress: Callable[[str], None] = lambda s: None) -> dict:
+def demo_prompt(name: str, index: int, tokenizer) -> tuple[dict, list[int]]:
+    """The held-out record `index` of model `name` and the ids to decode from: the whole question of a GSM8K-format
+    prompt; for other prompts their last CODE_PROMPT_TOKENS tokens, starting at a line start (a prompt shown from
+    the middle of a token or an identifier reads as garbage)."""
+    rec = heldout_record(name, index)
+    text = rec["text"]
+    if "answer" not in rec:
+        text = tail_from_line_start(text, tokenizer, CODE_PROMPT_TOKENS)
+    return rec, tokenizer.encode(text)
+
+
+def tail_from_line_start(text: str, tokenizer, max_tokens: int) -> str:
+    """The longest suffix of `text` that starts a line and encodes to at most max_tokens tokens (the last line
+    alone, cut to its last max_tokens tokens, when even that one is longer)."""
+    starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n" and i + 1 < len(text)]
+    for start in starts:
+        if len(tokenizer.encode(text[start:])) <= max_tokens:
+            return text[start:]
+    return tokenizer.decode(tokenizer.encode(text)[-max_tokens:])
+
+
+def run_model_demo(name: str, prompt_index: int = 0, max_new_tokens: int | None = None,
+                   temperature: float | None = None,
+                   seed: int = 0, budget: tuple[int, int] | None = None,
+                   progress: Callable[[str], None] = lambda s: None) -> dict:
+    """Standard decoding and SPOT on one held-out prompt of the embedded model `name` (ONNX Runtime, its cached
+    export): texts, passes, tokens/s, and for a GSM8K-format prompt whether the answer is right."""
     from spot.engines.ort_engine import OrtEngine
+    from spot.gsm8k import final_answer
     from spot.runtime.decoders import DecodeRequest, run_decoder
     from spot.runtime.drafter import load_drafter
     from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
     from spot.tokenizer import load_tokenizer
 
-    name, ids = heldout_prompt(prompt_index, 128)     # a bad index is refused before the export
-    folder = exported_embedded(progress)
-    engine = OrtEngine(folder)
-    tokenizer = load_tokenizer(folder)
-    drafter = load_drafter(folder / "drafter.onnx")
-    req = DecodeRequest(max_new_tokens, sampling=Sampling(temperature, seed=seed), budget=TreeBudget(nodes, depth))
-    req.budget.check(engine)        # before the standard decode, not after it
-    run_decoder("standard", engine, ids, req)          # warm-up: first-call allocations out of the timing
-    results = {}
-    for decoder in ("standard", "spot"):
-        progress(f"decoding with {decoder}")
-        gen = run_decoder(decoder, engine, ids, req, drafter)
-        extra, verifies = gen.stats.extra, gen.stats.passes.get("verify", 0)
-        results[decoder] = {"text": tokenizer.decode(gen.token_ids), "token_ids": gen.token_ids,
-                            "target_passes": gen.stats.target_passes, "seconds": gen.stats.seconds,
-                            "tokens_per_s": len(gen.token_ids) / gen.stats.seconds,
-                            "verify_passes": verifies,
-                            "target_ms_per_verify": extra.get("target_ms", 0.0) / max(verifies, 1),
-                            "host_ms_per_verify": (extra.get("draft_ms", 0.0) + extra.get("walk_ms", 0.0))
-                            / max(verifies, 1)}
+    model = MODELS[_canonical(name)]
+    temperature = model.demo_temperature if temperature is None else temperature
+    max_new_tokens = model.demo_new_tokens if max_new_tokens is None else max_new_tokens
+    nodes, depth = budget or model.demo_budget
+    rec, ids = demo_prompt(model.name, prompt_index, load_tokenizer(embedded_model_dir(model.name)))
+    folder = exported_embedded(progress, model.name)    # (a bad index is refused before the export)
+    with OrtEngine(folder) as engine:
+        tokenizer = load_tokenizer(folder)
+        drafter = load_drafter(folder / "drafter.onnx")
+        req = DecodeRequest(max_new_tokens, sampling=Sampling(temperature, seed=seed),
+                            budget=TreeBudget(nodes, depth))
+        req.budget.check(engine)        # before the standard decode, not after it
+        run_decoder("standard", engine, ids, req)          # warm-up: first-call allocations out of the timing
+        results = {}
+        for decoder in ("standard", "spot"):
+            progress(f"{model.name}: decoding with {decoder}")
+            gen = run_decoder(decoder, engine, ids, req, drafter)
+            extra, verifies = gen.stats.extra, gen.stats.passes.get("verify", 0)
+            results[decoder] = {"text": tokenizer.decode(gen.token_ids), "token_ids": gen.token_ids,
+                                "target_passes": gen.stats.target_passes, "seconds": gen.stats.seconds,
+                                "tokens_per_s": len(gen.token_ids) / gen.stats.seconds,
+                                "verify_passes": verifies,
+                                "target_ms_per_verify": extra.get("target_ms", 0.0) / max(verifies, 1),
+                                "host_ms_per_verify": (extra.get("draft_ms", 0.0) + extra.get("walk_ms", 0.0))
+                                / max(verifies, 1)}
     std, spot = results["standard"], results["spot"]
     ms_per_pass = 1e3 * std["seconds"] / std["target_passes"]     # standard decoding: everything per pass
-    return {"prompt_file": name, "prompt": tokenizer.decode(ids), "folder": str(folder), **results,
-            "identical": std["token_ids"] == spot["token_ids"],
-            "passes_reduction": std["target_passes"] / spot["target_passes"],
-            "speedup": spot["tokens_per_s"] / std["tokens_per_s"],
-            # where SPOT's time goes, in units of one standard pass
-            "verify_cost": spot["target_ms_per_verify"] / ms_per_pass,
-            "host_cost": spot["host_ms_per_verify"] / ms_per_pass}
+    out = {"model": model.name, "about": model.about, "prompt_id": rec.get("id"), "prompt_file": rec.get("file"),
+           "prompt": tokenizer.decode(ids), "folder": str(folder), "temperature": temperature, "seed": seed,
+           "budget": [nodes, depth], **results,
+           "identical": std["token_ids"] == spot["token_ids"],
+           "passes_reduction": std["target_passes"] / spot["target_passes"],
+           "speedup": spot["tokens_per_s"] / std["tokens_per_s"],
+           # where SPOT's time goes, in units of one standard pass
+           "verify_cost": spot["target_ms_per_verify"] / ms_per_pass,
+           "host_cost": spot["host_ms_per_verify"] / ms_per_pass}
+    if "answer" in rec:
+        got = final_answer(std["text"])
+        out.update(true_answer=rec["answer"], answer=got, answer_right=got == rec["answer"])
+    return out
+
+
+def run_demo(models=DEMO_MODELS, prompt_index: int = 0, max_new_tokens: int | None = None,
+             temperature: float | None = None, seed: int = 0, budget: tuple[int, int] | None = None,
+             progress: Callable[[str], None] = lambda s: None) -> list[dict]:
+    """run_model_demo for each model, in order (per-model defaults where max_new_tokens / temperature / budget are
+    None)."""
+    names = [_canonical(m) for m in models]
+    for name in names:          # every prompt index checked before the first export
+        heldout_record(name, prompt_index)
+    return [run_model_demo(name, prompt_index, max_new_tokens, temperature, seed, budget, progress)
+            for name in names]

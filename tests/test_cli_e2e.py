@@ -44,7 +44,7 @@ def embedded(tmp_path_factory):
 
 @pytest.fixture()
 def as_embedded(embedded, monkeypatch, tmp_path):
-    monkeypatch.setattr(spot.assets, "embedded_model_dir", lambda: embedded)
+    monkeypatch.setattr(spot.assets, "embedded_model_dir", lambda name="code": embedded)
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))
     return embedded
 

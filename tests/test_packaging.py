@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ("config.json", "drafter.json", "drafter.onnx", "heldout_prompts.jsonl", "model.safetensors",
           "tokenizer.json", "tokenizer_config.json", "training_report.json")
+FOLDERS = tuple(sorted(m.folder for m in __import__("spot.assets").assets.MODELS.values()))   # every embedded model
 
 
 def _run(args, cwd) -> subprocess.CompletedProcess:
@@ -39,7 +40,7 @@ def test_the_sdist_holds_the_sources_docs_tests_and_licence(sdist):
     for needed in ("LICENSE", "pyproject.toml", "README.md", "cpp/CMakeLists.txt", "cpp/include/spot/spot.h",
                    "cpp/src/engine.cpp", "cpp/tests/step_rules.cpp", "cpp/fetch_ort_headers.sh", "docs/cpp-host.md",
                    "tests/conftest.py", "tests/tinymodels.py", "tests/data/noise_vectors.json",
-                   "spot/runtime/_libm.c", "spot/runtime/_sampling.c", *(f"spot/assets/embedded/{a}" for a in ASSETS)):
+                   "spot/runtime/_libm.c", "spot/runtime/_sampling.c", *(f"spot/assets/{f}/{a}" for f in FOLDERS for a in ASSETS)):
         assert needed in names, needed
     stray = [n for n in names if n.startswith(("cpp/build/", "cpp/third_party/")) or "__pycache__" in n
              or n.endswith((".so", ".pyc"))]
@@ -56,8 +57,9 @@ def test_the_wheel_built_from_the_sdist_holds_the_package_and_its_assets_by_name
     assert proc.returncode == 0, proc.stderr[-3000:]
     (wheel,) = (tmp_path / "wheel").glob("spot_edge-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assets = {n.rsplit("/", 1)[1] for n in names if n.startswith("spot/assets/embedded/")}
-    assert assets == set(ASSETS)
+    for folder in FOLDERS:
+        assets = {n.rsplit("/", 1)[1] for n in names if n.startswith(f"spot/assets/{folder}/")}
+        assert assets == set(ASSETS), folder
     assert {"spot/cli.py", "spot/entry.py", "spot/__main__.py", "spot/runtime/spot.py"} <= names
     assert any(n.endswith("LICENSE") and ".dist-info/" in n for n in names)
     assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "cpp/", "docs/"))]

@@ -45,7 +45,9 @@ ALIGN = 4096                     # page-aligned offsets let ONNX Runtime memory-
 CHUNK_ELEMS = 4 * 1024 * 1024    # elements converted per chunk (16 MiB as float32)
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                 "added_tokens.json", "chat_template.jinja", "generation_config.json",
-                "drafter.onnx", "drafter.json")   # a drafter shipped beside the checkpoint travels with it
+                "drafter.onnx", "drafter.json",   # a drafter shipped beside the checkpoint travels with it
+                "heldout_prompts.jsonl")          # and its held-out prompts (spot bench's default prompt set)
+PROMPTS_FILE = "heldout_prompts.jsonl"
 _SRC_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
 Progress = Callable[[str], None]
@@ -315,7 +317,7 @@ def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, s
                    **({"drafter": {"file": "drafter.onnx", "manifest": "drafter.json"}}
                       if "drafter.onnx" in copied else {}),
                    **(extra_graphs or {})},
-        "tokenizer_files": [n for n in copied if not n.startswith("drafter.")],
+        "tokenizer_files": [n for n in copied if not n.startswith("drafter.") and n != PROMPTS_FILE],
         "validation": validation,
         "files": {},
     }

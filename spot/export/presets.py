@@ -47,11 +47,12 @@ def _presets() -> dict[str, Preset]:
 
 
 PRESETS = _presets()
-EMBEDDED = "embedded"
+EMBEDDED = "embedded"      # the code model's older name (spot.assets.ALIASES)
 
 
 def preset_names() -> list[str]:
-    return [EMBEDDED, *PRESETS]
+    from spot.assets import model_names
+    return [*model_names(), *PRESETS]
 
 
 def hf_hub_dir() -> Path:
@@ -110,11 +111,10 @@ class Source:
 def resolve_source(source: str, checkpoint: str | None = None, dry_run: bool = False) -> Source:
     """Turn `spot-export SOURCE [--checkpoint DIR]` into a checkpoint folder; SpotError saying where it looked."""
     key = source.lower()
-    if key == EMBEDDED:
-        if checkpoint:
-            return Source(Path(checkpoint), EMBEDDED, None, None, "embedded")
-        from spot.assets import embedded_model_dir  # lazily: the embedded model is built by another command
-        return Source(Path(embedded_model_dir()), EMBEDDED, None, None, "embedded")
+    from spot.assets import embedded_model_dir, embedded_name
+    name = embedded_name(key)
+    if name is not None:        # an embedded model (spot.assets): the package's folder, or --checkpoint's
+        return Source(Path(checkpoint) if checkpoint else embedded_model_dir(name), name, None, None, name)
     if key in PRESETS:
         preset = PRESETS[key]
         if checkpoint:

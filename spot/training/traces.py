@@ -271,12 +271,17 @@ def fit_prompts(prompts: list[list[int]], engine: Engine, max_new_tokens: int) -
 
 
 def corpus_prompts(tokenizer, n: int, seed: int = 0, min_tokens: int = 64, max_tokens: int = 448,
-                   root: Path | None = None) -> list[list[int]]:
-    """n prompts cut at line starts from the TRAIN split of the embedded model's corpus (spot.training.corpus),
-    never from its held-out files: a file drawn in proportion to its size, a random line start, a random length."""
-    from spot.training import corpus
+                   root: Path | None = None, corpus: str = "code") -> list[list[int]]:
+    """n prompts from the TRAIN split of a training corpus (spot.config.training_corpus names a model's), never
+    from its held-out part. code: cut at line starts from the standard library's train files (a file drawn in
+    proportion to its size, a random line start, a random length of min..max tokens); arithmetic: the questions of
+    train-split problems (at most max_tokens)."""
+    if corpus == "arithmetic":
+        from spot.training.arithmetic_corpus import train_prompts
+        return train_prompts(tokenizer, n, seed, max_tokens)
+    from spot.training import corpus as corpus_module
 
-    train, _ = corpus.split_corpus(root)
+    train, _ = corpus_module.split_corpus(root)
     if not train:
         raise SpotError("the corpus train split is empty", "pass --prompts FILE.jsonl instead")
     rng = np.random.default_rng(seed + 101)
