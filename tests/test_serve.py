@@ -207,6 +207,8 @@ def test_bad_requests_are_400_with_a_message(server):
         assert r.status_code == 400, (body, r.text)
         error = r.json()["error"]
         assert says in error["message"] and error["type"] == "invalid_request_error", (body, error)
+    huge = post(server, "/v1/completions", b'{"model": "' + b"x" * (17 * 2**20) + b'"}')
+    assert huge.status_code == 413 and "larger than 16 MiB" in huge.json()["error"]["message"]
     r = post(server, "/v1/completions", {**ok, "model": "gpt-4"})
     assert r.status_code == 404 and f"this server serves {name!r}" in r.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="unknown decoder"):      # as the client raises it

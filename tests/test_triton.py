@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -54,6 +55,62 @@ def test_triton_repo_writes_a_tunable_decoupled_repository(embedded_export, tmp_
     assert (mine / "notes.txt").read_text() == "keep"
     bad = CliRunner().invoke(main, ["triton-repo", str(tmp_path), "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "manifest" in bad.stderr and not (tmp_path / "x").exists()
+
+
+SERVE_BLOCKER = '''import sys
+class _Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("fastapi", "uvicorn", "prometheus_client", "pydantic", "starlette"):
+            raise ModuleNotFoundError(f"No module named {name!r} (no serve extra)", name=name)
+        return None
+sys.meta_path.insert(0, _Blocked())
+'''
+
+
+def test_the_triton_model_needs_no_serve_extra_and_spot_serve_names_it(embedded_export, tmp_path):
+    """Triton's Python environment has spot alone: the repository is written and its model imports without FastAPI,
+    uvicorn, pydantic or prometheus_client; `spot serve` without them says which extra to install."""
+    cache, folder = embedded_export
+    (tmp_path / "blocker").mkdir()
+    (tmp_path / "blocker" / "sitecustomize.py").write_text(SERVE_BLOCKER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "blocker"), str(REPO)]),
+           "SPOT_CACHE": str(cache)}
+
+    def run(*args):
+        return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert "no serve extra" in run("-c", "import fastapi").stderr       # the blocker works
+    assert run("-m", "spot", "triton-repo", str(folder), "--out", str(tmp_path / "repo")).returncode == 0
+    imported = run("-c", "import spot.triton.backend as b, spot.serve.jobs, spot.serve.model; print(b.FIELD_INPUTS)")
+    assert imported.returncode == 0, imported.stderr
+    serve = run("-m", "spot", "serve", "--port", "0")
+    assert serve.returncode == 2 and "Traceback" not in serve.stderr, serve.stderr
+    assert "`spot serve` needs the" in serve.stderr and "pip install 'spot-edge[serve]'" in serve.stderr
+
+
+def test_request_inputs_become_the_fields_spot_serve_checks():
+    import numpy as np
+
+    from spot.errors import SpotError
+    from spot.triton.backend import request_fields
+
+    class Words:
+        def encode(self, text):
+            return [len(w) for w in text.split()]
+    inputs = {"text_input": np.array([b"ab cde"], dtype=object), "max_tokens": np.array([7], np.int32),
+              "temperature": np.array([0.7]), "decoder": np.array(["spot".encode()], dtype=object)}
+    prompt, fields = request_fields(inputs.get, Words())
+    assert prompt == [2, 3] and fields.max_tokens == 7 and fields.temperature == 0.7 and fields.decoder == "spot"
+    assert fields.seed is None and fields.budget is None
+    prompt, fields = request_fields({"prompt_ids": np.array([5, 6, 7])}.get, None, default_max_tokens=3)
+    assert prompt == [5, 6, 7] and fields.max_tokens == 3
+    for bad, says in (({}, "exactly one of the inputs text_input"),
+                      ({"text_input": np.array([b"x"], object), "prompt_ids": np.array([1])}, "exactly one"),
+                      ({"text_input": np.array([b"\xff"], object)}, "input text_input is not UTF-8"),
+                      ({"prompt_ids": np.array([1]), "seed": np.array([1, 2])}, "input seed must hold one value"),
+                      ({"text_input": np.array([b"x"], object)}, "no tokenizer")):
+        with pytest.raises(SpotError, match=says):
+            request_fields(bad.get, None if "no tokenizer" in says else Words())
 
 
 def triton_venv() -> Path:

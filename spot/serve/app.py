@@ -30,6 +30,7 @@ from spot.tokenizer import TextStream
 COMPLETION_MAX_TOKENS = 16         # OpenAI's default of /v1/completions
 DISCONNECT_POLL_S = 0.25           # how often a waiting (not streamed) request checks that its client is still there
 CLIENT_GONE = 499                  # the status a request whose client went away is counted under (nginx's)
+MAX_BODY_BYTES = 16 * 2**20        # far beyond any context's prompt; a larger body is refused before it fills memory
 
 
 class HTTPError(Exception):
@@ -93,10 +94,7 @@ def create_app(model: ServedModel, pool: EnginePool, api_key: str | None = None,
 
     @app.get("/v1/models")
     async def models(request: Request):
-        try:
-            authorized(request)
-        except HTTPError as e:
-            return e.response()
+        authorized(request)         # (an HTTPError becomes its response: the handler below)
         return {"object": "list", "data": [{"id": model.name, "object": "model", "created": created,
                                             "owned_by": "spot", "manifest_sha256": model.manifest_sha256}]}
 
@@ -144,7 +142,7 @@ def create_app(model: ServedModel, pool: EnginePool, api_key: str | None = None,
         endpoint = "chat" if chat else "completions"
         try:
             authorized(request)
-            parsed = parse_request(ChatRequest if chat else CompletionRequest, await request.body())
+            parsed = parse_request(ChatRequest if chat else CompletionRequest, await body_of(request))
             job = job_for(parsed)
             ticket = pool.submit(job, asyncio.get_running_loop())
         except SpotError as e:
@@ -179,12 +177,23 @@ def create_app(model: ServedModel, pool: EnginePool, api_key: str | None = None,
             pool.cancel(ticket)
             raise
 
+    async def body_of(request: Request) -> bytes:
+        """The request's body, read up to MAX_BODY_BYTES (413 beyond)."""
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise HTTPError(413, f"the request body is larger than {MAX_BODY_BYTES // 2**20} MiB",
+                                code="body_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def next_event(ticket, request: Request):
         """The ticket's next event, or None when the client went away meanwhile."""
         while True:
             try:
                 return await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
-            except TimeoutError:
+            except asyncio.TimeoutError:        # (TimeoutError itself from Python 3.11)
                 if await request.is_disconnected():
                     return None
 
