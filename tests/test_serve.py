@@ -215,6 +215,28 @@ def test_bad_requests_are_400_with_a_message(server):
         server.client().completions.create(model=name, prompt=PROMPT, extra_body={"decoder": "fastest"})
 
 
+def test_budget_auto_decodes_with_the_budget_spot_tune_recorded(server, reference, exported, monkeypatch):
+    from spot.runtime.step import CommitRule
+    from spot.tuned import save_tuning, tuning_key
+    name, folder, env = model_name(server), exported[0], exported[1]
+    body = {"model": name, "prompt": PROMPT, "max_tokens": 8, "decoder": "tree", "budget": "auto",
+            "temperature": 1.0, "seed": 4}
+    missing = post(server, "/v1/completions", body)
+    assert missing.status_code == 400 and "no tuned budget" in missing.json()["error"]["message"]
+    assert "spot tune --backend ort --device cpu --decoder tree --temperature 1" in missing.json()["error"]["message"]
+    monkeypatch.setenv("SPOT_CACHE", env["SPOT_CACHE"])       # where the server looks
+    key = tuning_key(reference.engine, "ort", folder, "tree", None, CommitRule())
+    record = save_tuning(key, {"temperature": 0.9, "choice": {"nodes": 5, "depth": 3}})
+    r = post(server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["budget"] == {"nodes": 5, "depth": 3, "tuned": {"temperature": 0.9,
+                                                                            "record": str(record)}}
+    assert r.json()["choices"][0]["token_ids"] == reference(PROMPT, "tree", 1.0, 4, 8)
+    given = post(server, "/v1/completions", {**body, "budget": 7, "depth": 2}).json()["usage"]["budget"]
+    assert given == {"nodes": 7, "depth": 2, "tuned": None}
+    assert post(server, "/v1/completions", {**body, "decoder": "standard"}).json()["usage"]["budget"] is None
+
+
 def test_metrics_parse_as_prometheus_text(server):
     name = model_name(server)
     assert post(server, "/v1/completions", {"model": name, "prompt": PROMPT, "max_tokens": 4,
@@ -298,9 +320,9 @@ def test_shutdown_finishes_the_running_requests(exported, reference):
     done: dict = {}
 
     def waiting_request():
-        done["response"] = post(s, "/v1/completions", {"model": name, "prompt": PROMPT, "max_tokens": 40, "seed": 7,
+        done["response"] = post(s, "/v1/completions", {"model": name, "prompt": PROMPT, "max_tokens": 8, "seed": 7,
                                                        "temperature": 0.7, "decoder": "spot"})
-    body = {"model": name, "prompt": PROMPT, "max_tokens": 100, "stream": True, "temperature": 0}
+    body = {"model": name, "prompt": PROMPT, "max_tokens": 60, "stream": True, "temperature": 0}
     with s.http.stream("POST", "/v1/completions", content=json.dumps(body),
                        headers={"Content-Type": "application/json"}) as stream:
         lines = stream.iter_lines()
@@ -313,9 +335,9 @@ def test_shutdown_finishes_the_running_requests(exported, reference):
     waiter.join(60)
     ids = sum((json.loads(line[6:])["choices"][0]["token_ids"] for line in rest
                if line.startswith("data: {") and json.loads(line[6:])["choices"]), [])
-    assert rest[-1] == "data: [DONE]" and ids == reference(PROMPT, "standard", 0.0, 0, 100)
+    assert rest[-1] == "data: [DONE]" and ids == reference(PROMPT, "standard", 0.0, 0, 60)
     assert done["response"].status_code == 200
-    assert done["response"].json()["choices"][0]["token_ids"] == reference(PROMPT, "spot", 0.7, 7, 40)
+    assert done["response"].json()["choices"][0]["token_ids"] == reference(PROMPT, "spot", 0.7, 7, 8)
     assert s.stop() == 0 and "stopped (running requests finished)" in "".join(s.lines)
 
 
@@ -330,3 +352,17 @@ def test_serve_refuses_an_address_in_use_in_one_line(exported):
                            capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"error: cannot listen on 127.0.0.1:{port}" in r.stderr
     assert "hint: choose another --port" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_load_test_checks_every_answer_against_spot_generate(exported, tmp_path):
+    """benchmarks/serve_load.py at a tiny size: its own server, clients, and the comparison with `spot generate`."""
+    _, env, _ = exported
+    out = tmp_path / "load.json"
+    r = subprocess.run([sys.executable, REPO / "benchmarks" / "serve_load.py", "--clients", "2", "--requests", "4",
+                        "--distinct", "3", "--engines", "1", "--max-tokens", "4", "--prompt-tokens", "8",
+                        "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(out.read_text())
+    assert report["answered"] == 4 and report["identical_to_spot_generate"] == 4
+    assert report["lost"] == report["failed"] == report["unsent"] == report["mismatched"] == 0
+    assert report["latency_p50_s"] <= report["latency_p99_s"] and report["requests_per_s"] > 0

@@ -154,7 +154,7 @@ def tritonserver(embedded_export, tmp_path_factory):
     with open(log, "w") as out:
         proc = subprocess.Popen([python, REPO / "scripts" / "pytriton_server.py", "--model-repository", repo,
                                  "--http-address", "127.0.0.1", "--http-port", str(port), "--allow-grpc", "false",
-                                 "--allow-metrics", "false", "--exit-timeout-secs", "10"],
+                                 "--allow-metrics", "false", "--exit-timeout-secs", "5"],
                                 env={**os.environ, "SPOT_CACHE": str(cache)}, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT)
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)

@@ -39,13 +39,14 @@ class DecodeFields:
 @dataclass(frozen=True)
 class Job:
     """A checked decode: run_decoder(decoder, engine, prompt_ids, request, drafter), of which the request gets the
-    first max_tokens ids. tuned: where a budget `auto` came from (None: given)."""
+    first max_tokens ids. tree: the budget a tree decoder verifies with, {nodes, depth, tuned: where an `auto`
+    budget came from, else None}; None for standard / threshold decoding."""
 
     prompt_ids: list[int]
     decoder: str
     request: DecodeRequest
     max_tokens: int
-    tuned: dict | None = None
+    tree: dict | None = None
 
     @property
     def seed(self) -> int:
@@ -76,9 +77,12 @@ def build_job(model: ServedModel, engine, drafter, prompt_ids, fields: DecodeFie
     budget, tuned = tree_budget(nodes, depth, engine, model.backend, model.folder, decoder,
                                 drafter if decoder in DRAFTING_DECODERS else None, rule, sampling.temperature,
                                 command, FIELD_NAMES)
+    tree = None
     if decoder in TREE_DECODERS:        # the budget's own checks now, not when an engine is free
-        verified_budget(decoder, budget, engine).check(engine)
-    return Job([int(i) for i in prompt], decoder, replace(request, budget=budget), fields.max_tokens, tuned)
+        verified = verified_budget(decoder, budget, engine)
+        verified.check(engine)
+        tree = {"nodes": verified.nodes, "depth": verified.depth, "tuned": tuned}
+    return Job([int(i) for i in prompt], decoder, replace(request, budget=budget), fields.max_tokens, tree)
 
 
 def room_left(ids: list[int], sent: int, max_tokens: int) -> list[int]:
@@ -101,10 +105,11 @@ def usage(job: Job, gen: Generation, returned: int, block_size: int) -> dict:
 def pass_figures(job: Job, gen: Generation, block_size: int) -> dict:
     """spot's figures of one decode: its target passes (by kind), the passes static standard decoding spends on the
     same blocks (spot.runtime.metrics.static_passes: computed, not decoded a second time), their ratio, and
-    target passes per decoded token (decoded: to the block boundary, max_tokens or not)."""
+    target passes per decoded token (decoded: to the block boundary, max_tokens or not); the decoder, its tree
+    budget (Job.tree) and the seed."""
     static = static_passes(len(job.prompt_ids), block_size, gen.stats.blocks)
     passes = gen.stats.target_passes
     return {"target_passes": passes, "passes": gen.stats.to_dict()["passes"],
             "static_passes": static, "passes_reduction": static / passes if passes else None,
             "decoded_tokens": len(gen.token_ids), "passes_per_token": passes / max(len(gen.token_ids), 1),
-            "decoder": job.decoder, "seed": job.seed}
+            "decoder": job.decoder, "budget": job.tree, "seed": job.seed}

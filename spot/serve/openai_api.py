@@ -1,9 +1,9 @@
 """The OpenAI API's shapes as `spot serve` speaks them: request schemas (completions, chat completions) with spot's
-extra fields, and the bodies of responses, stream chunks, usage and errors.
+extra fields, and the bodies of responses, stream chunks and errors.
 
 Extra request fields: decoder, budget (nodes or "auto"), depth, mode, tau, top_k; `seed` as OpenAI's (left out: a
 random one, reported back). Extra response fields: each choice's (and stream chunk's) `token_ids`, the top-level
-`seed`, and spot's pass figures in `usage` (spot.serve.jobs.pass_figures). OpenAI fields spot cannot honour (n > 1,
+`seed`, and spot's pass figures in `usage` (spot.serve.jobs.usage). OpenAI fields spot cannot honour (n > 1,
 logprobs, penalties, stop strings, tools, ...) are refused with a 400 when set to anything but their no-op value;
 other unknown fields are ignored, as OpenAI's own clients send some (user, metadata).
 """

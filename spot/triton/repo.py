@@ -23,8 +23,8 @@ from spot.errors import SpotError
 from spot.files import beside, remove_stale_beside, remove_tree, swap_in_folder
 
 MARKER = ".spot-triton-repo"
-MODEL_PY = '''"""Triton Python-backend model written by `spot triton-repo`: the spot runtime on ./export (spot.triton.backend).
-It needs spot (pip install spot-edge) in the Python environment of Triton's Python backend."""
+MODEL_PY = '''"""Triton Python-backend model written by `spot triton-repo`: the spot runtime on ./export
+(spot.triton.backend). It needs spot (pip install spot-edge) in the Python environment of Triton's Python backend."""
 from spot.triton.backend import TritonPythonModel  # noqa: F401
 '''
 
