@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", type=int, default=2, help="engines of the server this script starts")
     ap.add_argument("--distinct", type=int, default=36, help="distinct cases the requests cycle over")
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--prompt-tokens", type=int, default=24)
+    ap.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (16 + 16 new: one block of 32)")
     ap.add_argument("--timeout-s", type=float, default=1800, help="the load phase stops sending after this")
     ap.add_argument("--url", default=None, help="a running spot serve on a loopback address")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON report here")

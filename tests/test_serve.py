@@ -341,17 +341,23 @@ def test_shutdown_finishes_the_running_requests(exported, reference):
     assert s.stop() == 0 and "stopped (running requests finished)" in "".join(s.lines)
 
 
-def test_serve_refuses_an_address_in_use_in_one_line(exported):
+@pytest.mark.parametrize("args, says", [
+    (["--port", "{taken}"], "error: cannot listen on 127.0.0.1:{taken}"),
+    (["--port", "0", "--decoder", "tree", "--depth", "99"], "error: depth must be in 1..32"),
+    (["--port", "0", "--decoder", "spot", "--budget", "auto"], "error: no tuned budget"),
+])
+def test_serve_refuses_a_bad_start_in_one_line(exported, args, says):
+    """An address in use, or defaults no request could decode with (nothing tuned for spot here): one error line,
+    exit 2."""
     import socket
     _, env, _ = exported
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "spot", "serve", "--port", str(port)], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and f"error: cannot listen on 127.0.0.1:{port}" in r.stderr
-    assert "hint: choose another --port" in r.stderr and "Traceback" not in r.stderr
+        port = str(taken.getsockname()[1])
+        r = subprocess.run([sys.executable, "-m", "spot", "serve", *(a.format(taken=port) for a in args)], cwd=REPO,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and says.format(taken=port) in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_the_load_test_checks_every_answer_against_spot_generate(exported, tmp_path):

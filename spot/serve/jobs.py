@@ -10,6 +10,7 @@ import secrets
 from dataclasses import dataclass, replace
 
 from spot.budgets import budget_nodes, tree_budget, tune_command
+from spot.errors import SpotError
 from spot.runtime.decode import Generation, check_request
 from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, check_decoder, rule_for, verified_budget
 from spot.runtime.metrics import static_passes
@@ -83,6 +84,16 @@ def build_job(model: ServedModel, engine, drafter, prompt_ids, fields: DecodeFie
         verified.check(engine)
         tree = {"nodes": verified.nodes, "depth": verified.depth, "tuned": tuned}
     return Job([int(i) for i in prompt], decoder, replace(request, budget=budget), fields.max_tokens, tree)
+
+
+def check_defaults(model: ServedModel, engine, drafter) -> None:
+    """SpotError now, at startup, when the defaults themselves make a bad request (a budget or depth this engine
+    cannot verify, a decoder that needs a drafter there is none of, `auto` with nothing tuned): a request that
+    names nothing would get it."""
+    if model.defaults.decoder in DRAFTING_DECODERS and drafter is None:
+        raise SpotError(f"the default decoder {model.defaults.decoder} needs a drafter, and {model.folder} has none",
+                        "pass --drafter PATH, or choose another default --decoder")
+    build_job(model, engine, drafter, [], DecodeFields(max_tokens=1, seed=0))
 
 
 def room_left(ids: list[int], sent: int, max_tokens: int) -> list[int]:

@@ -96,6 +96,8 @@ class TritonPythonModel:
         self.model = served_model(args, config)
         threads = int(p["threads"]) if p.get("threads") else None
         self.engine, self.drafter = self.model.open_engine(threads_per_engine(threads, instance_count(config)))
+        from spot.serve.jobs import check_defaults
+        check_defaults(self.model, self.engine, self.drafter)        # config.pbtxt's defaults: now, not per request
 
     def execute(self, requests):
         for request in requests:        # one at a time: the instance's engine holds one KV cache
