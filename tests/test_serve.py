@@ -237,6 +237,31 @@ def test_budget_auto_decodes_with_the_budget_spot_tune_recorded(server, referenc
     assert post(server, "/v1/completions", {**body, "decoder": "standard"}).json()["usage"]["budget"] is None
 
 
+def test_jobs_are_checked_before_they_queue(exported, reference):
+    """build_job (in process): the fields a request leaves out come from the defaults, and what no engine could
+    decode is refused before the queue — a drafting decoder on a server without a drafter too."""
+    from dataclasses import replace
+
+    from spot.errors import SpotError
+    from spot.serve.jobs import DecodeFields, build_job, check_defaults
+    from spot.serve.model import RequestDefaults, ServedModel
+    model, engine = ServedModel("m", exported[0], "ort", tokenizer=reference.tokenizer), reference.engine
+    job = build_job(model, engine, reference.drafter, [5, 6], DecodeFields(4, decoder="spot", budget=8, depth=3,
+                                                                           temperature=0.5))
+    assert job.tree == {"nodes": 8, "depth": 3, "tuned": None} and job.request.sampling.temperature == 0.5
+    assert 0 <= job.seed < 2**32 and job.prompt_ids == [5, 6] and job.max_tokens == 4
+    chain = build_job(model, engine, None, [5], DecodeFields(4, decoder="chain", depth=3, seed=1))
+    assert chain.tree == {"nodes": 4, "depth": 3, "tuned": None} and chain.seed == 1    # a chain: depth + 1 nodes
+    plain = build_job(model, engine, None, [5], DecodeFields(4))
+    assert plain.decoder == "standard" and plain.tree is None and plain.request.sampling.temperature == 1.0
+    with pytest.raises(SpotError, match="needs a drafter"):
+        build_job(model, engine, None, [5, 6], DecodeFields(4, decoder="spot"))
+    with pytest.raises(SpotError, match="needs a drafter"):
+        check_defaults(replace(model, defaults=RequestDefaults(decoder="spot-sets")), engine, None)
+    with pytest.raises(SpotError, match="budget 99 nodes exceeds"):
+        check_defaults(replace(model, defaults=RequestDefaults(decoder="tree", budget="99")), engine, None)
+
+
 def test_metrics_parse_as_prometheus_text(server):
     name = model_name(server)
     assert post(server, "/v1/completions", {"model": name, "prompt": PROMPT, "max_tokens": 4,

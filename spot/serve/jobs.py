@@ -64,6 +64,10 @@ def build_job(model: ServedModel, engine, drafter, prompt_ids, fields: DecodeFie
     d = model.defaults
     decoder = _given(fields.decoder, d.decoder)
     check_decoder(decoder)
+    if decoder in DRAFTING_DECODERS and drafter is None:
+        raise SpotError(f"decoder {decoder!r} needs a drafter (order model), and {model.name} is served without one",
+                        "use decoder tree or chain (SPOT without a drafter), or start the server with --drafter "
+                        "PATH")
     nodes = budget_nodes(_given(fields.budget, d.budget), decoder, FIELD_NAMES)
     # a request's own budget comes with its own depth (or the default one); the server's budget with the server's
     depth = fields.depth if fields.budget is not None else _given(fields.depth, d.depth)
@@ -90,9 +94,6 @@ def check_defaults(model: ServedModel, engine, drafter) -> None:
     """SpotError now, at startup, when the defaults themselves make a bad request (a budget or depth this engine
     cannot verify, a decoder that needs a drafter there is none of, `auto` with nothing tuned): a request that
     names nothing would get it."""
-    if model.defaults.decoder in DRAFTING_DECODERS and drafter is None:
-        raise SpotError(f"the default decoder {model.defaults.decoder} needs a drafter, and {model.folder} has none",
-                        "pass --drafter PATH, or choose another default --decoder")
     build_job(model, engine, drafter, [], DecodeFields(max_tokens=1, seed=0))
 
 
