@@ -2,7 +2,6 @@
 the requests that leave a field out, and its engines and drafters (one of each per concurrent request)."""
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +57,9 @@ class ServedModel:
 def manifest_sha256(folder: Path) -> str | None:
     """sha256 of an exported folder's manifest.json (it records every file's hash: it names the export exactly), None
     for a checkpoint folder."""
+    from spot.descriptors import sha256_file
     path = Path(folder) / "manifest.json"
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return sha256_file(path) if path.is_file() else None
 
 
 def threads_per_engine(threads: int | None, engines: int) -> int:
