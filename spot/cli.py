@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import shlex
 import signal
 import sys
 import threading
@@ -21,11 +20,12 @@ from spot.entry import INTERRUPTED_LINE, TERMINATED_LINE
 from spot.files import check_output_path
 from spot.runtime.decoders import DECODERS
 from spot.runtime.spot import DEFAULT_DEPTH
-from spot.tuned import TUNABLE_DECODERS, check_tunable
+from spot.tuned import TUNABLE_DECODERS
 
 # Optional packages -> the extra that installs them: the runtime (generate/bench/tune/verify on an exported folder with
-# --backend ort) needs none of them; export, training, the torch backend and plots do.
-OPTIONAL_EXTRAS = {"torch": "export", "onnx": "export", "safetensors": "export", "matplotlib": "plots"}
+# --backend ort) needs none of them; export, training, the torch backend, plots and `spot serve` do.
+OPTIONAL_EXTRAS = {"torch": "export", "onnx": "export", "safetensors": "export", "matplotlib": "plots",
+                   "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve"}
 
 
 TERMINATED: list[int] = []      # the signal that ended the command, once terminate() ran
@@ -257,13 +257,13 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     import json
     from dataclasses import replace
 
+    from spot.budgets import budget_nodes, tree_budget as resolve_tree_budget, tune_command
     from spot.engines.factory import open_engine
     from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, rule_for, run_decoder, verified_budget
     from spot.runtime.step import Sampling
     from spot.tokenizer import TextStream, load_tokenizer, parse_prompt_ids, prompt_ids_for
-    from spot.tuned import number_name
 
-    nodes = _budget_nodes(budget, decoder)      # before the weights load
+    nodes = budget_nodes(budget, decoder)      # before the weights load
     folder = model_folder(backend, model_dir)
     check_model_folder(backend, folder)  # folder / config errors first, before the tokenizer and the weights
     if prompt_file is not None:
@@ -279,18 +279,10 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     engine = open_engine(backend, folder, block_size, device, sampler, kv_cache)
     drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
     # the command that records what --budget auto looks for: the same model, engine options, decoder, temperature
-    tune_command = shlex.join(["spot", "tune", *(["--model", model_dir] if model_dir is not None else []),
-                               "--backend", backend, "--device", device,
-                               *(["--sampler", sampler] if sampler != "auto" else []),
-                               *(["--kv-cache", kv_cache] if kv_cache != "auto" else []),
-                               *(["--block-size", str(block_size)] if block_size is not None else []),
-                               *(["--drafter", drafter_path] if drafter_path is not None else []),
-                               "--decoder", decoder, "--temperature", number_name(temperature),
-                               *(["--mode", "threshold"] if rule.kind == "threshold" and decoder != "spot-sets"
-                                 else []),
-                               *(["--tau", number_name(tau)] if rule.kind == "threshold" else [])])
-    tree_budget, tuned = _tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, rule,
-                                      request.sampling.temperature, tune_command)
+    command = tune_command(model_dir, backend, device, sampler, kv_cache, block_size, drafter_path, decoder,
+                           temperature, rule)
+    tree_budget, tuned = resolve_tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, rule,
+                                             request.sampling.temperature, command)
     request = replace(request, budget=tree_budget)
     on_block, text_stream = None, None
     if stream and as_json:
@@ -327,37 +319,6 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     click.echo(f"[{decoder}: {len(gen.token_ids)} tokens, {stats.target_passes} target passes ({passes}), "
                f"{stats.steps} steps, {stats.seconds:.2f} s, {rate:.1f} tok/s{', stopped' if gen.stopped else ''}]",
                err=True)
-
-
-def _budget_nodes(budget: str, decoder: str) -> int | None:
-    """--budget: a number of nodes, or None for auto; 1 (no tree) for standard / threshold decoding."""
-    if budget.strip().lower() == "auto":
-        from spot.runtime.decoders import TREE_DECODERS
-        if decoder not in TREE_DECODERS:
-            return 1
-        check_tunable(decoder)
-        return None
-    try:
-        return int(budget)
-    except ValueError:
-        raise SpotError(f"--budget takes a number of nodes or auto, got {budget!r}") from None
-
-
-def _tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, drafter, rule, temperature: float,
-                 tune_command: str):
-    """--budget N / --depth D (default depth: 8, at most the block size), or --budget auto (nodes None): the budget
-    `spot tune` recorded for this decoder and commit rule at the temperature nearest `temperature` (spot.tuned;
-    tune_command is the command that records it). Returns (TreeBudget, where an auto budget came from, or None)."""
-    from spot.runtime.spot import TreeBudget
-    if nodes is not None:
-        return TreeBudget(nodes, depth).resolve(engine), None
-    if depth is not None:
-        raise SpotError("--depth is part of the tuned budget with --budget auto", "leave out --depth, or pass "
-                        "--budget N --depth D")
-    from spot.tuned import tuned_budget, tuning_key
-    key = tuning_key(engine, backend, folder, decoder, drafter, rule)
-    found, tuned_at, path = tuned_budget(key, temperature, tune_command, engine)
-    return found, {"temperature": tuned_at, "record": str(path)}
 
 
 @main.command("export")
@@ -1091,6 +1052,142 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
                            warn=lambda line: click.echo(line, err=True))
         click.echo(f"recorded {out['choice']['nodes']}x{out['choice']['depth']} at temperature "
                    f"{number_name(temperature)} in {path} (used by --budget auto)", err=True)
+
+
+@main.command()
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Exported folder (--backend ort / tensorrt) or checkpoint (--backend torch). Default: the embedded "
+                   "model (ort, tensorrt: spot demo's export of it).")
+@click.option("--backend", type=click.Choice(BACKENDS), default="ort", show_default=True)
+@click.option("--device", default="cpu", show_default=True,
+              help="Device of the backend (torch: cpu, cuda; ort: cpu, cuda, trt; tensorrt: cuda).")
+@click.option("--block-size", type=int, default=None, help="Block size B. Default: the model's.")
+@placement_options
+@click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
+              help="drafter.onnx (or its folder) for requests decoded with spot / spot-sets. Default: the one beside "
+                   "the model, if any (else those decoders are refused).")
+@click.option("--engines", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Engines, each decoding one request at a time (each holds its own KV cache).")
+@click.option("--threads", type=click.IntRange(min=0), default=None,
+              help="ort: ONNX Runtime threads per engine. Default: the machine's cores / --engines.")
+@click.option("--queue-size", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Requests that may wait for a free engine; one more is answered 429.")
+@click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
+              help="Decoder of the requests that name none (a request's `decoder` field picks another).")
+@click.option("--budget", default="16", show_default=True,
+              help="Tree nodes per verify pass (or auto: spot tune's) of the requests that name none.")
+@click.option("--depth", type=int, default=None, help="Tree depth of the requests that name no budget.")
+@click.option("--mode", type=click.Choice(["static", "threshold"]), default="static", show_default=True,
+              help="Commit rule of the requests that name none.")
+@click.option("--tau", type=float, default=0.9, show_default=True, help="Threshold of the threshold rule (default).")
+@click.option("--chat-template", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Jinja chat template of /v1/chat/completions. Default: the tokenizer's.")
+@click.option("--chat-max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="max_tokens of a chat request that gives none (/v1/completions: 16, as OpenAI's).")
+@click.option("--served-model-name", default=None,
+              help="The model's name in the API (requests' `model` field). Default: the model folder's name.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on: loopback only unless you name another (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0: any free port.")
+@click.option("--api-key", envvar="SPOT_API_KEY", default=None,
+              help="Require `Authorization: Bearer KEY` on /v1/ (default: $SPOT_API_KEY, else none).")
+@click.option("--graceful-timeout", type=click.FloatRange(min=0), default=None,
+              help="Seconds a shutdown waits for running requests. Default: until they finish.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="warning",
+              show_default=True, help="uvicorn's log level (info: one line per request).")
+def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_path, engines, threads, queue_size,
+          decoder, budget, depth, mode, tau, chat_template, chat_max_tokens, served_model_name, host, port, api_key,
+          graceful_timeout, log_level):
+    """Serve the model over HTTP, OpenAI-compatible (/v1/completions, /v1/chat/completions, /v1/models), with
+    /health, /ready and /metrics: a pool of engines, one request each, behind a bounded queue (docs/deployment.md).
+
+    \b
+    Examples:
+      spot serve --engines 2
+      curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+          -d '{"model": "embedded-fp32-onnx", "prompt": "def add(a, b):", "max_tokens": 32, "decoder": "spot"}'
+      spot serve --model sdar-8b-fp16-onnx --device trt --host 0.0.0.0 --api-key "$KEY"
+    """
+    from pathlib import Path
+
+    from spot.budgets import budget_nodes
+    from spot.runtime.decoders import DecodeRequest
+    from spot.serve.model import RequestDefaults, ServedModel, load_chat_template, manifest_sha256
+    from spot.serve.run import ServeOptions, serve as run_server
+    from spot.tokenizer import SpotTokenizer, load_tokenizer
+
+    budget_nodes(budget, decoder)                   # the defaults' errors before the weights load
+    DecodeRequest(mode=mode, tau=tau)
+    folder = Path(model_folder(backend, model_dir))
+    check_model_folder(backend, folder)
+    tokenizer = load_tokenizer(folder)
+    if chat_template is not None:
+        if tokenizer is None:
+            raise SpotError(f"--chat-template needs the model's tokenizer, and {folder} has no tokenizer files",
+                            "use a model folder with tokenizer.json (or vocab.json + merges.txt)")
+        tokenizer = SpotTokenizer(tokenizer.tokenizer, load_chat_template(chat_template), tokenizer.source)
+    drafter_file = find_drafter(drafter_path, folder).path if drafter_path is not None else (
+        folder / "drafter.onnx" if (folder / "drafter.onnx").is_file() else None)
+    model = ServedModel(served_model_name or folder.resolve().name, folder, backend, device, sampler, kv_cache,
+                        block_size, model_dir, drafter_path,
+                        RequestDefaults(decoder, budget, depth, mode, tau), tokenizer, drafter_file,
+                        manifest_sha256(folder))
+    options = ServeOptions(host, port, engines, threads, queue_size, api_key, chat_max_tokens, graceful_timeout,
+                           log_level)
+    run_server(model, options, lambda line: click.echo(line, err=True))
+
+
+@main.command("triton-repo")
+@click.argument("export_dir", metavar="EXPORT", type=click.Path(file_okay=False, path_type=str))
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=str),
+              help="Folder of the Triton model repository to write (atomically).")
+@click.option("--name", default="spot", show_default=True, help="The model's name in Triton.")
+@click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Model instances, each a process with one engine: requests decoded at once.")
+@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="ort: cpu, cuda, trt; tensorrt: cuda.")
+@placement_options
+@click.option("--threads", type=click.IntRange(min=0), default=None,
+              help="ort: ONNX Runtime threads per instance. Default: the machine's cores / --instances.")
+@click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
+              help="Decoder of the requests that name none.")
+@click.option("--budget", default="16", show_default=True, help="Tree nodes (or auto) of the requests that name none.")
+@click.option("--depth", type=int, default=None, help="Tree depth of the requests that name no budget.")
+@click.option("--mode", type=click.Choice(["static", "threshold"]), default="static", show_default=True)
+@click.option("--tau", type=float, default=0.9, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True,
+              help="Temperature of the requests that name none.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True,
+              help="max_tokens of the requests that name none.")
+@click.option("--reference", is_flag=True,
+              help="Name EXPORT by its absolute path instead of putting it (hard-linked, else copied) in the "
+                   "repository.")
+@click.option("--overwrite", is_flag=True, help="Replace a repository spot triton-repo wrote at --out.")
+def triton_repo(export_dir, out, name, instances, backend, device, sampler, kv_cache, threads, decoder, budget, depth,
+                mode, tau, temperature, max_tokens, reference, overwrite):
+    """Write a Triton Inference Server model repository that serves the exported folder EXPORT with the spot
+    runtime: a Python-backend model, decoupled (one response per finished block), one engine per instance, and a
+    config.pbtxt to tune (docs/deployment.md).
+
+    \b
+    Examples:
+      spot triton-repo sdar-8b-fp16-onnx --out triton-repo --instances 2 --device trt
+      docker run --rm -p 8000:8000 -v $PWD/triton-repo:/models nvcr.io/nvidia/tritonserver:24.10-py3 \\
+          bash -c "pip install spot-edge && tritonserver --model-repository /models"
+    """
+    from spot.budgets import budget_nodes
+    from spot.runtime.decoders import DecodeRequest
+    from spot.runtime.step import Sampling
+    from spot.triton.repo import TritonRepoOptions, write_triton_repo
+
+    budget_nodes(budget, decoder)           # the defaults checked as a request's are
+    DecodeRequest(mode=mode, tau=tau, sampling=Sampling(temperature))
+    check_output_path(out, "--out", folder=True)
+    options = TritonRepoOptions(name, instances, backend, device, sampler, kv_cache, threads, decoder, budget, depth,
+                                mode, tau, temperature, max_tokens, reference, overwrite)
+    repo = write_triton_repo(export_dir, out, options, lambda line: click.echo(line, err=True))
+    click.echo(f"wrote {repo}: model {name!r}, {instances} instance{'s' * (instances > 1)}; serve it with "
+               f"`tritonserver --model-repository {repo}` where spot is installed (docs/deployment.md)")
 
 
 # `spot-export` == `spot export`: a hidden copy of the command under the script's name, run with an empty program

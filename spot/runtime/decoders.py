@@ -60,6 +60,12 @@ class DecodeRequest:
             object.__setattr__(self, "stop_ids", tuple(integer_arg(i, "a stop id") for i in self.stop_ids))
 
 
+def check_decoder(name: str) -> None:
+    """SpotError unless `name` is a decoder (checked by run_decoder, and by a server before a request queues)."""
+    if name not in DECODERS:
+        raise SpotError(f"unknown decoder {name!r}, expected one of {', '.join(DECODERS)}")
+
+
 def rule_for(decoder: str, req: DecodeRequest) -> CommitRule:
     """threshold / spot-sets always use the threshold rule; every other decoder follows the request's mode."""
     if decoder in ("threshold", "spot-sets"):
@@ -87,8 +93,7 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
     """Decode `prompt_ids` with the decoder `name`; returns tokens and stats (no printing). drafter: a loaded
     drafter (spot.runtime.drafter.load_drafter), for spot / spot-sets; on_block: streaming, as in
     decode.generate."""
-    if name not in DECODERS:
-        raise SpotError(f"unknown decoder {name!r}, expected one of {', '.join(DECODERS)}")
+    check_decoder(name)
     if not isinstance(req, DecodeRequest):          # checked once here, not as an AttributeError mid-decode
         raise SpotError(f"the request must be a DecodeRequest, got {type(req).__name__}",
                         "e.g. DecodeRequest(max_new_tokens=64)")

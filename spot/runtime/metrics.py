@@ -14,6 +14,18 @@ def acceptance_by_depth(accepted: list[int], depth: int) -> list[float]:
     return [float((a >= d).mean()) for d in range(1, depth + 1)]
 
 
+def static_passes(prompt_len: int, block_size: int, blocks: int) -> int:
+    """The target passes standard decoding with the static rule (one token per pass) spends on `blocks` decoded blocks
+    after a prompt of prompt_len tokens: a prefill pass when the prompt fills a block, one pass per masked position
+    (the first block's are those the prompt's P mod B leftover tokens leave), and a store pass per block. The baseline
+    a single decode's passes are compared with, without decoding twice (decode.generate counts passes the same way)."""
+    if blocks < 1:
+        return 0
+    prefill = 1 if prompt_len >= block_size else 0
+    masked = blocks * block_size - prompt_len % block_size
+    return prefill + masked + blocks
+
+
 def summarize(runs: list, seconds_key: str = "seconds", depth: int | None = None) -> dict:
     """runs: Generation objects of one decoder over many cases -> passes per token, tokens/s, steps per verify.
     depth: the budget's, so that acceptance_by_depth lists every depth the tree could reach (default: the deepest

@@ -1,0 +1,127 @@
+"""A request's decoding fields -> a checked decode job, before it waits for an engine; a finished decode -> what the
+request gets back (at most max_tokens ids, why it ended, spot's pass figures).
+
+Every check is the library's own (DecodeRequest, Sampling, check_request, the budget parsing `spot generate` uses):
+a bad request is refused with the same message the CLI gives, and never takes a place in the queue.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, replace
+
+from spot.budgets import budget_nodes, tree_budget, tune_command
+from spot.errors import SpotError
+from spot.runtime.decode import Generation, check_request
+from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, check_decoder, rule_for, verified_budget
+from spot.runtime.metrics import static_passes
+from spot.runtime.step import Sampling
+from spot.serve.model import ServedModel
+
+FIELD_NAMES = ("budget", "depth")       # how messages name the budget fields of a request
+DRAFTING_DECODERS = ("spot", "spot-sets")
+
+
+@dataclass(frozen=True)
+class DecodeFields:
+    """What one request asks; None: the server's default (spot.serve.model.RequestDefaults), a random seed."""
+
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    decoder: str | None = None
+    budget: int | str | None = None
+    depth: int | None = None
+    mode: str | None = None
+    tau: float | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A checked decode: run_decoder(decoder, engine, prompt_ids, request, drafter), of which the request gets the
+    first max_tokens ids. tree: the budget a tree decoder verifies with, {nodes, depth, tuned: where an `auto`
+    budget came from, else None}; None for standard / threshold decoding."""
+
+    prompt_ids: list[int]
+    decoder: str
+    request: DecodeRequest
+    max_tokens: int
+    tree: dict | None = None
+
+    @property
+    def seed(self) -> int:
+        return self.request.sampling.seed
+
+
+def _given(value, default):
+    return default if value is None else value
+
+
+def build_job(model: ServedModel, engine, drafter, prompt_ids, fields: DecodeFields) -> Job:
+    """The job `fields` ask for on `engine` (any engine of the model: only its shape is read); SpotError naming
+    what is wrong otherwise. max_tokens is the decode's max_new_tokens (it decodes to the block boundary after it)."""
+    d = model.defaults
+    decoder = _given(fields.decoder, d.decoder)
+    check_decoder(decoder)
+    if decoder in DRAFTING_DECODERS and drafter is None:
+        raise SpotError(f"decoder {decoder!r} needs a drafter (order model), and {model.name} is served without one",
+                        "use decoder tree or chain (SPOT without a drafter), or start the server with --drafter "
+                        "PATH")
+    nodes = budget_nodes(_given(fields.budget, d.budget), decoder, FIELD_NAMES)
+    # a request's own budget comes with its own depth (or the default one); the server's budget with the server's
+    depth = fields.depth if fields.budget is not None else _given(fields.depth, d.depth)
+    seed = secrets.randbelow(2**32) if fields.seed is None else fields.seed     # reported back: reproducible
+    sampling = Sampling(_given(fields.temperature, d.temperature), _given(fields.top_k, 0),
+                        _given(fields.top_p, d.top_p), seed)
+    request = DecodeRequest(fields.max_tokens, _given(fields.mode, d.mode), _given(fields.tau, d.tau), sampling)
+    rule = rule_for(decoder, request)
+    prompt = check_request(engine, prompt_ids, fields.max_tokens)
+    command = tune_command(model.model_arg, model.backend, model.device, model.sampler, model.kv_cache,
+                           model.block_size, model.drafter_arg, decoder, sampling.temperature, rule)
+    budget, tuned = tree_budget(nodes, depth, engine, model.backend, model.folder, decoder,
+                                drafter if decoder in DRAFTING_DECODERS else None, rule, sampling.temperature,
+                                command, FIELD_NAMES)
+    tree = None
+    if decoder in TREE_DECODERS:        # the budget's own checks now, not when an engine is free
+        verified = verified_budget(decoder, budget, engine)
+        verified.check(engine)
+        tree = {"nodes": verified.nodes, "depth": verified.depth, "tuned": tuned}
+    return Job([int(i) for i in prompt], decoder, replace(request, budget=budget), fields.max_tokens, tree)
+
+
+def check_defaults(model: ServedModel, engine, drafter) -> None:
+    """SpotError now, at startup, when the defaults themselves make a bad request (a budget or depth this engine
+    cannot verify, a decoder that needs a drafter there is none of, `auto` with nothing tuned): a request that
+    names nothing would get it."""
+    build_job(model, engine, drafter, [], DecodeFields(max_tokens=1, seed=0))
+
+
+def room_left(ids: list[int], sent: int, max_tokens: int) -> list[int]:
+    """The part of a finished block's ids a request still gets after `sent` ids: the decode runs to the block
+    boundary after max_tokens, the request gets max_tokens at most."""
+    return ids[: max(0, max_tokens - sent)]
+
+
+def finish_reason(gen: Generation, max_tokens: int) -> str:
+    """"stop": a stop id ended the text within max_tokens; "length": max_tokens (or the block boundary) ended it."""
+    return "stop" if gen.stopped and len(gen.token_ids) <= max_tokens else "length"
+
+
+def usage(job: Job, gen: Generation, returned: int, block_size: int) -> dict:
+    """OpenAI's usage of a request that got `returned` ids, and spot's pass figures beside it."""
+    return {"prompt_tokens": len(job.prompt_ids), "completion_tokens": returned,
+            "total_tokens": len(job.prompt_ids) + returned, **pass_figures(job, gen, block_size)}
+
+
+def pass_figures(job: Job, gen: Generation, block_size: int) -> dict:
+    """spot's figures of one decode: its target passes (by kind), the passes static standard decoding spends on the
+    same blocks (spot.runtime.metrics.static_passes: computed, not decoded a second time), their ratio, and
+    target passes per decoded token (decoded: to the block boundary, max_tokens or not); the decoder, its tree
+    budget (Job.tree) and the seed."""
+    static = static_passes(len(job.prompt_ids), block_size, gen.stats.blocks)
+    passes = gen.stats.target_passes
+    return {"target_passes": passes, "passes": gen.stats.to_dict()["passes"],
+            "static_passes": static, "passes_reduction": static / passes if passes else None,
+            "decoded_tokens": len(gen.token_ids), "passes_per_token": passes / max(len(gen.token_ids), 1),
+            "decoder": job.decoder, "budget": job.tree, "seed": job.seed}

@@ -1,0 +1,181 @@
+"""The OpenAI API's shapes as `spot serve` speaks them: request schemas (completions, chat completions) with spot's
+extra fields, and the bodies of responses, stream chunks and errors.
+
+Extra request fields: decoder, budget (nodes or "auto"), depth, mode, tau, top_k; `seed` as OpenAI's (left out: a
+random one, reported back). Extra response fields: each choice's (and stream chunk's) `token_ids`, the top-level
+`seed`, and spot's pass figures in `usage` (spot.serve.jobs.usage). OpenAI fields spot cannot honour (n > 1,
+logprobs, penalties, stop strings, tools, ...) are refused with a 400 when set to anything but their no-op value;
+other unknown fields are ignored, as OpenAI's own clients send some (user, metadata).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from spot.errors import SpotError
+
+# fields of OpenAI's API that change the result and spot does not implement -> the values that change nothing
+NO_OP_VALUES = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
+                "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
+                "stop": ("", []), "suffix": ("",), "tools": ([],), "functions": ([],), "tool_choice": ("none",),
+                "response_format": ({"type": "text"},)}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    include_usage: bool = False
+
+
+class DecodingRequest(BaseModel):
+    """The fields completions and chat completions share."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # spot's own
+    decoder: str | None = None
+    budget: object = None           # nodes or "auto": checked by spot.budgets.budget_nodes
+    depth: int | None = None
+    mode: str | None = None
+    tau: float | None = None
+    top_k: int | None = None
+
+    def check_supported(self) -> None:
+        """SpotError for an OpenAI field spot does not implement, set to a value that would change the result."""
+        for name, value in (self.model_extra or {}).items():
+            if name in NO_OP_VALUES and value is not None and value not in NO_OP_VALUES[name]:
+                raise SpotError(f"{name} is not supported by spot serve, got {value!r}",
+                                f"leave {name} out (spot supports: temperature, top_p, top_k, seed, max_tokens, "
+                                "decoder, budget, depth, mode, tau)")
+
+
+class CompletionRequest(DecodingRequest):
+    prompt: object          # text, or token ids (checked by prompt_text_or_ids, the ids by check_request)
+
+    def prompt_text_or_ids(self) -> str | list:
+        """The one prompt: text or ids (a list of one text / one id list is that prompt); SpotError otherwise."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if not isinstance(prompt, (str, list)):
+            raise SpotError(f"field 'prompt' must be text or a list of token ids, got {prompt!r}",
+                            'e.g. "prompt": "def add(a, b):" or "prompt": [316, 863, 8]')
+        if isinstance(prompt, list) and any(isinstance(p, (str, list)) for p in prompt):
+            raise SpotError(f"prompt holds {len(prompt)} prompts, expected one (text, or a list of token ids)",
+                            "send one request per prompt (they run concurrently on the server's engines)")
+        return prompt
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    role: str
+    content: object = None      # text, or a list of {"type": "text", "text": ...} parts
+
+    def as_template_message(self) -> dict:
+        """{"role", "content"} with the text parts joined (spot's models read text only); SpotError otherwise."""
+        content = self.content
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise SpotError(f"message content parts must be {{\"type\": \"text\", \"text\": ...}}, got "
+                                f"{content!r}", "send text (spot's models read text only)")
+            content = "".join(p["text"] for p in content)
+        if content is not None and not isinstance(content, str):
+            raise SpotError(f"field 'content' of a message must be text, got {content!r}",
+                            'e.g. {"role": "user", "content": "hello"}')
+        return {"role": self.role, "content": content or ""}
+
+
+class ChatRequest(DecodingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+
+def parse_request(kind: type[DecodingRequest], body: bytes) -> DecodingRequest:
+    """A request body -> the request; SpotError saying what is wrong (not UTF-8, not JSON, a missing or mistyped
+    field, an unsupported one)."""
+    import json
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpotError(f"the request body is not UTF-8 text (byte {e.start}: {body[e.start:e.start + 1]!r})",
+                        "send a JSON body encoded as UTF-8") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpotError(f"the request body is not JSON ({e})", "send a JSON object") from None
+    if not isinstance(data, dict):
+        raise SpotError(f"the request body is a JSON {type(data).__name__}, expected an object",
+                        "send a JSON object of the request's fields")
+    try:
+        request = kind.model_validate(data)
+    except ValidationError as e:
+        raise SpotError(*validation_message(e)) from None
+    request.check_supported()
+    return request
+
+
+def validation_message(e: ValidationError) -> tuple[str, str]:
+    """The first problem pydantic found, in words: (message, hint)."""
+    err = e.errors()[0]
+    where = ".".join(str(part) for part in err["loc"])
+    field = str(err["loc"][0]) if err["loc"] else "the request"
+    if err["type"] == "missing":
+        return f"the request has no {where!r} field", f"add {field!r} (see the OpenAI API's fields)"
+    return (f"field {where!r}: {err['msg']}, got {err.get('input')!r}",
+            f"check {field!r} (see the OpenAI API's fields and docs/deployment.md for spot's)")
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+def created_now() -> int:
+    return int(time.time())
+
+
+def response_body(chat: bool, rid: str, created: int, model: str, text: str, token_ids: list[int],
+                  finish_reason: str, usage: dict, seed: int) -> dict:
+    """A whole (not streamed) completion or chat completion."""
+    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason,
+               "logprobs": None, "token_ids": token_ids} if chat else
+              {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None, "token_ids": token_ids})
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": model, "choices": [choice], "usage": usage, "seed": seed}
+
+
+def chunk_body(chat: bool, rid: str, created: int, model: str, piece: str | None, token_ids: list[int],
+               finish_reason: str | None = None, role: bool = False, seed: int | None = None) -> dict:
+    """One streamed chunk: a finished block's text and ids (finish_reason on the last; role on a chat's first)."""
+    if chat:
+        delta = {"role": "assistant"} if role else {}
+        if piece is not None:
+            delta["content"] = piece
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None,
+                  "token_ids": token_ids}
+    else:
+        choice = {"index": 0, "text": piece or "", "finish_reason": finish_reason, "logprobs": None,
+                  "token_ids": token_ids}
+    body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+            "model": model, "choices": [choice]}
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+def usage_chunk_body(chat: bool, rid: str, created: int, model: str, usage: dict) -> dict:
+    """The last chunk of a stream with stream_options.include_usage: no choices, the usage."""
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+            "model": model, "choices": [], "usage": usage}
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -1,0 +1,152 @@
+"""The Triton Python-backend model of a `spot triton-repo` repository: each model instance opens one spot engine on the
+exported folder and decodes its requests one at a time; the model is decoupled, so each finished block goes out as
+its own response (text_output, token_ids) and a last one says why the text ended (finish_reason) and what it cost
+(usage: JSON of spot's pass figures, as `spot serve` reports them).
+
+Requests are checked and decoded by the same code as `spot serve`'s (spot.serve.jobs); a bad one gets an error
+response with the library's message. A request Triton cancels (its client went away) ends at the next block.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from spot.errors import SpotError
+
+# optional inputs besides the prompt (text_input or prompt_ids) -> spot.serve.jobs.DecodeFields' field
+FIELD_INPUTS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                "seed": "seed", "decoder": "decoder", "budget": "budget", "depth": "depth", "mode": "mode",
+                "tau": "tau"}
+DEFAULT_MAX_TOKENS = 16
+
+
+def scalar(name: str, array) -> object:
+    """One value of an input tensor as Python (bytes decoded as UTF-8); SpotError naming the input otherwise."""
+    values = np.asarray(array).reshape(-1)
+    if values.size != 1:
+        raise SpotError(f"input {name} must hold one value, got {values.size}", f"send {name} with shape [1]")
+    value = values[0]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpotError(f"input {name} is not UTF-8 text", f"send {name} encoded as UTF-8") from None
+    return value.item() if hasattr(value, "item") else value
+
+
+def request_fields(get, tokenizer, default_max_tokens: int = DEFAULT_MAX_TOKENS):
+    """A request's prompt ids and DecodeFields from its input tensors; get(name): the input's array or None."""
+    from spot.serve.jobs import DecodeFields
+    text, ids = get("text_input"), get("prompt_ids")
+    if (text is None) == (ids is None):
+        raise SpotError("send exactly one of the inputs text_input (text) and prompt_ids (token ids)")
+    if ids is not None:
+        prompt = [int(i) for i in np.asarray(ids).reshape(-1)]
+    elif tokenizer is None:
+        raise SpotError("this model has no tokenizer, so text_input cannot be encoded", "send prompt_ids")
+    else:
+        prompt = tokenizer.encode(scalar("text_input", text))
+    given = {field: scalar(name, get(name)) for name, field in FIELD_INPUTS.items() if get(name) is not None}
+    given.setdefault("max_tokens", default_max_tokens)
+    return prompt, DecodeFields(**given)
+
+
+def parameters(config: dict) -> dict[str, str]:
+    """config.pbtxt's parameters {key: {string_value}} as {key: value}."""
+    return {key: entry.get("string_value", "") for key, entry in config.get("parameters", {}).items()}
+
+
+def served_model(args: dict, config: dict):
+    """The ServedModel config.pbtxt describes; its export folder relative to the model's version folder."""
+    from spot.export.manifest import load_manifest
+    from spot.serve.model import RequestDefaults, ServedModel, manifest_sha256
+    from spot.tokenizer import load_tokenizer
+    p = parameters(config)
+    version_dir = Path(args["model_repository"]) / str(args["model_version"])
+    folder = (version_dir / p.get("export", "export")).resolve()
+    load_manifest(folder)
+    defaults = RequestDefaults(decoder=p.get("decoder") or "standard", budget=p.get("budget") or "16",
+                               depth=int(p["depth"]) if p.get("depth") else None, mode=p.get("mode") or "static",
+                               tau=float(p.get("tau") or 0.9), temperature=float(p.get("temperature") or 1.0))
+    drafter = folder / "drafter.onnx"
+    return ServedModel(config.get("name", "spot"), folder, p.get("backend") or "ort", p.get("device") or "cpu",
+                       p.get("sampler") or "auto", p.get("kv_cache") or "auto", None, str(folder), None, defaults,
+                       load_tokenizer(folder), drafter if drafter.is_file() else None, manifest_sha256(folder))
+
+
+def instance_count(config: dict) -> int:
+    return sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
+
+
+class TritonPythonModel:
+    """Triton's Python-backend interface: initialize, execute, finalize."""
+
+    def initialize(self, args):
+        import triton_python_backend_utils as pb_utils
+        from spot.serve.model import threads_per_engine
+        self.pb = pb_utils
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException("spot's Triton model streams one response per block: set "
+                                                "model_transaction_policy { decoupled: true } in config.pbtxt")
+        p = parameters(config)
+        self.max_tokens = int(p.get("max_tokens") or DEFAULT_MAX_TOKENS)
+        self.model = served_model(args, config)
+        threads = int(p["threads"]) if p.get("threads") else None
+        self.engine, self.drafter = self.model.open_engine(threads_per_engine(threads, instance_count(config)))
+        from spot.serve.jobs import check_defaults
+        check_defaults(self.model, self.engine, self.drafter)        # config.pbtxt's defaults: now, not per request
+
+    def execute(self, requests):
+        for request in requests:        # one at a time: the instance's engine holds one KV cache
+            self.answer(request)
+        return None
+
+    def finalize(self):
+        self.engine.close()
+
+    def tensor(self, name: str, values, dtype=None):
+        return self.pb.Tensor(name, np.asarray(values, dtype=dtype))
+
+    def block_response(self, piece: str, ids: list[int]):
+        return self.pb.InferenceResponse(output_tensors=[
+            self.tensor("text_output", [piece.encode("utf-8")], object),
+            self.tensor("token_ids", ids, np.int64)])
+
+    def answer(self, request) -> None:
+        from spot.runtime.decoders import run_decoder
+        from spot.serve.jobs import build_job, finish_reason, room_left, usage
+        from spot.tokenizer import TextStream
+        pb, sender = self.pb, request.get_response_sender()
+        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+        def get(name):
+            tensor = pb.get_input_tensor_by_name(request, name)
+            return None if tensor is None else tensor.as_numpy()
+        try:
+            prompt, fields = request_fields(get, self.model.tokenizer, self.max_tokens)
+            job = build_job(self.model, self.engine, self.drafter, prompt, fields)
+        except SpotError as e:
+            sender.send(pb.InferenceResponse(error=pb.TritonError(str(e).replace("\n ", ""))), flags=final)
+            return
+        pieces = TextStream(self.model.tokenizer) if self.model.tokenizer is not None else None
+        sent = []
+
+        def on_block(ids: list[int]) -> bool:
+            ids = room_left(ids, len(sent), job.max_tokens)
+            sent.extend(ids)
+            if ids:
+                sender.send(self.block_response(pieces.feed(ids) if pieces is not None else "", ids))
+            return bool(getattr(sender, "is_cancelled", lambda: False)())
+        try:
+            gen = run_decoder(job.decoder, self.engine, job.prompt_ids, job.request, self.drafter, on_block)
+        except Exception as e:      # noqa: BLE001 - the request gets the error; the instance keeps serving
+            sender.send(pb.InferenceResponse(error=pb.TritonError(f"decoding failed: {e}")), flags=final)
+            return
+        figures = usage(job, gen, len(sent), self.engine.block_size)
+        last = self.block_response(pieces.end() if pieces is not None else "", [])
+        sender.send(pb.InferenceResponse(output_tensors=[
+            *last.output_tensors(), self.tensor("finish_reason", [finish_reason(gen, job.max_tokens).encode()], object),
+            self.tensor("usage", [json.dumps(figures).encode()], object)]), flags=final)
