@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from make_golden import case_options, golden_cases, model_identity, run_case  # noqa: E402
 from tinymodels import (nan_weights_copy, renamed_input_drafter, train_encoder_drafter,  # noqa: E402
                         whole_block_epilogue_copy)
+from tree_cases import TREE_CASES, input_lines, python_answer  # noqa: E402
 
 # spot_status codes of cpp/include/spot/spot.h
 INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED, RUNTIME = 1, 2, 3, 4, 5, 6
@@ -566,6 +567,21 @@ def test_the_step_rules_give_the_written_answers_in_both_hosts(spot_cli):
     cpp = [list(map(int, line.split())) for line in proc.stdout.splitlines()]
     assert python == [answer for *_, answer in STEP_RULE_CASES]
     assert cpp == python
+
+
+def test_both_hosts_build_the_written_trees(spot_cli):
+    """The tree builders of both hosts on the known-answer cases of tests/tree_cases.py (cpp/tests/tree_rules.cpp):
+    equal path log-probabilities under different parents, so a host taking its nodes in another order than the
+    stated rule (its heap's layout, as the C++ host once copied CPython's) builds another tree."""
+    build = _run(["cmake", "--build", str(BUILD), "--target", "spot_tree_rules", "-j1"])     # (not in `all`)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    lines = [line for i in range(len(TREE_CASES)) for line in input_lines(i)]
+    proc = _run([str(spot_cli.parent / "spot_tree_rules")], input="\n".join(lines) + "\n", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    cpp = [block.splitlines() for block in proc.stdout.split("end\n")[:-1]]
+    written = [answer for *_, answer in TREE_CASES]
+    assert [python_answer(i) for i in range(len(TREE_CASES))] == written
+    assert cpp == written
 
 
 def test_both_clis_report_the_same_result_keys(spot_cli, tiny):

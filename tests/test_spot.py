@@ -25,6 +25,8 @@ from spot.runtime.outputs import HostOutputs
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget, walk
 from spot.runtime.step import THRESHOLD, CommitRule, Sampling
 from spot.runtime.tree import Node, build_tree
+from tree_cases import TREE_CASES
+from tree_cases import python_answer as python_tree_answer
 
 MASK = 63
 
@@ -267,6 +269,13 @@ def test_tree_is_grown_best_first_under_budget_and_depth():
     assert proposer.calls <= 4
     states = [tuple(n.state) for n in tree]
     assert len(set(states)) == len(states)
+
+
+@pytest.mark.parametrize("index", range(len(TREE_CASES)))
+def test_trees_follow_the_stated_order_rule(index):
+    """Known-answer trees (tests/tree_cases.py, the C++ builder runs the same table in test_cpp_host.py): equal
+    path log-probabilities under different parents, where only the order rule decides which node enters."""
+    assert python_tree_answer(index) == TREE_CASES[index][3], TREE_CASES[index][0]
 
 
 def two_orders(node):
