@@ -20,9 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from make_golden import case_options, embedded_prompts, random_prompts, run_case  # noqa: E402
-
-COMPARED = ("token_ids", "stopped", "target_passes", "passes", "steps", "blocks")
+from make_golden import COMPARED, case_options, embedded_prompts, random_prompts, run_case  # noqa: E402
 
 
 def request_line(c: dict) -> str:

@@ -29,16 +29,15 @@ from spot.runtime.step import STATIC, THRESHOLD, CommitRule
 ROOT = Path(__file__).resolve().parents[1]
 CPP = ROOT / "cpp"
 BUILD = CPP / "build"
-GOLDEN_DIR = ROOT / "tests" / "data" / "golden"
 sys.path.insert(0, str(ROOT / "scripts"))
-from make_golden import case_options, golden_cases, model_identity, run_case  # noqa: E402
+from make_golden import (COMPARED, EMBEDDED_GOLDEN, REGENERATE_EMBEDDED, case_options,  # noqa: E402
+                         embedded_drafter_dir, golden_cases, model_identity, run_case)
 from tinymodels import (nan_weights_copy, renamed_input_drafter, train_encoder_drafter,  # noqa: E402
                         whole_block_epilogue_copy)
 from tree_cases import TREE_CASES, input_lines, python_answer  # noqa: E402
 
 # spot_status codes of cpp/include/spot/spot.h
 INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED, RUNTIME = 1, 2, 3, 4, 5, 6
-COMPARED = ("token_ids", "stopped", "target_passes", "passes", "steps", "blocks")
 
 # vocab 300: the softmax sums take numpy's pairwise recursion (> 128 terms) with remainders (not a multiple of 8)
 TINY = ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -940,39 +939,37 @@ def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny, tmp_path):
 
 # -- the embedded model: the committed golden file -----------------------------------------------------------------
 def test_embedded_golden(spot_cli, tmp_path_factory):
-    """tests/data/golden/embedded.json (scripts/make_golden.py on `spot export embedded` + the shipped drafter)."""
+    """tests/data/golden/embedded.json (scripts/make_golden.py on `spot export embedded` + the shipped drafter).
+    Another embedded model or drafter fails here, naming the one command that regenerates the file: a skip would
+    have turned the only Python == C++ check on the shipped model into a pass."""
     from click.testing import CliRunner
 
     from spot.cli import main
 
-    golden_path = GOLDEN_DIR / "embedded.json"
-    if not golden_path.is_file():
-        pytest.skip("no golden file for the embedded model yet (scripts/make_golden.py)")
-    golden = json.loads(golden_path.read_text())
+    regenerate = f"regenerate it: {REGENERATE_EMBEDDED}"
+    assert EMBEDDED_GOLDEN.is_file(), f"no golden file for the embedded model: {regenerate}"
+    golden = json.loads(EMBEDDED_GOLDEN.read_text())
     out = tmp_path_factory.mktemp("embedded") / "emb_onnx"
     res = CliRunner().invoke(main, ["export", "embedded", "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
-    regenerate = "regenerate it: python scripts/make_golden.py --model EXPORTED --out " + str(golden_path)
-    if model_identity(out)["weights_sha256"] != golden["model"]["weights_sha256"]:
-        pytest.skip(f"the golden file was made for another embedded model: {regenerate}")
-    # the export ships the embedded drafter when there is one (else the package folder may hold it)
-    drafter_dir = out if (out / "drafter.onnx").is_file() else ROOT / "spot" / "assets" / "embedded"
-    if golden["drafter"] is not None:
-        if not (drafter_dir / "drafter.json").is_file():
-            pytest.skip("the embedded model's drafter is not built yet")
-        manifest = json.loads((drafter_dir / "drafter.json").read_text())
-        if manifest["onnx_sha256"] != golden["drafter"]["onnx_sha256"]:
-            pytest.skip(f"the golden file was made for another embedded drafter: {regenerate}")
-        # the same model recalibrated (spot calibrate-drafter) proposes other trees: pass counts change
-        assert manifest.get("order_temperature", 1.0) == golden["drafter"].get("order_temperature", 1.0), \
-            f"the golden file was made with another drafter order temperature: {regenerate}"
-        assert manifest.get("runner_up_weight", DEFAULT_RUNNER_UP_WEIGHT) == \
-            golden["drafter"].get("runner_up_weight", 0.0), \
-            f"the golden file was made with another drafter runner-up weight: {regenerate}"
-        assert manifest.get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT) == \
-            golden["drafter"].get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT), \
-            f"the golden file was made with another drafter flip weight: {regenerate}"
+    assert model_identity(out)["weights_sha256"] == golden["model"]["weights_sha256"], \
+        f"the golden file was made for another embedded model: {regenerate}"
+    drafter_dir = embedded_drafter_dir(out)
+    assert golden["drafter"] is not None, f"the golden file was made without the embedded drafter: {regenerate}"
+    assert (drafter_dir / "drafter.json").is_file(), f"no embedded drafter at {drafter_dir}"
+    manifest = json.loads((drafter_dir / "drafter.json").read_text())
+    assert manifest["onnx_sha256"] == golden["drafter"]["onnx_sha256"], \
+        f"the golden file was made for another embedded drafter: {regenerate}"
+    # the same model recalibrated (spot calibrate-drafter) proposes other trees: pass counts change
+    assert manifest.get("order_temperature", 1.0) == golden["drafter"].get("order_temperature", 1.0), \
+        f"the golden file was made with another drafter order temperature: {regenerate}"
+    assert manifest.get("runner_up_weight", DEFAULT_RUNNER_UP_WEIGHT) == \
+        golden["drafter"].get("runner_up_weight", 0.0), \
+        f"the golden file was made with another drafter runner-up weight: {regenerate}"
+    assert manifest.get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT) == \
+        golden["drafter"].get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT), \
+        f"the golden file was made with another drafter flip weight: {regenerate}"
     cases = golden["cases"]
-    results = run_batch(spot_cli, out, drafter_dir if golden["drafter"] else None, cases)
+    results = run_batch(spot_cli, out, drafter_dir, cases)
     bad = mismatches(cases, results)
     assert not bad, f"{len(bad)} of {len(cases)} golden cases differ:\n" + "\n".join(bad[:20])
