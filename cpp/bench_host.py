@@ -1,7 +1,7 @@
 """Host-loop overhead per verify pass, C++ host vs Python runtime, same folder, prompts and options, one run.
 
 Per SPOT round the host builds the stale view and the draft tree (drafter calls included) and walks the verified
-tree; the target pass itself is excluded. Both runtimes time exactly these segments (Python: DecodeStats.extra
+tree; the target pass itself is excluded. Both runtimes time exactly these segments (Python: DecodeStats.verify
 draft_ms / walk_ms; C++: spot_stats.draft_ms / walk_ms) and decode the same cases, whose outputs are checked equal.
 
     python cpp/bench_host.py --model /tmp/emb_onnx --drafter spot/assets/embedded --prompts 4

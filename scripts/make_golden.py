@@ -67,10 +67,11 @@ def run_case(engine, drafter, prompt_ids: list[int], opts: dict) -> dict:
     passes = {k: int(s.passes.get(k, 0)) for k in ("prefill", "block", "verify", "store")}
     return {"token_ids": [int(t) for t in gen.token_ids], "stopped": bool(gen.stopped),
             "target_passes": int(s.target_passes), "passes": passes, "steps": int(s.steps), "blocks": int(s.blocks),
-            "epilogue_states": int(s.extra.get("epilogue_states", 0)),
-            "epilogue_ms": float(s.extra.get("epilogue_ms", 0.0)),
-            "host": {"draft_ms": float(s.extra.get("draft_ms", 0.0)), "walk_ms": float(s.extra.get("walk_ms", 0.0)),
-                     "target_ms": float(s.extra.get("target_ms", 0.0)), "seconds": float(s.seconds)}}
+            "epilogue_states": s.epilogue.states if s.epilogue else 0,
+            "epilogue_ms": s.epilogue.ms if s.epilogue else 0.0,
+            "host": {"draft_ms": s.verify.draft_ms if s.verify else 0.0,
+                     "walk_ms": s.verify.walk_ms if s.verify else 0.0,
+                     "target_ms": s.target_ms, "seconds": float(s.seconds)}}
 
 
 def golden_cases(engine, drafter, prompts: list[list[int]], *, max_new_tokens: int = 48, budget: int = 16,
