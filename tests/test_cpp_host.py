@@ -1,8 +1,8 @@
 """The C++ host (cpp/, docs/cpp-host.md): build it, reproduce the noise vectors, decode exported folders with every
 decoder bit-identically to the Python runtime (token ids and pass counts), refuse bad input with codes + messages.
 
-Skips only when no C++ toolchain or no ONNX Runtime headers can be obtained (cpp/fetch_ort_headers.sh fetches them
-from Debian's registry); a failing build is a failure.
+Skips only when no C++ toolchain or no ONNX Runtime / nlohmann/json headers can be obtained (cpp/fetch_ort_headers.sh
+fetches them from Debian's registry); a failing build is a failure (OpenSSL's libcrypto: libssl-dev, .ci/run).
 """
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def spot_cli() -> Path:
     fetch = _run(["bash", str(CPP / "fetch_ort_headers.sh")], env={**os.environ, "PYTHON": sys.executable})
     if fetch.returncode != 0:
         last = fetch.stderr.strip().splitlines()[-1] if fetch.stderr.strip() else "no output"
-        pytest.skip(f"ONNX Runtime headers could not be obtained (cpp/fetch_ort_headers.sh): {last}")
+        pytest.skip(f"ONNX Runtime or nlohmann/json headers could not be obtained (cpp/fetch_ort_headers.sh): "
+                    f"{last}")
     BUILD.mkdir(exist_ok=True)
     cfg = _run(["cmake", "-S", str(CPP), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release"])
     assert cfg.returncode == 0, cfg.stdout + cfg.stderr
@@ -743,6 +744,37 @@ def test_bad_folders_are_refused(spot_cli, tiny, tmp_path):
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "stop_ids differ from model.*")
     (changed / "manifest.json").write_text("{not json")
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "not valid JSON")
+
+
+def test_manifests_are_read_as_pythons_json_writes_them(spot_cli, tiny, tmp_path):
+    """The manifest reader (nlohmann/json underneath) takes what Python's json module writes, NaN / Infinity /
+    -Infinity included (drafter.json's accuracy over an empty selection is NaN), as values, not as text inside
+    strings; and refuses what is not JSON, naming the file."""
+    folder, drafter_dir = tiny[0], tiny[1]
+    ids = "--prompt-ids", "1,2,3", "--decoder", "spot", "--max-new-tokens", "8"
+    want = json.loads(cli(spot_cli, "generate", "--model", folder, "--drafter", drafter_dir, *ids).stdout)
+
+    def drafter_with(name: str, text_of) -> Path:
+        d = tmp_path / name
+        shutil.copytree(drafter_dir, d)
+        (d / "drafter.json").write_text(text_of(json.loads((d / "drafter.json").read_text())))
+        return d
+
+    odd = drafter_with("odd", lambda m: json.dumps({**m, "accuracy": {"a": float("nan"), "b": [float("inf"), -1e999],
+                                                                      "NaN": "Infinity, NaN"}}, indent=1))
+    assert "NaN," in (odd / "drafter.json").read_text() and "-Infinity" in (odd / "drafter.json").read_text()
+    load_drafter(odd)
+    got = cli(spot_cli, "generate", "--model", folder, "--drafter", odd, *ids)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["token_ids"] == want["token_ids"]
+    for name, text_of, says in (
+            ("nan_size", lambda m: json.dumps({**m, "block_size": float("nan")}), "expected an integer"),
+            ("glued", lambda m: json.dumps(m)[:-1] + ', "x": [NaN1]}', "not valid JSON"),
+            ("trailing", lambda m: json.dumps(m) + " {}", "not valid JSON"),
+            ("deep", lambda m: json.dumps({**m, "x": "@"}).replace('"@"', "[" * 300 + "]" * 300),
+             "nesting deeper than 256")):
+        _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", drafter_with(name, text_of), *ids),
+               CORRUPT, "drafter.json", says)
 
 
 def test_non_finite_logits_are_refused(spot_cli, tiny, tmp_path):
