@@ -1,5 +1,5 @@
-"""The drafter (order model, SPEC §6): features, traces, training, ONNX export, the runtime proposer inside SPOT /
-SPOT-Sets (exactness against standard / threshold decoding) and the compatibility checks."""
+"""The drafter (order model, docs/spec.md §6): features, traces, training, ONNX export, the runtime proposer inside
+SPOT / SPOT-Sets (exactness against standard / threshold decoding) and the compatibility checks."""
 from __future__ import annotations
 
 import json

@@ -216,7 +216,7 @@ def _ctx(rule: CommitRule) -> DecodeContext:
 
 
 def test_a_proposal_committing_a_strict_subset_of_the_target_set_is_rejected():
-    """Threshold F commits positions {0, 1}; a child committing only {0} must not be accepted (SPEC §5)."""
+    """Threshold F commits positions {0, 1}; a child committing only {0} must not be accepted (docs/spec.md §5)."""
     rule = CommitRule(THRESHOLD, 0.5)
     root = np.array([9, 9, 9, 9])
     subset = np.array([1, 9, 9, 9])

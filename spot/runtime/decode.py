@@ -1,4 +1,4 @@
-"""The block loop shared by every decoder, and standard decoding (SPEC §1, §3).
+"""The block loop shared by every decoder, and standard decoding (docs/spec.md §1, §3).
 
 `generate()` returns tokens and stats; printing happens in the CLI. A decoder is a `BlockDecoder`: given the engine
 (cache holding the prefix) and the initial block state, it returns the finished block. Standard decoding applies F
@@ -108,7 +108,7 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
              sampling: Sampling = Sampling(), stop_ids=None, block_decoder: BlockDecoder = standard_block,
              stats: DecodeStats | None = None, observer: Callable | None = None,
              on_block: Callable[[list[int]], bool | None] | None = None) -> Generation:
-    """Decode block by block up to the block boundary covering prompt + max_new_tokens (SPEC §1).
+    """Decode block by block up to the block boundary covering prompt + max_new_tokens (docs/spec.md §1).
 
     Prefill stores the complete prompt blocks; the P mod B leftover prompt tokens open the first decoded block.
     After each finished block: a store pass, then stop if the block's generated part holds a stop id.

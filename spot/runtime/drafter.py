@@ -1,5 +1,5 @@
-"""The drafter (order model, SPEC §6) at runtime: its input features, ONNX Runtime inference, and the proposer that
-turns its logits into SPOT / SPOT-Sets children. numpy + onnxruntime only.
+"""The drafter (order model, docs/spec.md §6) at runtime: its input features, ONNX Runtime inference, and the
+proposer that turns its logits into SPOT / SPOT-Sets children. numpy + onnxruntime only.
 
 Features of K tree nodes of one round, all reading the same stale logits L~ = L(s_m) [B, V]:
   topk       [K, B, 32] float32  top-32 log-probabilities of softmax(L~/T) (softmax(L~) at T = 0), per position

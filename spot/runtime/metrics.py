@@ -1,4 +1,4 @@
-"""Aggregate decoding stats into the figures of SPEC §7 (pure functions over Generation results)."""
+"""Aggregate decoding stats into the figures of docs/spec.md §7 (pure functions over Generation results)."""
 from __future__ import annotations
 
 from collections import Counter

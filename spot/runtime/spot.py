@@ -1,4 +1,4 @@
-"""The SPOT round (SPEC §4) and SPOT-Sets (§5) as a block decoder for spot.runtime.decode.generate.
+"""The SPOT round (docs/spec.md §4) and SPOT-Sets (§5) as a block decoder for spot.runtime.decode.generate.
 
 Round: free root r = F_m(s_m) from the known logits; a draft tree rooted at r; ONE target pass over every incomplete
 node (nodes on the batch axis); walk from the root to the child equal to F of the node's fresh logits. Output equals
