@@ -264,7 +264,7 @@ def device_sampler(rep: Report, name: str, folders: dict, cfg: ModelConfig, devi
         for temp in (0.0, 1.0):
             runs = [(decode(host, p, temp, "tree")[0], decode(dev, p, temp, "tree")[0]) for p in prompts(cfg)]
             same = [a.token_ids == b.token_ids for a, b in runs]
-            per_step = [b.stats.extra["epilogue_states"] == b.stats.steps for _, b in runs]
+            per_step = [b.stats.epilogue.states == b.stats.steps for _, b in runs]
             rep.check(f"{name} {kind}: device sampler == host sampler, tree decoder (T={temp})",
                       all(same) and all(per_step), identical=sum(same), of=len(same), once_per_step=all(per_step))
 

@@ -576,7 +576,7 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules, tau, seeds, cycle, max_new_tokens,
                depth, minutes, seed, block_size, backend, device, quiet):
-    """Collect standard-decoding traces for training the drafter (SPEC §6).
+    """Collect standard-decoding traces for training the drafter (docs/spec.md §6).
 
     \b
     Example:

@@ -52,7 +52,7 @@ def _expected_weight_bytes(raw: dict, weights: str, block: int = 128) -> int:
 def test_weight_bytes_match_config_arithmetic(raw, cfg):
     fp16 = weight_bytes(cfg, "fp16")
     assert fp16 == _expected_weight_bytes(raw, "fp")
-    assert 16.3e9 < fp16 < 16.5e9                   # SPEC §8: 16.4 GB
+    assert 16.3e9 < fp16 < 16.5e9                   # docs/spec.md §8: 16.4 GB
     int8 = weight_bytes(cfg, "fp16", QuantScheme("int8"))
     assert int8 == _expected_weight_bytes(raw, "int8") and 9.3e9 < int8 < 9.6e9      # ~9.5 GB
     for block in (32, 64, 128):

@@ -111,7 +111,7 @@ def test_fp16_logits_within_stated_tolerance(tiny):
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_batch_invariance_bit_exact(tmp_path, block_size):
-    """A state's logits alone and inside a batch of N states are bit-identical (SPEC §4), threads = 2."""
+    """A state's logits alone and inside a batch of N states are bit-identical (docs/spec.md §4), threads = 2."""
     cfg = WIDE.with_block_size(block_size)
     _, out = _export(cfg, tmp_path, "fp32", validate=False)
     engine = OrtEngine(out, threads=2)

@@ -237,7 +237,7 @@ def test_the_tuner_sweeps_only_the_node_counts_an_export_takes(exported):
 
 
 def test_padded_node_buckets_are_batch_invariant(exported):
-    """The real rows of a padded batch equal each state run alone, bit for bit (SPEC §4 batch invariance)."""
+    """The real rows of a padded batch equal each state run alone, bit for bit (docs/spec.md §4 batch invariance)."""
     from spot.engines.kv_cache import StaticOrtEngine
     static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
     rng = np.random.default_rng(1)

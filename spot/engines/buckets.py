@@ -4,7 +4,7 @@ An engine with static shapes (a TensorRT optimisation profile, a captured CUDA g
 shape per (node bucket, capacity bucket) pair. The host picks the smallest bucket that fits:
 - capacity: the KV cache window C >= cached tokens; slots past the cached length are masked (spot.engines.kv_cache);
 - nodes: N_bucket >= candidate states; the batch is padded by repeating the last state and the padded rows'
-  outputs are dropped. The engine must be batch-invariant (SPEC §4) for the real rows to be unaffected;
+  outputs are dropped. The engine must be batch-invariant (docs/spec.md §4) for the real rows to be unaffected;
   tests/test_trt_and_buckets.py checks that bit for bit on ONNX Runtime CPU.
 Standard decoding and SPOT pick buckets by the same rule from the same cached length, so a state's logits are
 computed with the same shapes by both decoders whenever N falls in the same node bucket, and batch invariance covers
