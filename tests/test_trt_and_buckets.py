@@ -458,3 +458,5 @@ def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
     assert any("fp16-runs: device sampler == host sampler" in n for n in names)
     assert all(c["passed"] for c in report["checks"]) and not report["errors"]
     assert set(report["latency_ms"]["ort-cpu fp32"]) == {"1", "2", "4", "8", "16"}
+    measured = report["latency_ms"]["ort-cpu fp32 vs projection"]      # latency(N); no CPU figures to project
+    assert set(measured) == {"1", "2", "4", "8", "16"} and all(r["measured_ms"] > 0 for r in measured.values())
