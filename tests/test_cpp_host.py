@@ -32,7 +32,7 @@ BUILD = CPP / "build"
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_golden import (COMPARED, EMBEDDED_GOLDEN, REGENERATE_EMBEDDED, case_options,  # noqa: E402
                          embedded_drafter_dir, golden_cases, model_identity, run_case)
-from tinymodels import (nan_weights_copy, renamed_input_drafter, train_encoder_drafter,  # noqa: E402
+from tinymodels import (make_format1, nan_weights_copy, renamed_input_drafter, train_encoder_drafter,  # noqa: E402
                         whole_block_epilogue_copy)
 from tree_cases import TREE_CASES, input_lines, python_answer  # noqa: E402
 
@@ -744,6 +744,9 @@ def test_bad_folders_are_refused(spot_cli, tiny, tmp_path):
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "stop_ids differ from model.*")
     (changed / "manifest.json").write_text("{not json")
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "not valid JSON")
+    old = make_format1(shutil.copytree(folder, tmp_path / "format1"))     # the prefix broadcast, one stacked cache
+    _fails(cli(spot_cli, "generate", "--model", old, *ids), INCOMPATIBLE, "format_version 1",
+           f"spot upgrade-export {old}")
 
 
 def test_manifests_are_read_as_pythons_json_writes_them(spot_cli, tiny, tmp_path):

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from spot.errors import SpotError
+from spot.export.manifest import past_input_names
 
 
 def pick_bucket(need: int, buckets: Sequence[int], what: str = "size") -> int:
@@ -71,10 +72,11 @@ def pad_nodes(states: np.ndarray, bucket: int) -> np.ndarray:
 def target_input_shapes(layers: int, kv_heads: int, head_dim: int, nodes: int, tokens: int,
                         cached: int) -> dict[str, tuple[int, ...]]:
     """The target graph's input shapes (spot.export.graph) for one pass of `nodes` states of `tokens` tokens against
-    `cached` cached tokens: input_ids [N,S], position_ids [S], attn_bias [S,C+S], past_k/past_v [L,Hkv,C,D]."""
-    kv = (layers, kv_heads, cached, head_dim)
+    `cached` cached tokens: input_ids [N,S], position_ids [S], attn_bias [S,C+S], past_k_<l>/past_v_<l> [Hkv,C,D]
+    per layer."""
+    kv = (kv_heads, cached, head_dim)
     return {"input_ids": (nodes, tokens), "position_ids": (tokens,), "attn_bias": (tokens, cached + tokens),
-            "past_k": kv, "past_v": kv}
+            **{name: kv for pair in past_input_names(layers) for name in pair}}
 
 
 @dataclass(frozen=True)
