@@ -147,15 +147,19 @@ def test_train_target_replaces_its_folder_only_when_complete(tmp_path, monkeypat
                                                                                                 "work"]
 
 
-def test_the_default_recipe_is_the_shipped_models():
-    """`spot train-target` with no options reproduces the embedded model: its report's settings are the defaults."""
+@pytest.mark.parametrize("name", ["code", "arithmetic"])
+def test_the_default_recipe_is_the_shipped_models(name):
+    """`spot train-target --corpus NAME` with no other options reproduces the embedded model NAME: its report's
+    settings are that recipe's."""
     import json
     from dataclasses import asdict
-    from pathlib import Path
-    folder = Path(__file__).resolve().parents[1] / "spot" / "assets" / "embedded"
+
+    from spot.assets import embedded_model_dir
+    from spot.training.target import RECIPES
+    folder = embedded_model_dir(name)
     report = json.loads((folder / "training_report.json").read_text())
-    assert report["settings"] == asdict(TrainSettings())
+    assert report["settings"] == asdict(RECIPES[name])
     config = json.loads((folder / "config.json").read_text())
-    shipped = model_config(TrainSettings())
+    shipped = model_config(RECIPES[name])
     assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"], config["block_size"]) == (
         shipped.hidden_size, shipped.num_hidden_layers, shipped.vocab_size, shipped.block_size)

@@ -79,7 +79,7 @@ CODE = TrainSettings()
 ARITHMETIC = TrainSettings(
     corpus="arithmetic", vocab_size=768, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
     num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=512, block_size=32,
-    tokens_per_batch=2048, steps=5000, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=100,
+    tokens_per_batch=2048, steps=6400, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=100,
     accuracy_every=500, accuracy_problems=24, bf16=True, qk_gain_init=1.8, elbo_weighting=False)
 RECIPES = {"code": CODE, "arithmetic": ARITHMETIC}
 
