@@ -829,13 +829,16 @@ def demo_summary(results: list[dict]) -> str:
         lines.append("outputs DIFFERENT: a bug, please report it")
     slower = [r for r in results if round(r["speedup"], 2) < 1.0 and r["spot"]["verify_passes"] > 0]
     if slower:
-        costs = ", ".join(f"{r['model']} {r['verify_cost']:.1f}x (+{r['host_cost']:.1f}x host)" for r in slower)
-        lines.append(
-            f"why the wall clock: on this CPU (ONNX Runtime) one verify pass over a tree costs several standard "
-            f"passes\n  ({costs}), because a CPU pass is compute-bound: it outweighs the fewer passes. Where a pass "
-            "is\n  memory-bound (GPUs, Jetson Orin), a verify pass costs about one pass and fewer passes become "
-            "speed:\n  `spot-export sdar-8b-b32 --plan orin-nx-16gb` projects it, `spot tune` measures this "
-            "engine's curve and\n  `spot generate --budget auto` decodes with the fastest budget (docs/benchmarks.md).")
+        costs = ", ".join(f"{r['model']} {r['verify_cost']:.1f} + {r['host_cost']:.1f} host" for r in slower)
+        lines += ["why the wall clock: on this CPU (ONNX Runtime) a pass is compute-bound, so one verify pass over a "
+                  "tree",
+                  f"  costs several standard passes ({costs}), more than the passes it saves.",
+                  "  Where a pass is memory-bound (GPUs, Jetson Orin) a verify pass costs about one pass, and fewer "
+                  "passes",
+                  "  become speed: `spot-export sdar-8b-b32 --plan orin-nx-16gb` projects it, `spot tune` measures "
+                  "this",
+                  "  engine's curve, `spot generate --budget auto` decodes with the fastest budget "
+                  "(docs/benchmarks.md)."]
     return "\n".join(lines)
 
 
