@@ -300,6 +300,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     if as_json:
         verified = verified_budget(decoder, tree_budget, engine) if decoder in TREE_DECODERS else None
         out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "cancelled": gen.cancelled,
+               "overflow_ids": gen.overflow_ids,      # the last block past --max-new-tokens: not in the output
                "prompt_len": gen.prompt_len, "prompt_ids": ids,     # the ids a C++ host (spot_cli) decodes the same
                "block_size": engine.block_size, "mode": rule.kind, "decoder": decoder,
                "backend": backend,

@@ -42,8 +42,9 @@ def test_json_output(model_dirs):
     assert out["seconds"] > 0
     tok = load_tokenizer(model_dirs["tok"])
     assert out["text"] == tok.decode(out["token_ids"])
-    if not out["stopped"]:   # runs to the block boundary covering prompt + 9
-        assert out["prompt_len"] + len(out["token_ids"]) == -(-(out["prompt_len"] + 9) // 4) * 4
+    if not out["stopped"]:   # decodes to the block boundary covering prompt + 9, returns 9
+        assert len(out["token_ids"]) == 9
+        assert out["prompt_len"] + 9 + len(out["overflow_ids"]) == -(-(out["prompt_len"] + 9) // 4) * 4
 
 
 def test_chat_is_the_default_with_a_template(model_dirs):

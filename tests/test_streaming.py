@@ -67,6 +67,25 @@ def test_a_true_return_ends_generation_after_that_block(engine, decoder):
     assert not last.cancelled and last.token_ids == full.token_ids[:2]
 
 
+@pytest.mark.parametrize("decoder", ["standard", "tree"])
+def test_max_new_tokens_is_the_most_returned(engine, decoder):
+    """`--max-new-tokens 64` returned 91 tokens: the last block is still decoded whole (the algorithm needs it), but
+    the output, its pieces included, stops at max_new_tokens; the rest of that block is overflow_ids. A stop id
+    there does not end the output early (it ends after max_new_tokens ids either way)."""
+    whole = _decode(engine, decoder, 1.0, max_new_tokens=22).token_ids      # prompt 6 + 22: a block boundary
+    for n in (19, 20, 21, 22):      # 6 + n -> the boundary 28: the same blocks decoded, n of them returned
+        pieces = []
+        gen = _decode(engine, decoder, 1.0, max_new_tokens=n, on_block=lambda ids: pieces.append(list(ids)))
+        assert gen.token_ids == whole[:n] == sum(pieces, []) and gen.overflow_ids == whole[n:]
+        assert gen.stats.blocks == 6 and not gen.stopped
+    past = next(t for t in whole[19:] if t not in whole[:19])
+    gen = _decode(engine, decoder, 1.0, stop_ids=[past], max_new_tokens=19)
+    assert gen.token_ids == whole[:19] and not gen.stopped
+    assert gen.overflow_ids == whole[19:whole.index(past)]
+    inside = _decode(engine, decoder, 1.0, stop_ids=[whole[3]], max_new_tokens=19)
+    assert inside.stopped and inside.token_ids == whole[:whole.index(whole[3])] and inside.overflow_ids == []
+
+
 def test_text_stream_holds_back_incomplete_characters():
     from spot.assets import embedded_model_dir
     from spot.tokenizer import load_tokenizer

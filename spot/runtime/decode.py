@@ -86,11 +86,14 @@ def standard_block(engine: Engine, state: np.ndarray, block: int, ctx: DecodeCon
 
 @dataclass
 class Generation:
-    token_ids: list[int]          # generated ids after the prompt, cut before the first stop id
-    stopped: bool                 # a stop id ended generation
+    token_ids: list[int]          # generated ids after the prompt: at most max_new_tokens, cut before a stop id
+    stopped: bool                 # a stop id ended the output (before max_new_tokens)
     stats: DecodeStats
     prompt_len: int = 0
     cancelled: bool = False       # the on_block callback ended generation before its last block
+    # what the last block held past max_new_tokens (decoded only to finish it: not part of the output), cut before a
+    # stop id
+    overflow_ids: list[int] = field(default_factory=list)
 
 
 def check_max_new_tokens(max_new_tokens: int) -> None:
@@ -137,12 +140,14 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
              sampling: Sampling = Sampling(), stop_ids=None, block_decoder: BlockDecoder = standard_block,
              stats: DecodeStats | None = None, observer: Callable | None = None,
              on_block: Callable[[list[int]], bool | None] | None = None) -> Generation:
-    """Decode block by block up to the block boundary covering prompt + max_new_tokens (SPEC §1).
+    """Decode block by block up to the block boundary covering prompt + max_new_tokens (SPEC §1), and return at most
+    max_new_tokens of it: the rest of the last block is Generation.overflow_ids.
 
     Prefill stores the complete prompt blocks; the P mod B leftover prompt tokens open the first decoded block.
     After each finished block: a store pass, then stop if the block's generated part holds a stop id.
     on_block (streaming): called after each finished block with the ids it adds to the output (cut before a stop
-    id), so the calls' ids joined are token_ids; a true return ends generation after that block (cancelled).
+    id and at max_new_tokens), so the calls' ids joined are token_ids; a true return ends generation after that
+    block (cancelled).
     """
     if not engine.request_lock.acquire(blocking=False):
         raise SpotError("this engine is already decoding a request (one request at a time per engine: it holds one "
@@ -189,6 +194,7 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
     if first:
         stats.passes["prefill"] += 1
     generated: list[int] = []
+    overflow: list[int] = []
     stopped = cancelled = False
     for block in range(first, n_blocks):
         state = np.full(b, cfg.mask_token_id, dtype=np.int64)
@@ -198,10 +204,12 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
         engine.store(state)
         stats.passes["store"] += 1
         stats.blocks += 1
-        new = state[lead.size:].tolist()
-        stopped = bool(stop.intersection(new))
-        if stopped:
-            new = new[: next(i for i, t in enumerate(new) if t in stop)]
+        block_ids = state[lead.size:].tolist()
+        room = max_new_tokens - len(generated)      # only the last block holds more than the room left
+        new = cut_before_stop(block_ids[:room], stop)
+        stopped = len(new) < len(block_ids[:room])
+        if not stopped:
+            overflow = cut_before_stop(block_ids[room:], stop)
         generated.extend(new)
         if on_block is not None and _call_back(engine, on_block, new) and not stopped and block < n_blocks - 1:
             cancelled = True
@@ -211,4 +219,9 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
         stats.extra["epilogue_states"] = engine.epilogue_states - epilogue_before[0]
         stats.extra["epilogue_ms"] = 1e3 * (engine.epilogue_seconds - epilogue_before[1])
     stats.seconds = time.perf_counter() - t0
-    return Generation(generated, stopped, stats, p, cancelled)
+    return Generation(generated, stopped, stats, p, cancelled, overflow)
+
+
+def cut_before_stop(ids: list[int], stop: set[int]) -> list[int]:
+    """`ids` up to (not including) the first stop id."""
+    return next((ids[:i] for i, t in enumerate(ids) if t in stop), ids)

@@ -31,8 +31,8 @@ TREE_BRANCH = 4
 
 @dataclass(frozen=True)
 class DecodeRequest:
-    """What to decode, for run_decoder. max_new_tokens: generation runs to the block boundary covering prompt +
-    max_new_tokens; mode: the commit rule of standard / chain / tree / spot (threshold and spot-sets always use
+    """What to decode, for run_decoder. max_new_tokens: the most ids returned (generation runs to the block boundary
+    covering prompt + max_new_tokens: Generation.overflow_ids is the rest of the last block); mode: the commit rule of standard / chain / tree / spot (threshold and spot-sets always use
     the threshold rule), tau its threshold; budget: tree decoders only (a chain's nodes are its depth + 1);
     stop_ids: None = the model's stop ids, () = none."""
 
