@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import time
@@ -261,11 +262,11 @@ def test_overwrite_through_a_link_replaces_what_it_points_to(ckpt, tmp_path):
     replaced, and the previous export left behind a hidden link no cleanup removed)."""
     real = tmp_path / "real"
     export(ckpt, real, validate=False)
-    (real / "old.txt").write_text("the previous export")
+    (real / "drafter.json").write_text("the previous export's")
     (tmp_path / "link").symlink_to(real)
     export(ckpt, tmp_path / "link", validate=False, overwrite=True)
     assert (tmp_path / "link").is_symlink() and (real / "manifest.json").is_file()
-    assert not (real / "old.txt").exists() and _no_leftovers(tmp_path) == []
+    assert not (real / "drafter.json").exists() and _no_leftovers(tmp_path) == []
     (tmp_path / ".k.old-999999997").symlink_to(real)     # a stale link left by an older version: removed, not followed
     export(ckpt, tmp_path / "k", validate=False)
     assert not (tmp_path / ".k.old-999999997").is_symlink() and (real / "manifest.json").is_file()
@@ -277,7 +278,7 @@ def test_an_overwrite_interrupted_at_the_swap_keeps_one_export_in_place(ckpt, tm
     import spot.export.export as ex
     out = tmp_path / "o"
     export(ckpt, out, validate=False)
-    (out / "old.txt").write_text("the previous export")
+    (out / "drafter.json").write_text("the previous export's")
     real_rename = Path.rename
 
     def interrupted_rename(self, target):
@@ -287,7 +288,7 @@ def test_an_overwrite_interrupted_at_the_swap_keeps_one_export_in_place(ckpt, tm
     monkeypatch.setattr(Path, "rename", interrupted_rename)
     with pytest.raises(KeyboardInterrupt):
         export(ckpt, out, validate=False, overwrite=True)
-    assert (out / "old.txt").exists() and _no_leftovers(tmp_path) == []
+    assert (out / "drafter.json").exists() and _no_leftovers(tmp_path) == []
     monkeypatch.setattr(Path, "rename", real_rename)
 
     real_rmtree = shutil.rmtree
@@ -298,20 +299,51 @@ def test_an_overwrite_interrupted_at_the_swap_keeps_one_export_in_place(ckpt, tm
         return real_rmtree(path, *a, **kw)
     monkeypatch.setattr(ex.shutil, "rmtree", interrupted_rmtree)
     export(ckpt, out, validate=False, overwrite=True)          # returns: the new export is in place
-    assert (out / "manifest.json").is_file() and not (out / "old.txt").exists()
+    assert (out / "manifest.json").is_file() and not (out / "drafter.json").exists()
     assert _no_leftovers(tmp_path) == [f".o.old-{os.getpid()}"]   # this process is alive: the next one removes it
 
 
 def test_existing_output_needs_overwrite(ckpt, tmp_path):
     out = tmp_path / "o"
     out.mkdir()
-    (out / "keep.txt").write_text("x")
     with pytest.raises(SpotError, match="already exists"):
         export(ckpt, out, validate=False)
-    assert (out / "keep.txt").exists()
-    export(ckpt, out, validate=False, overwrite=True)
-    assert (out / "manifest.json").exists() and not (out / "keep.txt").exists()
-    assert _no_leftovers(tmp_path) == []
+    export(ckpt, out, validate=False, overwrite=True)       # an empty folder
+    assert (out / "manifest.json").exists() and _no_leftovers(tmp_path) == []
+    export(ckpt, out, validate=False, overwrite=True)       # an export
+    assert (out / "manifest.json").exists() and _no_leftovers(tmp_path) == []
+
+
+def test_overwrite_replaces_only_what_spot_wrote(ckpt, tmp_path):
+    """`--out DIR --overwrite` deleted DIR whatever it held (`--out ~/projects` took the user's files with it): it
+    replaces an empty folder or an export holding only what spot writes there, and refuses anything else before
+    any work, leaving every file in place."""
+    from click.testing import CliRunner
+
+    from spot.cli import main
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    export_with_notes = export(ckpt, tmp_path / "exp", validate=False)
+    (export_with_notes / "notes.txt").write_text("the user's, beside an export")
+    sub = export(ckpt, tmp_path / "sub", validate=False)
+    (sub / "runs").mkdir()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "manifest.json").write_text("{not json")
+    cases = [(mine, "is not a spot export (no manifest.json; it holds notes.txt)"),
+             (export_with_notes, "holds what spot-export did not write: notes.txt"),
+             (sub, "holds what spot-export did not write: runs"),
+             (broken, "is not valid JSON")]
+    for out, words in cases:
+        before = sorted(p.relative_to(out) for p in out.rglob("*"))
+        with pytest.raises(SpotError, match=re.escape(words)) as e:
+            export(ckpt, out, validate=False, overwrite=True)
+        assert "--overwrite replaces only an earlier spot export" in e.value.hint
+        assert sorted(p.relative_to(out) for p in out.rglob("*")) == before and _no_leftovers(tmp_path) == []
+    res = CliRunner().invoke(main, ["export", str(ckpt), "--out", str(mine), "--overwrite", "--quiet"])
+    assert res.exit_code == 2 and "error: --out" in res.output and "hint: --overwrite replaces only" in res.output
+    assert (mine / "notes.txt").read_text() == "the user's"
 
 
 # -- manifest verification ----------------------------------------------------------------------------------------
