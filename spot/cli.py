@@ -125,9 +125,33 @@ def placement_options(command):
              "host) or with numpy on the logits (host). auto: device on cuda/trt, host on cpu.")(command)
 
 
-def stderr_progress(quiet: bool):
-    """Progress lines to stderr (stdout stays the command's result), or none with --quiet."""
-    return (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+def stderr_progress(quiet: bool = False):
+    """Progress lines to stderr (stdout stays the command's result), or none with --quiet. A line starting with "\r"
+    updates a progress bar (spot.export.export.Progress): rewritten in place on a terminal ("\r" alone clears it),
+    elsewhere printed at most every 30 s."""
+    if quiet:
+        return lambda line: None
+    import shutil
+    import time
+    terminal, bar, last = sys.stderr.isatty(), [False], [time.monotonic()]
+
+    def say(line: str) -> None:
+        if line.startswith("\r"):
+            text = line[1:]
+            if terminal:
+                width = shutil.get_terminal_size().columns - 1      # a wrapped line cannot be rewritten
+                click.echo("\r\x1b[K" + text[:width], nl=False, err=True)
+                bar[0] = bool(text)
+            elif text and time.monotonic() - last[0] >= 30:
+                click.echo(text.strip(), err=True)
+                last[0] = time.monotonic()
+            return
+        if bar[0]:
+            click.echo("\r\x1b[K", nl=False, err=True)
+            bar[0] = False
+        click.echo(line, err=True)
+        last[0] = time.monotonic()
+    return say
 
 
 def read_prompt_file(path: str) -> str:
@@ -774,7 +798,7 @@ def demo(models, prompt_index, max_new_tokens, temperature, seed, budget, depth)
         default_nodes, default_depth = defaults[0] if defaults else (16, 8)
         shape = (default_nodes if budget is None else budget, default_depth if depth is None else depth)
     results = run_demo(models or DEMO_MODELS, prompt_index, max_new_tokens, temperature, seed, shape,
-                       progress=lambda line: click.echo(line, err=True))
+                       progress=stderr_progress())
     for r in results:
         click.echo(demo_model_text(r))
     click.echo(demo_summary(results))

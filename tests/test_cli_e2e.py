@@ -101,6 +101,10 @@ def test_demo_shows_identical_outputs_and_caches_the_export(as_embedded, tmp_pat
     assert first.exit_code == 0, first.output
     assert "outputs IDENTICAL" in first.output and "fewer target passes" in first.output
     assert "exporting the embedded model" in first.output
+    # one line says it (a cold demo printed a line per tensor, 47 for the embedded model), then the demo's own;
+    # off a terminal a progress bar's update is printed only after 30 s without a line (a slow machine)
+    said = first.stderr[:first.stderr.index("decoding with standard")].splitlines()
+    assert "exporting the embedded model" in said[0] and not any("tensor" in line for line in said), said
     speedup = float(re.search(r"wall-clock speed-up ([0-9.]+)x", first.output).group(1))
     assert ("why: one verify pass of up to 6 states cost" in first.output) == (speedup < 1.0)
     second = run("demo", "--max-new-tokens", "8", "--temperature", "1.0", "--seed", "3", "--depth", "3")
@@ -111,6 +115,35 @@ def test_demo_shows_identical_outputs_and_caches_the_export(as_embedded, tmp_pat
     (cached / "config.json").write_text((cached / "config.json").read_text() + " ")
     third = run("demo", "--max-new-tokens", "4", "--depth", "2")
     assert third.exit_code == 0 and "exporting again" in third.output
+
+
+def test_progress_bars_are_one_line(monkeypatch, capsys):
+    """Progress lines starting with "\\r" update a bar: in place on a terminal (cut to its width, cleared by the
+    next line or "\\r" alone); elsewhere dropped unless 30 s passed without a line."""
+    import sys
+
+    import spot.cli as cli_mod
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    say = cli_mod.stderr_progress()
+    for i in range(47):
+        say(f"\r  weights: tensor {i + 1}/47")
+    clock[0] += 31
+    say("\r  weights: tensor 47/47")
+    say("  weights: 47 tensors")
+    assert capsys.readouterr().err == "weights: tensor 47/47\n  weights: 47 tensors\n"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setattr("shutil.get_terminal_size", lambda: os.terminal_size((12, 24)))
+    say = cli_mod.stderr_progress()
+    say("\r  a long step that does not fit")
+    say("\r  step 2")
+    say("done")
+    say("\r  bar")
+    say("\r")
+    assert capsys.readouterr().err == ("\r\x1b[K  a long st\r\x1b[K  step 2\r\x1b[Kdone\n\r\x1b[K  bar"
+                                       "\r\x1b[K")
+    assert cli_mod.stderr_progress(quiet=True)("x") is None and capsys.readouterr().err == ""
 
 
 def test_demo_reports_where_the_time_goes(as_embedded):

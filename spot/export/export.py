@@ -52,6 +52,8 @@ COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges
 PROMPTS_FILE = "heldout_prompts.jsonl"
 _SRC_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
+# Progress lines; one starting with "\r" updates the line before (a progress bar: spot.cli.stderr_progress rewrites
+# it in place on a terminal), and "\r" alone ends the bar.
 Progress = Callable[[str], None]
 
 
@@ -245,10 +247,12 @@ def write_weights(ckpt: Checkpoint, weights: list[WeightSpec], layout: dict[str,
                 with open(info.file, "rb") as f:
                     write_quantized(fd, spec, scale, offset, layout[scale.name][0],
                                     lambda r0, r1, fd_in=f.fileno(), info=info: _read_rows(fd_in, info, r0, r1))
-            progress(f"  tensor {i}/{len(weights)} {spec.name} {list(spec.shape)} {spec.dtype} "
+            # one bar, not a line per tensor ("\r": an update of the line before; Progress)
+            progress(f"\r  weights: tensor {i}/{len(weights)} {spec.name} {list(spec.shape)} {spec.dtype} "
                      f"{nbytes / 2**20:.1f} MiB ({time.perf_counter() - t0:.0f} s)")
         os.ftruncate(fd, total)
         os.fsync(fd)
+        progress(f"  weights: {len(weights)} tensors, {total / 2**20:.1f} MiB in {time.perf_counter() - t0:.0f} s")
     finally:
         os.close(fd)
 

@@ -61,7 +61,9 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
         if leftover.exists():
             raise SpotError(f"{leftover} exists (an interrupted upgrade?)",
                             f"if {folder} opens, remove {leftover}; else rename {leftover} back to {folder.name}")
-    progress(f"linking {folder} -> {tmp} (hard links: the weights are not copied)")
+    # the steps are a progress bar's updates ("\r", spot.export.export.Progress): a current folder says only that
+    progress(f"checking {folder}'s sampling epilogue, kv_append graph and TensorRT profile against this version")
+    progress(f"\r  linking {folder} -> {tmp} (hard links: the weights are not copied)")
     try:
         tmp.mkdir()       # exclusive: a concurrent upgrade of the same folder stops here, not in the other's files
     except FileExistsError:
@@ -78,7 +80,7 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
         names = []
         if epilogue is not None:
             d, p = epilogue.future_steps, epilogue.positions
-            progress(f"sampling epilogue: D = {d} future steps, {p} of {b} positions per call")
+            progress(f"\r  sampling epilogue: D = {d} future steps, {p} of {b} positions per call")
             name, entry = write_epilogue(tmp, cfg.vocab_size, b, d, positions=p)
             entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, b, d)
             graphs["epilogue"], names = entry, [name]
@@ -86,12 +88,12 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
             graphs.pop("epilogue", None)
             (tmp / "epilogue.onnx").unlink(missing_ok=True)
             manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "epilogue.onnx"}
-        progress("kv_append graph (the device KV cache)")
+        progress("\r  kv_append graph (the device KV cache)")
         layers, heads, dim, dtype = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, exported.dtype
         name, entry = write_kv_append(tmp, layers, heads, dim, dtype)
         entry["validation"] = validate_kv_append(tmp, layers, heads, dim, dtype)
         graphs["kv_append"] = entry
-        progress("TensorRT shape profile for --device trt")
+        progress("\r  TensorRT shape profile for --device trt")
         graphs["target"] = {**graphs["target"], "tensorrt_profile": dynamic_trt_profile(
             cfg, int(manifest["max_nodes"]), int(manifest["max_context"])).to_dict()}
         manifest["graphs"] = graphs
@@ -99,13 +101,15 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
         _refresh_memory_terms(manifest, cfg, dtype, epilogue, plan)
         if _same_graphs(exported.manifest, manifest):
             shutil.rmtree(tmp)
-            progress(f"{folder} is already current: nothing changed")
+            progress("\r")
             return exported.manifest, False
         write_manifest(tmp, manifest)
         load_manifest(tmp)                                 # the new manifest reads back, every file there
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        progress("\r")
         raise
+    progress("\r")
     try:      # an old copy an interrupt leaves aside is named by the next upgrade's check
         swap_in_folder(tmp, folder, previous)
     except BaseException:
