@@ -32,8 +32,8 @@ BUILD = CPP / "build"
 GOLDEN_DIR = ROOT / "tests" / "data" / "golden"
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_golden import case_options, golden_cases, model_identity, run_case  # noqa: E402
-from tinymodels import (nan_weights_copy, renamed_input_drafter, train_encoder_drafter,  # noqa: E402
-                        whole_block_epilogue_copy)
+from tinymodels import (CONTRADICTIONS, contradicting_copy, nan_weights_copy, renamed_input_drafter,  # noqa: E402
+                        train_encoder_drafter, whole_block_epilogue_copy)
 
 # spot_status codes of cpp/include/spot/spot.h
 INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED, RUNTIME = 1, 2, 3, 4, 5, 6
@@ -762,6 +762,18 @@ def test_bad_folders_are_refused(spot_cli, tiny, tmp_path):
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "stop_ids differ from model.*")
     (changed / "manifest.json").write_text("{not json")
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "not valid JSON")
+
+
+@pytest.mark.parametrize("field,value,graph", CONTRADICTIONS)
+def test_a_manifest_that_contradicts_its_graphs_is_refused_at_open_in_both_hosts(spot_cli, tiny, tmp_path, field,
+                                                                               value, graph):
+    """The C++ host refused such an edit only when ONNX Runtime failed on the first pass (code 6); now both hosts
+    compare every graph's declared inputs and outputs with the manifest when they open the folder."""
+    folder = contradicting_copy(tiny[0], tmp_path / "edited", field, value)
+    _fails(cli(spot_cli, "info", "--model", folder, "--sampler", "device", "--kv-cache", "device"), CORRUPT,
+           f"manifest.json contradicts {folder / graph.split(':')[0]}: {graph.split(': ')[1]} is", "re-export")
+    with pytest.raises(SpotError, match=f"manifest.json contradicts {graph}"):
+        OrtEngine(folder, sampler="device", kv_cache="device")
 
 
 def test_non_finite_logits_are_refused(spot_cli, tiny, tmp_path):

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import time
 from dataclasses import replace
@@ -23,6 +23,7 @@ from spot.export.export import DATA_FILE, TARGET_FILE, ExportOptions, dry_run, e
 from spot.export.manifest import load_manifest
 from spot.export.presets import PRESETS, resolve_source
 from spot.reference.model import random_model
+from tinymodels import CONTRADICTIONS, contradicting_copy
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -406,6 +407,15 @@ def test_quick_check_samples_large_files_and_full_check_reads_all(exported, tmp_
     (lambda m: {**m, "dtype": "int8"}, "dtype is 'int8', expected one of fp32, fp16"),
     (lambda m: {**m, "stop_ids": [12]}, r"stop_ids is \[12\] but model.stop_ids is"),
     (lambda m: {**m, "mask_token_id": 5}, "mask_token_id is 5 but model.mask_token_id is"),
+    # a files entry outside the folder was stat'ed there (its size printed by `spot verify`); one of another shape
+    # was a TypeError
+    (lambda m: {**m, "files": {**m["files"], "/etc/passwd": m["files"]["config.json"]}},
+     "lists file '/etc/passwd', expected the name of a file in the exported folder itself"),
+    (lambda m: {**m, "files": {**m["files"], "../ckpt/config.json": m["files"]["config.json"]}}, "lists file '../"),
+    (lambda m: {**m, "files": {**m["files"], "config.json": {"bytes": "12"}}}, "the record of 'config.json' is"),
+    (lambda m: {**m, "files": {**m["files"], "config.json": 7}}, "the record of 'config.json' is 7"),
+    (lambda m: {**m, "files": ["config.json"]}, "files and graphs must be JSON objects"),
+    (lambda m: {**m, "graphs": {**m["graphs"], "target": "target.onnx"}}, "graphs.target is 'target.onnx'"),
 ])
 def test_a_foreign_or_damaged_manifest_is_refused(exported, tmp_path, edit, message):
     folder = _copy(exported, tmp_path)
@@ -414,6 +424,58 @@ def test_a_foreign_or_damaged_manifest_is_refused(exported, tmp_path, edit, mess
     with pytest.raises(SpotError, match=message) as e:
         load_manifest(folder)
     assert "re-export" in e.value.hint
+    from click.testing import CliRunner
+
+    from spot.cli import main
+    res = CliRunner().invoke(main, ["verify", str(folder)])        # one line and a hint, nothing read outside
+    assert res.exit_code == 2 and res.output.startswith("error:") and "hint:" in res.output, res.output
+    assert "Traceback" not in res.output and "ok:" not in res.output
+
+
+@pytest.mark.parametrize("field,value,graph", CONTRADICTIONS)
+def test_a_manifest_that_contradicts_its_graphs_is_refused_at_open(exported, tmp_path, field, value, graph):
+    """An edited num_hidden_layers, num_key_value_heads, head_dim, vocab_size or dtype (or the epilogue's
+    future_steps) came up as ONNX Runtime's error and a traceback on the first pass: the engine compares each graph's
+    declared inputs and outputs with what the manifest implies when it opens the folder."""
+    from click.testing import CliRunner
+
+    from spot.cli import main
+    from spot.engines.ort_engine import OrtEngine
+    folder = contradicting_copy(exported, tmp_path / "edited", field, value)
+    with pytest.raises(SpotError, match=f"manifest.json contradicts {graph}") as e:
+        OrtEngine(folder, sampler="device", kv_cache="device")
+    assert "re-export" in e.value.hint
+    res = CliRunner().invoke(main, ["generate", "--model", str(folder), "--backend", "ort", "--prompt-ids", "1,2",
+                                    "--sampler", "device", "--max-new-tokens", "2"])
+    assert res.exit_code == 2 and "contradicts" in res.output and "hint:" in res.output
+    assert "Traceback" not in res.output, res.output
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "config.json", "tokenizer_config.json", "drafter.json"])
+def test_non_utf8_bytes_in_a_json_file_are_named(exported, tmp_path, name):
+    """Non-UTF-8 bytes in manifest.json, config.json, a tokenizer file or drafter.json ended in a
+    UnicodeDecodeError traceback; now one line names the file and the byte."""
+    from click.testing import CliRunner
+
+    from spot.cli import main
+    from spot.config import load_config
+    from spot.runtime.drafter import load_drafter
+    from spot.tokenizer import load_tokenizer
+    from spot.assets import embedded_model_dir
+    from tinymodels import save_tiny_tokenizer
+    folder = _copy(exported, tmp_path)
+    save_tiny_tokenizer(folder)
+    for pair in ("drafter.onnx", "drafter.json"):
+        shutil.copyfile(embedded_model_dir() / pair, folder / pair)
+    path = folder / name
+    path.write_bytes(path.read_bytes().replace(b"{", b'{"note": "caf\xe9 \xff\xfe", ', 1))
+    load = {"manifest.json": load_manifest, "config.json": load_config, "tokenizer_config.json": load_tokenizer,
+            "drafter.json": load_drafter}[name]
+    with pytest.raises(SpotError, match=f"{re.escape(str(path))} is not UTF-8 text \\(byte [0-9]+: b'\\\\xe9'\\)"):
+        load(folder)
+    if name == "manifest.json":
+        res = CliRunner().invoke(main, ["verify", str(folder)])
+        assert res.exit_code == 2 and "is not UTF-8 text" in res.output and "Traceback" not in res.output
 
 
 def test_the_checkpoint_itself_is_never_the_output(ckpt, tmp_path):

@@ -176,6 +176,48 @@ SessionConfig session_config(int threads, Device device) {
   return sc;
 }
 
+// spot.export.manifest.check_graph_io: a graph's declared inputs and outputs against what the manifest's dtype and
+// model section (and the epilogue's future_steps) imply; -1: a dynamic dim. An edited num_hidden_layers,
+// num_key_value_heads, head_dim, vocab_size or dtype surfaced as ONNX Runtime's error on the first pass.
+struct Expected {
+  const char* name;
+  ONNXTensorElementDataType type;
+  std::vector<int64_t> dims;
+};
+
+std::string type_name(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "float64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+    default: return "type " + std::to_string(static_cast<int>(t));
+  }
+}
+
+std::string shape_text(ONNXTensorElementDataType t, const std::vector<int64_t>& dims) {
+  std::string out = type_name(t) + " [";
+  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + (dims[i] < 0 ? "?" : std::to_string(dims[i]));
+  return out + "]";
+}
+
+void check_graph_io(const ExportedFolder& f, const std::string& graph, const OrtSessionHandle& session,
+                    const std::vector<Expected>& expected) {
+  for (const Expected& want : expected) {
+    const OrtSessionHandle::Declared got = session.declared(want.name);
+    bool fits = got.found && got.type == want.type && got.dims.size() == want.dims.size();
+    for (size_t i = 0; fits && i < want.dims.size(); ++i)
+      fits = want.dims[i] < 0 || got.dims[i] < 0 || got.dims[i] == want.dims[i];
+    if (!fits)
+      fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + " contradicts " + graph + ": " + want.name + " is " +
+                                 (got.found ? shape_text(got.type, got.dims) : std::string("none")) +
+                                 " in the graph, the manifest implies " + shape_text(want.type, want.dims) +
+                                 " (from its dtype, model.num_hidden_layers, num_key_value_heads, head_dim, "
+                                 "vocab_size and the epilogue's future_steps: edited?): restore manifest.json "
+                                 "from the export, or re-export the model with spot-export");
+  }
+}
+
 }  // namespace
 
 std::string trt_cache_dir(const ExportedFolder& f) {
@@ -226,6 +268,13 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
     if (std::find(session_->output_names().begin(), session_->output_names().end(), want) ==
         session_->output_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no output '" + want + "': not a spot target graph");
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  const ONNXTensorElementDataType i64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, f32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  check_graph_io(f, f.target_graph, *session_,
+                 {{"input_ids", i64, {-1, -1}}, {"position_ids", i64, {-1}}, {"attn_bias", kv_type_, {-1, -1}},
+                  {"past_k", kv_type_, {L, H, -1, D}}, {"past_v", kv_type_, {L, H, -1, D}},
+                  {"logits", f32, {-1, -1, cfg_.vocab_size}}, {"new_k", kv_type_, {L, -1, H, -1, D}},
+                  {"new_v", kv_type_, {L, -1, H, -1, D}}});
   open_epilogue(f, threads, device, sampler);
   open_kv_append(f, threads, device, kv_cache);
 }
@@ -258,6 +307,11 @@ void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device d
     if (std::find(kv_append_->input_names().begin(), kv_append_->input_names().end(), want) ==
         kv_append_->input_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.kv_append_graph + " has no input '" + want + "': not a spot kv_append graph");
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  check_graph_io(f, f.kv_append_graph, *kv_append_,
+                 {{"past_k", kv_type_, {L, H, -1, D}}, {"past_v", kv_type_, {L, H, -1, D}},
+                  {"new_k", kv_type_, {L, 1, H, -1, D}}, {"new_v", kv_type_, {L, 1, H, -1, D}},
+                  {"k", kv_type_, {L, H, -1, D}}, {"v", kv_type_, {L, H, -1, D}}});
   place(device);
 }
 
@@ -291,6 +345,9 @@ void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device de
     epilogue_outputs_.push_back("future_runner_up");
     epilogue_outputs_.push_back("future_gap");
   }
+  check_graph_io(f, f.epilogue_graph, *epilogue_,
+                 {{"logits", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {-1, -1, cfg_.vocab_size}},
+                  {"future_tokens", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {-1, f.epilogue_steps, -1}}});
   epilogue_steps_ = f.epilogue_steps;
   epilogue_graph_path_ = f.epilogue_graph;
   // positions per call: the manifest's when the graph takes first_position (ort_engine.epilogue_positions); an

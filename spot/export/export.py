@@ -25,14 +25,13 @@ from spot import __version__
 from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32, read_weight_map
 from spot.config import ModelConfig, check_block_size
 from spot.engines.buckets import dynamic_trt_profile
-from spot.descriptors import load_descriptor
+from spot.descriptors import load_descriptor, read_json
 from spot.errors import SpotError
-from spot.export.graph import (TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset,
-                               io_contract)
+from spot.export.graph import TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset
 from spot.export.epilogue import DEFAULT_FUTURE_STEPS, check_positions, validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
 from spot.export.manifest import (DRAFTER_FILES, FORMAT, FORMAT_VERSION, MANIFEST_NAME, NP_DTYPES, add_files,
-                                  write_manifest)
+                                  io_contract, write_manifest)
 from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
@@ -263,8 +262,8 @@ def drafter_fits(ckpt_dir: Path, block_size: int, progress: Progress) -> bool:
     that was not is left out of the export (it could only be refused there), with a note."""
     descriptor = ckpt_dir / "drafter.json"
     try:
-        trained = json.loads(descriptor.read_text()).get("block_size")
-    except (OSError, ValueError, AttributeError):
+        trained = read_json(descriptor, "").get("block_size")
+    except (OSError, SpotError, AttributeError):
         return True         # none, or unreadable: copied as it is, and refused by name where it is loaded
     if trained is None or trained == block_size:
         return True
@@ -275,7 +274,7 @@ def drafter_fits(ckpt_dir: Path, block_size: int, progress: Progress) -> bool:
 
 def _hf_config_json(ckpt_dir: Path, cfg: ModelConfig) -> str:
     """The checkpoint's config.json with the exported block size / mask id, so HF-style tools read the folder."""
-    raw = json.loads((ckpt_dir / "config.json").read_text())
+    raw = read_json(ckpt_dir / "config.json", "restore the file from the checkpoint")
     raw.update({"block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id})
     return json.dumps(raw, indent=2) + "\n"
 

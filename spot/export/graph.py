@@ -294,29 +294,3 @@ def build_target_graph(cfg: ModelConfig, dtype: str, opset: int = 17, quant=None
     used = {name for node in g.nodes for name in node.input}
     g.constants = [c for c in g.constants if c.name in used]   # e.g. axes_last below opset 18
     return g
-
-
-def io_contract(cfg: ModelConfig, dtype: str) -> dict:
-    """The graph's inputs and outputs as JSON for the manifest (symbolic dims N, S, C, T = C + S)."""
-    L, hkv, hd, v = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size
-    dt = {"fp32": "float32", "fp16": "float16"}[dtype]
-    return {
-        "dims": {"N": "candidate block states sharing the cached prefix (1 for prefill/store)",
-                 "S": "new tokens per state (block size B for block steps, P for a prefill of P tokens)",
-                 "C": "cached prefix length (0 for prefill: pass empty past_k/past_v)",
-                 "T": "C + S"},
-        "inputs": [
-            {"name": "input_ids", "dtype": "int64", "shape": ["N", "S"]},
-            {"name": "position_ids", "dtype": "int64", "shape": ["S"], "note": "absolute positions C..C+S-1"},
-            {"name": "attn_bias", "dtype": dt, "shape": ["S", "T"],
-             "note": "additive mask, 0 = attend, -inf = masked; block-causal for prefill, zeros for a block step"},
-            {"name": "past_k", "dtype": dt, "shape": [L, hkv, "C", hd]},
-            {"name": "past_v", "dtype": dt, "shape": [L, hkv, "C", hd]},
-        ],
-        "outputs": [
-            {"name": "logits", "dtype": "float32", "shape": ["N", "S", v]},
-            {"name": "new_k", "dtype": dt, "shape": [L, "N", hkv, "S", hd],
-             "note": "K of the S new tokens only (after RoPE); the host appends it to its cache"},
-            {"name": "new_v", "dtype": dt, "shape": [L, "N", hkv, "S", hd]},
-        ],
-    }

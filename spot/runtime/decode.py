@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from spot.errors import SpotError
-from spot.runtime.engine import Engine
+from spot.errors import SpotError, integer_arg
+from spot.runtime.engine import Engine, id_array
 from spot.runtime.noise import NoiseCache
 from spot.runtime.step import CommitRule, Sampling
 
@@ -96,9 +96,26 @@ class Generation:
     overflow_ids: list[int] = field(default_factory=list)
 
 
+def check_engine(engine) -> None:
+    """SpotError unless `engine` is an Engine (None, or a folder path, was an AttributeError mid-call)."""
+    if not isinstance(engine, Engine):
+        raise SpotError(f"engine must be an engine, got {engine!r:.60} ({type(engine).__name__})",
+                        "engine = spot.engines.factory.open_engine(\"ort\", folder)")
+
+
+def stop_id_tuple(stop_ids) -> tuple[int, ...] | None:
+    """A request's stop ids as a tuple of ints (None: the model's); SpotError when they are not a sequence of ints."""
+    if stop_ids is None:
+        return None
+    if isinstance(stop_ids, (str, bytes)) or not hasattr(stop_ids, "__iter__"):
+        raise SpotError(f"stop_ids must be a sequence of token ids, got {stop_ids!r}")
+    return tuple(integer_arg(i, "a stop id") for i in stop_ids)
+
+
 def check_max_new_tokens(max_new_tokens: int) -> None:
-    """SpotError unless max_new_tokens >= 1 (DecodeRequest when it is built, check_request before decoding)."""
-    if max_new_tokens < 1:
+    """SpotError unless max_new_tokens is an integer >= 1 (DecodeRequest when it is built, check_request before
+    decoding)."""
+    if integer_arg(max_new_tokens, "max_new_tokens") < 1:
         raise SpotError(f"max_new_tokens must be >= 1, got {max_new_tokens}",
                         "e.g. max_new_tokens=64 (CLI: --max-new-tokens 64)")
 
@@ -114,7 +131,7 @@ def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -
         if bad is not None:
             raise SpotError(f"prompt token id {bad} is outside the vocabulary [0, {cfg.vocab_size})",
                             "the ids do not belong to this model's tokenizer")
-    prompt = np.asarray(prompt_ids)
+    prompt = id_array(prompt_ids, "prompt ids")
     # an empty prompt (np.asarray([]) is float64) decodes from an empty context, as in the C++ host
     if prompt.ndim != 1 or (prompt.size and prompt.dtype.kind not in "iu"):
         raise SpotError(f"prompt ids must be a 1-D list of integers, got shape {prompt.shape} dtype {prompt.dtype}")
@@ -149,6 +166,7 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
     id and at max_new_tokens), so the calls' ids joined are token_ids; a true return ends generation after that
     block (cancelled).
     """
+    check_engine(engine)
     if not engine.request_lock.acquire(blocking=False):
         raise SpotError("this engine is already decoding a request (one request at a time per engine: it holds one "
                         "KV cache)", "open one engine per thread, and do not decode with the same engine inside "
@@ -177,6 +195,7 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
     t0 = time.perf_counter()
     prompt = check_request(engine, prompt_ids, max_new_tokens)
     cfg, b = engine.config, engine.block_size
+    stop_ids = stop_id_tuple(stop_ids)
     stop = set(cfg.stop_ids if stop_ids is None else stop_ids)
     outside = sorted(i for i in stop if not 0 <= i < cfg.vocab_size) if stop_ids is not None else []
     if outside:     # (a request's; the config's are the model's own: an odd one there just never matches)
