@@ -125,8 +125,33 @@ ERROR_CASES = {
     "prompt file not UTF-8": (lambda d: ["--model", d["tok"], "--prompt-file", latin1_file(d)], "not UTF-8"),
     "prompt and prompt file": (lambda d: ["--model", d["tok"], "--prompt", "a", "--prompt-file", latin1_file(d)],
                                "not both"),
-    "exported folder on torch": (lambda d: ["--model", exported_like(d), "--prompt-ids", "1"],
+    "exported folder on torch": (lambda d: ["--model", exported_like(d), "--backend", "torch", "--prompt-ids", "1"],
                                  "is an exported ONNX folder"),
+    # each printed no hint line
+    "budget 0x0": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--decoder", "tree", "--budget", "0x0"],
+                   "depth must be in 1..4"),
+    "budget of no nodes": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--decoder", "tree", "--budget",
+                                      "0x2"], "budget must be >= 1 node"),
+    "budget deeper than a block": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--decoder", "tree",
+                                              "--budget", "16x99"], "depth must be in 1..4"),
+    "budget not a number": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--budget", "abc"],
+                            "--budget takes a number of nodes, NODESxDEPTH or auto, got 'abc'"),
+    "budget depth twice": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--decoder", "tree", "--budget",
+                                      "4x2", "--depth", "2"], "and so does --depth 2"),
+    "depth 0": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--decoder", "tree", "--depth", 0],
+                "depth must be in 1..4"),
+    "unknown device": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--device", "gpu7"],
+                       "unknown device 'gpu7'"),
+    "prompt not UTF-8": (lambda d: ["--model", d["tok"], "--prompt", "\udcff\udcfe abc"],
+                         "--prompt is not valid UTF-8 text: character 0 is the byte 0xff, which is not UTF-8"),
+    "prompt with a lone surrogate": (lambda d: ["--model", d["tok"], "--prompt", "abc \ud800"],
+                                     "character 4 is a lone surrogate U+D800"),
+    "bad backend": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--backend", "onnx"],
+                    "invalid value for '--backend': 'onnx' is not one of"),
+    "unknown option": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--max-tokens", 3],
+                       "no such option '--max-tokens'"),
+    "option without its value": (lambda d: ["--model", d["bare"], "--prompt-ids"],
+                                 "option '--prompt-ids' requires an argument"),
 }
 
 
@@ -166,7 +191,8 @@ def test_user_errors_exit_2_with_one_error_line(model_dirs, case):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
     assert expected in errors[0], errors[0]
-    assert "Traceback" not in result.output
+    assert result.stderr.splitlines()[-1].startswith("  hint: "), result.stderr      # every one says what to do
+    assert "Traceback" not in result.output and "Usage:" not in result.output
     assert result.stdout == ""
 
 

@@ -109,3 +109,28 @@ def test_cli_stream_prints_what_generate_prints(tmp_path):
     lines = CliRunner().invoke(cli, [*args, "--stream", "--json"]).stdout.splitlines()
     blocks, result = [json.loads(x)["block_ids"] for x in lines[:-1]], json.loads(lines[-1])
     assert len(blocks) == result["blocks"] and sum(blocks, []) == result["token_ids"]
+
+
+def test_text_output_ends_without_the_trailing_blank_lines(monkeypatch):
+    """The embedded model's blocks often end in newlines: `--stream` printed ~30 blank lines before the stats line.
+    The text output (streamed or not) holds trailing whitespace back until more text follows and drops it at the
+    end; --json keeps the exact text."""
+    import spot.runtime.decoders as decoders
+    from spot.assets import embedded_model_dir
+    from spot.runtime.decode import DecodeStats, Generation
+    from spot.tokenizer import load_tokenizer
+    tok = load_tokenizer(embedded_model_dir())
+    blocks = [tok.encode("def f():\n    return 1\n\n"), tok.encode("\n\n  x = 2\n\n\n\n"), tok.encode("\n\n \n")]
+
+    def fake_decoder(name, engine, ids, request, drafter=None, on_block=None):
+        for block in blocks:
+            if on_block is not None:
+                on_block(block)
+        return Generation(sum(blocks, []), False, DecodeStats(seconds=0.1), len(ids))
+    monkeypatch.setattr(decoders, "run_decoder", fake_decoder)
+    args = ["generate", "--model", str(embedded_model_dir()), "--prompt", "def"]
+    plain, streamed = (CliRunner().invoke(cli, [*args, *more]) for more in ([], ["--stream"]))
+    assert plain.exit_code == 0 and streamed.exit_code == 0, streamed.output
+    assert plain.stdout == streamed.stdout == "def f():\n    return 1\n\n\n\n  x = 2\n"
+    exact = json.loads(CliRunner().invoke(cli, [*args, "--json"]).stdout)["text"]
+    assert exact == tok.decode(sum(blocks, [])) and exact.endswith("\n\n \n")
