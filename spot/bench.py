@@ -217,7 +217,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                        "seeds": list(cfg.seeds), "budgets": [[b.nodes, b.depth] for b in cfg.budgets],
                        "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts),
                        "independent_noise_ablation": cfg.independent_noise_ablation},
-            "engine": {"name": engine.name, "block_size": engine.block_size, **engine.placement},
+            "engine": engine_facts(engine),
             "drafters": {name: drafter_facts(d) for name, d in drafters.items()},
             "host": host_facts(engine, bool(drafters)), "rows": rows}
 
@@ -262,6 +262,11 @@ def host_facts(engine, drafted: bool = False) -> dict:
     return {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "numpy": np.__version__, **runtimes, "libm": libm.backend(),
             "sampling": "numpy" if native.sampling is None else "c"}     # the per-step loops (spot.runtime.native)
+
+
+def engine_facts(engine) -> dict:
+    """What ran the passes: the backend, block size, device and placement (a report's header names them)."""
+    return {"name": engine.name, "block_size": engine.block_size, **engine.placement}
 
 
 def report_title(result: dict) -> str:

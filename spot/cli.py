@@ -140,6 +140,9 @@ def usage_error(e: click.ClickException, command: str) -> tuple[str, str]:
 def main(ctx, debug):
     """spot: SPOT speculative decoding for SDAR diffusion LMs on ONNX Runtime / TensorRT."""
     ctx.meta["spot.debug"] = debug
+    for stream in (sys.stdout, sys.stderr):     # a path of bytes that are not UTF-8 is printed as those bytes
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")
     # SIGTERM (a service manager, `timeout`) unwinds like Ctrl-C, so that half-written outputs are removed
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, terminate)
@@ -196,8 +199,10 @@ def read_prompt_file(path: str) -> str:
             with open(path, "rb") as f:
                 data = f.read(limit + 1)
     except OSError as e:
-        raise SpotError(f"cannot read the prompt file {path}: {e.strerror}", os_error_hint(e) + " ('-' reads the "
-                        "prompt from standard input)") from None
+        import errno
+        raise SpotError(f"cannot read the prompt file {path}: {e.strerror}",
+                        "check the path, or pass - to read the prompt from standard input" if e.errno == errno.ENOENT
+                        else os_error_hint(e)) from None
     if len(data) > limit:
         raise SpotError(f"the prompt file {path} is larger than 64 MiB", "pass the prompt text itself")
     from spot.descriptors import utf8_text      # (a leading byte-order mark is not part of the prompt)
@@ -1115,7 +1120,7 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     """
     import json
 
-    from spot.bench import TUNE_CANDIDATES, tune_budget, tuning_prompts, tuning_room
+    from spot.bench import TUNE_CANDIDATES, engine_facts, tune_budget, tuning_prompts, tuning_room
     from spot.runtime.decoders import DecodeRequest, rule_for
     from spot.runtime.step import Sampling
     from spot.tuned import check_tuning_dir, number_name, save_tuning, tuning_key
@@ -1154,6 +1159,7 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     out = tune_budget(engine, prompts, temperature, TUNE_CANDIDATES, drafter, decoder,
                       progress=lambda line: click.echo(line, err=True), rule=rule)
     out["decoder"], out["rule"] = decoder, {"kind": rule.kind, "tau": rule.tau}
+    out["engine"] = engine_facts(engine)      # what the latencies are of: backend, device, placement
     click.echo(json.dumps(out, indent=2))       # first: the measurement is printed even if recording fails
     if save:
         path = save_tuning(tuning_key(engine, backend, folder, decoder, drafter, rule), out,

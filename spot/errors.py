@@ -47,13 +47,16 @@ def number_arg(value, what: str) -> float:
 
 
 def path_arg(value, what: str):
-    """`value` as a pathlib.Path when it is a str or os.PathLike naming a path; SpotError naming `what` otherwise (a
-    path given as None, a number or bytes was a TypeError deep in pathlib)."""
+    """`value` as a pathlib.Path when it is a str or os.PathLike naming a UTF-8 path; SpotError naming `what`
+    otherwise (a path given as None, a number or bytes was a TypeError deep in pathlib; one of bytes that are not
+    UTF-8, ONNX Runtime's or the tokenizer's error with an unrelated hint)."""
     import os
     from pathlib import Path
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
         path = Path(value)
         if "\0" not in str(path) and str(value):
+            text_arg(str(path), f"{what} {path}", "rename it: ONNX Runtime and the tokenizer library open UTF-8 "
+                     "paths only")
             return path
     raise SpotError(f"{what} must be a path (str or pathlib.Path), got {value!r} ({type(value).__name__})",
                     "e.g. \"sdar-8b-fp16-onnx\" or pathlib.Path(...)")

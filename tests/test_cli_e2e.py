@@ -593,6 +593,9 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     assert tuned.exit_code == 0, tuned.output
     choice = json.loads(tuned.stdout)["choice"]
     assert "recorded" in tuned.stderr and "used by --budget auto" in tuned.stderr
+    engine = json.loads(tuned.stdout)["engine"]          # what the latencies are of
+    assert {k: engine[k] for k in ("name", "device", "sampler", "kv_cache")} == {"name": "ort", "device": "cpu",
+                                                                                  "sampler": "host", "kv_cache": "host"}
     auto = json.loads(run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0.9").stdout)
     assert (auto["budget"]["nodes"], auto["budget"]["depth"]) == (choice["nodes"], choice["depth"])
     assert auto["budget"]["tuned"]["temperature"] == 1.0

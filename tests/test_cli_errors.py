@@ -74,3 +74,26 @@ def test_a_prompt_of_bytes_that_are_not_utf8_is_one_line(tmp_path):
     assert err.splitlines() == ["error: --prompt is not valid UTF-8 text: character 0 is the byte 0xff, which is "
                                 "not UTF-8", "  hint: pass UTF-8 text (a UTF-8 locale or terminal), a UTF-8 file "
                                 "with --prompt-file, or token ids with --prompt-ids"], err
+
+
+def test_a_path_of_bytes_that_are_not_utf8_is_named(tmp_path):
+    """ONNX Runtime and the tokenizer library take UTF-8 paths only: a folder named with other bytes ended in their
+    errors, with hints about tokenizers versions and retraining the drafter."""
+    import os
+    import shutil
+
+    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.presets import resolve_source
+    from tinymodels import save_tiny_model, save_tiny_tokenizer
+    save_tiny_tokenizer(save_tiny_model(tmp_path / "m"))
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    shutil.copytree(export_checkpoint(resolve_source(str(tmp_path / "m")), tmp_path / "onnx",
+                                      ExportOptions(dtype="fp32", validate=False)), folder)
+    result = CliRunner().invoke(main, ["generate", "--model", str(folder), "--prompt", "the cat"])
+    lines = result.output.splitlines()
+    assert result.exit_code == 2 and len(lines) == 2, result.output
+    assert f"character {len(str(folder)) - 1} is the byte 0xe9, which is not UTF-8" in lines[0]
+    assert lines[1] == "  hint: rename it: ONNX Runtime and the tokenizer library open UTF-8 paths only"
+    # what needs neither reads it, and prints the path as the bytes it is (printing it was a UnicodeEncodeError)
+    result = CliRunner().invoke(main, ["verify", str(folder)])
+    assert result.exit_code == 0 and result.stdout_bytes.startswith(b"ok: " + bytes(folder) + b": "), result.output
