@@ -304,9 +304,8 @@ def find_drafter(path, model_dir):
                    "spot/spot-sets: SPOT with the drafter; oracle / order-oracle: diagnostic ceilings (true "
                    "states / true positions with the drafter's tokens).")
 @click.option("--budget", default="16", show_default=True,
-              help="Tree nodes per verify pass (SPOT), NODESxDEPTH (16x8 = --budget 16 --depth 8), or auto: the "
-                   "budget `spot tune` recorded for this model, engine, decoder and machine (nodes and depth, tuned "
-                   "at the nearest temperature).")
+              help="Tree nodes per verify pass (SPOT), or auto: the budget `spot tune` recorded for this model, "
+                   "engine, decoder and machine (nodes and depth, tuned at the nearest temperature).")
 @click.option("--depth", type=int, default=None,
               help="Deepest tree node below the root (SPOT). Default: 8, or the block size if smaller.")
 @click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,

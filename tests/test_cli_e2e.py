@@ -628,11 +628,9 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     threshold = json.loads(run(*gen, "--decoder", "threshold", "--tau", "0.5").stdout)
     assert sets_auto["token_ids"] == threshold["token_ids"] and sets_auto["budget"]["tuned"]["temperature"] == 0
     assert sets_auto["budget"]["tuned"]["record"] != nearest["budget"]["tuned"]["record"]
-    # NODESxDEPTH, as bench writes budgets, is --budget NODES --depth DEPTH
-    both = [json.loads(run(*gen, "--decoder", "spot", *budget).stdout) for budget in (("--budget", "6x3"),
-                                                                                      ("--budget", "6", "--depth", "3"))]
-    assert both[0]["budget"] == both[1]["budget"] == {"nodes": 6, "depth": 3, "tuned": None}
-    assert both[0]["token_ids"] == both[1]["token_ids"]
+    bad = run(*gen, "--decoder", "spot", "--budget", "16x8")
+    assert bad.exit_code == 2 and "--budget takes a number of nodes or auto, got '16x8'" in bad.stderr
+    assert "hint: e.g. --budget 16 (tree nodes per verify pass, the root included) with --depth 8" in bad.stderr
 
     # the threshold rule of spot / tree is its own key, and the hint's command makes it (with the drafter given)
     threshold = run(*gen, "--decoder", "tree", "--mode", "threshold", "--tau", "0.5", "--budget", "auto")

@@ -44,7 +44,7 @@ class TreeBudget:
         if not 1 <= self.depth <= engine.block_size:      # first: a chain's node count is its depth + 1
             raise SpotError(f"depth must be in 1..{engine.block_size} (the block size), got {self.depth}",
                             f"the deepest tree node below the root, e.g. {min(DEFAULT_DEPTH, engine.block_size)} "
-                            "(TreeBudget(nodes, depth); CLI: --depth, or --budget NODESxDEPTH)")
+                            "(TreeBudget(nodes, depth); CLI: --depth)")
         if self.nodes < 1:
             raise SpotError(f"budget must be >= 1 node, got {self.nodes}",
                             "the states one verify pass checks, the root included, e.g. 16 (TreeBudget(nodes); "
