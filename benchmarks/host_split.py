@@ -108,10 +108,10 @@ def measure(engine, drafter, prompts, args, temperature: float) -> dict:
     for p in prompts:
         req = DecodeRequest(max_new_tokens=args.max_new_tokens, sampling=Sampling(temperature, seed=0),
                             budget=TreeBudget(args.budget, args.depth))
-        extra = run_decoder(args.decoder, engine, p.ids, req, drafter=drafter).stats.extra
+        verify = run_decoder(args.decoder, engine, p.ids, req, drafter=drafter).stats.verify
         for k in ("draft_ms", "walk_ms", "target_ms"):
-            stats[k] += extra[k]
-        rounds += len(extra["accepted_per_verify"])
+            stats[k] += getattr(verify, k)
+        rounds += len(verify.accepted)
     parts = {k: 1e3 * v / rounds for k, v in SECONDS.items()}
     parts["features_candidates_tree"] = stats["draft_ms"] / rounds - sum(parts.values())
     parts["walk"] = stats["walk_ms"] / rounds

@@ -1,7 +1,7 @@
 """Host-loop overhead per verify pass, C++ host vs Python runtime, same folder, prompts and options, one run.
 
 Per SPOT round the host builds the stale view and the draft tree (drafter calls included) and walks the verified
-tree; the target pass itself is excluded. Both runtimes time exactly these segments (Python: DecodeStats.extra
+tree; the target pass itself is excluded. Both runtimes time exactly these segments (Python: DecodeStats.verify
 draft_ms / walk_ms; C++: spot_stats.draft_ms / walk_ms) and decode the same cases, whose outputs are checked equal.
 
     python cpp/bench_host.py --model /tmp/emb_onnx --drafter spot/assets/embedded --prompts 4
@@ -20,9 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from make_golden import case_options, embedded_prompts, random_prompts, run_case  # noqa: E402
-
-COMPARED = ("token_ids", "stopped", "target_passes", "passes", "steps", "blocks")
+from make_golden import COMPARED, case_options, embedded_prompts, random_prompts, run_case  # noqa: E402
 
 
 def request_line(c: dict) -> str:

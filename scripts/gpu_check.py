@@ -7,8 +7,9 @@ StaticOrtEngine), TensorRT (TrtEngine, needs tensorrt + torch CUDA), the samplin
 CUDA. Checks: logits vs the CPU torch reference (max |diff| relative to max |logit|), token identity of standard
 decoding vs the CPU (T = 0 and T = 1), SPOT (the training-free tree decoder: the test model is random, so no
 learned drafter fits it) equal to standard decoding on the same engine, epilogue bit identity vs numpy. Reports
-latency vs node count and the SPOT vs standard speed-up, and writes gpu_check.json to --out (default: $OUT, else
-the current folder).
+latency vs node count and the SPOT vs standard speed-up, latency(N) of a verify pass on CUDA beside the roofline
+projection of spot-export --plan (spot.export.roofline) for this GPU (--roofline-figures GBS,TFLOPS for one the
+script does not know), and writes gpu_check.json to --out (default: $OUT, else the current folder).
 Without a GPU it still runs the CPU parts (ORT CPU, the epilogue on ORT CPU) so the script itself is tested.
 Every section is guarded: a failure is recorded in the report and the next section runs.
 """
@@ -207,6 +208,63 @@ def latency(rep: Report, name: str, engine, cfg: ModelConfig, epilogue=None, rep
     print(f"       latency {name}: {out}", flush=True)
 
 
+# Known GPUs for the roofline comparison: (substring of the name torch reports, memory GB/s, dense fp16 tensor
+# TFLOP/s) from NVIDIA's product pages (H100 SXM5 / PCIe / NVL, H200 SXM, A100 80GB SXM); a Jetson is recognised by
+# its board's model string (/proc/device-tree/model) and takes spot.export.memory_plan.DEVICES' figures.
+GPU_FIGURES = (("H100 PCIe", 2000.0, 756.0), ("H100 NVL", 3900.0, 835.0), ("H100", 3350.0, 989.4),
+               ("H200", 4800.0, 989.4), ("A100", 2039.0, 312.0))
+JETSONS = (("Orin Nano", "orin-nano-8gb"), ("Orin NX", "orin-nx-16gb"), ("AGX Orin", "agx-orin-64gb"))
+
+
+def roofline_device(override: str | None):
+    """The memory_plan.Device whose figures the projection uses: --roofline-figures, a known GPU, a Jetson board,
+    or None (then latency(N) is measured and the projection left out)."""
+    from spot.export.memory_plan import DEVICES, Device
+    if override:
+        gbs, tflops = (float(x) for x in override.split(","))
+        return Device("given", f"--roofline-figures {override}", 0, gbs, fp16_tflops=tflops)
+    try:
+        import torch
+        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    except ImportError:
+        name = ""
+    for part, gbs, tflops in GPU_FIGURES:
+        if part in name:
+            return Device(part, name, 0, gbs, fp16_tflops=tflops)
+    board = Path("/proc/device-tree/model")
+    model = board.read_text(errors="replace") if board.is_file() else ""
+    for part, key in JETSONS:
+        if part in model:
+            return DEVICES[key]
+    return None
+
+
+def projected_vs_measured(rep: Report, name: str, engine, folder, cfg: ModelConfig, device, dtype: str = "fp16"):
+    """latency(N) of one pass (the decoders' block_outputs, spot.runtime.tuning.measure_latency_curve) at half the
+    model's context, beside the roofline projection spot-export --plan prints for that device: measured / projected
+    per node count (a projection is a bound-based estimate: the ratio is the finding, not a pass/fail)."""
+    from spot.export.manifest import load_manifest
+    from spot.export.roofline import pass_cost, pass_ms
+    from spot.runtime.tuning import measure_latency_curve
+    context = cfg.max_position_embeddings // 2 // cfg.block_size * cfg.block_size
+    prefix = np.arange(context) % (cfg.vocab_size - 2)
+    curve = measure_latency_curve(engine, prefix, [1, 2, 4, 8, 16], repeats=5)
+    weights = load_manifest(folder).manifest["memory"]["weight_bytes"]
+    rows = {}
+    for n, ms in curve.items():
+        row = {"measured_ms": round(ms, 3)}
+        if device is not None:
+            projected, bound = pass_ms(pass_cost(cfg, dtype, weights, n, context), device, dtype)
+            row |= {"projected_ms": round(projected, 3), "bound": bound,
+                    "measured_over_projected": round(ms / projected, 2)}
+        rows[n] = row
+    rep.info(f"{name}: latency(N) measured vs roofline projection at {context} cached tokens",
+             device=None if device is None else {"name": device.name, "bandwidth_gbs": device.bandwidth_gbs,
+                                                 "fp16_tflops": device.fp16_tflops},
+             rows=rows, note=None if device is not None else "no figures for this device: --roofline-figures")
+    rep.data["latency_ms"][f"{name} vs projection"] = rows
+
+
 def speedup(rep: Report, name: str, engine, cfg: ModelConfig):
     """Standard vs SPOT (the training-free tree decoder) on the same engine: wall time and target passes."""
     if not rep.data["env"].get("spot_decoders"):
@@ -264,7 +322,7 @@ def device_sampler(rep: Report, name: str, folders: dict, cfg: ModelConfig, devi
         for temp in (0.0, 1.0):
             runs = [(decode(host, p, temp, "tree")[0], decode(dev, p, temp, "tree")[0]) for p in prompts(cfg)]
             same = [a.token_ids == b.token_ids for a, b in runs]
-            per_step = [b.stats.extra["epilogue_states"] == b.stats.steps for _, b in runs]
+            per_step = [b.stats.epilogue.states == b.stats.steps for _, b in runs]
             rep.check(f"{name} {kind}: device sampler == host sampler, tree decoder (T={temp})",
                       all(same) and all(per_step), identical=sum(same), of=len(same), once_per_step=all(per_step))
 
@@ -354,6 +412,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny model (CPU smoke test of the script)")
     ap.add_argument("--full", action="store_true", help="the larger test model even without a GPU")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting sections after this many seconds")
+    ap.add_argument("--roofline-figures", default=None, metavar="GBS,TFLOPS",
+                    help="memory GB/s and dense fp16 TFLOP/s of this GPU, for the projected latency(N)")
     args = ap.parse_args(argv)
     rep = Report(args.budget_s)
     rep.data["env"] = env = environment()
@@ -390,6 +450,8 @@ def main(argv=None) -> int:
             kv_places(rep, "ort-cpu fp32", made["folders"]["fp32"], cfg, "cpu", "host")
             tuner(rep, "ort-cpu fp32", eng, cfg)
             device_sampler(rep, "ort-cpu", made["folders"], cfg, "cpu")
+            # the measurement half of the CUDA section's comparison (no CPU figures: no projection)
+            projected_vs_measured(rep, "ort-cpu fp32", eng, made["folders"]["fp32"], cfg, None, "fp32")
     rep.section("ONNX Runtime CPU", ort_cpu)
     # the epilogue's float64 work is slow on a CPU core (benchmarks/epilogue_cost.py): keep the CPU case small
     rep.section("epilogue on ORT CPU", lambda: epilogue_checks(rep, cfg, ["CPUExecutionProvider"], "ort-cpu",
@@ -417,8 +479,10 @@ def main(argv=None) -> int:
             dev = OrtEngine(made["folders"]["fp16"], device="cuda", sampler="device", kv_cache="host")
             speedup(rep, "ort-cuda fp16 device sampler", dev, cfg)
             kv_places(rep, "ort-cuda fp16", made["folders"]["fp16"], cfg, "cuda", "device")
-            tuner(rep, "ort-cuda fp16 (auto: device sampler and KV cache)",
-                  OrtEngine(made["folders"]["fp16"], device="cuda"), cfg)
+            auto = OrtEngine(made["folders"]["fp16"], device="cuda")
+            tuner(rep, "ort-cuda fp16 (auto: device sampler and KV cache)", auto, cfg)
+            projected_vs_measured(rep, "ort-cuda fp16 (auto)", auto, made["folders"]["fp16"], cfg,
+                                  roofline_device(args.roofline_figures))
             plan = BucketPlan.default(cfg.max_position_embeddings, cfg.block_size, 16, smallest=128)
             eng = StaticOrtEngine(made["folders"]["fp16"], plan, device="cuda")
             check_engine(rep, "ort-cuda-static fp16", eng, cpu_ref, cfg, 2e-2, cpu_tokens)

@@ -1,4 +1,4 @@
-"""`spot bench`: every decoder side by side in one run, on one engine, on a prompt set (SPEC §7).
+"""`spot bench`: every decoder side by side in one run, on one engine, on a prompt set (docs/spec.md §7).
 
 For each (prompt, seed, temperature) the decoders run back to back, so machine drift hits all of them alike.
 Reports passes per token, steps per verify pass, tokens/s, ratios to standard decoding, the share of outputs

@@ -446,6 +446,12 @@ def _tuned_note(budget, tuned: dict) -> str:
               help="Memory plan for orin-nano-8gb, orin-nx-16gb, agx-orin-32gb, agx-orin-64gb or <N>GB: printed "
                    "(and nothing exported; exit status 1 when it does not fit) unless --out is given; with --out "
                    "the export must fit.")
+@click.option("--plan-bench", type=click.Path(dir_okay=False), default=None,
+              help="With --plan: a `spot bench` bench.json whose measured pass counts project SPOT's tokens/s on "
+                   "the device against standard decoding (a roofline projection, not a measurement).")
+@click.option("--passes-reduction", default=None, metavar="NODES=R,...",
+              help="With --plan, without a bench.json: measured passes reductions by node budget (e.g. "
+                   "16=1.9,64=2.3) for the same projection.")
 @click.option("--epilogue-steps", type=int, default=None,
               help="Future steps D of the device sampling epilogue (epilogue.onnx, used on GPU paths; the deepest "
                    "SPOT tree it serves). Default: 8, or the block size if smaller. 0: no epilogue.")
@@ -458,8 +464,8 @@ def _tuned_note(budget, tuned: dict) -> str:
                    "TensorRT and a CUDA GPU are here (engines are specific to the GPU and TensorRT version).")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_size, dry_run, no_validate,
-           validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, epilogue_steps,
-           epilogue_positions, tensorrt_mode, quiet):
+           validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, plan_bench,
+           passes_reduction, epilogue_steps, epilogue_positions, tensorrt_mode, quiet):
     """Export an SDAR checkpoint to an ONNX folder (SOURCE: a checkpoint folder, an embedded model: arithmetic,
     code, or a preset: sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants).
 
@@ -467,6 +473,7 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     Examples:
       spot-export sdar-8b --checkpoint /path/to/SDAR-8B-Chat --out sdar-8b-fp16-onnx
       spot-export sdar-8b-b32 --weights int4 --plan orin-nx-16gb --max-nodes 16
+      spot-export sdar-8b-b32 --weights int4 --plan orin-nx-16gb --passes-reduction 16=1.9,64=2.3
       spot-export arithmetic --out arithmetic-fp32-onnx
     """
     import json
@@ -477,6 +484,9 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     from spot.export.quantize import DEFAULT_INT4_BLOCK
 
     plan_only = plan_device is not None and out is None
+    if (plan_bench or passes_reduction) and not plan_only:
+        raise SpotError("--plan-bench and --passes-reduction project a memory plan's pass times: they need --plan "
+                        "DEVICE (and no --out)")
     resolved = resolve_source(source, checkpoint, dry_run or plan_only)
     from spot.assets import EMBEDDED_MODELS
     dtype = dtype or ("fp32" if resolved.preset in EMBEDDED_MODELS else "fp16")
@@ -492,8 +502,12 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     progress = stderr_progress(quiet)
     if plan_only:
         from spot.export.memory_plan import plan_source, render
+        from spot.export.roofline import counts_from_bench, counts_from_reductions
         plan, cfg = plan_source(resolved, options, progress)
-        click.echo(render(plan, cfg.block_size))
+        counts = counts_from_bench(plan_bench) if plan_bench else []
+        if passes_reduction:
+            counts += counts_from_reductions(passes_reduction, cfg.block_size, max_nodes)
+        click.echo(render(plan, cfg.block_size, counts))
         if not plan.fits:        # for scripts: 0 fits, 1 does not fit, 2 an error (e.g. the weights alone)
             sys.exit(1)
         return
@@ -673,7 +687,7 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules, tau, seeds, cycle, max_new_tokens,
                depth, minutes, seed, block_size, backend, device, quiet):
-    """Collect standard-decoding traces for training the drafter (SPEC §6).
+    """Collect standard-decoding traces for training the drafter (docs/spec.md §6).
 
     \b
     Example:

@@ -8,7 +8,7 @@ from pathlib import Path
 from spot.descriptors import read_json
 from spot.errors import SpotError
 
-DEFAULT_BLOCK_SIZE = 4          # SDAR's default when config.json has no block_size (SPEC §1)
+DEFAULT_BLOCK_SIZE = 4          # SDAR's default when config.json has no block_size (docs/spec.md §1)
 DEFAULT_MASK_TOKEN_ID = 151669  # <|MASK|> of the Qwen3 vocabulary
 DEFAULT_STOP_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|> of the chat models
 SUPPORTED_MODEL_TYPES = ("sdar",)
@@ -118,8 +118,8 @@ def _stop_ids_from(model_dir: Path, raw: dict) -> tuple[int, ...]:
     """generation_config.json's eos_token_id (int or list) wins; else config's eos; else the chat defaults.
 
     A Qwen-vocabulary checkpoint without generation_config.json (SDAR-4B-Chat's training folder: config.json says
-    eos 151643 only) also stops on the other chat stop id of SPEC §1: without `<|im_end|>` a chat reply runs past
-    the end of its turn to max_new_tokens."""
+    eos 151643 only) also stops on the other chat stop id of docs/spec.md §1: without `<|im_end|>` a chat reply runs
+    past the end of its turn to max_new_tokens."""
     gen = model_dir / "generation_config.json"
     eos, source = None, gen
     if gen.is_file():

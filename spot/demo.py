@@ -160,13 +160,13 @@ def run_model_demo(name: str, prompt_index: int = 0, max_new_tokens: int | None 
         for decoder in ("standard", "spot"):
             progress(f"{model.name}: decoding with {decoder}")
             gen = run_decoder(decoder, engine, ids, req, drafter)
-            extra, verifies = gen.stats.extra, gen.stats.passes.get("verify", 0)
+            rounds, verifies = gen.stats.verify, gen.stats.passes.get("verify", 0)
             results[decoder] = {"text": tokenizer.decode(gen.token_ids), "token_ids": gen.token_ids,
                                 "target_passes": gen.stats.target_passes, "seconds": gen.stats.seconds,
                                 "tokens_per_s": len(gen.token_ids) / gen.stats.seconds,
                                 "verify_passes": verifies,
-                                "target_ms_per_verify": extra.get("target_ms", 0.0) / max(verifies, 1),
-                                "host_ms_per_verify": (extra.get("draft_ms", 0.0) + extra.get("walk_ms", 0.0))
+                                "target_ms_per_verify": gen.stats.target_ms / max(verifies, 1),
+                                "host_ms_per_verify": (rounds.draft_ms + rounds.walk_ms if rounds else 0.0)
                                 / max(verifies, 1)}
     std, spot = results["standard"], results["spot"]
     ms_per_pass = 1e3 * std["seconds"] / std["target_passes"]     # standard decoding: everything per pass

@@ -22,7 +22,7 @@ from spot.files import check_output_path, exclusive_lock, spot_cache, write_text
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import THRESHOLD
 
-# 2: the tuner chooses by measured speed (session 17); version 1's choices came from a model that overrated trees
+# 2: the tuner chooses by measured speed; version 1's choices came from a model that overrated trees
 FORMAT, FORMAT_VERSION = "spot-tuning", 2
 TUNABLE_DECODERS = ("spot", "spot-sets", "tree")    # decoders whose speed the (nodes, depth) budget sets
 

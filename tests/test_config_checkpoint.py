@@ -110,7 +110,7 @@ def test_fixture_8b_stop_ids_from_generation_config():
 
 def test_a_chat_checkpoint_without_generation_config_also_stops_at_im_end(tmp_path):
     """SDAR-4B-Chat's folder has no generation_config.json and config.json says eos 151643 (<|endoftext|>) only:
-    the chat turn's end <|im_end|> (151645, SPEC §1) is a stop id too. Other vocabularies keep config's eos."""
+    the chat turn's end <|im_end|> (151645, docs/spec.md §1) is a stop id too. Other vocabularies keep config's eos."""
     folder = FIXTURES / "sdar-4b-chat"
     if folder.is_dir():
         assert not (folder / "generation_config.json").exists()

@@ -1,8 +1,8 @@
 """The C++ host (cpp/, docs/cpp-host.md): build it, reproduce the noise vectors, decode exported folders with every
 decoder bit-identically to the Python runtime (token ids and pass counts), refuse bad input with codes + messages.
 
-Skips only when no C++ toolchain or no ONNX Runtime headers can be obtained (cpp/fetch_ort_headers.sh fetches them
-from Debian's registry); a failing build is a failure.
+Skips only when no C++ toolchain or no ONNX Runtime / nlohmann/json headers can be obtained (cpp/fetch_ort_headers.sh
+fetches them from Debian's registry); a failing build is a failure (OpenSSL's libcrypto: libssl-dev, .ci/run).
 """
 from __future__ import annotations
 
@@ -29,15 +29,15 @@ from spot.runtime.step import STATIC, THRESHOLD, CommitRule
 ROOT = Path(__file__).resolve().parents[1]
 CPP = ROOT / "cpp"
 BUILD = CPP / "build"
-GOLDEN_DIR = ROOT / "tests" / "data" / "golden"
 sys.path.insert(0, str(ROOT / "scripts"))
-from make_golden import case_options, golden_cases, model_identity, run_case  # noqa: E402
-from tinymodels import (CONTRADICTIONS, contradicting_copy, nan_weights_copy, renamed_input_drafter,  # noqa: E402
-                        train_encoder_drafter, whole_block_epilogue_copy)
+from make_golden import (COMPARED, EMBEDDED_GOLDEN, REGENERATE_EMBEDDED, case_options,  # noqa: E402
+                         embedded_drafter_dir, golden_cases, model_identity, run_case)
+from tinymodels import (CONTRADICTIONS, contradicting_copy, make_format1, nan_weights_copy,  # noqa: E402
+                        renamed_input_drafter, train_encoder_drafter, whole_block_epilogue_copy)
+from tree_cases import TREE_CASES, input_lines, python_answer  # noqa: E402
 
 # spot_status codes of cpp/include/spot/spot.h
 INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED, RUNTIME = 1, 2, 3, 4, 5, 6
-COMPARED = ("token_ids", "stopped", "target_passes", "passes", "steps", "blocks")
 
 # vocab 300: the softmax sums take numpy's pairwise recursion (> 128 terms) with remainders (not a multiple of 8)
 TINY = ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -59,7 +59,8 @@ def spot_cli() -> Path:
     fetch = _run(["bash", str(CPP / "fetch_ort_headers.sh")], env={**os.environ, "PYTHON": sys.executable})
     if fetch.returncode != 0:
         last = fetch.stderr.strip().splitlines()[-1] if fetch.stderr.strip() else "no output"
-        pytest.skip(f"ONNX Runtime headers could not be obtained (cpp/fetch_ort_headers.sh): {last}")
+        pytest.skip(f"ONNX Runtime or nlohmann/json headers could not be obtained (cpp/fetch_ort_headers.sh): "
+                    f"{last}")
     BUILD.mkdir(exist_ok=True)
     cfg = _run(["cmake", "-S", str(CPP), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release"])
     assert cfg.returncode == 0, cfg.stdout + cfg.stderr
@@ -602,6 +603,21 @@ def test_the_step_rules_give_the_written_answers_in_both_hosts(spot_cli):
     assert cpp == python
 
 
+def test_both_hosts_build_the_written_trees(spot_cli):
+    """The tree builders of both hosts on the known-answer cases of tests/tree_cases.py (cpp/tests/tree_rules.cpp):
+    equal path log-probabilities under different parents, so a host taking its nodes in another order than the
+    stated rule (its heap's layout, as the C++ host once copied CPython's) builds another tree."""
+    build = _run(["cmake", "--build", str(BUILD), "--target", "spot_tree_rules", "-j1"])     # (not in `all`)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    lines = [line for i in range(len(TREE_CASES)) for line in input_lines(i)]
+    proc = _run([str(spot_cli.parent / "spot_tree_rules")], input="\n".join(lines) + "\n", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    cpp = [block.splitlines() for block in proc.stdout.split("end\n")[:-1]]
+    written = [answer for *_, answer in TREE_CASES]
+    assert [python_answer(i) for i in range(len(TREE_CASES))] == written
+    assert cpp == written
+
+
 def test_both_clis_report_the_same_result_keys(spot_cli, tiny):
     """`spot generate --json` and `spot_cli generate` agree on the request's outcome keys (mode, stopped,
     cancelled, passes, steps) and tokens, for a static and a threshold decoder."""
@@ -762,6 +778,40 @@ def test_bad_folders_are_refused(spot_cli, tiny, tmp_path):
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "stop_ids differ from model.*")
     (changed / "manifest.json").write_text("{not json")
     _fails(cli(spot_cli, "generate", "--model", changed, *ids), CORRUPT, "not valid JSON")
+    old = make_format1(shutil.copytree(folder, tmp_path / "format1"))     # the prefix broadcast, one stacked cache
+    _fails(cli(spot_cli, "generate", "--model", old, *ids), INCOMPATIBLE, "format_version 1",
+           f"spot upgrade-export {old}")
+
+
+def test_manifests_are_read_as_pythons_json_writes_them(spot_cli, tiny, tmp_path):
+    """The manifest reader (nlohmann/json underneath) takes what Python's json module writes, NaN / Infinity /
+    -Infinity included (drafter.json's accuracy over an empty selection is NaN), as values, not as text inside
+    strings; and refuses what is not JSON, naming the file."""
+    folder, drafter_dir = tiny[0], tiny[1]
+    ids = "--prompt-ids", "1,2,3", "--decoder", "spot", "--max-new-tokens", "8"
+    want = json.loads(cli(spot_cli, "generate", "--model", folder, "--drafter", drafter_dir, *ids).stdout)
+
+    def drafter_with(name: str, text_of) -> Path:
+        d = tmp_path / name
+        shutil.copytree(drafter_dir, d)
+        (d / "drafter.json").write_text(text_of(json.loads((d / "drafter.json").read_text())))
+        return d
+
+    odd = drafter_with("odd", lambda m: json.dumps({**m, "accuracy": {"a": float("nan"), "b": [float("inf"), -1e999],
+                                                                      "NaN": "Infinity, NaN"}}, indent=1))
+    assert "NaN," in (odd / "drafter.json").read_text() and "-Infinity" in (odd / "drafter.json").read_text()
+    load_drafter(odd)
+    got = cli(spot_cli, "generate", "--model", folder, "--drafter", odd, *ids)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["token_ids"] == want["token_ids"]
+    for name, text_of, says in (
+            ("nan_size", lambda m: json.dumps({**m, "block_size": float("nan")}), "expected an integer"),
+            ("glued", lambda m: json.dumps(m)[:-1] + ', "x": [NaN1]}', "not valid JSON"),
+            ("trailing", lambda m: json.dumps(m) + " {}", "not valid JSON"),
+            ("deep", lambda m: json.dumps({**m, "x": "@"}).replace('"@"', "[" * 300 + "]" * 300),
+             "nesting deeper than 256")):
+        _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", drafter_with(name, text_of), *ids),
+               CORRUPT, "drafter.json", says)
 
 
 @pytest.mark.parametrize("field,value,graph", CONTRADICTIONS)
@@ -970,39 +1020,37 @@ def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny, tmp_path):
 
 # -- the embedded model: the committed golden file -----------------------------------------------------------------
 def test_embedded_golden(spot_cli, tmp_path_factory):
-    """tests/data/golden/embedded.json (scripts/make_golden.py on `spot export embedded` + the shipped drafter)."""
+    """tests/data/golden/embedded.json (scripts/make_golden.py on `spot export embedded` + the shipped drafter).
+    Another embedded model or drafter fails here, naming the one command that regenerates the file: a skip would
+    have turned the only Python == C++ check on the shipped model into a pass."""
     from click.testing import CliRunner
 
     from spot.cli import main
 
-    golden_path = GOLDEN_DIR / "embedded.json"
-    if not golden_path.is_file():
-        pytest.skip("no golden file for the embedded model yet (scripts/make_golden.py)")
-    golden = json.loads(golden_path.read_text())
+    regenerate = f"regenerate it: {REGENERATE_EMBEDDED}"
+    assert EMBEDDED_GOLDEN.is_file(), f"no golden file for the embedded model: {regenerate}"
+    golden = json.loads(EMBEDDED_GOLDEN.read_text())
     out = tmp_path_factory.mktemp("embedded") / "emb_onnx"
     res = CliRunner().invoke(main, ["export", "embedded", "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
-    regenerate = "regenerate it: python scripts/make_golden.py --model EXPORTED --out " + str(golden_path)
-    if model_identity(out)["weights_sha256"] != golden["model"]["weights_sha256"]:
-        pytest.skip(f"the golden file was made for another embedded model: {regenerate}")
-    # the export ships the embedded drafter when there is one (else the package folder may hold it)
-    drafter_dir = out if (out / "drafter.onnx").is_file() else ROOT / "spot" / "assets" / "embedded"
-    if golden["drafter"] is not None:
-        if not (drafter_dir / "drafter.json").is_file():
-            pytest.skip("the embedded model's drafter is not built yet")
-        manifest = json.loads((drafter_dir / "drafter.json").read_text())
-        if manifest["onnx_sha256"] != golden["drafter"]["onnx_sha256"]:
-            pytest.skip(f"the golden file was made for another embedded drafter: {regenerate}")
-        # the same model recalibrated (spot calibrate-drafter) proposes other trees: pass counts change
-        assert manifest.get("order_temperature", 1.0) == golden["drafter"].get("order_temperature", 1.0), \
-            f"the golden file was made with another drafter order temperature: {regenerate}"
-        assert manifest.get("runner_up_weight", DEFAULT_RUNNER_UP_WEIGHT) == \
-            golden["drafter"].get("runner_up_weight", 0.0), \
-            f"the golden file was made with another drafter runner-up weight: {regenerate}"
-        assert manifest.get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT) == \
-            golden["drafter"].get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT), \
-            f"the golden file was made with another drafter flip weight: {regenerate}"
+    assert model_identity(out)["weights_sha256"] == golden["model"]["weights_sha256"], \
+        f"the golden file was made for another embedded model: {regenerate}"
+    drafter_dir = embedded_drafter_dir(out)
+    assert golden["drafter"] is not None, f"the golden file was made without the embedded drafter: {regenerate}"
+    assert (drafter_dir / "drafter.json").is_file(), f"no embedded drafter at {drafter_dir}"
+    manifest = json.loads((drafter_dir / "drafter.json").read_text())
+    assert manifest["onnx_sha256"] == golden["drafter"]["onnx_sha256"], \
+        f"the golden file was made for another embedded drafter: {regenerate}"
+    # the same model recalibrated (spot calibrate-drafter) proposes other trees: pass counts change
+    assert manifest.get("order_temperature", 1.0) == golden["drafter"].get("order_temperature", 1.0), \
+        f"the golden file was made with another drafter order temperature: {regenerate}"
+    assert manifest.get("runner_up_weight", DEFAULT_RUNNER_UP_WEIGHT) == \
+        golden["drafter"].get("runner_up_weight", 0.0), \
+        f"the golden file was made with another drafter runner-up weight: {regenerate}"
+    assert manifest.get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT) == \
+        golden["drafter"].get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT), \
+        f"the golden file was made with another drafter flip weight: {regenerate}"
     cases = golden["cases"]
-    results = run_batch(spot_cli, out, drafter_dir if golden["drafter"] else None, cases)
+    results = run_batch(spot_cli, out, drafter_dir, cases)
     bad = mismatches(cases, results)
     assert not bad, f"{len(bad)} of {len(cases)} golden cases differ:\n" + "\n".join(bad[:20])

@@ -48,9 +48,10 @@ def test_export_writes_and_validates_kv_append(folder, tmp_path):
     entry = manifest["graphs"]["kv_append"]
     assert "kv_append.onnx" in manifest["files"] and entry["validation"]["checked"]
     assert entry["inputs"] == ["past_k", "past_v", "new_k", "new_v"] and entry["outputs"] == ["k", "v"]
+    assert entry["per_layer"]
     # fp16 caches (GPU exports) append exactly too
-    write_kv_append(tmp_path, 3, 2, 8, "fp16")
-    assert validate_kv_append(tmp_path, 3, 2, 8, "fp16")["checked"]
+    write_kv_append(tmp_path, 2, 8, "fp16")
+    assert validate_kv_append(tmp_path, 2, 8, "fp16")["checked"]
 
 
 def test_the_device_cache_holds_what_the_host_cache_holds(folder):
@@ -62,7 +63,7 @@ def test_the_device_cache_holds_what_the_host_cache_holds(folder):
         engine.store(_prompt(2, CFG.block_size))
     k, v = device.device_kv.host_copy()
     assert k.shape == (2, 2, 3 * CFG.block_size, 16)
-    assert np.array_equal(k, host._k) and np.array_equal(v, host._v)
+    assert np.array_equal(k, np.stack(host._k)) and np.array_equal(v, np.stack(host._v))
     states = np.stack([_prompt(s, CFG.block_size) for s in range(3)])
     assert np.array_equal(host.block_logits(states), device.block_logits(states))
     device.prefill(_prompt(3, CFG.block_size))          # a new request starts from an empty cache

@@ -126,11 +126,11 @@ def test_the_epilogue_runs_once_per_commit_step_whatever_the_tree(folders, decod
                             sampling=Sampling(temperature, seed=5), budget=TreeBudget(12, DEPTH))
         gen = run_decoder(decoder, engine, _prompt(1, 6), req)
         stats = gen.stats
-        assert stats.extra["epilogue_states"] == len(calls) == stats.steps, (decoder, temperature)
-        assert 0 < stats.extra["epilogue_ms"] <= 1e3 * stats.seconds
-        assert summarize([gen])["epilogue_ms_per_step"] == stats.extra["epilogue_ms"] / stats.steps
+        assert stats.epilogue.states == len(calls) == stats.steps, (decoder, temperature)
+        assert 0 < stats.epilogue.ms <= 1e3 * stats.seconds
+        assert summarize([gen])["epilogue_ms_per_step"] == stats.epilogue.ms / stats.steps
         if decoder != "standard":   # sampling every node of every pass would have taken more calls
-            assert sum(stats.extra["nodes_per_verify"]) + stats.passes["block"] > stats.steps
+            assert sum(stats.verify.nodes) + stats.passes["block"] > stats.steps
 
 
 @exact_platform
@@ -167,7 +167,7 @@ def test_epilogue_runs_over_positions_decode_the_same(folders, decoder, mode):
                             budget=TreeBudget(6, DEPTH))
         a, b = run_decoder(decoder, host, _prompt(3, 7), req), run_decoder(decoder, runs, _prompt(3, 7), req)
         assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, temperature)
-        assert len(calls) == 4 * b.stats.extra["epilogue_states"] == 4 * b.stats.steps
+        assert len(calls) == 4 * b.stats.epilogue.states == 4 * b.stats.steps
 
 
 def test_a_manifest_that_misstates_the_epilogue_positions_is_refused(folders, tmp_path):
@@ -219,8 +219,8 @@ def test_spot_with_the_drafter_on_the_device_sampler(folders, tmp_path):
                 a = run_decoder(decoder, host, _prompt(9, 7), req, drafter)
                 b = run_decoder(decoder, device, _prompt(9, 7), req, drafter)
                 assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, temperature)
-                assert a.stats.extra["accepted_per_verify"] == b.stats.extra["accepted_per_verify"]
-                assert a.stats.extra["nodes_per_verify"] == b.stats.extra["nodes_per_verify"]
+                assert a.stats.verify.accepted == b.stats.verify.accepted
+                assert a.stats.verify.nodes == b.stats.verify.nodes
 
 
 @exact_platform

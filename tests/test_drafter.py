@@ -1,5 +1,5 @@
-"""The drafter (order model, SPEC §6): features, traces, training, ONNX export, the runtime proposer inside SPOT /
-SPOT-Sets (exactness against standard / threshold decoding) and the compatibility checks."""
+"""The drafter (order model, docs/spec.md §6): features, traces, training, ONNX export, the runtime proposer inside
+SPOT / SPOT-Sets (exactness against standard / threshold decoding) and the compatibility checks."""
 from __future__ import annotations
 
 import json
@@ -301,7 +301,7 @@ def test_baseline_graph_builds_the_same_trees(drafter_dir, engine, tmp_path, mon
                                         budget=TreeBudget(10, 5))
                     gen = run_decoder(decoder, engine, prompt, req, drafter=drafter)
                     rounds.setdefault(folder, []).append(
-                        (gen.token_ids, gen.stats.extra["accepted_per_verify"], gen.stats.extra["nodes_per_verify"]))
+                        (gen.token_ids, gen.stats.verify.accepted, gen.stats.verify.nodes))
     assert rounds[whole] == rounds[baseline]
 
 
@@ -436,8 +436,7 @@ def test_lookahead_saves_drafter_calls_with_the_same_trees(drafter_dir, engine):
                 proposer = DrafterProposer(drafter, lookahead=lookahead)
                 gen = generate(engine, prompt, max_new_tokens=20, sampling=Sampling(temperature, seed=i),
                                block_decoder=SpotBlockDecoder(proposer, TreeBudget(12, 6)))
-                extra = gen.stats.extra
-                per_case.append((gen.token_ids, extra["accepted_per_verify"], extra["nodes_per_verify"]))
+                per_case.append((gen.token_ids, gen.stats.verify.accepted, gen.stats.verify.nodes))
                 calls[lookahead] = calls.get(lookahead, 0) + proposer.calls
         if lookahead:
             assert per_case == without
@@ -860,7 +859,7 @@ def test_runner_up_children_are_accepted_and_stay_exact(drafter_dir, engine, mon
             for w in rows:
                 got = run_decoder("spot", engine, prompt, req, drafter=base.with_settings(runner_up_weight=w))
                 assert got.token_ids == ref.token_ids, (prompt, temperature, w)
-                rows[w].append(got.stats.extra["nodes_per_verify"] + got.stats.extra["accepted_per_verify"])
+                rows[w].append(got.stats.verify.nodes + got.stats.verify.accepted)
     assert sum(ends) > 0, "no round ended on a runner-up child"
     assert rows[0.0] != rows[1.0]
 

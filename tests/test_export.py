@@ -61,7 +61,8 @@ def test_folder_has_graph_data_manifest_and_validation(exported):
     assert set(m["files"]) == {TARGET_FILE, DATA_FILE, "config.json", "epilogue.onnx", "kv_append.onnx"}
     assert m["graphs"]["epilogue"]["future_steps"] == 4        # min(8, block size 4) by default
     assert [i["name"] for i in m["graphs"]["target"]["inputs"]] == ["input_ids", "position_ids", "attn_bias",
-                                                                     "past_k", "past_v"]
+                                                                     "past_k_0", "past_v_0", "past_k_1", "past_v_1"]
+    assert m["format_version"] == 2 and m["graphs"]["target"]["inputs"][3]["shape"] == [2, "C", 16]
     cases = m["validation"]["cases"]
     assert len(cases) == 2 and all(c["ok"] and c["max_abs_dlogits"] < 1e-4 for c in cases)
     assert load_config(exported).block_size == 4      # config.json is readable by HF-style tools
@@ -85,6 +86,40 @@ def test_graph_is_plain_onnx_with_external_weights(exported):
     for mul in scaled:
         reshape = consumers[mul.output[0]]
         assert reshape.op_type == "Reshape" and consumers[reshape.output[0]].op_type == "MatMul"
+
+
+def _cache_cone(graph) -> list:
+    """The nodes that read, directly or through other nodes, a cache input (past_k* / past_v*)."""
+    tainted = {i.name for i in graph.inputs if i.name.startswith("past_")}
+    cone = []
+    for node in graph.nodes:          # declared in topological order
+        if tainted & set(node.input):
+            cone.append(node)
+            tainted |= set(node.output)
+    return cone
+
+
+@pytest.mark.parametrize("dtype,weights", [("fp32", "fp"), ("fp16", "fp"), ("fp16", "int8"), ("fp16", "int4"),
+                                           ("fp32", "nbits")])
+def test_no_tensor_from_the_cache_is_broadcast_over_the_states(dtype, weights):
+    """Format 2: nothing derived from the cache inputs is Expanded or Tiled, each layer's own cache inputs are read
+    by one product each (K via its transpose), and one softmax per layer spans the prefix and the block; format 1's
+    graph (BROADCAST) had an Expand per layer for K and for V, which the same walk finds."""
+    from spot.export.graph import BROADCAST, build_target_graph
+    from spot.export.quantize import QuantScheme
+    quant = QuantScheme("int4", 32, weights == "nbits") if weights in ("int4", "nbits") else QuantScheme(weights)
+    graph = build_target_graph(TINY, dtype, 17, quant)
+    cone = _cache_cone(graph)
+    assert not [n.name for n in cone if n.op_type in ("Expand", "Tile")]
+    assert [i.name for i in graph.inputs][3:] == ["past_k_0", "past_v_0", "past_k_1", "past_v_1"]
+    for layer in range(TINY.num_hidden_layers):
+        readers = {name: sorted(n.op_type for n in graph.nodes if name in n.input)
+                   for name in (f"past_k_{layer}", f"past_v_{layer}")}
+        assert readers[f"past_k_{layer}"] in (["Transpose"], ["Shape", "Transpose"])     # layer 0 gives C
+        assert readers[f"past_v_{layer}"] == ["MatMul"]
+    assert sum(n.op_type == "Softmax" for n in graph.nodes) == TINY.num_hidden_layers
+    old = build_target_graph(TINY, dtype, 17, quant, BROADCAST)
+    assert sum(n.op_type == "Expand" for n in _cache_cone(old)) == 2 * TINY.num_hidden_layers
 
 
 def test_streamed_chunks_give_identical_bytes(ckpt, exported, tmp_path, monkeypatch):
@@ -399,7 +434,7 @@ def test_quick_check_samples_large_files_and_full_check_reads_all(exported, tmp_
 @pytest.mark.parametrize("edit,message", [
     (lambda m: "{not json", "is not valid JSON"),
     (lambda m: {**m, "format": "onnx-zoo"}, "has format 'onnx-zoo', expected 'spot-exported-model'"),
-    (lambda m: {**m, "format_version": 99}, "has format_version 99, this spot reads 1"),
+    (lambda m: {**m, "format_version": 99}, "has format_version 99, this spot reads 2"),
     (lambda m: {k: v for k, v in m.items() if k != "max_nodes"}, "lacks field 'max_nodes'"),
     (lambda m: {**m, "model": {"vocab_size": "many"}}, "invalid model config"),
     (lambda m: {**m, "max_nodes": "64"}, "max_nodes is '64', expected an integer >= 1"),

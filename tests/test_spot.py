@@ -25,6 +25,8 @@ from spot.runtime.outputs import HostOutputs
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget, walk
 from spot.runtime.step import THRESHOLD, CommitRule, Sampling
 from spot.runtime.tree import Node, build_tree
+from tree_cases import TREE_CASES
+from tree_cases import python_answer as python_tree_answer
 
 MASK = 63
 
@@ -214,7 +216,7 @@ def _ctx(rule: CommitRule) -> DecodeContext:
 
 
 def test_a_proposal_committing_a_strict_subset_of_the_target_set_is_rejected():
-    """Threshold F commits positions {0, 1}; a child committing only {0} must not be accepted (SPEC §5)."""
+    """Threshold F commits positions {0, 1}; a child committing only {0} must not be accepted (docs/spec.md §5)."""
     rule = CommitRule(THRESHOLD, 0.5)
     root = np.array([9, 9, 9, 9])
     subset = np.array([1, 9, 9, 9])
@@ -267,6 +269,13 @@ def test_tree_is_grown_best_first_under_budget_and_depth():
     assert proposer.calls <= 4
     states = [tuple(n.state) for n in tree]
     assert len(set(states)) == len(states)
+
+
+@pytest.mark.parametrize("index", range(len(TREE_CASES)))
+def test_trees_follow_the_stated_order_rule(index):
+    """Known-answer trees (tests/tree_cases.py, the C++ builder runs the same table in test_cpp_host.py): equal
+    path log-probabilities under different parents, where only the order rule decides which node enters."""
+    assert python_tree_answer(index) == TREE_CASES[index][3], TREE_CASES[index][0]
 
 
 def two_orders(node):
@@ -541,9 +550,29 @@ def test_the_tuners_pass_profile_counts_what_the_decoders_did():
         s = summarize([gen])
         assert s["steps_per_verify"] == pytest.approx((gen.stats.steps - gen.stats.passes["block"])
                                                       / gen.stats.passes["verify"])
-        assert s["steps_per_verify"] <= 1 + np.mean(gen.stats.extra["accepted_per_verify"])
+        assert s["steps_per_verify"] <= 1 + np.mean(gen.stats.verify.accepted)
     assert PassProfile.of([standard]) == PassProfile(standard.stats.steps, standard.stats.target_passes
                                                      - standard.stats.passes.get("prefill", 0))
+
+
+def test_decode_stats_are_typed_and_keep_their_json_keys():
+    """A mistyped pass kind or record field is an error (they were dict keys: a typo counted under a new key), and
+    `spot generate --json`'s keys stay those of each decoder's records."""
+    engine = engine_for(4, 0)
+    req = DecodeRequest(8, sampling=Sampling(1.0, seed=2), budget=TreeBudget(4, 2))
+    base = {"target_passes", "passes", "steps", "blocks", "seconds"}
+    standard = run_decoder("standard", engine, [1, 2, 3], req).stats
+    assert set(standard.to_dict()) == base | {"target_ms", "sample_ms"} and standard.verify is None
+    tree = run_decoder("tree", engine, [1, 2, 3], req).stats
+    assert set(tree.to_dict()) == base | {"target_ms", "accepted_per_verify", "nodes_per_verify", "draft_ms",
+                                          "walk_ms"}
+    assert len(tree.verify.accepted) == len(tree.verify.nodes) == tree.passes["verify"] > 0
+    assert tree.to_dict()["target_ms"] == tree.verify.target_ms > 0
+    assert list(tree.to_dict()["passes"]) == ["prefill", "block", "verify", "store"]
+    with pytest.raises(KeyError, match="unknown pass kind 'verfy'"):
+        tree.passes["verfy"] += 1
+    with pytest.raises(AttributeError):
+        tree.verify.draft_msec = 1.0
 
 
 def test_acceptance_by_depth_lists_every_depth_of_the_budget():
@@ -552,7 +581,7 @@ def test_acceptance_by_depth_lists_every_depth_of_the_budget():
     engine = engine_for(8, 1)
     gen = run_decoder("tree", engine, np.arange(1, 7), DecodeRequest(16, sampling=Sampling(1.0, seed=2),
                                                                      budget=TreeBudget(8, 6)))
-    reached = max(gen.stats.extra["accepted_per_verify"])
+    reached = max(gen.stats.verify.accepted)
     assert reached < 6
     listed = summarize([gen], depth=6)["acceptance_by_depth"]
     assert len(listed) == 6 and listed[reached:] == [0.0] * (6 - reached) and listed[0] > 0

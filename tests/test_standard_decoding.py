@@ -1,4 +1,4 @@
-"""Standard decoding (SPEC §1, §3) against SDAR's own evaluation decoder, cache equivalence, batch invariance,
+"""Standard decoding (docs/spec.md §1, §3) against SDAR's own evaluation decoder, cache equivalence, batch invariance,
 and the step function F on hand-built logits whose answers are known."""
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def test_trt_profiles_fix_the_capacity_per_profile():
     profiles = plan.trt_profiles(layers=2, kv_heads=2, head_dim=16)
     assert [p.name for p in profiles] == ["C64", "C64-prefill", "C128", "C128-prefill", "C256", "C256-prefill"]
     block, prefill = profiles[2].shapes, profiles[3].shapes
-    assert block["past_k"] == prefill["past_k"] == ((2, 2, 128, 16),) * 3
+    assert block["past_k_0"] == prefill["past_v_1"] == ((2, 128, 16),) * 3 and "past_k" not in block
     assert block["input_ids"] == ((1, 4), (8, 4), (8, 4)) and prefill["input_ids"] == ((1, 8), (1, 8), (1, 8))
     assert block["attn_bias"] == ((4, 132),) * 3 and prefill["attn_bias"] == ((8, 136),) * 3
     assert plan.profile_index(128) == plan.profile_index(128, 4) == 2 and plan.profile_index(128, 8) == 3
@@ -82,7 +82,7 @@ def test_dynamic_trt_profile_spans_every_pass_of_one_block():
     from spot.engines.buckets import Profile, dynamic_trt_profile
     p = dynamic_trt_profile(TINY, max_nodes=8, max_context=256)
     assert p.shapes["input_ids"] == ((1, 4), (8, 4), (8, 4))
-    assert p.shapes["past_k"] == ((2, 2, 0, 16), (2, 2, 124, 16), (2, 2, 252, 16))
+    assert p.shapes["past_k_0"] == p.shapes["past_v_1"] == ((2, 0, 16), (2, 124, 16), (2, 252, 16))
     assert p.shapes["attn_bias"] == ((4, 4), (4, 128), (4, 256)) and p.shapes["position_ids"] == ((4,),) * 3
     assert Profile.from_dict("again", p.to_dict()).shapes == p.shapes
     with pytest.raises(SpotError, match="malformed"):
@@ -109,10 +109,10 @@ def test_ort_tensorrt_provider_options(tmp_path, monkeypatch):
     assert name == "TensorrtExecutionProvider" and providers[1][0] == "CUDAExecutionProvider"
     assert opts["trt_engine_cache_enable"] and opts["trt_engine_cache_path"].startswith(str(tmp_path))
     assert opts["trt_timing_cache_enable"] and opts["trt_fp16_enable"]
-    assert opts["trt_profile_min_shapes"] == ("input_ids:1x4,position_ids:4,attn_bias:4x4,past_k:2x2x0x16,"
-                                              "past_v:2x2x0x16")
-    assert opts["trt_profile_max_shapes"] == ("input_ids:8x4,position_ids:4,attn_bias:4x256,past_k:2x2x252x16,"
-                                              "past_v:2x2x252x16")
+    assert opts["trt_profile_min_shapes"] == ("input_ids:1x4,position_ids:4,attn_bias:4x4,past_k_0:2x0x16,"
+                                              "past_v_0:2x0x16,past_k_1:2x0x16,past_v_1:2x0x16")
+    assert opts["trt_profile_max_shapes"] == ("input_ids:8x4,position_ids:4,attn_bias:4x256,past_k_0:2x252x16,"
+                                              "past_v_0:2x252x16,past_k_1:2x252x16,past_v_1:2x252x16")
     assert "input_ids:8x4" in opts["trt_profile_opt_shapes"]
     assert "trt_profile_min_shapes" not in providers_for("trt", tmp_path / "model", "fp32")[0][1]
 
@@ -237,7 +237,7 @@ def test_the_tuner_sweeps_only_the_node_counts_an_export_takes(exported):
 
 
 def test_padded_node_buckets_are_batch_invariant(exported):
-    """The real rows of a padded batch equal each state run alone, bit for bit (SPEC §4 batch invariance)."""
+    """The real rows of a padded batch equal each state run alone, bit for bit (docs/spec.md §4 batch invariance)."""
     from spot.engines.kv_cache import StaticOrtEngine
     static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
     rng = np.random.default_rng(1)
@@ -458,3 +458,5 @@ def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
     assert any("fp16-runs: device sampler == host sampler" in n for n in names)
     assert all(c["passed"] for c in report["checks"]) and not report["errors"]
     assert set(report["latency_ms"]["ort-cpu fp32"]) == {"1", "2", "4", "8", "16"}
+    measured = report["latency_ms"]["ort-cpu fp32 vs projection"]      # latency(N); no CPU figures to project
+    assert set(measured) == {"1", "2", "4", "8", "16"} and all(r["measured_ms"] > 0 for r in measured.values())

@@ -6,12 +6,14 @@ import os
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from click.testing import CliRunner
 
 from spot.cli import main as cli
 from spot.config import ModelConfig
 from spot.engines.ort_engine import OrtEngine
+from spot.errors import SpotError
 from spot.export.export import ExportOptions, export_checkpoint
 from spot.export.manifest import load_manifest, write_manifest
 from spot.export.presets import resolve_source
@@ -19,6 +21,7 @@ from spot.reference.model import random_model
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
+from tinymodels import make_format1
 
 pytest.importorskip("onnx")
 
@@ -28,19 +31,17 @@ CFG = ModelConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidde
 
 
 def _old_export(tmp_path):
-    """A folder as an earlier version wrote it, simulated: no kv_append graph, an epilogue entry without
-    positions_per_call."""
+    """A folder as an earlier version wrote it, simulated: format 1 (the cached prefix broadcast in the target
+    graph, no kv_append graph), no TensorRT profile, an epilogue entry without positions_per_call."""
     random_model(CFG, seed=1).save_pretrained(tmp_path / "ckpt")
     folder = export_checkpoint(resolve_source(str(tmp_path / "ckpt")), tmp_path / "old",
                                ExportOptions(dtype="fp32", validate=False, epilogue_steps=2))
-    manifest = dict(load_manifest(folder).manifest)
+    make_format1(folder)
+    manifest = dict(load_manifest(folder, upgradable=True).manifest)
     graphs = dict(manifest["graphs"])
-    graphs.pop("kv_append")
     graphs["target"] = {k: v for k, v in graphs["target"].items() if k != "tensorrt_profile"}
     graphs["epilogue"] = {k: v for k, v in graphs["epilogue"].items() if k != "positions_per_call"}
-    (folder / "kv_append.onnx").unlink()
-    manifest["graphs"], manifest["files"] = graphs, {k: v for k, v in manifest["files"].items()
-                                                     if k != "kv_append.onnx"}
+    manifest["graphs"] = graphs
     write_manifest(folder, manifest)
     return folder
 
@@ -48,9 +49,13 @@ def _old_export(tmp_path):
 def test_upgrade_rewrites_the_graphs_and_keeps_the_weights(tmp_path):
     folder = _old_export(tmp_path)
     weights = folder / "target.onnx.data"
-    inode, before = weights.stat().st_ino, load_manifest(folder).manifest
+    inode, before = weights.stat().st_ino, load_manifest(folder, upgradable=True).manifest
+    with pytest.raises(SpotError, match="has format_version 1, this spot reads 2") as refused:
+        OrtEngine(folder)
+    assert f"spot upgrade-export {folder}" in refused.value.hint
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-steps", "3", "--epilogue-positions", "4"])
     assert r.exit_code == 0, r.output
+    assert "target graph: format 1 -> 2" in r.output and "checking the new target graph" in r.output
     assert "epilogue D 3, 4 positions per call" in r.output
     after = load_manifest(folder, "full").manifest          # every hash matches
     assert weights.stat().st_ino == inode                   # hard-linked, not copied
@@ -58,6 +63,18 @@ def test_upgrade_rewrites_the_graphs_and_keeps_the_weights(tmp_path):
     assert after["graphs"]["epilogue"]["positions_per_call"] == 4 and after["graphs"]["epilogue"]["future_steps"] == 3
     assert after["graphs"]["epilogue"]["validation"]["checked"] in (True, False) and "kv_append" in after["graphs"]
     assert after["graphs"]["target"]["tensorrt_profile"]["max"]["input_ids"] == [after["max_nodes"], CFG.block_size]
+    assert after["format_version"] == 2 and after["files"]["target.onnx"] != before["files"]["target.onnx"]
+    target = after["graphs"]["target"]
+    assert [i["name"] for i in target["inputs"]][3:] == ["past_k_0", "past_v_0", "past_k_1", "past_v_1"]
+    assert "past_k_1" in target["tensorrt_profile"]["min"] and "past_k" not in target["tensorrt_profile"]["min"]
+    check = target["upgrade_check"]
+    assert check["layers"] == 2 and all(c["ok"] and c["max_abs_dlogits"] < 1e-4 for c in check["cases"])
+    assert "Expand" not in {n.op_type for n in onnx.load(str(folder / "target.onnx"), load_external_data=False)
+                            .graph.node}
+    # the same graph as a fresh export of the checkpoint: the same logits, bit for bit
+    fresh = export_checkpoint(resolve_source(str(tmp_path / "ckpt")), tmp_path / "fresh",
+                              ExportOptions(dtype="fp32", validate=False, epilogue_steps=2))
+    assert (folder / "target.onnx").read_bytes() == (fresh / "target.onnx").read_bytes()
     assert not any(p.name.startswith("old.") for p in tmp_path.iterdir())      # no leftovers
     terms = after["memory"]["verify_pass_terms"]
     assert terms["sampling_epilogue"] == int(9.5 * 4 * 4 * CFG.vocab_size * 8)
@@ -75,7 +92,7 @@ def test_upgrade_refuses_what_it_cannot_do(tmp_path, monkeypatch):
         m.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(OSError(1, "Operation not permitted")))
         r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
         assert r.exit_code != 0 and "could not hard-link" in r.output and "Traceback" not in r.output
-        assert not (tmp_path / "old.upgrading").exists() and load_manifest(folder, "full")
+        assert not (tmp_path / "old.upgrading").exists() and load_manifest(folder, "full", upgradable=True)
     real_rename = Path.rename
     for failing in ("old", "old.upgrading"):    # a folder that cannot be renamed (immutable, busy): rolled back
         with monkeypatch.context() as m:
@@ -87,7 +104,7 @@ def test_upgrade_refuses_what_it_cannot_do(tmp_path, monkeypatch):
             r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
         assert r.exit_code == 2 and "could not move" in r.output and "is unchanged" in r.output, r.output
         assert not (tmp_path / "old.upgrading").exists() and not (tmp_path / "old.replaced").exists()
-        assert "kv_append" not in load_manifest(folder, "full").manifest["graphs"]      # the old folder, intact
+        assert "kv_append" not in load_manifest(folder, "full", upgradable=True).manifest["graphs"]   # intact
     with monkeypatch.context() as m:            # Ctrl-C between the renames: the old folder back in place
         def interrupted(self, target):
             if self.name == "old.upgrading":
@@ -97,7 +114,7 @@ def test_upgrade_refuses_what_it_cannot_do(tmp_path, monkeypatch):
         r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
     assert isinstance(r.exception, KeyboardInterrupt) or r.exit_code != 0
     assert not (tmp_path / "old.upgrading").exists() and not (tmp_path / "old.replaced").exists()
-    assert "kv_append" not in load_manifest(folder, "full").manifest["graphs"]
+    assert "kv_append" not in load_manifest(folder, "full", upgradable=True).manifest["graphs"]
     folder.rename(tmp_path / "old.replaced")    # what a SIGKILL between the renames leaves: named, with the way back
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
     assert r.exit_code == 2 and "but" in r.output and "rename" in r.output and "old.replaced back to" in r.output

@@ -93,6 +93,35 @@ def nan_weights_copy(folder, out):
     return out
 
 
+def make_format1(folder):
+    """Turn an exported folder into what a format 1 spot-export wrote: its target graph with the cached prefix in one
+    stacked input broadcast over the states (spot.export.graph.BROADCAST, the same weights at the same offsets), no
+    kv_append graph (that format's append took the whole cache), format_version 1; the manifest re-hashed."""
+    from spot.export.export import TARGET_FILE, make_model, plan_layout
+    from spot.export.graph import BROADCAST
+    from spot.export.manifest import add_files, load_manifest, write_manifest
+    from spot.export.upgrade import declared_target
+    exported = load_manifest(folder, verify="none")
+    manifest, cfg = dict(exported.manifest), exported.config
+    graph = declared_target(manifest, cfg, BROADCAST)
+    (folder / TARGET_FILE).write_bytes(make_model(graph, plan_layout(graph.weights)[0]).SerializeToString())
+    (folder / "kv_append.onnx").unlink()
+    graphs = {k: v for k, v in manifest["graphs"].items() if k != "kv_append"}
+    past = {"dtype": "float32" if manifest["dtype"] == "fp32" else "float16",
+            "shape": [cfg.num_hidden_layers, cfg.num_key_value_heads, "C", cfg.head_dim]}
+    inputs = [i for i in graphs["target"]["inputs"] if not i["name"].startswith("past_")]
+    graphs["target"] = {**graphs["target"], "inputs": inputs + [{"name": "past_k", **past}, {"name": "past_v", **past}]}
+    if "tensorrt_profile" in graphs["target"]:       # format 1's profile named the stacked cache
+        graphs["target"]["tensorrt_profile"] = {
+            end: {**{k: v for k, v in shapes.items() if not k.startswith("past_")},
+                  **{name: [cfg.num_hidden_layers, *shapes["past_k_0"]] for name in ("past_k", "past_v")}}
+            for end, shapes in graphs["target"]["tensorrt_profile"].items()}
+    manifest.update(format_version=1, graphs=graphs,
+                    files={k: v for k, v in manifest["files"].items() if k != "kv_append.onnx"})
+    write_manifest(folder, add_files(folder, manifest, [TARGET_FILE]))
+    return folder
+
+
 def train_encoder_drafter(traces, out, settings) -> dict:
     """`train_drafter` into `out`, its graph then replaced by a model trained without weight selection, so that it is
     the whole encoder (selection keeps step 0 on tiny traces: the baseline graph, which has tests of its own).
@@ -109,8 +138,10 @@ def train_encoder_drafter(traces, out, settings) -> dict:
 
 
 # manifest edits the graphs contradict: (field, value, "graph file: the input or output that shows it")
-CONTRADICTIONS = [("num_hidden_layers", 3, "target.onnx: past_k"), ("num_key_value_heads", 1, "target.onnx: past_k"),
-                  ("head_dim", 4, "target.onnx: past_k"), ("vocab_size", 512, "target.onnx: logits"),
+# (format 2: a third layer's past_k_2 is missing from the 2-layer target graph)
+CONTRADICTIONS = [("num_hidden_layers", 3, "target.onnx: past_k_2"),
+                  ("num_key_value_heads", 1, "target.onnx: past_k_0"), ("head_dim", 4, "target.onnx: past_k_0"),
+                  ("vocab_size", 512, "target.onnx: logits"),
                   ("dtype", "fp16", "target.onnx: attn_bias"), ("future_steps", 2, "epilogue.onnx: future_tokens")]
 
 

@@ -15,11 +15,13 @@ namespace {
 
 const char* kManifest = "manifest.json";
 const char* kFormat = "spot-exported-model";
-constexpr int64_t kFormatVersion = 1;
+// 2: per-layer cache inputs past_k_<l> / past_v_<l> [Hkv, C, D], the prefix read once per pass; kv_append appends
+// one layer (spot.export.manifest.FORMAT_VERSION). A format 1 folder is converted by `spot upgrade-export`.
+constexpr int64_t kFormatVersion = 2;
 constexpr uint64_t kQuickFullLimit = 64ull * 1024 * 1024;   // spot.export.manifest.QUICK_FULL_LIMIT
 const char* kChangedHint = "the folder was modified or copied incompletely: copy it again or re-export it with "
                            "spot-export";
-const std::vector<std::string> kInputs = {"input_ids", "position_ids", "attn_bias", "past_k", "past_v"};
+const std::vector<std::string> kInputs = {"input_ids", "position_ids", "attn_bias"};   // + the per-layer cache
 const std::vector<std::string> kOutputs = {"logits", "new_k", "new_v"};
 
 void verify_files(const std::string& folder, const Json& files, spot_verify level) {
@@ -108,8 +110,12 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
   if (fmt == nullptr || !fmt->is_string() || fmt->str() != kFormat)
     fail(SPOT_ERR_CORRUPT, mpath + " is not a spot export manifest (format is not '" + kFormat + "')");
   const Json* ver = m.find("format_version");
+  if (ver != nullptr && ver->is_number() && ver->integer() == 1)
+    fail(SPOT_ERR_INCOMPATIBLE, mpath + " has format_version 1, this host reads 2 (its target graph takes each "
+                                        "layer's cache as its own input): run `spot upgrade-export " + folder +
+                                        "` (seconds: the graph is rewritten, the weights stay)");
   if (ver == nullptr || !ver->is_number() || ver->integer() != kFormatVersion)
-    fail(SPOT_ERR_INCOMPATIBLE, mpath + " has a format_version this host does not read (expected 1): re-export "
+    fail(SPOT_ERR_INCOMPATIBLE, mpath + " has a format_version this host does not read (expected 2): re-export "
                                         "the model with this version of spot-export");
   try {
     ef.config = parse_model(m.at("model"));
@@ -180,7 +186,7 @@ SessionConfig session_config(int threads, Device device) {
 // model section (and the epilogue's future_steps) imply; -1: a dynamic dim. An edited num_hidden_layers,
 // num_key_value_heads, head_dim, vocab_size or dtype surfaced as ONNX Runtime's error on the first pass.
 struct Expected {
-  const char* name;
+  std::string name;
   ONNXTensorElementDataType type;
   std::vector<int64_t> dims;
 };
@@ -260,6 +266,13 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
     sc.trt_fp16 = f.dtype == "fp16";
   }
   session_ = std::make_unique<OrtSessionHandle>(f.target_graph, sc);
+  for (int64_t layer = 0; layer < cfg_.num_hidden_layers; ++layer) {   // spot.export.manifest.past_input_names
+    past_names_.push_back("past_k_" + std::to_string(layer));
+    past_names_.push_back("past_v_" + std::to_string(layer));
+  }
+  k_.assign(static_cast<size_t>(cfg_.num_hidden_layers), {});
+  v_.assign(static_cast<size_t>(cfg_.num_hidden_layers), {});
+  // the per-layer cache inputs are check_graph_io's below: one missing contradicts model.num_hidden_layers
   for (const auto& want : kInputs)
     if (std::find(session_->input_names().begin(), session_->input_names().end(), want) ==
         session_->input_names().end())
@@ -270,11 +283,13 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
       fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no output '" + want + "': not a spot target graph");
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
   const ONNXTensorElementDataType i64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, f32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  check_graph_io(f, f.target_graph, *session_,
-                 {{"input_ids", i64, {-1, -1}}, {"position_ids", i64, {-1}}, {"attn_bias", kv_type_, {-1, -1}},
-                  {"past_k", kv_type_, {L, H, -1, D}}, {"past_v", kv_type_, {L, H, -1, D}},
-                  {"logits", f32, {-1, -1, cfg_.vocab_size}}, {"new_k", kv_type_, {L, -1, H, -1, D}},
-                  {"new_v", kv_type_, {L, -1, H, -1, D}}});
+  // in spot.export.manifest.io_contract's order, so that both hosts name the same first contradiction
+  std::vector<Expected> expected = {
+      {"input_ids", i64, {-1, -1}}, {"position_ids", i64, {-1}}, {"attn_bias", kv_type_, {-1, -1}}};
+  for (const auto& name : past_names_) expected.push_back({name, kv_type_, {H, -1, D}});
+  expected.insert(expected.end(), {{"logits", f32, {-1, -1, cfg_.vocab_size}}, {"new_k", kv_type_, {L, -1, H, -1, D}},
+                                   {"new_v", kv_type_, {L, -1, H, -1, D}}});
+  check_graph_io(f, f.target_graph, *session_, expected);
   open_epilogue(f, threads, device, sampler);
   open_kv_append(f, threads, device, kv_cache);
 }
@@ -307,11 +322,11 @@ void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device d
     if (std::find(kv_append_->input_names().begin(), kv_append_->input_names().end(), want) ==
         kv_append_->input_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.kv_append_graph + " has no input '" + want + "': not a spot kv_append graph");
-  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  const int64_t H = cfg_.num_key_value_heads, D = cfg_.head_dim;   // one layer's append (format 2)
   check_graph_io(f, f.kv_append_graph, *kv_append_,
-                 {{"past_k", kv_type_, {L, H, -1, D}}, {"past_v", kv_type_, {L, H, -1, D}},
-                  {"new_k", kv_type_, {L, 1, H, -1, D}}, {"new_v", kv_type_, {L, 1, H, -1, D}},
-                  {"k", kv_type_, {L, H, -1, D}}, {"v", kv_type_, {L, H, -1, D}}});
+                 {{"past_k", kv_type_, {H, -1, D}}, {"past_v", kv_type_, {H, -1, D}},
+                  {"new_k", kv_type_, {H, -1, D}}, {"new_v", kv_type_, {H, -1, D}},
+                  {"k", kv_type_, {H, -1, D}}, {"v", kv_type_, {H, -1, D}}});
   place(device);
 }
 
@@ -404,14 +419,17 @@ TargetEngine::Feeds TargetEngine::feeds(const std::vector<int64_t>& ids, int64_t
 
 void TargetEngine::add_past(std::vector<std::string>& names, std::vector<InputTensor>& host,
                             std::vector<BorrowedInput>& device) const {
-  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
-  if (device_k_) {
-    device.push_back({kInputs[3], device_k_->value()});
-    device.push_back({kInputs[4], device_v_->value()});
-  } else {
-    names.insert(names.end(), {kInputs[3], kInputs[4]});
-    host.push_back({kv_type_, {L, H, cached_, D}, k_.data(), k_.size()});
-    host.push_back({kv_type_, {L, H, cached_, D}, v_.data(), v_.size()});
+  const int64_t H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  for (size_t layer = 0; layer < k_.size(); ++layer) {
+    const std::string &k = past_names_[2 * layer], &v = past_names_[2 * layer + 1];
+    if (!device_k_.empty()) {
+      device.push_back({k, device_k_[layer].value()});
+      device.push_back({v, device_v_[layer].value()});
+    } else {
+      names.insert(names.end(), {k, v});
+      host.push_back({kv_type_, {H, cached_, D}, k_[layer].data(), k_[layer].size()});
+      host.push_back({kv_type_, {H, cached_, D}, v_[layer].data(), v_[layer].size()});
+    }
   }
 }
 
@@ -429,39 +447,65 @@ void TargetEngine::extend(const std::vector<int64_t>& ids, int64_t s, const std:
   const std::vector<int64_t> pos = positions(s);
   Feeds f = feeds(ids, 1, s, bias, pos);
   std::vector<OrtOutput> fresh = session_->run_keeping(f.names, f.host, {"new_k", "new_v"}, *place_, f.device);
-  // kv_append.onnx: Concat(past, Squeeze(new)) on the device; the empty cache is a zero-size host tensor
-  std::vector<std::string> names;
-  std::vector<InputTensor> host;
-  std::vector<BorrowedInput> device = {{"new_k", fresh[0].value()}, {"new_v", fresh[1].value()}};
-  add_past(names, host, device);
-  std::vector<OrtOutput> kv = kv_append_->run_keeping(names, host, {"k", "v"}, *place_, device);
-  const std::vector<int64_t> want = {L, H, cached_ + s, D};
-  if (kv[0].shape() != want || kv[1].shape() != want)
-    fail(SPOT_ERR_INCOMPATIBLE, "kv_append.onnx returned a cache of an unexpected shape: re-export the folder");
-  device_k_ = std::make_unique<OrtOutput>(std::move(kv[0]));
-  device_v_ = std::make_unique<OrtOutput>(std::move(kv[1]));
+  const std::vector<int64_t> fresh_shape = {L, 1, H, s, D};
+  if (fresh[0].shape() != fresh_shape || fresh[1].shape() != fresh_shape)
+    fail(SPOT_ERR_RUNTIME, "the target graph returned new_k/new_v of an unexpected shape");
+  // kv_append.onnx per layer: Concat(past, new) on the device, the layer's new K/V read in place (a view of the
+  // pass's output); the empty cache is a zero-size host tensor. A layer's old cache is released once its longer
+  // one exists: the transient is one layer's cache, not a second cache.
+  const std::vector<int64_t> want = {H, cached_ + s, D};
+  const size_t layer_elems = static_cast<size_t>(H * s * D);
+  const std::vector<uint8_t> none;
+  const bool first = device_k_.empty();     // the first stored tokens: every layer's cache starts empty
+  for (int64_t layer = 0; layer < L; ++layer) {
+    const OrtOutput new_k = fresh[0].view(layer * layer_elems, {H, s, D});
+    const OrtOutput new_v = fresh[1].view(layer * layer_elems, {H, s, D});
+    std::vector<std::string> names;
+    std::vector<InputTensor> host;
+    std::vector<BorrowedInput> device = {{"new_k", new_k.value()}, {"new_v", new_v.value()}};
+    if (first) {
+      names = {"past_k", "past_v"};
+      host.push_back({kv_type_, {H, 0, D}, none.data(), 0});
+      host.push_back({kv_type_, {H, 0, D}, none.data(), 0});
+    } else {
+      device.push_back({"past_k", device_k_[layer].value()});
+      device.push_back({"past_v", device_v_[layer].value()});
+    }
+    std::vector<OrtOutput> kv = kv_append_->run_keeping(names, host, {"k", "v"}, *place_, device);
+    if (kv[0].shape() != want || kv[1].shape() != want)
+      fail(SPOT_ERR_INCOMPATIBLE, "kv_append.onnx returned a cache of an unexpected shape: re-export the folder");
+    if (first) {
+      device_k_.push_back(std::move(kv[0]));
+      device_v_.push_back(std::move(kv[1]));
+    } else {
+      device_k_[layer] = std::move(kv[0]);
+      device_v_[layer] = std::move(kv[1]);
+    }
+  }
 }
 
 void TargetEngine::append_host_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s) {
-  // new_k / new_v [L, 1, Hkv, S, D] -> cache [L, Hkv, C + S, D]
+  // new_k / new_v [L, 1, Hkv, S, D] -> each layer's cache [Hkv, C + S, D], one layer's longer cache at a time
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
   std::vector<int64_t> want = {L, 1, H, s, D};
   if (new_k.shape() != want || new_v.shape() != want)
     fail(SPOT_ERR_RUNTIME, "the target graph returned new_k/new_v of an unexpected shape");
   const int64_t c_old = cached_;
   const size_t old_row = static_cast<size_t>(c_old * D) * elem_, new_row = static_cast<size_t>(s * D) * elem_;
-  auto merge = [&](std::vector<uint8_t>& cache, const OrtOutput& fresh) {
-    std::vector<uint8_t> out(static_cast<size_t>(L * H) * (old_row + new_row));
-    const uint8_t* src = static_cast<const uint8_t*>(fresh.data());
-    for (int64_t lh = 0; lh < L * H; ++lh) {
-      uint8_t* dst = out.data() + lh * (old_row + new_row);
-      if (old_row) std::memcpy(dst, cache.data() + lh * old_row, old_row);
-      std::memcpy(dst + old_row, src + lh * new_row, new_row);
+  auto merge = [&](std::vector<uint8_t>& cache, const uint8_t* src) {
+    std::vector<uint8_t> out(static_cast<size_t>(H) * (old_row + new_row));
+    for (int64_t h = 0; h < H; ++h) {
+      uint8_t* dst = out.data() + h * (old_row + new_row);
+      if (old_row) std::memcpy(dst, cache.data() + h * old_row, old_row);
+      std::memcpy(dst + old_row, src + h * new_row, new_row);
     }
     cache.swap(out);
   };
-  merge(k_, new_k);
-  merge(v_, new_v);
+  const size_t layer_bytes = static_cast<size_t>(H) * new_row;
+  for (int64_t layer = 0; layer < L; ++layer) {
+    merge(k_[layer], static_cast<const uint8_t*>(new_k.data()) + layer * layer_bytes);
+    merge(v_[layer], static_cast<const uint8_t*>(new_v.data()) + layer * layer_bytes);
+  }
 }
 
 void TargetEngine::prefill(const std::vector<int64_t>& ids) {
@@ -469,10 +513,10 @@ void TargetEngine::prefill(const std::vector<int64_t>& ids) {
   if (ids.size() % static_cast<size_t>(b_) != 0)
     fail(SPOT_ERR_INVALID_ARGUMENT, "prefill ids: got " + std::to_string(ids.size()) +
                                         ", expected a multiple of " + std::to_string(b_));
-  k_.clear();
-  v_.clear();
-  device_k_.reset();
-  device_v_.reset();
+  for (auto& layer : k_) layer.clear();
+  for (auto& layer : v_) layer.clear();
+  device_k_.clear();
+  device_v_.clear();
   cached_ = 0;
   if (ids.empty()) return;
   const int64_t p = static_cast<int64_t>(ids.size());

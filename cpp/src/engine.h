@@ -1,7 +1,8 @@
 // The exported folder (manifest.json, checked like spot.export.manifest.load_manifest) and the target engine over
 // target.onnx: prefill, block logits of N candidate states, store; the KV cache is kept exactly as
-// spot/engines/ort_engine.py keeps it ([L, Hkv, C, D] in the model dtype, each stored block appended on axis C):
-// in host memory, or where the target runs (OrtValues appended by the export's kv_append.onnx).
+// spot/engines/ort_engine.py keeps it (per layer K and V [Hkv, C, D] in the model dtype, fed in place as the
+// graph's past_k_<l> / past_v_<l>, each stored block appended on axis C): in host memory, or where the target runs
+// (OrtValues appended layer by layer by the export's kv_append.onnx).
 #pragma once
 
 #include <cstdint>
@@ -108,7 +109,7 @@ class TargetEngine {
 
  private:
   // The target's inputs for ids [N, S] after the cache: host tensors (borrowing ids, bias, pos and the host
-  // cache) and, with the device cache once filled, past_k / past_v bound where they are.
+  // cache) and, with the device cache once filled, every layer's past_k_<l> / past_v_<l> bound where they are.
   struct Feeds {
     std::vector<std::string> names;     // of `host`
     std::vector<InputTensor> host;
@@ -122,8 +123,8 @@ class TargetEngine {
   void check_states(const std::vector<int64_t>& states, int64_t n) const;
   void open_epilogue(const ExportedFolder& f, int threads, Device device, Placement sampler);
   void open_kv_append(const ExportedFolder& f, int threads, Device device, Placement kv_cache);
-  // past_k / past_v where the cache is: borrowed device values, or host tensors (the host cache; empty while the
-  // device cache is)
+  // every layer's past_k_<l> / past_v_<l> where the cache is: borrowed device values, or host tensors (the host
+  // cache; empty while the device cache is)
   void add_past(std::vector<std::string>& names, std::vector<InputTensor>& host,
                 std::vector<BorrowedInput>& device) const;
   const MemoryPlace& place(Device device);           // where the target's kept outputs live (made once)
@@ -142,15 +143,16 @@ class TargetEngine {
   std::unique_ptr<OrtSessionHandle> session_;
   std::unique_ptr<OrtSessionHandle> epilogue_;   // the device sampler's epilogue; null: host sampling
   std::unique_ptr<MemoryPlace> place_;           // where the target's logits / new K/V stay on the device
-  std::unique_ptr<OrtSessionHandle> kv_append_;  // the device cache's append; null: the host cache k_ / v_
-  std::unique_ptr<OrtOutput> device_k_, device_v_;   // the device cache [L, Hkv, C, D]; null while empty
+  std::unique_ptr<OrtSessionHandle> kv_append_;  // the device cache's append (one layer); null: the host cache
+  std::vector<OrtOutput> device_k_, device_v_;   // the device cache, [Hkv, C, D] per layer; empty while empty
+  std::vector<std::string> past_names_;          // past_k_0, past_v_0, past_k_1, ... (spot.export.manifest)
   std::vector<std::string> epilogue_outputs_;
   int64_t epilogue_steps_ = 0;
   int64_t epilogue_states_ = 0;
   double epilogue_ms_ = 0;
   int64_t epilogue_positions_ = 0;           // positions per epilogue call; 0: whole blocks, no first_position input
   std::string epilogue_graph_path_;
-  std::vector<uint8_t> k_, v_;               // the host cache [L, Hkv, C, D] in the model dtype (empty: device)
+  std::vector<std::vector<uint8_t>> k_, v_;  // the host cache, [Hkv, C, D] per layer in the model dtype
   int64_t cached_ = 0;
 };
 

@@ -1,241 +1,178 @@
 #include "json.h"
 
-#include <cctype>
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
+#include <cstdint>
+#include <cstring>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "errors.h"
 
 namespace spot {
+namespace {
 
+[[noreturn]] void invalid(const std::string& what) { fail(SPOT_ERR_CORRUPT, "invalid JSON: " + what); }
+
+bool delimits(const std::string& text, size_t i) {   // a value may end / begin next to position i
+  return i >= text.size() || std::strchr(" \t\n\r,:[]{}", text[i]) != nullptr;
+}
+
+// Python's json module writes NaN, Infinity and -Infinity for non-finite floats (drafter.json's accuracy over an
+// empty selection is NaN); RFC 8259, and nlohmann/json, have no such literals. Outside strings each one standing
+// alone is replaced by a number of the same length (byte offsets in messages stay the file's), and `nonfinite`
+// records its value under the number's ordinal among the document's numbers, for the reader to put back.
+std::string with_python_literals_replaced(const std::string& text, std::map<size_t, double>& nonfinite) {
+  struct Literal {
+    const char* text;
+    const char* stand_in;
+    double value;
+  };
+  static const Literal kLiterals[] = {{"NaN", "0.0", std::numeric_limits<double>::quiet_NaN()},
+                                      {"Infinity", "0.000000", HUGE_VAL},
+                                      {"-Infinity", "-0.000000", -HUGE_VAL}};
+  std::string out = text;
+  size_t numbers = 0;
+  for (size_t i = 0; i < out.size();) {
+    if (out[i] == '"') {   // a string: skipped whole, escaped characters included
+      for (++i; i < out.size() && out[i] != '"'; ++i)
+        if (out[i] == '\\') ++i;
+      ++i;
+      continue;
+    }
+    const Literal* found = nullptr;
+    for (const Literal& l : kLiterals) {
+      const size_t n = std::strlen(l.text);
+      if (out.compare(i, n, l.text) == 0 && (i == 0 || delimits(out, i - 1)) && delimits(out, i + n)) found = &l;
+    }
+    if (found != nullptr) {
+      const size_t n = std::strlen(found->text);
+      out.replace(i, n, found->stand_in);
+      nonfinite[numbers++] = found->value;
+      i += n;
+    } else if (out[i] == '-' || (out[i] >= '0' && out[i] <= '9')) {   // a number token: counted, skipped
+      ++numbers;
+      while (i < out.size() && out[i] != '\0' && std::strchr("+-.eE0123456789", out[i]) != nullptr) ++i;
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// nlohmann/json's SAX events -> a Json tree (objects keep their key order; the first of duplicate keys is found)
 class JsonParser {
  public:
-  explicit JsonParser(const std::string& text) : s_(text) {}
+  static constexpr size_t kMaxDepth = 256;   // deeper nesting is refused
 
-  Json parse_document() {
-    Json v = value(0);
-    skip_ws();
-    if (i_ != s_.size()) error("trailing characters after the JSON value");
-    return v;
+  explicit JsonParser(std::map<size_t, double> nonfinite) : nonfinite_(std::move(nonfinite)) {}
+
+  Json take() { return std::move(root_); }
+
+  bool null() { return put(Json()); }
+  bool boolean(bool b) {
+    Json v;
+    v.kind_ = Json::Kind::Bool;
+    v.bool_ = b;
+    return put(std::move(v));
+  }
+  bool number_integer(int64_t n) { return number(static_cast<double>(n), true, n); }
+  bool number_unsigned(uint64_t n) {
+    const bool fits = n <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    return number(static_cast<double>(n), fits, fits ? static_cast<int64_t>(n) : 0);
+  }
+  bool number_float(double d, const std::string& /*text*/) { return number(d, false, 0); }
+  bool string(std::string& s) {
+    refuse_nul(s);
+    Json v;
+    v.kind_ = Json::Kind::String;
+    v.str_ = std::move(s);
+    return put(std::move(v));
+  }
+  template <class Binary>
+  bool binary(Binary& /*bytes*/) {   // only binary formats (CBOR, ...) produce these
+    invalid("binary value");
+  }
+  bool start_object(size_t /*elements*/) { return open(Json::Kind::Object); }
+  bool key(std::string& k) {
+    refuse_nul(k);
+    keys_.back() = std::move(k);
+    return true;
+  }
+  bool end_object() { return close(); }
+  bool start_array(size_t /*elements*/) { return open(Json::Kind::Array); }
+  bool end_array() { return close(); }
+  template <class Exception>
+  bool parse_error(size_t byte, const std::string& /*last_token*/, const Exception& e) {
+    std::string what = e.what();   // "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
+    const size_t tag = what.find("] ");
+    fail(SPOT_ERR_CORRUPT, "invalid JSON at byte " + std::to_string(byte) + ": " +
+                               (tag == std::string::npos ? what : what.substr(tag + 2)));
   }
 
  private:
-  static constexpr int kMaxDepth = 256;   // deeper nesting is refused rather than overflowing the stack
-  const std::string& s_;
-  size_t i_ = 0;
-
-  [[noreturn]] void error(const std::string& what) const {
-    fail(SPOT_ERR_CORRUPT, "invalid JSON at byte " + std::to_string(i_) + ": " + what);
+  // a NUL would cut the string wherever it reaches C (file names, messages): no manifest needs one
+  static void refuse_nul(const std::string& s) {
+    if (s.find('\0') != std::string::npos) invalid("NUL (\\u0000) in a string");
   }
 
-  void skip_ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
-  }
-
-  bool consume(const char* word) {
-    size_t n = std::char_traits<char>::length(word);
-    if (s_.compare(i_, n, word) == 0) {
-      i_ += n;
-      return true;
-    }
-    return false;
-  }
-
-  Json value(int depth) {
-    if (depth > kMaxDepth) error("nesting deeper than 256");
-    skip_ws();
-    if (i_ >= s_.size()) error("unexpected end of input");
-    Json v;
-    char c = s_[i_];
-    if (c == '{') {
-      v.kind_ = Json::Kind::Object;
-      ++i_;
-      skip_ws();
-      if (i_ < s_.size() && s_[i_] == '}') {
-        ++i_;
-        return v;
-      }
-      while (true) {
-        skip_ws();
-        if (i_ >= s_.size() || s_[i_] != '"') error("expected a string key");
-        std::string key = string_literal();
-        skip_ws();
-        if (i_ >= s_.size() || s_[i_] != ':') error("expected ':'");
-        ++i_;
-        v.obj_.emplace_back(std::move(key), value(depth + 1));
-        skip_ws();
-        if (i_ < s_.size() && s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        if (i_ < s_.size() && s_[i_] == '}') {
-          ++i_;
-          return v;
-        }
-        error("expected ',' or '}'");
-      }
-    }
-    if (c == '[') {
-      v.kind_ = Json::Kind::Array;
-      ++i_;
-      skip_ws();
-      if (i_ < s_.size() && s_[i_] == ']') {
-        ++i_;
-        return v;
-      }
-      while (true) {
-        v.arr_.push_back(value(depth + 1));
-        skip_ws();
-        if (i_ < s_.size() && s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        if (i_ < s_.size() && s_[i_] == ']') {
-          ++i_;
-          return v;
-        }
-        error("expected ',' or ']'");
-      }
-    }
-    if (c == '"') {
-      v.kind_ = Json::Kind::String;
-      v.str_ = string_literal();
-      return v;
-    }
-    if (consume("true")) {
-      v.kind_ = Json::Kind::Bool;
-      v.bool_ = true;
-      return v;
-    }
-    if (consume("false")) {
-      v.kind_ = Json::Kind::Bool;
-      return v;
-    }
-    if (consume("null")) return v;
-    // Python's json writes NaN / Infinity / -Infinity for non-finite floats
-    if (consume("NaN")) return number_value(std::nan(""), false, 0);
-    if (consume("Infinity")) return number_value(HUGE_VAL, false, 0);
-    if (consume("-Infinity")) return number_value(-HUGE_VAL, false, 0);
-    return number();
-  }
-
-  static Json number_value(double d, bool is_int, int64_t n) {
+  bool number(double d, bool is_int, int64_t n) {
+    auto it = nonfinite_.find(numbers_++);
     Json v;
     v.kind_ = Json::Kind::Number;
-    v.num_ = d;
-    v.num_is_int_ = is_int;
+    v.num_ = it == nonfinite_.end() ? d : it->second;
+    v.num_is_int_ = is_int && it == nonfinite_.end();
     v.int_ = n;
-    return v;
+    return put(std::move(v));
   }
 
-  Json number() {
-    size_t start = i_;
-    if (i_ < s_.size() && s_[i_] == '-') ++i_;
-    if (i_ >= s_.size() || !isdigit(static_cast<unsigned char>(s_[i_]))) error("unexpected character");
-    bool is_int = true;
-    while (i_ < s_.size() && isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
-    if (i_ < s_.size() && s_[i_] == '.') {
-      is_int = false;
-      ++i_;
-      while (i_ < s_.size() && isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
-    }
-    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
-      is_int = false;
-      ++i_;
-      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
-      while (i_ < s_.size() && isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
-    }
-    std::string text = s_.substr(start, i_ - start);
-    // strtod is correctly rounded in glibc: the same double Python's json module reads
-    double d = std::strtod(text.c_str(), nullptr);
-    int64_t n = 0;
-    if (is_int) {
-      errno = 0;
-      long long ll = std::strtoll(text.c_str(), nullptr, 10);
-      if (errno == ERANGE) is_int = false;
-      n = ll;
-    }
-    return number_value(d, is_int, n);
+  bool open(Json::Kind kind) {
+    if (open_.size() >= kMaxDepth) invalid("nesting deeper than 256");
+    Json v;
+    v.kind_ = kind;
+    open_.push_back(std::move(v));
+    keys_.emplace_back();
+    return true;
   }
 
-  static void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
+  bool close() {
+    Json v = std::move(open_.back());
+    open_.pop_back();
+    keys_.pop_back();
+    return put(std::move(v));
+  }
+
+  bool put(Json v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+    } else if (open_.back().kind_ == Json::Kind::Object) {
+      open_.back().obj_.emplace_back(std::move(keys_.back()), std::move(v));
     } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
+      open_.back().arr_.push_back(std::move(v));
     }
+    return true;
   }
 
-  uint32_t hex4() {
-    if (i_ + 4 > s_.size()) error("truncated \\u escape");
-    uint32_t cp = 0;
-    for (int k = 0; k < 4; ++k) {
-      char h = s_[i_++];
-      cp <<= 4;
-      if (h >= '0' && h <= '9') cp |= h - '0';
-      else if (h >= 'a' && h <= 'f') cp |= h - 'a' + 10;
-      else if (h >= 'A' && h <= 'F') cp |= h - 'A' + 10;
-      else error("bad \\u escape");
-    }
-    return cp;
-  }
-
-  std::string string_literal() {
-    ++i_;  // opening quote
-    std::string out;
-    while (true) {
-      if (i_ >= s_.size()) error("unterminated string");
-      char c = s_[i_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) error("control character in string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) error("unterminated escape");
-      char e = s_[i_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          uint32_t cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00 && i_ + 6 <= s_.size() && s_[i_] == '\\' && s_[i_ + 1] == 'u') {
-            i_ += 2;
-            uint32_t lo = hex4();
-            if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            else error("bad surrogate pair");
-          }
-          // a NUL would cut the string wherever it reaches C (file names, messages): no manifest needs one
-          if (cp == 0) error("NUL (\\u0000) in a string");
-          append_utf8(out, cp);
-          break;
-        }
-        default: error("unknown escape");
-      }
-    }
-  }
+  std::map<size_t, double> nonfinite_;   // number ordinal -> its value (with_python_literals_replaced)
+  size_t numbers_ = 0;
+  std::vector<Json> open_;               // the arrays and objects being read, outermost first
+  std::vector<std::string> keys_;        // per open object, the key its next value goes under
+  Json root_;
 };
 
-Json Json::parse(const std::string& text) { return JsonParser(text).parse_document(); }
+Json Json::parse(const std::string& text) {
+  std::map<size_t, double> nonfinite;
+  const std::string json = with_python_literals_replaced(text, nonfinite);
+  JsonParser reader(std::move(nonfinite));
+  // strict: trailing characters are an error too; errors throw from the reader, which never stops the parse itself
+  nlohmann::json::sax_parse(json, &reader);
+  return reader.take();
+}
 
 bool Json::has(const std::string& key) const { return find(key) != nullptr; }
 

@@ -1,4 +1,5 @@
-// A small JSON reader for manifest.json and drafter.json (RFC 8259 values; objects keep their key order).
+// JSON values of manifest.json and drafter.json, read with nlohmann/json (RFC 8259, plus the NaN / Infinity
+// Python's json module writes; objects keep their key order).
 #pragma once
 
 #include <cstdint>

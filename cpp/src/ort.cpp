@@ -149,6 +149,15 @@ OrtOutput::~OrtOutput() {
   if (v_ != nullptr) ort_api().ReleaseValue(v_);
 }
 
+OrtOutput& OrtOutput::operator=(OrtOutput&& o) noexcept {
+  if (this != &o) {
+    if (v_ != nullptr) ort_api().ReleaseValue(v_);
+    v_ = o.v_;
+    o.v_ = nullptr;
+  }
+  return *this;
+}
+
 std::vector<int64_t> OrtOutput::shape() const {
   const OrtApi& api = ort_api();
   OrtTensorTypeAndShapeInfo* info = nullptr;
@@ -183,16 +192,18 @@ OrtOutput OrtOutput::view(size_t first, std::vector<int64_t> shape) const {
   size_t have = 1, want = 1;
   for (int64_t d : this->shape()) have *= static_cast<size_t>(d);
   for (int64_t d : shape) want *= static_cast<size_t>(d);
-  if (type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || first + want > have)
+  const ONNXTensorElementDataType t = type();
+  const size_t elem = t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 4 : t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? 2 : 0;
+  if (elem == 0 || first + want > have)
     fail(SPOT_ERR_INTERNAL, "view: elements [" + std::to_string(first) + ", " + std::to_string(first + want) +
-                                ") of a float tensor of " + std::to_string(have));
+                                ") of a float / float16 tensor of " + std::to_string(have));
   const OrtApi& api = ort_api();
   const OrtMemoryInfo* where = nullptr;
   check(api.GetTensorMemoryInfo(v_, &where), "GetTensorMemoryInfo");
-  float* base = static_cast<float*>(const_cast<void*>(data()));
+  uint8_t* base = static_cast<uint8_t*>(const_cast<void*>(data()));
   OrtValue* view = nullptr;
-  check(api.CreateTensorWithDataAsOrtValue(where, base + first, want * sizeof(float), shape.data(), shape.size(),
-                                           ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &view),
+  check(api.CreateTensorWithDataAsOrtValue(where, base + first * elem, want * elem, shape.data(), shape.size(), t,
+                                           &view),
         "CreateTensorWithDataAsOrtValue");
   return OrtOutput(view);
 }

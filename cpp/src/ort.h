@@ -47,6 +47,7 @@ class OrtOutput {
  public:
   explicit OrtOutput(OrtValue* v) : v_(v) {}
   OrtOutput(OrtOutput&& o) noexcept : v_(o.v_) { o.v_ = nullptr; }
+  OrtOutput& operator=(OrtOutput&& o) noexcept;     // releases the value held before
   OrtOutput(const OrtOutput&) = delete;
   ~OrtOutput();
   std::vector<int64_t> shape() const;
@@ -54,7 +55,7 @@ class OrtOutput {
   const void* data() const;          // where the tensor is (dereference host outputs only)
   const OrtValue* value() const { return v_; }
   // A tensor of `shape` over this one's elements from `first` on, in the same memory (host or device), no copy:
-  // valid while this output lives. float32 tensors only (a pass's logits).
+  // valid while this output lives. float32 / float16 tensors (a pass's logits, a layer's new K/V).
   OrtOutput view(size_t first, std::vector<int64_t> shape) const;
 
  private:

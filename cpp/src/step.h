@@ -1,4 +1,5 @@
-// The noise (docs/noise.md) and the step function F (SPEC §3), bit-identical to spot/runtime/noise.py + step.py.
+// The noise (docs/noise.md) and the step function F (docs/spec.md §3), bit-identical to spot/runtime/noise.py +
+// step.py.
 //
 // Bit-identity rests on: the same IEEE float64 operations in the same order (no FMA contraction: the build uses
 // -ffp-contract=off), glibc's exp / log / log1p (what numpy calls for float64 on x86-64 glibc), and numpy's

@@ -7,7 +7,8 @@
 namespace spot {
 namespace {
 
-// -- Python's heapq on (neg logp, counter, kind, payload) tuples: same sift order, so the same pending order -----
+// -- the queue of tree.py's order rule (docs/decisions.md, "Trees"): entries ordered by the total key
+// (neg logp, counter), the counter numbering pushes; any heap pops the same sequence, its layout decides nothing ---
 struct HeapEntry {
   double neg;
   int64_t counter;
@@ -16,76 +17,22 @@ struct HeapEntry {
 };
 
 bool heap_less(const HeapEntry& a, const HeapEntry& b) {
-  if (a.neg != b.neg) return a.neg < b.neg;   // tuples compare element by element; counters are unique
+  if (a.neg != b.neg) return a.neg < b.neg;   // as Python compares the tuples; counters are unique
   return a.counter < b.counter;
 }
 
-void sift_down(std::vector<HeapEntry>& h, size_t start, size_t pos) {   // CPython heapq._siftdown
-  HeapEntry item = h[pos];
-  while (pos > start) {
-    size_t parent = (pos - 1) >> 1;
-    if (heap_less(item, h[parent])) {
-      h[pos] = h[parent];
-      pos = parent;
-      continue;
-    }
-    break;
-  }
-  h[pos] = item;
-}
-
-void sift_up(std::vector<HeapEntry>& h, size_t pos) {                  // CPython heapq._siftup
-  const size_t end = h.size(), start = pos;
-  HeapEntry item = h[pos];
-  size_t child = 2 * pos + 1;
-  while (child < end) {
-    size_t right = child + 1;
-    if (right < end && !heap_less(h[child], h[right])) child = right;
-    h[pos] = h[child];
-    pos = child;
-    child = 2 * pos + 1;
-  }
-  h[pos] = item;
-  sift_down(h, start, pos);
-}
+bool heap_greater(const HeapEntry& a, const HeapEntry& b) { return heap_less(b, a); }   // std:: heaps: max first
 
 void heap_push(std::vector<HeapEntry>& h, const HeapEntry& e) {
   h.push_back(e);
-  sift_down(h, 0, h.size() - 1);
+  std::push_heap(h.begin(), h.end(), heap_greater);
 }
 
 HeapEntry heap_pop(std::vector<HeapEntry>& h) {
-  HeapEntry last = h.back();
+  std::pop_heap(h.begin(), h.end(), heap_greater);
+  HeapEntry top = h.back();
   h.pop_back();
-  if (h.empty()) return last;
-  HeapEntry top = h[0];
-  h[0] = last;
-  sift_up(h, 0);
   return top;
-}
-
-void heapify(std::vector<HeapEntry>& h) {
-  const size_t n = h.size();
-  if (n > 2500) {   // CPython's cache_friendly_heapify for large heaps (a different, equally valid layout)
-    size_t m = n >> 1;
-    size_t top = 1;
-    while ((top << 1) <= m + 1) top <<= 1;
-    const size_t leftmost = top - 1, mhalf = m >> 1;
-    auto sweep = [&](size_t hi, size_t lo) {
-      for (size_t i = hi; i-- > lo;) {
-        size_t j = i;
-        while (true) {
-          sift_up(h, j);
-          if (!(j & 1)) break;
-          j >>= 1;
-        }
-      }
-    };
-    sweep(leftmost, mhalf);
-    sweep(m, leftmost);
-    return;
-  }
-  for (size_t i = n / 2; i-- > 0;) sift_up(h, i);
 }
 
 }  // namespace
@@ -114,15 +61,14 @@ std::vector<Node> build_tree(const std::vector<int64_t>& root_state, uint32_t ro
   while (!heap.empty() && static_cast<int64_t>(tree.size()) < budget) {
     HeapEntry top = heap_pop(heap);
     if (top.kind == 0) {
-      // every node awaiting expansion goes into one proposer call, in the heap's list order (as tree.py)
+      // every node awaiting expansion goes into one proposer call, in key order (tree.py's order rule)
+      std::vector<HeapEntry> waiting, rest;
+      for (const HeapEntry& h : heap) (h.kind == 0 ? waiting : rest).push_back(h);
+      std::sort(waiting.begin(), waiting.end(), heap_less);
       std::vector<int64_t> pending = {top.payload};
-      std::vector<HeapEntry> rest;
-      for (const HeapEntry& h : heap) {
-        if (h.kind == 0) pending.push_back(h.payload);
-        else rest.push_back(h);
-      }
+      for (const HeapEntry& h : waiting) pending.push_back(h.payload);
       heap.swap(rest);
-      heapify(heap);
+      std::make_heap(heap.begin(), heap.end(), heap_greater);
       std::vector<Node> batch;   // the nodes to propose for: pending ones not prefetched, then speculative ones
       std::vector<int64_t> ask, extra;
       for (int64_t i : pending)

@@ -1,5 +1,5 @@
-// Best-first draft trees under a node budget and depth, mirroring spot/runtime/tree.py (and Python's heapq, so
-// that the nodes expanded together come in the same order), and the proposer interface they call.
+// Best-first draft trees under a node budget and depth, mirroring spot/runtime/tree.py and its order rule
+// (docs/decisions.md, "Trees"), and the proposer interface they call.
 #pragma once
 
 #include <cstdint>

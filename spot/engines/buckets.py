@@ -4,7 +4,7 @@ An engine with static shapes (a TensorRT optimisation profile, a captured CUDA g
 shape per (node bucket, capacity bucket) pair. The host picks the smallest bucket that fits:
 - capacity: the KV cache window C >= cached tokens; slots past the cached length are masked (spot.engines.kv_cache);
 - nodes: N_bucket >= candidate states; the batch is padded by repeating the last state and the padded rows'
-  outputs are dropped. The engine must be batch-invariant (SPEC §4) for the real rows to be unaffected;
+  outputs are dropped. The engine must be batch-invariant (docs/spec.md §4) for the real rows to be unaffected;
   tests/test_trt_and_buckets.py checks that bit for bit on ONNX Runtime CPU.
 Standard decoding and SPOT pick buckets by the same rule from the same cached length, so a state's logits are
 computed with the same shapes by both decoders whenever N falls in the same node bucket, and batch invariance covers
@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from spot.errors import SpotError
+from spot.export.manifest import past_input_names
 
 
 def pick_bucket(need: int, buckets: Sequence[int], what: str = "size") -> int:
@@ -71,10 +72,11 @@ def pad_nodes(states: np.ndarray, bucket: int) -> np.ndarray:
 def target_input_shapes(layers: int, kv_heads: int, head_dim: int, nodes: int, tokens: int,
                         cached: int) -> dict[str, tuple[int, ...]]:
     """The target graph's input shapes (spot.export.graph) for one pass of `nodes` states of `tokens` tokens against
-    `cached` cached tokens: input_ids [N,S], position_ids [S], attn_bias [S,C+S], past_k/past_v [L,Hkv,C,D]."""
-    kv = (layers, kv_heads, cached, head_dim)
+    `cached` cached tokens: input_ids [N,S], position_ids [S], attn_bias [S,C+S], past_k_<l>/past_v_<l> [Hkv,C,D]
+    per layer."""
+    kv = (kv_heads, cached, head_dim)
     return {"input_ids": (nodes, tokens), "position_ids": (tokens,), "attn_bias": (tokens, cached + tokens),
-            "past_k": kv, "past_v": kv}
+            **{name: kv for pair in past_input_names(layers) for name in pair}}
 
 
 @dataclass(frozen=True)

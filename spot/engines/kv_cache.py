@@ -1,9 +1,10 @@
 """A preallocated, fixed-capacity KV cache owned by the host loop, and an ORT engine that runs with static shapes.
 
-The target graph (spot.export.graph) takes past_k/past_v [L,Hkv,C,D] and an additive mask attn_bias [S,C+S]. The
-cache is one contiguous buffer of C = capacity slots allocated up front, handed to the graph whole (a stable device
-address, as TensorRT bindings and CUDA graphs need); slots at or past the filled length are masked with -inf, so
-they get softmax weight exactly 0. The graph returns the new tokens' K/V and the host writes them in place at
+The target graph (spot.export.graph) takes each layer's cache past_k_<l>/past_v_<l> [Hkv,C,D] and an additive mask
+attn_bias [S,C+S]. The cache is one contiguous buffer [L,Hkv,Cap,D] of C = capacity slots allocated up front; each
+layer's [Hkv,Cap,D] is a contiguous view of it, handed to the graph in place (a stable device address, as TensorRT
+bindings and CUDA graphs need, and no copy); slots at or past the filled length are masked with -inf, so they get
+softmax weight exactly 0. The graph returns the new tokens' K/V and the host writes them in place at
 [length, length+S). The capacity is a bucket (spot.engines.buckets): chosen up front with `reserve(total)` when the
 request's length is known, otherwise grown to the next bucket when the context outgrows it (one copy; the growth
 points depend only on the cached length, so every decoder sees the same shapes).
@@ -21,6 +22,7 @@ import numpy as np
 
 from spot.engines.buckets import BucketPlan, block_trt_profile, pad_nodes
 from spot.errors import SpotError
+from spot.export.manifest import past_feeds
 from spot.runtime.engine import Engine
 
 
@@ -67,6 +69,10 @@ class StaticKVCache:
         v[:, :, :self.length] = self.v[:, :, :self.length]
         self.k, self.v = k, v
         return True
+
+    def feeds(self) -> dict:
+        """The graph's cache inputs: every layer's K and V [Hkv,Cap,D], views of the buffers (no copy)."""
+        return past_feeds(self.k, self.v)
 
     def append(self, new_k, new_v) -> None:
         """Write K/V [L,Hkv,S,D] of S new tokens at [length, length+S)."""
@@ -146,8 +152,7 @@ class StaticOrtEngine(Engine):
         self.cache.ensure(self.plan.capacity_for(self.cache.length + s))   # room for the new tokens too
         feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
                  "position_ids": np.arange(self.cache.length, self.cache.length + s, dtype=np.int64),
-                 "attn_bias": self.cache.bias(s, self.block_size, self.dtype),
-                 "past_k": self.cache.k, "past_v": self.cache.v}
+                 "attn_bias": self.cache.bias(s, self.block_size, self.dtype), **self.cache.feeds()}
         self.last_shapes = (n, s, self.cache.capacity)
         return self.session.run(outputs, feeds)
 

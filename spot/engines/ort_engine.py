@@ -1,9 +1,10 @@
 """ONNX Runtime engine over an exported folder (spot-export): no torch needed on the device.
 
 The folder is opened by its manifest (hashes checked). One session runs the target graph for prefill, block steps
-over N candidate states and store passes; the graph returns only the new tokens' K/V, appended to the cache
-[L,Hkv,C,D] in the model dtype: numpy arrays on the host (CPU), or OrtValues where the target runs
-(spot.engines.device_kv: on GPU providers, so the cache does not cross to the device on every pass).
+over N candidate states and store passes; the graph returns only the new tokens' K/V, appended to the cache, one
+[Hkv,C,D] array per layer and per K / V in the model dtype, each fed to the graph as its own input (no copy of the
+cache per pass): numpy arrays on the host (CPU), or OrtValues where the target runs (spot.engines.device_kv: on GPU
+providers, so the cache does not cross to the device on every pass).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from spot.engines.buckets import Profile, trt_shape_option
 from spot.errors import SpotError
 from spot.files import opened_whole, spot_cache
-from spot.export.manifest import NP_DTYPES, check_graph_io, load_manifest
+from spot.export.manifest import NP_DTYPES, check_graph_io, load_manifest, past_input_names
 from spot.ortlib import load_onnxruntime
 from spot.runtime.engine import Engine, check_threads
 
@@ -200,8 +201,9 @@ class OrtEngine(Engine):
         self.trt_profile = self._trt_profile() if device == "trt" else None
         self.session = target_session(self.exported, device, threads, self.trt_profile)
         cfg = self.config
-        self._empty = np.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, 0, cfg.head_dim), self.dtype)
-        self._k = self._v = self._empty
+        self._empty = np.zeros((cfg.num_key_value_heads, 0, cfg.head_dim), self.dtype)
+        self._past = past_input_names(cfg.num_hidden_layers)
+        self._reset_host_cache()
         self.device_kv = self._open_device_kv(kv_cache, threads)    # None: the numpy cache self._k / self._v
         self.epilogue, self._future_steps = self._open_epilogue(sampler, threads)
 
@@ -231,7 +233,7 @@ class OrtEngine(Engine):
         session = checked(make_session(self.exported.graph_path("kv_append"), self.place, self.exported.dtype,
                                        threads, cuda_options={"arena_extend_strategy": "kSameAsRequested"}),
                           self.exported, "kv_append")
-        return DeviceKVCache(session, self.place, self._empty)
+        return DeviceKVCache(session, self.place, self._empty, self.config.num_hidden_layers)
 
     def _open_epilogue(self, sampler: str, threads: int | None):
         graphs = self.exported.manifest["graphs"]
@@ -266,7 +268,7 @@ class OrtEngine(Engine):
     def _release(self) -> None:
         self._placement_at_close = self._placement()      # what it ran as (the sessions below are gone)
         self.session = self.device_kv = self.epilogue = None
-        self._k = self._v = self._empty
+        self._reset_host_cache()
 
     @property
     def placement(self) -> dict[str, str]:
@@ -287,7 +289,12 @@ class OrtEngine(Engine):
 
     # -- graph calls -------------------------------------------------------------------------------------------
     def _cached(self) -> int:
-        return self._k.shape[2] if self.device_kv is None else self.device_kv.length
+        return self._k[0].shape[1] if self.device_kv is None else self.device_kv.length
+
+    def _reset_host_cache(self) -> None:
+        """The numpy cache: K and V [Hkv,C,D] per layer (fed as the graph's past_k_<l> / past_v_<l>), empty."""
+        self._k = [self._empty] * len(self._past)
+        self._v = [self._empty] * len(self._past)
 
     def _host_feeds(self, ids: np.ndarray, bias: np.ndarray) -> dict[str, np.ndarray]:
         """ids [N,S] at positions cached..cached+S-1 against the cache with additive mask bias [S,C+S]; the past
@@ -296,7 +303,8 @@ class OrtEngine(Engine):
         feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
                  "position_ids": np.arange(start, start + ids.shape[1], dtype=np.int64), "attn_bias": bias}
         if self.device_kv is None:
-            feeds |= {"past_k": self._k, "past_v": self._v}
+            for (k_name, v_name), k, v in zip(self._past, self._k, self._v):
+                feeds |= {k_name: k, v_name: v}
         return feeds
 
     def _binding(self, ids: np.ndarray, bias: np.ndarray):
@@ -322,8 +330,9 @@ class OrtEngine(Engine):
         """Run one state ids [S] and append its tokens' K/V to the cache (on the host, or on the device)."""
         if self.device_kv is None:
             new_k, new_v = self._run(["new_k", "new_v"], ids[None], bias)
-            self._k = np.concatenate([self._k, new_k[:, 0]], axis=2)
-            self._v = np.concatenate([self._v, new_v[:, 0]], axis=2)
+            for layer in range(len(self._past)):      # one layer's longer cache at a time beside the old ones
+                self._k[layer] = np.concatenate([self._k[layer], new_k[layer, 0]], axis=1)
+                self._v[layer] = np.concatenate([self._v[layer], new_v[layer, 0]], axis=1)
             return
         binding = self._binding(ids[None], bias)
         binding.bind_output("new_k", self.place)
@@ -332,7 +341,7 @@ class OrtEngine(Engine):
         self.device_kv.append(*binding.get_outputs())
 
     def _reset(self) -> None:
-        self._k = self._v = self._empty
+        self._reset_host_cache()
         if self.device_kv is not None:
             self.device_kv.reset()
 

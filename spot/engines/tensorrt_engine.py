@@ -404,7 +404,7 @@ class TrtEngine(Engine):
         feeds = {"input_ids": torch.from_numpy(np.ascontiguousarray(ids, np.int64)).cuda(),
                  "position_ids": torch.arange(self.cache.length, self.cache.length + s, device="cuda"),
                  "attn_bias": self.cache.bias(s, self.block_size, np.float32).to(self.kv_dtype).contiguous(),
-                 "past_k": self.cache.k, "past_v": self.cache.v}
+                 **self.cache.feeds()}
         return self.runner.run(feeds, self.plan.profile_index(self.cache.capacity, s), wanted)
 
     def _release(self) -> None:       # the engine, its context and the device KV cache (never run here)

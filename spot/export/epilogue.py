@@ -6,7 +6,7 @@ those logits — the engines bind one state's rows per call, P positions at a ti
 
   inputs   logits [N,B,V] float32      the target's logits of N block states
            first_position [] int64     block position of the rows' first position (0 for whole blocks)
-           node_steps [N] int64        commit step t_n of each state (SPEC §3's step index)
+           node_steps [N] int64        commit step t_n of each state (docs/spec.md §3's step index)
            seed, block [] int64        noise counters, in [0, 2**32)
            temperature [] float64      T >= 0; T = 0 is argmax with confidence softmax(L)
            top_k [] int64              0 disables; top-p is host-only (see below)
@@ -25,8 +25,8 @@ CPU provider (reference: numpy on x86-64 glibc with FMA, docs/noise.md), because
 numpy performs: the counter-based noise of spot.runtime.noise in uint32 integer ops (Mul, BitShift, BitwiseXor:
 opset 18), glibc's log/exp and numpy's pairwise sum restated as plain IEEE operations (spot.export.exact_math), and
 ArgMax/TopK with first-index ties. Confidences are given for every position; the host sets non-masked ones to -inf
-(SPEC §3) and only reads the positions it needs. Top-p needs a full sort and a cumulative sum over V per row: not in
-the graph; `check_sampling` refuses it so a decoder with top-p < 1 keeps the numpy step function.
+(docs/spec.md §3) and only reads the positions it needs. Top-p needs a full sort and a cumulative sum over V per row:
+not in the graph; `check_sampling` refuses it so a decoder with top-p < 1 keeps the numpy step function.
 
 Cost: the noise for every (state, step, position, token) uses the backend's native float64 Log (a few dozen integer
 and float ops per value); only CANDIDATES = 3 tokens per (state, step, position) are re-scored with the exact noise,

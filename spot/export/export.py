@@ -425,10 +425,8 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
                 entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, cfg.block_size, depth)
             extra_graphs["epilogue"], extra_files = entry, [name]
         # the device KV cache's append (spot.engines.device_kv): tiny, written for every export
-        name, entry = write_kv_append(tmp, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
-                                      options.dtype)
-        entry["validation"] = validate_kv_append(tmp, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
-                                                 options.dtype)
+        name, entry = write_kv_append(tmp, cfg.num_key_value_heads, cfg.head_dim, options.dtype)
+        entry["validation"] = validate_kv_append(tmp, cfg.num_key_value_heads, cfg.head_dim, options.dtype)
         extra_graphs["kv_append"], extra_files = entry, [*extra_files, name]
         validation = None
         if options.validate:

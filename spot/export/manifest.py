@@ -33,7 +33,11 @@ NP_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "spot-exported-model"
-FORMAT_VERSION = 1
+# 2: the target graph takes each layer's cache as its own inputs past_k_<l> / past_v_<l> [Hkv,C,D] and reads the
+# cached prefix once for all states of a pass (spot.export.graph.SHARED_PREFIX); kv_append appends one layer.
+# `spot upgrade-export` turns a format 1 folder (one stacked cache input, the prefix broadcast) into format 2.
+FORMAT_VERSION = 2
+UPGRADABLE_VERSIONS = (1,)
 QUICK_FULL_LIMIT = 64 * 1024 * 1024
 SAMPLE_COUNT = 16
 SAMPLE_BYTES = 64 * 1024
@@ -45,6 +49,19 @@ VERIFY_LEVELS = ("quick", "full", "none")
 DRAFTER_FILES = (DRAFTER_ONNX, DRAFTER_JSON)
 
 
+def past_input_names(layers: int) -> list[tuple[str, str]]:
+    """The target graph's cache inputs, (K, V) per layer: each layer's [Hkv,C,D] fed where it is, no copy."""
+    return [(f"past_k_{layer}", f"past_v_{layer}") for layer in range(layers)]
+
+
+def past_feeds(past_k, past_v) -> dict:
+    """Stacked caches [L,Hkv,C,D] as the target graph's per-layer inputs (views, no copy)."""
+    out = {}
+    for layer, (k_name, v_name) in enumerate(past_input_names(len(past_k))):
+        out[k_name], out[v_name] = past_k[layer], past_v[layer]
+    return out
+
+
 def io_contract(cfg: ModelConfig, dtype: str) -> dict:
     """The graph's inputs and outputs as JSON for the manifest (symbolic dims N, S, C, T = C + S)."""
     L, hkv, hd, v = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size
@@ -52,15 +69,16 @@ def io_contract(cfg: ModelConfig, dtype: str) -> dict:
     return {
         "dims": {"N": "candidate block states sharing the cached prefix (1 for prefill/store)",
                  "S": "new tokens per state (block size B for block steps, P for a prefill of P tokens)",
-                 "C": "cached prefix length (0 for prefill: pass empty past_k/past_v)",
+                 "C": "cached prefix length (0 for prefill: pass empty past_k_<l>/past_v_<l>)",
                  "T": "C + S"},
         "inputs": [
             {"name": "input_ids", "dtype": "int64", "shape": ["N", "S"]},
             {"name": "position_ids", "dtype": "int64", "shape": ["S"], "note": "absolute positions C..C+S-1"},
             {"name": "attn_bias", "dtype": dt, "shape": ["S", "T"],
              "note": "additive mask, 0 = attend, -inf = masked; block-causal for prefill, zeros for a block step"},
-            {"name": "past_k", "dtype": dt, "shape": [L, hkv, "C", hd]},
-            {"name": "past_v", "dtype": dt, "shape": [L, hkv, "C", hd]},
+            *({"name": name, "dtype": dt, "shape": [hkv, "C", hd],
+               "note": f"layer {layer}'s cached {'K' if name.startswith('past_k') else 'V'}, fed where it is"}
+              for layer, pair in enumerate(past_input_names(L)) for name in pair),
         ],
         "outputs": [
             {"name": "logits", "dtype": "float32", "shape": ["N", "S", v]},
@@ -75,12 +93,13 @@ def graph_contracts(cfg: ModelConfig, dtype: str, future_steps: int | None = Non
     """What the model section (and the epilogue's future_steps) says each graph declares: {graph: {"inputs": [...],
     "outputs": [...]}} with io_contract's records; only the dims the model fixes are numbers (the hosts check a
     folder's graphs against them when opening it)."""
-    L, hkv, hd, dt = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, io_contract(cfg, dtype)
-    kv = dt["inputs"][3]["dtype"]
+    hkv, hd, dt = cfg.num_key_value_heads, cfg.head_dim, io_contract(cfg, dtype)
+    kv = dt["inputs"][3]["dtype"]      # past_k_0's: the model dtype
+    # kv_append appends one layer (format 2): num_hidden_layers is the target's to check (past_k_<l>, new_k)
     return {"target": {"inputs": dt["inputs"], "outputs": dt["outputs"]},
-            "kv_append": {"inputs": [{"name": n, "dtype": kv, "shape": [L, hkv, "C", hd]} for n in ("past_k", "past_v")]
-                          + [{"name": n, "dtype": kv, "shape": [L, 1, hkv, "S", hd]} for n in ("new_k", "new_v")],
-                          "outputs": [{"name": n, "dtype": kv, "shape": [L, hkv, "T", hd]} for n in ("k", "v")]},
+            "kv_append": {"inputs": [{"name": n, "dtype": kv, "shape": [hkv, "C", hd]} for n in ("past_k", "past_v")]
+                          + [{"name": n, "dtype": kv, "shape": [hkv, "S", hd]} for n in ("new_k", "new_v")],
+                          "outputs": [{"name": n, "dtype": kv, "shape": [hkv, "T", hd]} for n in ("k", "v")]},
             "epilogue": {"inputs": [{"name": "logits", "dtype": "float32", "shape": ["N", "P", cfg.vocab_size]}],
                          "outputs": [{"name": "future_tokens", "dtype": "int64", "shape": ["N", future_steps, "P"]}]}}
 
@@ -208,13 +227,22 @@ def add_files(folder: Path, manifest: dict, names: list[str]) -> dict:
     return manifest
 
 
-def load_manifest(folder: str | Path, verify: str = "quick") -> ExportedModel:
+def load_manifest(folder: str | Path, verify: str = "quick", upgradable: bool = False) -> ExportedModel:
     """Open an exported folder by its manifest; SpotError (naming the file) when it is absent, foreign or changed.
-    A folder replaced while it is checked is opened again, once (spot.files.opened_whole)."""
-    return opened_whole(folder, lambda: _load_manifest_once(folder, verify))
+    A folder replaced while it is checked is opened again, once (spot.files.opened_whole). upgradable: also a folder
+    of an older format `spot upgrade-export` converts (UPGRADABLE_VERSIONS), which no engine runs."""
+    return opened_whole(folder, lambda: _load_manifest_once(folder, verify, upgradable))
 
 
-def _load_manifest_once(folder: str | Path, verify: str) -> ExportedModel:
+def _format_version(path: Path):
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("format_version") if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def _load_manifest_once(folder: str | Path, verify: str, upgradable: bool = False) -> ExportedModel:
     folder = Path(folder)
     if not folder.is_dir():
         what = "is a file" if folder.exists() else "does not exist"
@@ -227,8 +255,14 @@ def _load_manifest_once(folder: str | Path, verify: str) -> ExportedModel:
                 any(folder.glob("*.onnx")) else "export a checkpoint with `spot-export` to get one")
         raise SpotError(f"{folder} is not an exported spot model folder (no {MANIFEST_NAME})", hint)
     remedy = "re-export the model with this version of spot-export"
-    manifest = load_descriptor(path, FORMAT, FORMAT_VERSION, ("model", "dtype", "block_size", "max_nodes",
-                                                              "max_context", "graphs", "files"), remedy)
+    version = _format_version(path)
+    if version in UPGRADABLE_VERSIONS and not upgradable:
+        raise SpotError(f"{path} has format_version {version}, this spot reads {FORMAT_VERSION} (its target graph "
+                        "takes each layer's cache as its own input and reads the cached prefix once per pass)",
+                        f"run `spot upgrade-export {folder}` (seconds: the graph is rewritten, the weights stay)")
+    manifest = load_descriptor(path, FORMAT, version if version in UPGRADABLE_VERSIONS else FORMAT_VERSION,
+                               ("model", "dtype", "block_size", "max_nodes", "max_context", "graphs", "files"),
+                               remedy)
     try:
         config = ModelConfig.from_dict(manifest["model"])
     except (KeyError, TypeError) as e:

@@ -5,15 +5,19 @@ A plan adds, in bytes (docs/quantization.md has the derivations):
                precision, int8/int4 scales included; norm weights float32),
   KV cache     2 * layers * kv_heads * head_dim * dtype bytes per token (SDAR-8B fp16: 144 KiB) x --max-context,
   verify pass  the transient tensors of one target pass over --max-nodes states of B tokens at that context:
-               logits N*B*V*4 bytes (+ the fp16 lm_head output before its Cast), the cached K/V broadcast over the
-               N states (the graph Expands + Concats the prefix per state: ~3 * N*Hkv*T*D*dtype bytes live for one
-               layer, T = context + B), attention scores + fp32 softmax (N*Hq*B*T elements), MLP/residual
-               activations, the new K/V outputs, a second cache (a stored block is appended by building the longer
-               cache beside the old one — kv_append.onnx's Concat with the device cache; the host cache is copied
-               to the device for every pass instead) and, for quantized weights, one dequantized matrix in case
-               the runtime does not fuse DequantizeLinear into its GEMM, and the sampling epilogue when the export
-               has one (the device sampler, auto on GPUs): EPILOGUE_PEAK_FACTOR x (D+1) x P x V x 8 bytes — one
-               call's, whatever N: the hosts run it for one state's P positions per call (EpilogueCall),
+               logits N*B*V*4 bytes (+ the fp16 lm_head output before its Cast), attention scores + fp32 softmax
+               (N*Hq*B*T elements, T = context + B: the states' queries against the shared prefix and their own
+               block, one softmax over both), MLP/residual activations, the new K/V outputs, one layer's longer
+               cache beside its old one while a stored block is appended (kv_append.onnx runs layer by layer on the
+               device cache; the host cache grows per layer too) and, for quantized weights, one dequantized matrix
+               in case the runtime does not fuse DequantizeLinear into its GEMM, and the sampling epilogue when the
+               export has one (the device sampler, auto on GPUs): EPILOGUE_PEAK_FACTOR x (D+1) x P x V x 8 bytes —
+               one call's, whatever N: the hosts run it for one state's P positions per call (EpilogueCall).
+               The graph reads each layer's cache where it is (format 2): no copy of the cache per pass and no K/V
+               broadcast over the states (format 1 Expanded the prefix to every state, ~3 x N x the layer's cache,
+               and copied the cache beside itself at each store). With --kv-cache host on a GPU the cache is sent
+               to the device for every pass: a second cache, which this plan does not count (the device cache is
+               the default there),
   runtime      CUDA context + TensorRT/cuBLAS workspaces + ONNX Runtime arena slack (assumed RUNTIME_GIB),
   OS share     kernel carve-outs + a headless L4T userland in the unified memory (assumed per device);
 and compares the sum with the device's memory. Every term but the weights grows linearly with the context, so the
@@ -66,17 +70,28 @@ class Device:
     bandwidth_gbs: float | None   # DRAM bandwidth (decoding is memory-bound: a pass reads every weight once)
     os_gib: float = OS_GIB
     runtime_gib: float = RUNTIME_GIB
+    fp16_tflops: float | None = None   # the GPU's peak dense fp16 tensor-core throughput (spot.export.roofline)
+    fp32_tflops: float | None = None   # ... and its FP32 CUDA-core throughput
 
     @property
     def budget(self) -> int:
         return int(self.memory_gib * GIB)
 
 
+# Figures from NVIDIA's module data sheets (Jetson Orin Nano Series DS-11105-001, Jetson Orin NX Series DS-10712-001,
+# Jetson AGX Orin Series DS-10662-001; the standard power modes, not Orin Nano's "Super" mode): 128-bit LPDDR5 at
+# 68 / 102.4 / 204.8 GB/s; GPU 1024 CUDA cores + 32 tensor cores at 625 MHz (Nano 8GB) and 918 MHz (NX 16GB),
+# 1792 + 56 at 930 MHz (AGX 32GB), 2048 + 64 at 1.3 GHz (AGX 64GB). Dense fp16 tensor throughput = tensor cores x
+# 512 FLOP per clock (Ampere: 256 fp16 FMA) x clock = 10.2 / 15.0 / 26.7 / 42.6 TFLOP/s, a quarter of the data
+# sheets' sparse INT8 GPU TOPS (40 / 60 / 108 / 170); FP32 = CUDA cores x 2 x clock.
 DEVICES = {
-    "orin-nano-8gb": Device("orin-nano-8gb", "Jetson Orin Nano 8GB", 8, 68.0),      # 102 GB/s in Super mode
-    "orin-nx-16gb": Device("orin-nx-16gb", "Jetson Orin NX 16GB", 16, 102.4),
-    "agx-orin-32gb": Device("agx-orin-32gb", "Jetson AGX Orin 32GB", 32, 204.8),
-    "agx-orin-64gb": Device("agx-orin-64gb", "Jetson AGX Orin 64GB", 64, 204.8),
+    "orin-nano-8gb": Device("orin-nano-8gb", "Jetson Orin Nano 8GB", 8, 68.0,      # 102 GB/s in Super mode
+                            fp16_tflops=10.24, fp32_tflops=1.28),
+    "orin-nx-16gb": Device("orin-nx-16gb", "Jetson Orin NX 16GB", 16, 102.4, fp16_tflops=15.04, fp32_tflops=1.88),
+    "agx-orin-32gb": Device("agx-orin-32gb", "Jetson AGX Orin 32GB", 32, 204.8, fp16_tflops=26.67,
+                            fp32_tflops=3.33),
+    "agx-orin-64gb": Device("agx-orin-64gb", "Jetson AGX Orin 64GB", 64, 204.8, fp16_tflops=42.6,
+                            fp32_tflops=5.32),
 }
 
 
@@ -123,13 +138,11 @@ def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, qu
                                cfg.intermediate_size, cfg.vocab_size)
     terms = {
         "logits": n * s * v * (4 + (e if dtype == "fp16" else 0)),
-        "kv_broadcast": 3 * n * hkv * t * d * e,
         "attention_scores": n * hq * s * t * (e + 8 if dtype == "fp16" else 8),
         "hidden": n * s * (3 * inter + 4 * h) * e,
         "new_kv": 2 * cfg.num_hidden_layers * n * hkv * s * d * e,
-        # one state or many: the cache is copied once (host cache: to the device for the pass; device cache: the
-        # longer cache kv_append builds beside the old one at a store)
-        "cache_copy": 2 * cfg.num_hidden_layers * hkv * t * d * e,
+        # a store appends one layer at a time: that layer's longer K and V exist beside the old ones
+        "layer_append": 2 * hkv * t * d * e,
     }
     if quantized:
         terms["dequantized_matrix"] = max(h * inter, h * hq * d) * e
@@ -155,6 +168,7 @@ class MemoryPlan:
     os_bytes: int
     max_context: int              # largest context that fits at `nodes` states per pass (0: none)
     max_context_one_node: int     # ... with one state per pass (standard decoding)
+    config: ModelConfig | None = None    # the model's shapes (the pass time projection)
 
     @property
     def activation_bytes(self) -> int:
@@ -232,7 +246,7 @@ def make_plan(cfg: ModelConfig, dtype: str, quant, context: int, nodes: int, dev
                       runtime_bytes=runtime, os_bytes=osb,
                       max_context=largest_context(cfg, dtype, nodes, quantized, fixed, device.budget, epilogue),
                       max_context_one_node=largest_context(cfg, dtype, 1, quantized, fixed, device.budget,
-                                                           epilogue))
+                                                           epilogue), config=cfg)
     return plan
 
 
@@ -284,10 +298,12 @@ def _gib(n: int) -> str:
 
 
 # the verify-pass terms render names
-_NAMED = ("logits", "kv_broadcast", "attention_scores", "cache_copy", "sampling_epilogue")
+_NAMED = ("logits", "attention_scores", "layer_append", "sampling_epilogue")
 
 
-def render(plan: MemoryPlan, block_size: int) -> str:
+def render(plan: MemoryPlan, block_size: int, counts=None) -> str:
+    """The plan as text, with the roofline projection of pass times (spot.export.roofline) and, given pass counts
+    (roofline.counts_from_bench / counts_from_reductions), SPOT's projected tokens/s."""
     a = plan.activations
     lines = [
         f"memory plan: {plan.model} ({plan.parameters / 1e9:.2f}B parameters) on {plan.device.name} "
@@ -295,9 +311,9 @@ def render(plan: MemoryPlan, block_size: int) -> str:
         f"  weights      {plan.weights}: {_gib(plan.weight_bytes)}",
         f"  KV cache     {plan.kv_per_token / 1024:.1f} KiB/token x {plan.context} tokens ({plan.dtype}): "
         f"{_gib(plan.kv_bytes)}",
-        f"  verify pass  {plan.nodes} nodes x {block_size} tokens: logits {_gib(a['logits'])}, K/V broadcast "
-        f"{_gib(a['kv_broadcast'])}, attention scores {_gib(a['attention_scores'])}, cache copy "
-        f"{_gib(a['cache_copy'])}, sampling epilogue {_gib(a.get('sampling_epilogue', 0))}, other "
+        f"  verify pass  {plan.nodes} nodes x {block_size} tokens: logits {_gib(a['logits'])}, attention scores "
+        f"{_gib(a['attention_scores'])}, layer append {_gib(a['layer_append'])}, sampling epilogue "
+        f"{_gib(a.get('sampling_epilogue', 0))}, other "
         f"{_gib(plan.activation_bytes - sum(a.get(k, 0) for k in _NAMED))}: {_gib(plan.activation_bytes)}",
         f"  runtime      CUDA context + TensorRT/ORT workspaces (assumed): {_gib(plan.runtime_bytes)}",
         f"  OS share     carve-outs + headless L4T (assumed): {_gib(plan.os_bytes)}",
@@ -307,9 +323,10 @@ def render(plan: MemoryPlan, block_size: int) -> str:
         "per pass, "
         f"{plan.max_context_one_node} tokens at 1 node (standard decoding)",
     ]
-    if plan.min_pass_ms is not None:
-        lines.append(f"  memory-bound pass time >= weights / bandwidth = {_gib(plan.weight_bytes)} / "
-                     f"{plan.device.bandwidth_gbs:g} GB/s = {plan.min_pass_ms:.0f} ms")
+    if plan.config is not None:
+        from spot.export.roofline import render_projection
+        lines.append(render_projection(plan.config.with_block_size(block_size), plan.dtype, plan.weight_bytes,
+                                       plan.device, plan.nodes, plan.context, counts))
     if a.get("sampling_epilogue", 0) > a["logits"]:
         lines.append("  the sampling epilogue (the device sampler, auto on GPUs; one state per call) takes more than "
                      "the logits: fewer --epilogue-positions or --epilogue-steps shrink it, and decoding with "

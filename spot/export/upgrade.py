@@ -1,13 +1,18 @@
-"""`spot upgrade-export DIR`: bring an exported folder's small graphs (and the TensorRT shape profile its manifest
-records for --device trt) up to this version without exporting again.
+"""`spot upgrade-export DIR`: bring an exported folder's graphs (and the TensorRT shape profile its manifest records
+for --device trt) up to this version without exporting again.
 
 The sampling epilogue (epilogue.onnx: since session 14 it takes runs of `positions_per_call` positions, which is
 what keeps it under 1 GiB per call at SDAR's vocabulary) and the device KV cache's append (kv_append.onnx) are built
-from the manifest's model facts alone; the target graph and its weights (16 GB for SDAR-8B in fp16) stay as they
-are. The upgrade builds a sibling folder of hard links (no copy of the weights), writes the new graphs there, checks
-them bit for bit (as spot-export does) and swaps the folders by renames, so the folder is either the old one or the
-new one, never half of each. A folder that is already current is left as it is, and a memory plan recorded at export
-(`--plan`) is recomputed for the new epilogue: an upgrade that would no longer fit that device is refused before
+from the manifest's model facts alone. A format 1 folder's target graph (the cached prefix broadcast over the states
+of a pass) is declared again in format 2 (spot.export.graph.SHARED_PREFIX: per-layer cache inputs, the prefix read
+once) over the same external data file: its weights (16 GB for SDAR-8B in fp16) are neither read nor copied, each
+initializer keeps its offset in target.onnx.data, and the new graph is checked against the old one on ONNX Runtime's
+CPU provider (validation cases of spot.export.validate, within the export's tolerances; the first 2 layers of models
+above 300M parameters, both graphs built by the same code over the same bytes). The upgrade builds a sibling folder
+of hard links (no copy of the weights), writes the new graphs there as new files, checks them (the small graphs bit
+for bit, as spot-export does) and swaps the folders by renames, so the folder is either the old one or the new one,
+never half of each. A folder that is already current is left as it is, and a memory plan recorded at export
+(`--plan`) is recomputed for the new graphs: an upgrade that would no longer fit that device is refused before
 anything is written.
 """
 from __future__ import annotations
@@ -24,7 +29,7 @@ from spot.files import swap_in_folder
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.export import ExportOptions, check_options
 from spot.export.kv_append import validate_kv_append, write_kv_append
-from spot.export.manifest import add_files, load_manifest, write_manifest
+from spot.export.manifest import FORMAT_VERSION, add_files, load_manifest, write_manifest
 from spot.export.memory_plan import GIB, EpilogueCall, plan_for_options, plan_record, verify_pass_bytes
 from spot.export.quantize import QuantScheme
 
@@ -40,7 +45,7 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     if not folder.exists() and moved.is_dir():
         raise SpotError(f"{folder} does not exist, but {moved} does (an upgrade killed while it swapped folders)",
                         f"rename {moved} back to {folder} and run the upgrade again")
-    exported = load_manifest(folder)                       # sizes checked: a damaged folder is refused here
+    exported = load_manifest(folder, upgradable=True)      # sizes checked: a damaged folder is refused here
     cfg, b = exported.config.with_block_size(exported.block_size), exported.block_size
     manifest = dict(exported.manifest)
     graphs = dict(manifest["graphs"])
@@ -62,7 +67,8 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
             raise SpotError(f"{leftover} exists (an interrupted upgrade?)",
                             f"if {folder} opens, remove {leftover}; else rename {leftover} back to {folder.name}")
     # the steps are a progress bar's updates ("\r", spot.export.export.Progress): a current folder says only that
-    progress(f"checking {folder}'s sampling epilogue, kv_append graph and TensorRT profile against this version")
+    progress(f"checking {folder}'s format, sampling epilogue, kv_append graph and TensorRT profile against this "
+             "version")
     progress(f"\r  linking {folder} -> {tmp} (hard links: the weights are not copied)")
     try:
         tmp.mkdir()       # exclusive: a concurrent upgrade of the same folder stops here, not in the other's files
@@ -88,10 +94,16 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
             graphs.pop("epilogue", None)
             (tmp / "epilogue.onnx").unlink(missing_ok=True)
             manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "epilogue.onnx"}
+        if manifest["format_version"] != FORMAT_VERSION:
+            progress(f"target graph: format {manifest['format_version']} -> {FORMAT_VERSION} (the cached prefix read "
+                     "once per pass; the weights stay where they are)")
+            graphs["target"] = {**graphs["target"], **upgrade_target(tmp, exported, progress)}
+            manifest["format_version"] = FORMAT_VERSION
+            names.append(graphs["target"]["file"])
         progress("\r  kv_append graph (the device KV cache)")
-        layers, heads, dim, dtype = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, exported.dtype
-        name, entry = write_kv_append(tmp, layers, heads, dim, dtype)
-        entry["validation"] = validate_kv_append(tmp, layers, heads, dim, dtype)
+        heads, dim, dtype = cfg.num_key_value_heads, cfg.head_dim, exported.dtype
+        name, entry = write_kv_append(tmp, heads, dim, dtype)
+        entry["validation"] = validate_kv_append(tmp, heads, dim, dtype)
         graphs["kv_append"] = entry
         progress("\r  TensorRT shape profile for --device trt")
         graphs["target"] = {**graphs["target"], "tensorrt_profile": dynamic_trt_profile(
@@ -119,6 +131,130 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     return manifest, True
 
 
+def upgrade_target(folder: Path, exported, progress: Callable[[str], None]) -> dict:
+    """Write `folder`'s target graph in this format over its own data file (a new file replacing the hard link, so
+    the folder upgraded from is untouched), check it against the old graph, and return the manifest's target
+    entry fields that change."""
+    import onnx
+
+    from spot.export.export import make_model
+    from spot.export.manifest import io_contract
+    cfg, dtype = exported.config, exported.dtype
+    path = folder / exported.graph_path("target").name
+    old = onnx.load(str(path), load_external_data=False)
+    graph = declared_target(exported.manifest, cfg)
+    layout, location = _old_layout(old, graph, path)
+    model = make_model(graph, layout, location)
+    _check_structure(model)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(model.SerializeToString())
+    tmp.replace(path)                                  # a new inode: the hard-linked original stays as it was
+    check = check_upgraded_target(folder, exported, old, graph, layout, location, progress)
+    return {**io_contract(cfg, dtype), "upgrade_check": check}
+
+
+def _check_structure(model) -> None:
+    """onnx.checker with strict shape inference on the graph, its external weights declared as typed inputs:
+    the checker refuses to open a data file with several hard links (a possible hard-link attack), and the
+    upgrade's data file is one by design (the weights are linked, not copied)."""
+    import onnx
+    from onnx import helper
+    structure = onnx.ModelProto()
+    structure.CopyFrom(model)
+    external = [t for t in structure.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    kept = [t for t in structure.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    del structure.graph.initializer[:]
+    structure.graph.initializer.extend(kept)
+    structure.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in external)
+    try:
+        onnx.checker.check_model(structure, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise RuntimeError(f"the upgraded graph fails onnx.checker: {e}") from e
+
+
+def declared_target(manifest: dict, cfg, attention: str | None = None):
+    """The target graph (spot.export.graph.TargetGraph) an exported folder's manifest describes — its config, dtype,
+    weight scheme and opset — with the given attention form (default: this format's)."""
+    from spot.export.graph import SHARED_PREFIX, build_target_graph
+    # the manifest records the graph's opset: 19 / 21 where the weights' quantization needs it, which rebuilds the
+    # same graph from the --opset 17 default
+    opset = int(manifest.get("opset", 17))
+    return build_target_graph(cfg, manifest["dtype"], opset if opset in (17, 18) else 17, _quant(manifest),
+                              attention or SHARED_PREFIX)
+
+
+def _quant(manifest: dict) -> QuantScheme:
+    return QuantScheme.from_record(manifest.get("weights") or {}, bool(manifest.get("ort_only")))
+
+
+def _old_layout(old, graph, path: Path) -> tuple[dict[str, tuple[int, int]], str]:
+    """Offsets of the new graph's weights in the old graph's data file, taken from the old graph's external-data
+    records, each checked to be the same tensor (name, element type, dims)."""
+    from onnx import TensorProto
+    records = {t.name: t for t in old.graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    layout, locations = {}, set()
+    for spec in graph.weights:
+        t = records.get(spec.name)
+        if t is None or t.data_type != spec.onnx_type or tuple(t.dims) != tuple(spec.shape):
+            got = "absent" if t is None else f"type {t.data_type} dims {list(t.dims)}"
+            raise SpotError(f"{path}: weight {spec.name} is {got}, the graph needs type {spec.onnx_type} dims "
+                            f"{list(spec.shape)}", "the folder was not written by spot-export: export it again")
+        entry = {e.key: e.value for e in t.external_data}
+        layout[spec.name] = (int(entry.get("offset", 0)), int(entry["length"]))
+        locations.add(entry["location"])
+    if len(locations) != 1:
+        raise SpotError(f"{path}: its weights are in {sorted(locations)}, expected one data file",
+                        "export the folder again with spot-export")
+    return layout, locations.pop()
+
+
+def check_upgraded_target(folder: Path, exported, old, graph, layout: dict, location: str,
+                          progress: Callable[[str], None]) -> dict:
+    """The validation cases (spot.export.validate) on the old and the new graph on ONNX Runtime's CPU provider:
+    logits and new K/V must agree within the export's tolerances (only the attention's summation order changed).
+    Models above VALIDATE_FULL_PARAMS parameters: both graphs of their first DEFAULT_PARTIAL_LAYERS layers, built
+    by the same code over the same data file; smaller ones: the folder's own old graph, whole."""
+    from spot.export.export import make_model, truncated
+    from spot.export.graph import BROADCAST
+    from spot.export.validate import (CASE_NAMES, DEFAULT_PARTIAL_LAYERS, VALIDATE_FULL_PARAMS, max_differences,
+                                      ort_cases)
+    from spot.ortlib import load_onnxruntime
+    ort = load_onnxruntime()
+    cfg, dtype = exported.config, exported.dtype
+    layers = cfg.num_hidden_layers
+    new_model, old_model = make_model(graph, layout, location), old
+    if cfg.parameter_count() > VALIDATE_FULL_PARAMS:
+        layers = min(DEFAULT_PARTIAL_LAYERS, layers)
+        cfg = truncated(cfg, layers)
+        new_model = make_model(declared_target(exported.manifest, cfg), layout, location)
+        old_model = make_model(declared_target(exported.manifest, cfg, BROADCAST), layout, location)
+    progress(f"checking the new target graph against the old one ({layers} of {exported.config.num_hidden_layers} "
+             "layers, ONNX Runtime CPU)")
+    so = ort.SessionOptions()
+    for key, value in (exported.manifest.get("ort_session_config") or {}).items():
+        so.add_session_config_entry(key, str(value))
+    outputs = []
+    for model, stacked in ((old_model, True), (new_model, False)):
+        scratch = folder / ".upgrade-check.onnx"      # beside the data file: the session resolves it from there
+        try:
+            scratch.write_bytes(model.SerializeToString())
+            session = ort.InferenceSession(str(scratch), so, providers=["CPUExecutionProvider"])
+            outputs.append(ort_cases(session, cfg, dtype, stacked))
+            del session
+        finally:
+            scratch.unlink(missing_ok=True)
+    cases = [max_differences(name, new, old, dtype) for name, new, old in zip(CASE_NAMES, outputs[1], outputs[0])]
+    for c in cases:
+        progress(f"  {c['case']}: max |dlogits| {c['max_abs_dlogits']:.3g} (tol {c['tol_logits']:.3g})")
+        if not c["ok"]:
+            raise SpotError(f"the upgraded target graph differs from the old one: {c['case']}: logits "
+                            f"{c['max_abs_dlogits']:.4g} (tolerance {c['tol_logits']:.4g}), K {c['max_abs_dk']:.4g}, "
+                            f"V {c['max_abs_dv']:.4g}; {exported.folder} is unchanged",
+                            "export the folder again with spot-export, and please report these numbers")
+    return {"reference": "the folder's format 1 target graph", "runtime": f"onnxruntime {ort.__version__} "
+            "CPUExecutionProvider", "layers": layers, "of_layers": exported.config.num_hidden_layers, "cases": cases}
+
+
 def _same_graphs(old: dict, new: dict) -> bool:
     """The upgrade rebuilt what the folder holds: the same files (sha256), graph records (validation aside) and
     memory record."""
@@ -133,7 +269,7 @@ def _replanned(manifest: dict, cfg, options: ExportOptions) -> dict | None:
     recorded = (manifest.get("memory") or {}).get("plan")
     if not recorded:
         return None
-    quant = QuantScheme.from_record(manifest.get("weights") or {}, bool(manifest.get("ort_only")))
+    quant = _quant(manifest)
     options = replace(options, plan=recorded["device"], weights=quant.weights, int4_block=quant.int4_block,
                       matmulnbits=quant.matmulnbits)
     source = manifest.get("source") or {}

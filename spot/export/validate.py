@@ -13,7 +13,7 @@ import numpy as np
 from spot.checkpoint import Checkpoint
 from spot.errors import SpotError
 from spot.export.graph import TargetGraph, build_target_graph
-from spot.export.manifest import NP_DTYPES
+from spot.export.manifest import NP_DTYPES, past_feeds
 
 VALIDATE_FULL_PARAMS = 300_000_000
 DEFAULT_PARTIAL_LAYERS = 2
@@ -38,9 +38,11 @@ def _bias_block_causal(length: int, block: int, dtype) -> np.ndarray:
     return np.where(k <= q, 0.0, -np.inf).astype(dtype)
 
 
-def _ort_forward(session, ids, start, bias, past_k, past_v):
+def _ort_forward(session, ids, start, bias, past_k, past_v, stacked: bool = False):
+    """One pass; past K/V [L,Hkv,C,D] fed per layer (format 2), or as the one stacked pair of format 1 graphs."""
+    cache = {"past_k": past_k, "past_v": past_v} if stacked else past_feeds(past_k, past_v)
     feeds = {"input_ids": ids.astype(np.int64), "position_ids": np.arange(start, start + ids.shape[1]),
-             "attn_bias": bias, "past_k": past_k, "past_v": past_v}
+             "attn_bias": bias, **cache}
     return session.run(["logits", "new_k", "new_v"], feeds)
 
 
@@ -62,35 +64,48 @@ def validation_cases(cfg, seed: int = 1234) -> tuple[np.ndarray, np.ndarray]:
     return prefill.astype(np.int64), states.astype(np.int64)
 
 
-def compare_with_reference(session, model, cfg, dtype: str, atol: float | None = None) -> list[dict]:
-    """Run both sides on the validation cases; return per-case max |ORT - torch| and the tolerance applied."""
-    import torch
+CASE_NAMES = ("prefill N=1 S=2B C=0", "block step N=3 S=B C=2B")
+
+
+def ort_cases(session, cfg, dtype: str, stacked: bool = False) -> list[tuple]:
+    """The validation cases on an ORT session: [(logits, new_k, new_v)] for a prefill of 2 blocks, then a block
+    step of 3 states on that prefix (the session's own K/V). stacked: a format 1 graph (one past_k / past_v)."""
     npd = NP_DTYPES[dtype]
-    tdt = torch.float32 if dtype == "fp32" else torch.float16
     b = cfg.block_size
     prefill, states = validation_cases(cfg)
     L, hkv, hd = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
     empty = np.zeros((L, hkv, 0, hd), npd)
-    bias = _bias_block_causal(prefill.shape[1], b, npd)
-    o_logits, o_k, o_v = _ort_forward(session, prefill, 0, bias, empty, empty)
-    t_logits, t_k, t_v = _torch_forward(model, prefill, 0, bias, None, None)
-    cases = [("prefill N=1 S=2B C=0", o_logits, o_k, o_v, t_logits, t_k, t_v)]
+    first = _ort_forward(session, prefill, 0, _bias_block_causal(prefill.shape[1], b, npd), empty, empty, stacked)
     c = prefill.shape[1]
-    step_bias = np.zeros((b, c + b), npd)
-    o2 = _ort_forward(session, states, c, step_bias, o_k[:, 0], o_v[:, 0])
+    second = _ort_forward(session, states, c, np.zeros((b, c + b), npd), first[1][:, 0], first[2][:, 0], stacked)
+    return [first, second]
+
+
+def max_differences(name: str, got, want, dtype: str, atol: float | None = None) -> dict:
+    """max |got - want| of logits, K and V with the tolerance applied to each (want: the reference)."""
+    diffs = [float(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64)).max()) for g, w in zip(got, want)]
+    # each against its own scale (fp16: relative): V can be ~10x larger than K
+    tols = [tolerance(dtype, np.asarray(w, np.float64), atol) for w in want]
+    return {"case": name, "max_abs_dlogits": diffs[0], "max_abs_dk": diffs[1], "max_abs_dv": diffs[2],
+            "tol_logits": tols[0], "tol_k": tols[1], "tol_v": tols[2],
+            "ok": all(d <= t for d, t in zip(diffs, tols))}
+
+
+def compare_with_reference(session, model, cfg, dtype: str, atol: float | None = None) -> list[dict]:
+    """Run both sides on the validation cases; return per-case max |ORT - torch| and the tolerance applied."""
+    import torch
+    tdt = torch.float32 if dtype == "fp32" else torch.float16
+    b = cfg.block_size
+    prefill, states = validation_cases(cfg)
+    bias = _bias_block_causal(prefill.shape[1], b, NP_DTYPES[dtype])
+    t_logits, t_k, t_v = _torch_forward(model, prefill, 0, bias, None, None)
+    c = prefill.shape[1]
+    step_bias = np.zeros((b, c + b), NP_DTYPES[dtype])
     t2 = _torch_forward(model, states, c, step_bias, t_k[:, 0].to(tdt), t_v[:, 0].to(tdt))
-    cases.append(("block step N=3 S=B C=2B", *o2, *t2))
-    out = []
-    for name, ol, ok, ov, tl, tk, tv in cases:
-        d_logits = float(np.abs(ol.astype(np.float64) - tl).max())
-        d_k = float(np.abs(ok.astype(np.float64) - tk.float().numpy()).max())
-        d_v = float(np.abs(ov.astype(np.float64) - tv.float().numpy()).max())
-        # each against its own scale (fp16: relative): V can be ~10x larger than K
-        tol_logits, tol_k, tol_v = (tolerance(dtype, r, atol) for r in (tl, tk.float().numpy(), tv.float().numpy()))
-        out.append({"case": name, "max_abs_dlogits": d_logits, "max_abs_dk": d_k, "max_abs_dv": d_v,
-                    "tol_logits": tol_logits, "tol_k": tol_k, "tol_v": tol_v,
-                    "ok": bool(d_logits <= tol_logits and d_k <= tol_k and d_v <= tol_v)})
-    return out
+    reference = [(t_logits, t_k.float().numpy(), t_v.float().numpy()), (t2[0], t2[1].float().numpy(),
+                                                                        t2[2].float().numpy())]
+    return [max_differences(name, got, want, dtype, atol)
+            for name, got, want in zip(CASE_NAMES, ort_cases(session, cfg, dtype), reference)]
 
 
 def validate_export(folder, ckpt: Checkpoint, graph: TargetGraph, layout: dict, options, progress) -> dict:

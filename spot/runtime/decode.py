@@ -1,4 +1,4 @@
-"""The block loop shared by every decoder, and standard decoding (SPEC §1, §3).
+"""The block loop shared by every decoder, and standard decoding (docs/spec.md §1, §3).
 
 `generate()` returns tokens and stats; printing happens in the CLI. A decoder is a `BlockDecoder`: given the engine
 (cache holding the prefix) and the initial block state, it returns the finished block. Standard decoding applies F
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -17,32 +16,8 @@ import numpy as np
 from spot.errors import SpotError, integer_arg
 from spot.runtime.engine import Engine, id_array
 from spot.runtime.noise import NoiseCache
+from spot.runtime.stats import DecodeStats, EpilogueStats, timed
 from spot.runtime.step import CommitRule, Sampling
-
-
-PASS_KINDS = ("prefill", "block", "verify", "store")
-
-
-@dataclass
-class DecodeStats:
-    """Target passes by kind (prefill, block = first pass of a block or a standard step, verify, store),
-    commit steps, and decoder-specific counters."""
-
-    passes: Counter = field(default_factory=Counter)
-    steps: int = 0
-    blocks: int = 0
-    seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def target_passes(self) -> int:
-        return sum(self.passes.values())
-
-    def to_dict(self) -> dict:
-        """Every pass kind listed, zeros too (the C++ host's JSON does the same)."""
-        passes = {kind: int(self.passes.get(kind, 0)) for kind in PASS_KINDS} | dict(self.passes)
-        return {"target_passes": self.target_passes, "passes": passes, "steps": self.steps,
-                "blocks": self.blocks, "seconds": self.seconds, **self.extra}
 
 
 @dataclass(frozen=True)
@@ -66,14 +41,10 @@ def standard_block(engine: Engine, state: np.ndarray, block: int, ctx: DecodeCon
     """Standard decoding of one block: one target pass per commit step."""
     step = 0
     while (state == ctx.mask_id).any():
-        t0 = time.perf_counter()
-        (out,) = engine.block_outputs(state[None], [step], ctx.sampling, block, ctx.noise)
-        t1 = time.perf_counter()
+        (out,), target_ms = timed(engine.block_outputs, state[None], [step], ctx.sampling, block, ctx.noise)
         ctx.stats.passes["block"] += 1
-        nxt = out.next_state(state, ctx.mask_id, ctx.rule)
-        extra = ctx.stats.extra     # the split target pass / host sampling (the tuner charges both)
-        extra["target_ms"] = extra.get("target_ms", 0.0) + 1e3 * (t1 - t0)
-        extra["sample_ms"] = extra.get("sample_ms", 0.0) + 1e3 * (time.perf_counter() - t1)
+        nxt, sample_ms = timed(out.next_state, state, ctx.mask_id, ctx.rule)
+        ctx.stats.standard_record().add_step(target_ms, sample_ms)    # the tuner charges both
         if ctx.noise is not None:       # standard decoding never revisits a step
             ctx.noise.forget_before(step + 1)
         if ctx.observer is not None:
@@ -157,8 +128,8 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
              sampling: Sampling = Sampling(), stop_ids=None, block_decoder: BlockDecoder = standard_block,
              stats: DecodeStats | None = None, observer: Callable | None = None,
              on_block: Callable[[list[int]], bool | None] | None = None) -> Generation:
-    """Decode block by block up to the block boundary covering prompt + max_new_tokens (SPEC §1), and return at most
-    max_new_tokens of it: the rest of the last block is Generation.overflow_ids.
+    """Decode block by block up to the block boundary covering prompt + max_new_tokens (docs/spec.md §1), and return
+    at most max_new_tokens of it: the rest of the last block is Generation.overflow_ids.
 
     Prefill stores the complete prompt blocks; the P mod B leftover prompt tokens open the first decoded block.
     After each finished block: a store pass, then stop if the block's generated part holds a stop id.
@@ -235,8 +206,8 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
         if stopped or cancelled:
             break
     if engine.sampler_depth is not None:     # the device sampler: the states its epilogue sampled, and its time
-        stats.extra["epilogue_states"] = engine.epilogue_states - epilogue_before[0]
-        stats.extra["epilogue_ms"] = 1e3 * (engine.epilogue_seconds - epilogue_before[1])
+        stats.epilogue = EpilogueStats(engine.epilogue_states - epilogue_before[0],
+                                       1e3 * (engine.epilogue_seconds - epilogue_before[1]))
     stats.seconds = time.perf_counter() - t0
     return Generation(generated, stopped, stats, p, cancelled, overflow)
 

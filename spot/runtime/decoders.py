@@ -1,6 +1,6 @@
 """The decoders by name, as `spot generate --decoder` and `spot bench` expose them.
 
-standard / threshold: SPEC §3 with the static / threshold rule (one target pass per step).
+standard / threshold: docs/spec.md §3 with the static / threshold rule (one target pass per step).
 chain / tree: SPOT with the training-free stale-confidence order (branch 1 = FreeDave-style chain, branch k = tree).
 oracle: SPOT whose proposer reads the true standard trajectory (a diagnostic ceiling, costs a standard run first).
 order-oracle: the same, but only the true positions; tokens are the coupled stale samples like a drafter's (the
@@ -44,7 +44,7 @@ class DecodeRequest:
     sampling: Sampling = Sampling()
     budget: TreeBudget = TreeBudget()
     stop_ids: tuple[int, ...] | None = None
-    independent_noise: bool = False   # ablation: proposals use noise unrelated to the target's (SPEC §7)
+    independent_noise: bool = False   # ablation: proposals use noise unrelated to the target's (docs/spec.md §7)
 
     def __post_init__(self):
         check_max_new_tokens(integer_arg(self.max_new_tokens, "max_new_tokens"))      # now, not when decoding

@@ -1,5 +1,5 @@
-"""The drafter (order model, SPEC §6) at runtime: its input features, ONNX Runtime inference, and the proposer that
-turns its logits into SPOT / SPOT-Sets children. numpy + onnxruntime only.
+"""The drafter (order model, docs/spec.md §6) at runtime: its input features, ONNX Runtime inference, and the
+proposer that turns its logits into SPOT / SPOT-Sets children. numpy + onnxruntime only.
 
 Features of K tree nodes of one round, all reading the same stale logits L~ = L(s_m) [B, V]:
   topk       [K, B, 32] float32  top-32 log-probabilities of softmax(L~/T) (softmax(L~) at T = 0), per position
@@ -45,10 +45,8 @@ INPUT_NAMES = ("topk", "masked", "stale_conf", "staleness")
 BASELINE_INPUTS = ("masked", "stale_conf")
 OUTPUT_NAMES = ("order_logits", "member_logits")
 DEFAULT_BRANCH = 4
-# Queued candidates proposed for ahead of time in each drafter call (spot.runtime.tree.build_tree). Embedded
-# drafter, 16x8: 4 takes 14.2 -> 5.8 calls per round for 14.2 -> 16.4 nodes; drafter ORT time 3.4 -> 2.8 ms per round
-# and host 7.6 -> 6.2 ms at T = 0 (AVX-512 CPU, benchmarks/host_split.py --lookahead 0,4,0,4; a call alone costs
-# ~0.07 ms plus ~0.11 ms per node there, more inside the loop; on the AVX2 machine of 30 Nov ~0.8 + 0.2 per node).
+# Queued candidates proposed for ahead of time in each drafter call (spot.runtime.tree.build_tree): one ORT call costs
+# about as much as a few more nodes in it, so fewer, larger calls (the figures: docs/benchmarks.md, "lookahead").
 DEFAULT_LOOKAHEAD = 4
 DRAFTER_THREADS = 1
 # Divides the order logits before the softmax that ranks and weighs tree children (a light per-target calibration:

@@ -1,4 +1,4 @@
-"""Aggregate decoding stats into the figures of SPEC §7 (pure functions over Generation results)."""
+"""Aggregate decoding stats into the figures of docs/spec.md §7 (pure functions over Generation results)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -36,8 +36,9 @@ def summarize(runs: list, seconds_key: str = "seconds", depth: int | None = None
     kinds: Counter = Counter()
     for r in runs:
         kinds.update(r.stats.passes)
-    accepted = [a for r in runs for a in r.stats.extra.get("accepted_per_verify", [])]
-    nodes = [n for r in runs for n in r.stats.extra.get("nodes_per_verify", [])]
+    rounds = [r.stats.verify for r in runs if r.stats.verify is not None]
+    accepted = [a for v in rounds for a in v.accepted]
+    nodes = [n for v in rounds for n in v.nodes]
     out = {
         "cases": len(runs),
         "tokens": tokens,
@@ -56,9 +57,10 @@ def summarize(runs: list, seconds_key: str = "seconds", depth: int | None = None
         out["mean_nodes_per_verify"] = float(np.mean(nodes))
         out["acceptance_by_depth"] = acceptance_by_depth(accepted, depth or max(max(accepted), 1))
         verifies = max(len(accepted), 1)
-        for key in ("draft_ms", "walk_ms", "target_ms"):
-            out[key + "_per_verify"] = sum(r.stats.extra.get(key, 0.0) for r in runs) / verifies
-    if any("epilogue_ms" in r.stats.extra for r in runs):   # the device sampler: once per commit step, any decoder
-        out["epilogue_ms_per_step"] = (sum(r.stats.extra.get("epilogue_ms", 0.0) for r in runs)
-                                       / max(sum(r.stats.steps for r in runs), 1))
+        out["draft_ms_per_verify"] = sum(v.draft_ms for v in rounds) / verifies
+        out["walk_ms_per_verify"] = sum(v.walk_ms for v in rounds) / verifies
+        out["target_ms_per_verify"] = sum(v.target_ms for v in rounds) / verifies
+    epilogues = [r.stats.epilogue for r in runs if r.stats.epilogue is not None]
+    if epilogues:   # the device sampler: once per commit step, any decoder
+        out["epilogue_ms_per_step"] = sum(e.ms for e in epilogues) / max(sum(r.stats.steps for r in runs), 1)
     return out

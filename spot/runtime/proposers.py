@@ -1,4 +1,4 @@
-"""Proposers for SPOT trees: given tree nodes, candidate child states with log-probabilities (SPEC §4-6).
+"""Proposers for SPOT trees: given tree nodes, candidate child states with log-probabilities (docs/spec.md §4-6).
 
 A child commits what the proposer predicts F will commit at its parent: under the static rule one position, under
 the threshold rule (SPOT-Sets) a whole set; its tokens are the coupled samples of the stale logits for the parent's

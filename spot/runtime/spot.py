@@ -1,4 +1,4 @@
-"""The SPOT round (SPEC §4) and SPOT-Sets (§5) as a block decoder for spot.runtime.decode.generate.
+"""The SPOT round (docs/spec.md §4) and SPOT-Sets (§5) as a block decoder for spot.runtime.decode.generate.
 
 Round: free root r = F_m(s_m) from the known logits; a draft tree rooted at r; ONE target pass over every incomplete
 node (nodes on the batch axis); walk from the root to the child equal to F of the node's fresh logits. Output equals
@@ -6,7 +6,6 @@ standard decoding with the same seed whatever the proposer does, because every a
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +14,7 @@ from spot.errors import SpotError, integer_arg
 from spot.runtime.decode import DecodeContext, standard_block
 from spot.runtime.engine import Engine
 from spot.runtime.proposers import RoundInputs
+from spot.runtime.stats import timed
 from spot.runtime.tree import build_tree
 
 
@@ -68,6 +68,15 @@ class TreeBudget:
         return True
 
 
+def verify(engine: Engine, tree, block: int, ctx: DecodeContext) -> dict:
+    """ONE target pass over every incomplete node of the tree (nodes on the batch axis): tree index -> that node's
+    spot.runtime.outputs (complete nodes end the block: nothing to verify)."""
+    incomplete = [i for i, n in enumerate(tree) if (n.state == ctx.mask_id).any()]
+    outputs = engine.block_outputs(np.stack([tree[i].state for i in incomplete]), [tree[i].step for i in incomplete],
+                                   ctx.sampling, block, ctx.noise)
+    return dict(zip(incomplete, outputs))
+
+
 def walk(tree, node_outputs: dict, ctx: DecodeContext) -> tuple[int, np.ndarray]:
     """From the root, follow the child equal to F of the node's fresh outputs. Returns (end node, F(end node)).
 
@@ -98,41 +107,30 @@ class SpotBlockDecoder:
             # run the standard loop without the round's bookkeeping (~0.1 ms a step, 4-5% of an embedded-model
             # step on ORT CPU) — what `spot tune` picks where verifying more nodes does not pay
             return standard_block(engine, state, block, ctx)
-        stats = ctx.stats
-        extra = stats.extra
-        accepted = extra.setdefault("accepted_per_verify", [])
-        extra.setdefault("nodes_per_verify", [])
-        extra.setdefault("draft_ms", 0.0)
-        extra.setdefault("walk_ms", 0.0)
-        extra.setdefault("target_ms", 0.0)   # verify passes only: the split host vs target per verify
+        record = ctx.stats.verify_record()
         step = 0
         (current,) = engine.block_outputs(state[None], [step], ctx.sampling, block, ctx.noise)
-        stats.passes["block"] += 1
-        root = current.next_state(state, ctx.mask_id, ctx.rule)
+        ctx.stats.passes["block"] += 1
+        root = current.next_state(state, ctx.mask_id, ctx.rule)     # the free root: F of the known logits
         while (root == ctx.mask_id).any():
-            t0 = time.perf_counter()
-            stale = current.stale(state == ctx.mask_id, self.independent_noise)
-            self.proposer.begin_round(RoundInputs(stale, ctx.rule, ctx.mask_id, block), state, step)
-            tree = build_tree(root, step + 1, self.proposer, self.budget.nodes, self.budget.depth, ctx.mask_id,
-                              self.proposer.lookahead)
-            incomplete = [i for i, n in enumerate(tree) if (n.state == ctx.mask_id).any()]
-            t1 = time.perf_counter()
-            fresh = engine.block_outputs(np.stack([tree[i].state for i in incomplete]),
-                                         [tree[i].step for i in incomplete], ctx.sampling, block, ctx.noise)
-            t2 = time.perf_counter()
-            stats.passes["verify"] += 1
-            end, root = walk(tree, dict(zip(incomplete, fresh)), ctx)
-            t3 = time.perf_counter()
-            extra["draft_ms"] += 1e3 * (t1 - t0)
-            extra["target_ms"] += 1e3 * (t2 - t1)
-            extra["walk_ms"] += 1e3 * (t3 - t2)
-            accepted.append(tree[end].depth)
-            extra["nodes_per_verify"].append(len(incomplete))
+            # one round: draft a tree rooted at the free root, verify it in ONE pass, walk it (each step timed)
+            tree, draft_ms = timed(self.draft, root, current, state, step, block, ctx)
+            fresh, target_ms = timed(verify, engine, tree, block, ctx)
+            ctx.stats.passes["verify"] += 1
+            (end, root), walk_ms = timed(walk, tree, fresh, ctx)
+            record.add_round(tree[end].depth, len(fresh), draft_ms, target_ms, walk_ms)
             state, step = tree[end].state, tree[end].step
             if ctx.noise is not None:   # later rounds sample steps > step only
                 ctx.noise.forget_before(step + 1)
-            if end in incomplete:
-                current = fresh[incomplete.index(end)]
+            current = fresh.get(end, current)      # (a complete end node finishes the block)
             del fresh       # a device sampler's unread outputs hold the pass's logits on the device: not into the next
-        stats.steps += step + 1 if (state == ctx.mask_id).any() else step
+        ctx.stats.steps += step + 1 if (state == ctx.mask_id).any() else step
         return root
+
+    def draft(self, root: np.ndarray, current, state: np.ndarray, step: int, block: int, ctx: DecodeContext):
+        """The round's draft tree rooted at the free root: the proposer reads the stale view of `state`'s outputs
+        (`current`), never the fresh logits of the nodes."""
+        stale = current.stale(state == ctx.mask_id, self.independent_noise)
+        self.proposer.begin_round(RoundInputs(stale, ctx.rule, ctx.mask_id, block), state, step)
+        return build_tree(root, step + 1, self.proposer, self.budget.nodes, self.budget.depth, ctx.mask_id,
+                          self.proposer.lookahead)

@@ -1,4 +1,4 @@
-"""Coupled samples from the stale logits L(s_m): what the drafter may read in a SPOT round (SPEC §4).
+"""Coupled samples from the stale logits L(s_m): what the drafter may read in a SPOT round (docs/spec.md §4).
 
 At position i and future step tau the proposal token is argmax_v(L~_iv / T + gumbel(seed, b, tau, i, v)), the same
 noise the target will use at that step, so proposal and target agree whenever the perturbed argmax did not move.
@@ -29,7 +29,7 @@ class StaleView:
                  independent_noise: bool = False, noise: NoiseCache | None = None):
         self.logits = logits
         self.positions = np.flatnonzero(masked)
-        # independent_noise: the ablation of SPEC §7 — proposals drawn with noise unrelated to the target's
+        # independent_noise: the ablation of docs/spec.md §7 — proposals drawn with noise unrelated to the target's
         self.sampling = replace(sampling, seed=sampling.seed ^ INDEPENDENT_SEED_XOR) if independent_noise else sampling
         self.noise = None if independent_noise else noise       # the cache holds the target's noise only
         self.block = block

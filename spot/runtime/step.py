@@ -1,4 +1,5 @@
-"""The step function F of SPEC §3: sample every masked position, score it, commit by the static or threshold rule.
+"""The step function F of docs/spec.md §3: sample every masked position, score it, commit by the static or
+threshold rule.
 
 All arithmetic is float64 on float32 logits, in the order the spec fixes, so that equal logits give equal decisions
 in every decoder (standard, SPOT, SPOT-Sets) and every implementation.

@@ -6,6 +6,11 @@ Candidates of many nodes are requested in one batch: a node's children are only 
 probability (an upper bound on its children's) reaches the top of the queue, and then every pending node is expanded
 together — exact best-first order. With a lookahead the same call also proposes for the best queued candidates
 before they enter the tree (most do): the tree is unchanged, the drafter is called about half as often at 16 nodes.
+
+Order rule (docs/decisions.md, the same in the C++ host): every queue entry has the total key (-path log-probability,
+counter), the counter numbering entries in the order they are pushed. The queue pops the smallest key; the nodes
+expanded together are taken in ascending key order, and their candidates are pushed in that order, each node's best
+first. The heap's internal layout never decides anything (tests/test_cpp_host.py: known-answer trees, both hosts).
 """
 from __future__ import annotations
 
@@ -73,7 +78,7 @@ def build_tree(root_state: np.ndarray, root_step: int, proposer: Proposer, budge
     while heap and len(tree) < budget:
         neg, tiebreak, kind, payload = heapq.heappop(heap)
         if kind == 0:
-            pending = [payload] + [p for (_, _, k, p) in heap if k == 0]
+            pending = [payload] + [p for (_, _, _, p) in sorted(h for h in heap if h[2] == 0)]   # key order
             heap = [h for h in heap if h[2] != 0]
             heapq.heapify(heap)
             ask = [i for i in pending if key_of.get(i) not in prefetched]

@@ -85,7 +85,7 @@ class PassProfile:
         passes = [g.stats.passes for g in generations]
         return cls(sum(g.stats.steps for g in generations),
                    sum(p.get("block", 0) + p.get("store", 0) for p in passes),
-                   tuple(n for g in generations for n in g.stats.extra.get("nodes_per_verify", [])), host_ms, pass_ms)
+                   tuple(n for g in generations if g.stats.verify for n in g.stats.verify.nodes), host_ms, pass_ms)
 
     def steps_per_ms(self) -> float:
         """Measured: steps / (host + pass ms)."""

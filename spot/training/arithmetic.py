@@ -34,7 +34,7 @@ ANSWER_HEADER = "\nAnswer:\n"
 @dataclass(frozen=True)
 class Bounds:
     """What each operation may compute (operands and results are positive integers)."""
-    max_value: int = 200        # any operand or result of + and -
+    max_value: int = 99         # any operand or result: two digits at most
     max_factor: int = 9         # the smaller factor of a product
     max_multiplicand: int = 30  # the larger factor of a product
     max_divisor: int = 9
@@ -50,14 +50,43 @@ class Step:
     op: str          # one of + - * /
     b: int
     line: str        # the solution line with "{calc}" where "a op b = <<a op b=c>>c" goes
+    clause: str = ""     # the question's sentences this step reads its new numbers from (none: "")
+    so: str = ""         # after a clause, what comes between "so" and the calculation ("in 5 years ")
 
     @property
     def value(self) -> int:
         return apply_op(self.a, self.op, self.b)
 
     def render(self) -> str:
+        """The solution line: the step's clause restated, then its calculation ("Maya buys 3 packs of 8, so
+        3*8 = <<3*8=24>>24."); a step that only combines earlier results says so in its own words."""
         expr = f"{self.a}{self.op}{self.b}"
-        return self.line.replace("{calc}", f"{expr} = <<{expr}={self.value}>>{self.value}")
+        calc = f"{expr} = <<{expr}={self.value}>>{self.value}"
+        return f"{self.clause}, so {self.so}{calc}." if self.clause else self.line.replace("{calc}", calc)
+
+
+class Story:
+    """A problem as it is told: sentences said, then the steps they lead to. A step's clause is the statements said
+    since the previous step: the solution restates them before calculating, so each number a step needs stands
+    just before its calculation (a small model copies a nearby span far more readily than it finds the k-th
+    number of the question)."""
+
+    def __init__(self):
+        self.sentences: list[str] = []
+        self.steps: list[Step] = []
+        self._unsaid: list[str] = []
+
+    def say(self, sentence: str) -> None:
+        self.sentences.append(sentence)
+        self._unsaid.append(sentence)
+
+    def step(self, a: int, op: str, b: int, line: str, so: str = "") -> None:
+        clause = " ".join(self._unsaid).removesuffix(".")
+        self._unsaid = []
+        self.steps.append(Step(a, op, b, line, clause, so))
+
+    def problem(self, question: str, family: str) -> "Problem":
+        return Problem(" ".join([*self.sentences, question]), tuple(self.steps), family)
 
 
 @dataclass(frozen=True)
@@ -200,62 +229,62 @@ def story_chain(d: Draw, n_steps: int) -> Problem | None:
     """One person's collection changes: gains, losses, packs bought, doubling, equal sharing at the end."""
     (name, he), (friend, _) = d.people(2)
     item, items = d.pick(ITEMS)
-    sentences, steps = [], []
+    story = Story()
     if n_steps >= 2 and d.rng.random() < 0.5:     # the opening may itself be a step: packs of items
         box, boxes = d.pick(CONTAINERS)
         a, b = d.product()
-        sentences.append(f"{name} has {a} {boxes} with {b} {items} in each {box}.")
-        steps.append(Step(a, "*", b, f"At first there are {{calc}}."))
+        story.say(f"{name} has {a} {boxes} with {b} {items} in each {box}.")
+        story.step(a, "*", b, f"At first there are {{calc}}.")
         current = a * b
     else:
-        current = d.int(8, 120)
-        sentences.append(f"{name} has {current} {items}.")
+        current = d.int(8, 90)
+        story.say(f"{name} has {current} {items}.")
     question = f"How many {items} does {name} have now?"
-    while len(steps) < n_steps:
-        last = len(steps) == n_steps - 1
+    while len(story.steps) < n_steps:
+        last = len(story.steps) == n_steps - 1
         kind = d.pick(["gain", "lose", "packs", "double", "share"])
         if kind == "share":
             k = d.divisor(current)
             if not last or k is None:
                 continue
             group = d.pick(FRIENDS_WORDS)
-            sentences.append(f"{cap(he)} shares them equally among {k} {group}.")
+            story.say(f"{cap(he)} shares them equally among {k} {group}.")
             question = f"How many {items} does each of the {group} get?"
-            steps.append(Step(current, "/", k, f"Each one gets {{calc}}."))
+            story.step(current, "/", k, f"Each one gets {{calc}}.")
         elif kind == "double":
             k = d.factor(current)
             if k is None:
                 continue
             if k in (2, 3):
                 word = {2: "doubles", 3: "triples"}[k]
-                sentences.append(f"Then {he} {word} the number of {items} {he} has.")
+                story.say(f"Then {he} {word} the number of {items} {he} has.")
             else:
-                sentences.append(f"Then {he} ends up with {k} times as many {items} as before.")
-            steps.append(Step(current, "*", k, f"Then there are {{calc}}."))
+                story.say(f"Then {he} ends up with {k} times as many {items} as before.")
+            story.step(current, "*", k, f"Then there are {{calc}}.")
         elif kind == "packs":
             box, boxes = d.pick(CONTAINERS)
             a, b = d.product()
             if last or current + a * b > d.bounds.max_value:
                 continue
-            sentences.append(f"{cap(he)} buys {a} {boxes} of {items} with {b} in each {box}.")
-            steps.append(Step(a, "*", b, f"The new ones are {{calc}}."))
-            steps.append(Step(current, "+", a * b, f"So there are {{calc}}."))
+            story.say(f"{cap(he)} buys {a} {boxes} of {items} with {b} in each {box}.")
+            story.step(a, "*", b, f"The new ones are {{calc}}.")
+            story.step(current, "+", a * b, f"So there are {{calc}}.")
         elif kind == "gain":
             b = d.addend(current)
             verb = d.pick([f"finds {b} more", f"gets {b} more from {friend}", f"buys {b} more",
                            f"is given {b} more"])
-            sentences.append(f"{cap(he)} {verb}.")
-            steps.append(Step(current, "+", b, f"After getting more there are {{calc}}."))
+            story.say(f"{cap(he)} {verb}.")
+            story.step(current, "+", b, f"After getting more there are {{calc}}.")
         else:
             if current < 3:
                 continue
             b = d.subtrahend(current)
             verb = d.pick([f"gives {b} to {friend}", f"loses {b} of them", f"uses {b} of them",
                            f"sells {b} of them"])
-            sentences.append(f"{cap(he)} {verb}.")
-            steps.append(Step(current, "-", b, f"After that {{calc}} are left."))
-        current = steps[-1].value
-    return Problem(" ".join(sentences + [question]), tuple(steps), "story_chain")
+            story.say(f"{cap(he)} {verb}.")
+            story.step(current, "-", b, f"After that {{calc}} are left.")
+        current = story.steps[-1].value
+    return story.problem(question, "story_chain")
 
 
 def shopping(d: Draw, n_steps: int) -> Problem | None:
@@ -264,28 +293,29 @@ def shopping(d: Draw, n_steps: int) -> Problem | None:
     place = d.pick(PLACES)
     (g1, g1s), (g2, g2s) = [GOODS[int(i)] for i in d.rng.choice(len(GOODS), size=2, replace=False)]
     n1, p1 = d.product()
-    sentences = [f"At {place}, {name} buys {n1} {g1s} for ${p1} each."]
-    steps = [Step(n1, "*", p1, f"The first ones cost {{calc}} dollars.")]
+    story = Story()
+    story.say(f"At {place}, {name} buys {n1} {g1s} for ${p1} each.")
+    story.step(n1, "*", p1, f"The first ones cost {{calc}} dollars.")
     question = f"How much does {name} spend?"
     if n_steps >= 3:
         n2, p2 = d.product()
-        sentences.append(f"{cap(he)} also buys {n2} {g2s} for ${p2} each.")
-        steps.append(Step(n2, "*", p2, f"The second ones cost {{calc}} dollars."))
-        steps.append(Step(n1 * p1, "+", n2 * p2, f"In total that is {{calc}} dollars."))
+        story.say(f"{cap(he)} also buys {n2} {g2s} for ${p2} each.")
+        story.step(n2, "*", p2, f"The second ones cost {{calc}} dollars.")
+        story.step(n1 * p1, "+", n2 * p2, f"In total that is {{calc}} dollars.")
     elif n_steps == 2 and d.rng.random() < 0.5:
         extra = d.addend(n1 * p1)
-        sentences.append(f"{cap(he)} also pays ${extra} for a {g2}.")
-        steps.append(Step(n1 * p1, "+", extra, f"In total that is {{calc}} dollars."))
+        story.say(f"{cap(he)} also pays ${extra} for a {g2}.")
+        story.step(n1 * p1, "+", extra, f"In total that is {{calc}} dollars.")
         question = f"How much money does {name} spend in all?"
-    if len(steps) < n_steps:
-        total = steps[-1].value
+    if len(story.steps) < n_steps:
+        total = story.steps[-1].value
         if total >= d.bounds.max_value:
             return None
         paid = d.int(total + 1, min(d.bounds.max_value, total + 80))
-        sentences.append(f"{cap(he)} pays with ${paid}.")
-        steps.append(Step(paid, "-", total, f"The change is {{calc}} dollars."))
+        story.say(f"{cap(he)} pays with ${paid}.")
+        story.step(paid, "-", total, f"The change is {{calc}} dollars.")
         question = f"How much change does {name} get?"
-    return Problem(" ".join(sentences + [question]), tuple(steps), "shopping")
+    return story.problem(question, "shopping")
 
 
 def rates(d: Draw, n_steps: int) -> Problem | None:
@@ -293,26 +323,27 @@ def rates(d: Draw, n_steps: int) -> Problem | None:
     (name, he), = d.people(1)
     unit, verb, per = d.pick(RATES)
     r, t = d.product()
-    sentences = [f"{name} {verb} {r} {unit} every {per} for {t} {per}s."]
-    steps = [Step(r, "*", t, f"At first that is {{calc}}.")]
+    story = Story()
+    story.say(f"{name} {verb} {r} {unit} every {per} for {t} {per}s.")
+    story.step(r, "*", t, f"At first that is {{calc}}.")
     question = f"How many {unit} does {name} finish in all?"
     if n_steps >= 3:
         r2, t2 = d.product()
-        sentences.append(f"After that, {he} {verb} {r2} {unit} every {per} for {t2} more {per}s.")
-        steps.append(Step(r2, "*", t2, f"Later that is {{calc}}."))
-        steps.append(Step(r * t, "+", r2 * t2, f"Altogether that is {{calc}}."))
-    if len(steps) < n_steps:
-        total = steps[-1].value
+        story.say(f"After that, {he} {verb} {r2} {unit} every {per} for {t2} more {per}s.")
+        story.step(r2, "*", t2, f"Later that is {{calc}}.")
+        story.step(r * t, "+", r2 * t2, f"Altogether that is {{calc}}.")
+    if len(story.steps) < n_steps:
+        total = story.steps[-1].value
         if d.rng.random() < 0.5 and total < d.bounds.max_value - 2:
             goal = d.int(total + 1, min(d.bounds.max_value, total + 90))
-            sentences.append(f"{possessive(he).capitalize()} goal is {goal} {unit}.")
-            steps.append(Step(goal, "-", total, f"Still needed: {{calc}}."))
+            story.say(f"{possessive(he).capitalize()} goal is {goal} {unit}.")
+            story.step(goal, "-", total, f"Still needed: {{calc}}.")
             question = f"How many more {unit} does {name} need to reach the goal?"
         else:
             extra = d.addend(total)
-            sentences.append(f"On the last {per} {he} {verb} {extra} extra {unit}.")
-            steps.append(Step(total, "+", extra, f"With the extra that is {{calc}}."))
-    return Problem(" ".join(sentences + [question]), tuple(steps), "rates")
+            story.say(f"On the last {per} {he} {verb} {extra} extra {unit}.")
+            story.step(total, "+", extra, f"With the extra that is {{calc}}.")
+    return story.problem(question, "rates")
 
 
 def comparison(d: Draw, n_steps: int) -> Problem | None:
@@ -320,73 +351,71 @@ def comparison(d: Draw, n_steps: int) -> Problem | None:
     people = [n for n, _ in d.people(5)]
     item, items = d.pick(ITEMS)
     current, who = d.int(5, 60), people[0]
-    sentences = [f"{who} has {current} {items}."]
-    steps: list[Step] = []
+    story = Story()
+    story.say(f"{who} has {current} {items}.")
     question = None
     for name in people[1:]:
-        if len(steps) == n_steps:
+        if len(story.steps) == n_steps:
             break
-        if len(steps) == n_steps - 1 and steps and d.rng.random() < 0.4:
-            prev = steps[-2].value if len(steps) >= 2 else steps[-1].a
-            prev_name = people[len(steps) - 1]
+        if len(story.steps) == n_steps - 1 and story.steps and d.rng.random() < 0.4:
+            prev = story.steps[-2].value if len(story.steps) >= 2 else story.steps[-1].a
+            prev_name = people[len(story.steps) - 1]
             question = f"How many {items} do {prev_name} and {who} have together?"
-            steps.append(Step(prev, "+", current, f"Together they have {{calc}}."))
+            story.step(prev, "+", current, f"Together they have {{calc}}.")
             break
         kind = d.pick(["more", "fewer", "times"])
         k = d.factor(current) if kind == "times" else None
         if k is not None:
             word = {2: "twice", 3: "three times", 4: "four times", 5: "five times"}.get(k, f"{k} times")
-            sentences.append(f"{name} has {word} as many {items} as {who}.")
-            steps.append(Step(current, "*", k, f"The next one has {{calc}}."))
+            story.say(f"{name} has {word} as many {items} as {who}.")
+            story.step(current, "*", k, f"The next one has {{calc}}.")
         elif kind == "fewer" and current >= 3:
             b = d.subtrahend(current)
-            sentences.append(f"{name} has {b} fewer {items} than {who}.")
-            steps.append(Step(current, "-", b, f"The next one has {{calc}}."))
+            story.say(f"{name} has {b} fewer {items} than {who}.")
+            story.step(current, "-", b, f"The next one has {{calc}}.")
         else:
             b = d.addend(current)
-            sentences.append(f"{name} has {b} more {items} than {who}.")
-            steps.append(Step(current, "+", b, f"The next one has {{calc}}."))
-        current, who = steps[-1].value, name
+            story.say(f"{name} has {b} more {items} than {who}.")
+            story.step(current, "+", b, f"The next one has {{calc}}.")
+        current, who = story.steps[-1].value, name
     question = question or f"How many {items} does {who} have?"
-    return Problem(" ".join(sentences + [question]), tuple(steps), "comparison")
+    return story.problem(question, "comparison")
 
 
 def ages(d: Draw, n_steps: int) -> Problem | None:
     """Ages now and later: times as old, older / younger, in some years, a sum."""
     (n1, _), (n2, _) = d.people(2)
     a = d.int(4, 40)
-    sentences = [f"{n1} is {a} years old."]
-    steps: list[Step] = []
+    story = Story()
+    story.say(f"{n1} is {a} years old.")
     current, who = a, n1
     if n_steps >= 2 and d.rng.random() < 0.5:
         k = d.factor(a)
         if k is None or a * k > 90:
             return None
-        sentences.append(f"Their aunt is {k} times as old as {n1}.")
-        steps.append(Step(a, "*", k, f"The aunt is {{calc}} years old."))
+        story.say(f"Their aunt is {k} times as old as {n1}.")
+        story.step(a, "*", k, f"The aunt is {{calc}} years old.")
         current, who = a * k, "the aunt"
-    if len(steps) < n_steps - 1 or (len(steps) == n_steps - 1 and d.rng.random() < 0.5):
+    if len(story.steps) < n_steps - 1 or (len(story.steps) == n_steps - 1 and d.rng.random() < 0.5):
         b = d.int(2, 30)
         if d.rng.random() < 0.5 or current <= b:
-            sentences.append(f"{n2} is {b} years older than {who}.")
-            steps.append(Step(current, "+", b, f"The next one is {{calc}} years old."))
+            story.say(f"{n2} is {b} years older than {who}.")
+            story.step(current, "+", b, f"The next one is {{calc}} years old.")
         else:
-            sentences.append(f"{n2} is {b} years younger than {who}.")
-            steps.append(Step(current, "-", b, f"The next one is {{calc}} years old."))
-        current, who = steps[-1].value, n2
-    if len(steps) == n_steps:
-        return Problem(" ".join(sentences + [f"How old is {who}?"]), tuple(steps), "ages")
-    if len(steps) == n_steps - 2:
-        steps.append(Step(a, "+", current, f"Together they are {{calc}} years old."))
+            story.say(f"{n2} is {b} years younger than {who}.")
+            story.step(current, "-", b, f"The next one is {{calc}} years old.")
+        current, who = story.steps[-1].value, n2
+    if len(story.steps) == n_steps:
+        return story.problem(f"How old is {who}?", "ages")
+    if len(story.steps) == n_steps - 2:
+        story.step(a, "+", current, f"Together they are {{calc}} years old.")
         years = d.int(2, 30)
-        sentences.append(f"Their grandfather is {years} years older than {n1} and {who} together. "
-                         "How old is their grandfather?")
-        steps.append(Step(a + current, "+", years, f"The grandfather is {{calc}} years old."))
-        return Problem(" ".join(sentences), tuple(steps), "ages")
+        story.say(f"Their grandfather is {years} years older than {n1} and {who} together.")
+        story.step(a + current, "+", years, f"The grandfather is {{calc}} years old.")
+        return story.problem("How old is their grandfather?", "ages")
     years = d.int(2, 25)
-    sentences.append(f"How old will {who} be in {years} years?")
-    steps.append(Step(current, "+", years, f"Later the age is {{calc}} years."))
-    return Problem(" ".join(sentences), tuple(steps), "ages")
+    story.step(current, "+", years, f"In {years} years the age will be {{calc}}.", so=f"in {years} years ")
+    return story.problem(f"How old will {who} be in {years} years?", "ages")
 
 
 def sharing(d: Draw, n_steps: int) -> Problem | None:
@@ -396,18 +425,19 @@ def sharing(d: Draw, n_steps: int) -> Problem | None:
     box, boxes = d.pick(CONTAINERS)
     if n_steps == 1:
         total, k = d.quotient()
-        sentences = [f"{name} packs {total} {items} equally into {k} {boxes}."]
-        step = Step(total, "/", k, f"Each one holds {{calc}}.")
-        return Problem(" ".join(sentences + [f"How many {items} are in each {box}?"]), (step,), "sharing")
-    sentences, steps = [], []
+        story = Story()
+        story.say(f"{name} packs {total} {items} equally into {k} {boxes}.")
+        story.step(total, "/", k, f"Each one holds {{calc}}.")
+        return story.problem(f"How many {items} are in each {box}?", "sharing")
+    story = Story()
     if n_steps >= 3:
         batches, per = d.product()
         made = batches * per
-        sentences.append(f"{name} makes {batches} batches of {items} with {per} in each batch.")
-        steps.append(Step(batches, "*", per, f"At first there are {{calc}}."))
+        story.say(f"{name} makes {batches} batches of {items} with {per} in each batch.")
+        story.step(batches, "*", per, f"At first there are {{calc}}.")
     else:
-        made = d.int(10, 150)
-        sentences.append(f"{name} has {made} {items}.")
+        made = d.int(10, 95)
+        story.say(f"{name} has {made} {items}.")
     options = [(k, e) for k in range(2, d.bounds.max_divisor + 1) for e in range(1, min(40, made - 2) + 1)
                if (made - e) % k == 0 and 2 <= (made - e) // k <= d.bounds.max_quotient]
     if not options:
@@ -415,16 +445,16 @@ def sharing(d: Draw, n_steps: int) -> Problem | None:
     k, eaten = d.pick(options)
     kept = made - eaten
     verb = d.pick(["eats", "gives away", "keeps", "sells"])
-    sentences.append(f"{cap(he)} {verb} {eaten} of them and packs the rest equally into {k} {boxes}.")
-    steps.append(Step(made, "-", eaten, f"After that {{calc}} are left."))
-    steps.append(Step(kept, "/", k, f"Each one holds {{calc}}."))
+    story.say(f"{cap(he)} {verb} {eaten} of them and packs the rest equally into {k} {boxes}.")
+    story.step(made, "-", eaten, f"After that {{calc}} are left.")
+    story.step(kept, "/", k, f"Each one holds {{calc}}.")
     question = f"How many {items} are in each {box}?"
-    if len(steps) < n_steps:
+    if len(story.steps) < n_steps:
         m = d.int(2, 30)
-        sentences.append(f"Later {he} adds {m} more {items} to one {box}.")
-        steps.append(Step(kept // k, "+", m, f"That one now holds {{calc}}."))
+        story.say(f"Later {he} adds {m} more {items} to one {box}.")
+        story.step(kept // k, "+", m, f"That one now holds {{calc}}.")
         question = f"How many {items} are in that {box} now?"
-    return Problem(" ".join(sentences + [question]), tuple(steps), "sharing")
+    return story.problem(question, "sharing")
 
 
 def savings(d: Draw, n_steps: int) -> Problem | None:
@@ -432,33 +462,35 @@ def savings(d: Draw, n_steps: int) -> Problem | None:
     (name, he), = d.people(1)
     good, _ = d.pick(GOODS)
     w, s = d.product()
-    sentences, steps = [], [Step(s, "*", w, f"The savings are {{calc}} dollars.")]
+    story = Story()
     total = s * w
     if n_steps >= 2:
         start = d.addend(total, lo=3)
-        sentences.append(f"{name} has ${start} in a piggy bank.")
-        sentences.append(f"{cap(he)} saves ${s} more every week for {w} weeks.")
-        steps.append(Step(start, "+", total, f"Now there are {{calc}} dollars."))
+        story.say(f"{name} has ${start} in a piggy bank.")
+        story.say(f"{cap(he)} saves ${s} more every week for {w} weeks.")
+        story.step(s, "*", w, f"The savings are {{calc}} dollars.")
+        story.step(start, "+", total, f"Now there are {{calc}} dollars.")
         total += start
     else:
-        sentences.append(f"{name} saves ${s} every week for {w} weeks.")
+        story.say(f"{name} saves ${s} every week for {w} weeks.")
+        story.step(s, "*", w, f"The savings are {{calc}} dollars.")
     question = f"How much money does {name} have?"
     if n_steps >= 3:
         if total < 4:
             return None
         price = d.int(2, total - 1)
-        sentences.append(f"{cap(he)} spends ${price} on a {good}.")
-        steps.append(Step(total, "-", price, f"After buying, {{calc}} dollars are left."))
+        story.say(f"{cap(he)} spends ${price} on a {good}.")
+        story.step(total, "-", price, f"After buying, {{calc}} dollars are left.")
         total -= price
         question = f"How much money does {name} have left?"
     if n_steps >= 4:
         k = d.divisor(total)
         if k is None:
             return None
-        sentences.append(f"{cap(he)} splits the rest equally among {k} {d.pick(FRIENDS_WORDS)}.")
-        steps.append(Step(total, "/", k, f"Each one gets {{calc}} dollars."))
+        story.say(f"{cap(he)} splits the rest equally among {k} {d.pick(FRIENDS_WORDS)}.")
+        story.step(total, "/", k, f"Each one gets {{calc}} dollars.")
         question = "How many dollars does each one get?"
-    return Problem(" ".join(sentences + [question]), tuple(steps), "savings")
+    return story.problem(question, "savings")
 
 
 def seating(d: Draw, n_steps: int) -> Problem | None:
@@ -470,35 +502,36 @@ def seating(d: Draw, n_steps: int) -> Problem | None:
                                            ("tables", "guests", "the party", "table"),
                                            ("buses", "students", "the trip", "bus")])
     a, b = d.product()
-    sentences = [f"In {where} there are {a} {groups} with {b} {things} in each {group}."]
-    steps = [Step(a, "*", b, f"There are {{calc}} in all.")]
+    story = Story()
+    story.say(f"In {where} there are {a} {groups} with {b} {things} in each {group}.")
+    story.step(a, "*", b, f"There are {{calc}} in all.")
     question = f"How many {things} are there?"
     total = a * b
     if n_steps >= 2:
         if d.rng.random() < 0.5 and total > 3:
             c = d.subtrahend(total)
-            sentences.append(f"{c} of the {things} leave early.")
-            steps.append(Step(total, "-", c, f"After that {{calc}} stay."))
+            story.say(f"{c} of the {things} leave early.")
+            story.step(total, "-", c, f"After that {{calc}} stay.")
             question = f"How many {things} stay?"
         else:
             c = d.addend(total)
-            sentences.append(f"{name} brings {c} more {things}.")
-            steps.append(Step(total, "+", c, f"Now there are {{calc}}."))
-        total = steps[-1].value
+            story.say(f"{name} brings {c} more {things}.")
+            story.step(total, "+", c, f"Now there are {{calc}}.")
+        total = story.steps[-1].value
     if n_steps >= 3:
         k = d.divisor(total)
         if k is None:
             return None
-        sentences.append(f"{name} puts all of them into {k} equal groups.")
-        steps.append(Step(total, "/", k, f"Each group has {{calc}}."))
+        story.say(f"{name} puts all of them into {k} equal groups.")
+        story.step(total, "/", k, f"Each group has {{calc}}.")
         question = f"How many {things} are in each group?"
-        total = steps[-1].value
+        total = story.steps[-1].value
     if n_steps >= 4:
         m = d.addend(total)
-        sentences.append(f"Then {m} more {things} join one of the groups.")
-        steps.append(Step(total, "+", m, f"That group has {{calc}}."))
+        story.say(f"Then {m} more {things} join one of the groups.")
+        story.step(total, "+", m, f"That group has {{calc}}.")
         question = f"How many {things} are in that group?"
-    return Problem(" ".join(sentences + [question]), tuple(steps), "seating")
+    return story.problem(question, "seating")
 
 
 FAMILIES: dict[str, Callable[[Draw, int], Problem | None]] = {

@@ -1,5 +1,5 @@
-"""The order model (SPEC §6) in torch: training on teacher-forced trace examples, membership-threshold calibration,
-held-out accuracy, and export to drafter.onnx + drafter.json for the runtime (spot.runtime.drafter).
+"""The order model (docs/spec.md §6) in torch: training on teacher-forced trace examples, membership-threshold
+calibration, held-out accuracy, and export to drafter.onnx + drafter.json for the runtime (spot.runtime.drafter).
 
 Model: pre-norm transformer encoder over the B block positions (reference shape: 3 layers, d 128, 8 heads, FFN 512,
 ~0.62M parameters; OrderModelConfig sizes it to small targets). Per-position input: Linear([topk(32), masked,

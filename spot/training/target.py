@@ -56,6 +56,7 @@ class TrainSettings:
     train_prompt: bool = False    # arithmetic: the question is masked and scored too (else the solution alone)
     bf16: bool = False            # matmuls under torch.autocast(bfloat16), fp32 weights: ~2x on CPUs with AVX512-BF16
     qk_gain_init: float = 1.0     # initial q_norm / k_norm weights (below)
+    elbo_weighting: bool = True   # masked CE weighted 1/t (MDLM's bound); False: the plain mean over masked tokens
     steps: int = 2800             # ~80 minutes on 2 cores (~1250 tokens/s)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -80,7 +81,7 @@ ARITHMETIC = TrainSettings(
     corpus="arithmetic", vocab_size=768, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
     num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=512, block_size=32,
     tokens_per_batch=2048, steps=5000, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=100,
-    accuracy_every=500, accuracy_problems=24, bf16=True, qk_gain_init=1.8)
+    accuracy_every=500, accuracy_problems=24, bf16=True, qk_gain_init=1.8, elbo_weighting=False)
 RECIPES = {"code": CODE, "arithmetic": ARITHMETIC}
 
 
@@ -158,9 +159,11 @@ def mask_blocks(x0: torch.Tensor, block_size: int, mask_id: int, gen: torch.Gene
 
 
 def diffusion_loss(model: SDARModel, x0: torch.Tensor, bias: torch.Tensor, gen: torch.Generator, eps: float,
-                   ratio: float | None = None, eligible: torch.Tensor | None = None
+                   ratio: float | None = None, eligible: torch.Tensor | None = None, elbo: bool = True
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weighted training loss: sum CE/t over masked / maskable tokens,  plain mean CE over masked tokens).
+    """(training loss,  plain mean CE over masked tokens). elbo: the loss is sum CE/t over masked / maskable tokens
+    (MDLM's bound); else the plain mean — heavily masked blocks, where a token cannot be read off a neighbour and
+    must be looked up in the context, then weigh as much per token as lightly masked ones (1/t gives them the least).
 
     The LM head runs only on masked positions of x_t: the other outputs are never scored."""
     cfg = model.cfg
@@ -170,6 +173,8 @@ def diffusion_loss(model: SDARModel, x0: torch.Tensor, bias: torch.Tensor, gen: 
     hidden, _, _ = model(torch.cat([xt, x0], 1), positions, bias, return_hidden=True)
     h = hidden[:, :length][masked]                       # [M, H]
     ce = F.cross_entropy(model.lm_head(h).float(), x0[masked], reduction="none")
+    if not elbo:
+        return ce.mean(), ce.mean()
     maskable = n * length if eligible is None else max(int(eligible.sum()), 1)
     return (ce / t_tok[masked]).sum() / maskable, ce.mean()
 
@@ -362,7 +367,8 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
             biases[length] = diffusion_bias(length, s.block_size)
         eligible = None if batch.eligible is None else torch.from_numpy(batch.eligible)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=s.bf16):
-            loss, ce = diffusion_loss(model, x0, biases[length], gen, s.mask_eps, eligible=eligible)
+            loss, ce = diffusion_loss(model, x0, biases[length], gen, s.mask_eps, eligible=eligible,
+                                      elbo=s.elbo_weighting)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)

@@ -1,4 +1,4 @@
-"""Standard-decoding traces for training the drafter (SPEC §6), collected through generate()'s observer hook.
+"""Standard-decoding traces for training the drafter (docs/spec.md §6), collected through generate()'s observer hook.
 
 For every standard step t of every block (state s_t, fresh logits L(s_t), next state s_{t+1}) a trace row keeps:
   state       [B] int32    s_t (mask id at undecided positions)
