@@ -2,7 +2,7 @@
 """Where a SPOT round's host time goes, per verify pass: drafter ORT calls, top-32 features, coupled sampling,
 the rest of drafting (features, candidates, tree), the walk — beside the target pass, in one run.
 
-    python benchmarks/host_split.py --model ~/.cache/spot/embedded-fp32-onnx --drafter spot/assets/embedded
+    python benchmarks/host_split.py --model ~/.cache/spot/code-fp32-onnx --drafter spot/assets/embedded
     python benchmarks/host_split.py --model DIR --lookahead 0,4 --temperatures 0,1 --prompts 4
     python benchmarks/host_split.py --model DIR --runner-up-weights 0,0.17     # runner-up children's cost
 

@@ -2,7 +2,7 @@
 """How often the stale logits' coupled sample is the token the target commits k steps later, and how often the
 stale runner-up is (why SPOT proposes runner-up children; docs/drafter.md).
 
-    python benchmarks/stale_token_rank.py --model ~/.cache/spot/embedded-fp32-onnx --prompts 6
+    python benchmarks/stale_token_rank.py --model ~/.cache/spot/code-fp32-onnx --prompts 6
 
 Decodes held-out prompts with standard decoding, keeps every step's state and logits, and for each step m and
 k = 1..--staleness ranks the token committed at step m + k among the stale scores L(s_m)/T + gumbel(step m + k)

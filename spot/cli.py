@@ -324,7 +324,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     Examples:
       spot generate --prompt "def fibonacci(n):" --max-new-tokens 64
       spot generate --prompt "import os" --decoder spot --budget 16 --depth 8 --json
-      spot generate --model out/embedded-fp32-onnx --backend ort --decoder spot-sets --tau 0.9 --prompt "x = ["
+      spot generate --model out/code-fp32-onnx --backend ort --decoder spot-sets --tau 0.9 --prompt "x = ["
       spot generate --prompt "class Stack:" --decoder spot --stream
     """
     import json
@@ -815,7 +815,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
 
     \b
     Example (the drafter of the embedded model's export by spot demo):
-      spot calibrate-drafter --model ~/.cache/spot/embedded-fp32-onnx --backend ort
+      spot calibrate-drafter --model ~/.cache/spot/code-fp32-onnx --backend ort
     """
     import json
 
@@ -999,7 +999,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     \b
     Examples:
       spot bench --limit 5 --budgets 16x8,64x16
-      spot bench --model out/embedded-fp32-onnx --backend ort --tune --report runs/ort
+      spot bench --model out/code-fp32-onnx --backend ort --tune --report runs/ort
     """
     from pathlib import Path
 
@@ -1127,8 +1127,8 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
 
     \b
     Examples:
-      spot tune --model out/embedded-fp32-onnx --backend ort --temperature 1
-      spot generate --model out/embedded-fp32-onnx --backend ort --decoder spot --budget auto --temperature 1 \\
+      spot tune --model out/code-fp32-onnx --backend ort --temperature 1
+      spot generate --model out/code-fp32-onnx --backend ort --decoder spot --budget auto --temperature 1 \\
           --prompt "import os"
     """
     import json
@@ -1232,7 +1232,7 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
     Examples:
       spot serve --engines 2
       curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
-          -d '{"model": "embedded-fp32-onnx", "prompt": "def add(a, b):", "max_tokens": 32, "decoder": "spot"}'
+          -d '{"model": "code-fp32-onnx", "prompt": "def add(a, b):", "max_tokens": 32, "decoder": "spot"}'
       spot serve --model sdar-8b-fp16-onnx --device trt --host 0.0.0.0 --api-key "$KEY"
     """
     from pathlib import Path

@@ -99,19 +99,23 @@ def test_concurrent_first_runs_export_the_demo_cache_once(tmp_path, monkeypatch)
 def test_demo_shows_identical_outputs_and_caches_the_export(as_embedded, tmp_path):
     first = run("demo", "--max-new-tokens", "8", "--budget", "6", "--depth", "3")
     assert first.exit_code == 0, first.output
-    assert "outputs IDENTICAL" in first.output and "fewer target passes" in first.output
-    assert "exporting the embedded model" in first.output
-    # one line says it (a cold demo printed a line per tensor, 47 for the embedded model), then the demo's own;
+    # both models, arithmetic first, each with its identical outputs and passes; then the summary and its reason
+    assert first.output.index("=== arithmetic model") < first.output.index("=== code model")
+    assert first.output.count("(standard decoding and SPOT, identical)") == 2, first.output
+    assert "=== what SPOT bought ===" in first.output and "fewer passes" in first.output
+    assert "exporting the arithmetic model" in first.output and "exporting the code model" in first.output
+    assert "why the wall clock" in first.output
+    # one line says an export (a cold demo printed a line per tensor, 47 for the code model), then the demo's own;
     # off a terminal a progress bar's update is printed only after 30 s without a line (a slow machine)
     said = first.stderr[:first.stderr.index("decoding with standard")].splitlines()
-    assert "exporting the embedded model" in said[0] and not any("tensor" in line for line in said), said
-    speedup = float(re.search(r"wall-clock speed-up ([0-9.]+)x", first.output).group(1))
-    assert ("why: one verify pass of up to 6 states cost" in first.output) == (speedup < 1.0)
-    second = run("demo", "--max-new-tokens", "8", "--temperature", "1.0", "--seed", "3", "--depth", "3")
-    assert second.exit_code == 0 and "outputs IDENTICAL" in second.output, second.output
-    assert "exporting the embedded model" not in second.output          # the cached export is reused
+    assert "exporting the arithmetic model" in said[0] and not any("tensor" in line for line in said), said
+    second = run("demo", "--model", "code", "--max-new-tokens", "8", "--temperature", "1.0", "--seed", "3",
+                 "--depth", "3")
+    assert second.exit_code == 0 and "(standard decoding and SPOT, identical)" in second.output, second.output
+    assert "=== arithmetic model" not in second.output
+    assert "exporting the code model" not in second.output          # the cached export is reused
     # a damaged cache is detected by its manifest and exported again, never used
-    cached = tmp_path / "cache" / "embedded-fp32-onnx"
+    cached = tmp_path / "cache" / "code-fp32-onnx"
     (cached / "config.json").write_text((cached / "config.json").read_text() + " ")
     third = run("demo", "--max-new-tokens", "4", "--depth", "2")
     assert third.exit_code == 0 and "exporting again" in third.output
@@ -148,8 +152,8 @@ def test_progress_bars_are_one_line(monkeypatch, capsys):
 
 def test_demo_reports_where_the_time_goes(as_embedded):
     from spot.demo import run_demo
-    r = run_demo(max_new_tokens=8, nodes=6, depth=3)
-    assert r["identical"] and r["spot"]["verify_passes"] >= 1
+    r, = run_demo(["code"], max_new_tokens=8, budget=(6, 3))
+    assert r["model"] == "code" and r["identical"] and r["spot"]["verify_passes"] >= 1
     assert r["verify_cost"] > 0 and r["host_cost"] > 0
     assert r["spot"]["target_ms_per_verify"] > 0 and r["standard"]["verify_passes"] == 0
 
@@ -197,9 +201,9 @@ def test_the_ort_runtime_needs_neither_torch_nor_onnx(embedded, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "report" / "bench.json").is_file()
     assert cli("verify", str(folder)).returncode == 0
-    # without --model: the embedded model's export in the cache, decoded even when it is stale (exporting it again
-    # needs the export extra)
-    shutil.copytree(folder, tmp_path / "cache" / "embedded-fp32-onnx")
+    # without --model: the default (code) model's export in the cache, decoded even when it is stale (exporting it
+    # again needs the export extra)
+    shutil.copytree(folder, tmp_path / "cache" / "code-fp32-onnx")
     env["SPOT_CACHE"] = str(tmp_path / "cache")
     proc = cli("generate", "--prompt", "the cat", "--max-new-tokens", "4", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["backend"] == "ort", proc.stderr
@@ -322,6 +326,39 @@ def test_bench_rows_always_have_their_baselines_and_a_mismatch_never_reads_100_p
     assert identical_cell({"identical_share": None}) == ""
 
 
+def test_an_embedded_models_name_works_wherever_a_model_is_named(embedded, monkeypatch, tmp_path):
+    """`arithmetic` and `code` (alias `embedded`) name the shipped models in spot-export, --model (torch: the
+    checkpoint; ort: the export `spot demo` caches) and spot bench; two stand-ins with different weights tell them
+    apart."""
+    arithmetic = tmp_path / "arithmetic"
+    shutil.copytree(embedded, arithmetic)
+    save_tiny_model(arithmetic, seed=5)
+    folders = {"code": embedded, "arithmetic": arithmetic}
+    monkeypatch.setattr(spot.assets, "embedded_model_dir", lambda name="code": folders[spot.assets.embedded_name(name)])
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))
+    gen = ["--prompt-ids", "5,6,7", "--max-new-tokens", "8", "--decoder", "standard", "--json"]
+
+    def ids(*args):
+        r = run("generate", *args, *gen)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["token_ids"]
+    by_name = {name: ids("--model", name, "--backend", "torch") for name in ("arithmetic", "code", "embedded")}
+    assert by_name["arithmetic"] == ids("--model", str(arithmetic), "--backend", "torch")
+    assert by_name["code"] == by_name["embedded"] == ids("--model", str(embedded), "--backend", "torch")
+    assert by_name["arithmetic"] != by_name["code"]
+    missing = run("generate", "--model", "arithmetic", "--backend", "ort", *gen)
+    assert missing.exit_code == 2 and "the arithmetic model's export" in missing.stderr
+    assert str(tmp_path / "cache" / "arithmetic-fp32-onnx") in missing.stderr and "spot-export arithmetic" in missing.stderr
+    exported = run("spot-export", "arithmetic", "--out", str(tmp_path / "cache" / "arithmetic-fp32-onnx"), "--quiet")
+    assert exported.exit_code == 0, exported.output
+    assert ids("--model", "arithmetic", "--backend", "ort") == by_name["arithmetic"]
+    report = tmp_path / "report"
+    bench = run("bench", "--model", "arithmetic", "--backend", "torch", "--limit", "1", "--decoders", "standard",
+                "--temperatures", "0", "--max-new-tokens", "4", "--no-plots", "--report", str(report))
+    assert bench.exit_code == 0, bench.output
+    assert json.loads((report / "bench.json").read_text())["config"]["model"] == str(arithmetic)
+
+
 def test_without_model_the_embedded_model_runs_on_ort_exported_once(as_embedded, tmp_path):
     """Without --model (and --backend) spot generate ran the embedded checkpoint on torch (4.5-31 s for the README's
     first example, against 1.2-2.3 s on ONNX Runtime), and --backend ort said to run `spot demo` first. Now ONNX Runtime
@@ -331,11 +368,11 @@ def test_without_model_the_embedded_model_runs_on_ort_exported_once(as_embedded,
     first = run(*args)
     assert first.exit_code == 0, first.output
     said = first.stderr.splitlines()
-    assert "exporting the embedded model" in said[0] and not any("tensor" in line for line in said), said
+    assert "exporting the code model" in said[0] and not any("tensor" in line for line in said), said
     assert json.loads(first.stdout)["backend"] == "ort"
     again = run(*args[:1], "--backend", "ort", *args[1:])
     assert again.exit_code == 0 and again.stderr == "", again.stderr           # the export is reused
-    stamp = tmp_path / "cache" / "embedded-fp32-onnx" / ".stamp"
+    stamp = tmp_path / "cache" / "code-fp32-onnx" / ".stamp"
     stamp.write_text("made by an older spot")
     stale = run(*args)
     assert stale.exit_code == 0 and "stale or damaged: exporting again" in stale.stderr
@@ -771,7 +808,7 @@ def test_the_readmes_python_example_runs(as_embedded, tmp_path, capsys):
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = readme.split("## From Python\n```python\n", 1)[1].split("```", 1)[0]
     assert 'model = "sdar-8b-fp16-onnx"' in code
-    code = code.replace('"sdar-8b-fp16-onnx"', repr(str(tmp_path / "cache" / "embedded-fp32-onnx")))
+    code = code.replace('"sdar-8b-fp16-onnx"', repr(str(tmp_path / "cache" / "code-fp32-onnx")))
     # the stand-in's block is 4 and its context 64
     code = code.replace("TreeBudget(16, 8)", "TreeBudget(6, 3)").replace("max_new_tokens=64", "max_new_tokens=16")
     exec(compile(code, "README.md", "exec"), {})
@@ -782,7 +819,7 @@ def test_spot_verify_checks_the_drafter_pair_by_its_own_descriptor(as_embedded, 
     """An export's manifest does not list the drafter pair (drafter.json vouches for drafter.onnx, and train-drafter /
     calibrate-drafter replace it in place): `spot verify` checks the pair and its fit to the model separately."""
     assert run("demo", "--max-new-tokens", "4", "--depth", "2").exit_code == 0
-    folder = tmp_path / "cache" / "embedded-fp32-onnx"
+    folder = tmp_path / "cache" / "code-fp32-onnx"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert "drafter" in manifest["graphs"] and not {"drafter.onnx", "drafter.json"} & set(manifest["files"])
     ok = run("verify", str(folder))

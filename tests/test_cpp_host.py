@@ -756,6 +756,25 @@ def _fails(proc: subprocess.CompletedProcess, code: int, *words: str) -> None:
         assert w in proc.stderr, (w, proc.stderr)
 
 
+def test_spot_cli_takes_an_embedded_models_name(spot_cli, tiny, tmp_path, monkeypatch):
+    """--model arithmetic / code / embedded opens the export `spot demo` caches ($SPOT_CACHE/NAME-fp32-onnx), as the
+    Python CLI does; a name whose export is missing is a usage error that says how to make it."""
+    monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
+    missing = cli(spot_cli, "info", "--model", "arithmetic")
+    assert missing.returncode == 64 and "spot demo --model arithmetic" in missing.stderr, missing.stderr
+    assert str(tmp_path / "arithmetic-fp32-onnx") in missing.stderr
+    shutil.copytree(tiny[0], tmp_path / "code-fp32-onnx")
+    want = json.loads(cli(spot_cli, "info", "--model", tiny[0]).stdout)
+    for name in ("code", "embedded"):
+        got = cli(spot_cli, "info", "--model", name)
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout) == want
+    (tmp_path / "code").mkdir()          # as in Python, a name wins over a folder of that name; ./code is the folder
+    monkeypatch.chdir(tmp_path)
+    assert cli(spot_cli, "info", "--model", "code").returncode == 0
+    _fails(cli(spot_cli, "info", "--model", "./code"), NOT_FOUND, "manifest.json")
+
+
 def test_bad_folders_are_refused(spot_cli, tiny, tmp_path):
     folder = tiny[0]
     ids = "--prompt-ids", "1,2,3"

@@ -19,8 +19,8 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] 
             "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}")
 
 
-def save_tiny_model(folder):
-    model = random_model(CFG, seed=4, scale=1.0)
+def save_tiny_model(folder, seed: int = 4):
+    model = random_model(CFG, seed=seed, scale=1.0)
     with torch.no_grad():
         model.lm_head.weight[CFG.mask_token_id] = 0.0   # greedy never writes the mask id (as a trained SDAR)
     model.save_pretrained(folder)

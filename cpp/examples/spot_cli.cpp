@@ -1,6 +1,6 @@
 // spot_cli: the example program of the C++ host, using only the C API of include/spot/spot.h.
 //
-//   spot_cli generate --model DIR [--drafter DIR] [--decoder NAME] --prompt-ids 1,2,3 [--temperature T] [--seed S]
+//   spot_cli generate --model DIR|NAME [--drafter DIR] [--decoder NAME] --prompt-ids 1,2,3 [--temperature T] [--seed S]
 //                     [--tau X] [--max-new-tokens N] [--budget N] [--depth D] [--mode static|threshold]
 //                     [--top-k K] [--top-p P] [--stop-ids a,b] [--threads N] [--verify quick|full|none]
 //                     [--device cpu|cuda|trt] [--sampler auto|host|device] [--kv-cache auto|host|device]
@@ -12,6 +12,9 @@
 //   spot_cli info --model DIR [--drafter DIR]
 //   spot_cli noise < lines "seed block step position token"  -> "a b u g" (hex words, C99 hex floats)
 //
+// --model takes an exported folder, or an embedded model's name (arithmetic, code; embedded = code): the export
+// `spot demo` caches in $SPOT_CACHE (else ~/.cache/spot) as NAME-fp32-onnx, as the Python CLI resolves it.
+//
 // Exit status: 0 success; the spot_status code (1..7) of the first failure, with "spot_cli: error ..." on stderr;
 // 64 for a usage error.
 #include <cerrno>
@@ -21,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -33,7 +37,7 @@ namespace {
 constexpr int kUsageExit = 64;
 
 const char* kUsage =
-    "usage: spot_cli generate --model DIR [--drafter DIR] [--decoder standard|threshold|chain|tree|spot|spot-sets]\n"
+    "usage: spot_cli generate --model DIR|NAME [--drafter DIR] [--decoder standard|threshold|chain|tree|spot|spot-sets]\n"
     "                         --prompt-ids IDS [--temperature T] [--seed S] [--tau X] [--max-new-tokens N (128)]\n"
     "                         [--budget N] [--depth D] [--mode static|threshold] [--top-k K] [--top-p P]\n"
     "                         [--stop-ids IDS] [--threads N] [--verify quick|full|none] [--device cpu|cuda|trt]\n"
@@ -299,13 +303,31 @@ spot_status run_request(spot_model* model, Request& req) {
   return SPOT_OK;
 }
 
+// spot.assets.MODELS / ALIASES and spot.demo.embedded_export_dir: an embedded model's name -> its cached export
+// (a name wins over a folder of that name in the current directory: write ./code for the folder)
+std::string resolve_model(const std::string& model) {
+  const std::string name = model == "embedded" ? "code" : model;
+  if (name != "arithmetic" && name != "code") return model;       // spot_open names the missing folder
+  const char* env = std::getenv("SPOT_CACHE");
+  const char* home = std::getenv("HOME");
+  std::filesystem::path cache = env && *env ? std::filesystem::path(env)
+                                            : std::filesystem::path(home && *home ? home : ".") / ".cache" / "spot";
+  std::filesystem::path folder = cache / (name + "-fp32-onnx");
+  if (!std::filesystem::is_directory(folder))
+    throw UsageError{"--model " + model + " names the embedded " + name + " model, whose export " + folder.string() +
+                     " does not exist yet: run `spot demo --model " + name + "` once (or `spot-export " + name +
+                     " --out DIR` and pass --model DIR)"};
+  return folder.string();
+}
+
 spot_model* open_model(const OpenArgs& a, spot_status* st) {
   if (a.model.empty()) throw UsageError{"--model is required"};
+  const std::string folder = resolve_model(a.model);
   spot_open_options o = a.options;
   o.drafter_dir = a.drafter.empty() ? nullptr : a.drafter.c_str();
   spot_model* model = nullptr;
   spot_error err;
-  *st = spot_open(a.model.c_str(), &o, &model, &err);
+  *st = spot_open(folder.c_str(), &o, &model, &err);
   if (*st != SPOT_OK) {
     print_error_json(*st, err.message);
     std::fprintf(stderr, "spot_cli: error (code %d, %s): %s\n", static_cast<int>(*st), status_name(*st),

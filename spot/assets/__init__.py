@@ -58,6 +58,6 @@ def embedded_model_dir(name: str = DEFAULT_MODEL) -> Path:
     folder = Path(__file__).parent / MODELS[canonical].folder
     if not (folder / "config.json").is_file():
         raise SpotError(f"the embedded model {canonical!r} is not built yet ({folder} has no config.json)",
-                        f"build it with `spot train-target --recipe {canonical}`, or pass --model DIR with an SDAR "
+                        f"build it with `spot train-target --corpus {canonical}`, or pass --model DIR with an SDAR "
                         "checkpoint folder")
     return folder

@@ -3,11 +3,14 @@
 A problem is a question and a worked solution, one step per line, each step carrying GSM8K's calculator
 annotation and ending in the final answer line:
 
-    Question: Maya has 12 boxes with 6 pencils in each box. She gives 17 pencils to Omar. How many pencils ...?
+    Question: Maya has 2 packs with 9 beads in each pack. She loses 11 of them. How many beads does Maya have now?
     Answer:
-    Maya has 12*6 = <<12*6=72>>72 pencils.
-    After giving some away, she has 72-17 = <<72-17=55>>55 pencils.
-    #### 55
+    Maya has 2 packs with 9 beads in each pack, so 2*9 = <<2*9=18>>18.
+    She loses 11 of them, so 18-11 = <<18-11=7>>7.
+    #### 7
+
+A step line restates its clause of the question before the calculation, so its operands sit next to the
+arithmetic: the model copies a nearby sentence and number instead of searching the question for them.
 
 Every number is a positive integer and every operation a single binary + - * / with an exact integer result,
 kept in a range a small model can compute (BOUNDS). Problems are drawn from scenario families (shopping, rates,
