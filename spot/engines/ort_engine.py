@@ -251,14 +251,16 @@ class OrtEngine(Engine):
                             f"decodes blocks of {self.block_size}", "use the export's block size or --sampler host")
         # TensorRT has neither float64 nor uint32 arithmetic: on --device trt the epilogue runs on the CUDA EP,
         # on the same GPU, reading the target's logits where they are (docs/gpu-path.md)
+        # spot-export's bound, before the graph is compared with it (as in the C++ host): an out-of-range
+        # future_steps is named as such, not as a contradiction of the graph
+        steps = int(graphs["epilogue"]["future_steps"])
+        if not 1 <= steps <= self.block_size:
+            raise SpotError(f"{self.exported.folder}/manifest.json: the epilogue's future_steps is {steps}, "
+                            f"expected 1..{self.block_size} (the block size)", "re-export the folder with spot-export")
         session = make_session(self.exported.graph_path("epilogue"), self.place, self.exported.dtype, threads)
         self._epilogue_outputs = epilogue_outputs(session, self.exported.graph_path("epilogue"))
         checked(session, self.exported, "epilogue")
         self._epilogue_positions = epilogue_positions(session, graphs["epilogue"], self.block_size)
-        steps = int(graphs["epilogue"]["future_steps"])
-        if not 1 <= steps <= self.block_size:          # spot-export's bound; the C++ host's check too
-            raise SpotError(f"{self.exported.folder}/manifest.json: the epilogue's future_steps is {steps}, "
-                            f"expected 1..{self.block_size} (the block size)", "re-export the folder with spot-export")
         return session, steps
 
     @property
