@@ -1,6 +1,7 @@
 """SDAR model configuration read from a Hugging Face `config.json`, with SDAR's defaults and quirks."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
