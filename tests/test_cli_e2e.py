@@ -208,7 +208,7 @@ def test_the_ort_runtime_needs_neither_torch_nor_onnx(embedded, tmp_path):
     proc = cli("generate", "--prompt", "the cat", "--max-new-tokens", "4", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["backend"] == "ort", proc.stderr
     assert "exporting it again needs the onnx package" in proc.stderr
-    for args, says in ((["demo"], "`spot demo` needs the onnx package"),
+    for args, says in ((["demo", "--model", "code"], "`spot demo` needs the onnx package"),
                        (["export", str(embedded), "--out", str(tmp_path / "x")], "`spot export` needs the onnx package"),
                        (["spot-export", str(embedded), "--out", str(tmp_path / "x")],
                         "`spot-export` needs the onnx package"),
@@ -346,12 +346,14 @@ def test_an_embedded_models_name_works_wherever_a_model_is_named(embedded, monke
     assert by_name["arithmetic"] == ids("--model", str(arithmetic), "--backend", "torch")
     assert by_name["code"] == by_name["embedded"] == ids("--model", str(embedded), "--backend", "torch")
     assert by_name["arithmetic"] != by_name["code"]
-    missing = run("generate", "--model", "arithmetic", "--backend", "ort", *gen)
-    assert missing.exit_code == 2 and "the arithmetic model's export" in missing.stderr
-    assert str(tmp_path / "cache" / "arithmetic-fp32-onnx") in missing.stderr and "spot-export arithmetic" in missing.stderr
-    exported = run("spot-export", "arithmetic", "--out", str(tmp_path / "cache" / "arithmetic-fp32-onnx"), "--quiet")
+    # ort: the first run exports the named model into the cache (as without --model), later runs reuse it
+    first_ort = run("generate", "--model", "arithmetic", "--backend", "ort", *gen)
+    assert first_ort.exit_code == 0 and "exporting the arithmetic model" in first_ort.stderr, first_ort.output
+    assert json.loads(first_ort.stdout)["token_ids"] == by_name["arithmetic"]
+    assert (tmp_path / "cache" / "arithmetic-fp32-onnx" / ".stamp").is_file()
+    exported = run("spot-export", "arithmetic", "--out", str(tmp_path / "arithmetic-onnx"), "--quiet")
     assert exported.exit_code == 0, exported.output
-    assert ids("--model", "arithmetic", "--backend", "ort") == by_name["arithmetic"]
+    assert ids("--model", str(tmp_path / "arithmetic-onnx"), "--backend", "ort") == by_name["arithmetic"]
     report = tmp_path / "report"
     bench = run("bench", "--model", "arithmetic", "--backend", "torch", "--limit", "1", "--decoders", "standard",
                 "--temperatures", "0", "--max-new-tokens", "4", "--no-plots", "--report", str(report))
@@ -771,7 +773,8 @@ def test_os_errors_are_one_line_with_a_hint_for_their_cause(monkeypatch):
     def refused(*_):
         raise NotADirectoryError(errno.ENOTDIR, "Not a directory", "/data/file/model")
     monkeypatch.setattr(spot.config, "load_config", refused)
-    r = run("generate", "--prompt-ids", "1,2")
+    # torch: the checkpoint's config.json is read here (the default, ort, reuses the embedded model's export)
+    r = run("generate", "--backend", "torch", "--prompt-ids", "1,2")
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert "error: Not a directory: /data/file/model" in r.stderr and "a part of that path is a file" in r.stderr
     assert "permissions" in os_error_hint(OSError(errno.EACCES, "Permission denied", "x"))
@@ -790,7 +793,7 @@ def test_sigterm_during_an_extension_import_exits_143_quietly(monkeypatch):
         raise ImportError("initialization failed")
     monkeypatch.setattr(spot.config, "load_config", killed_during_import)
     monkeypatch.setattr(spot.cli, "TERMINATED", [])
-    r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
+    r = CliRunner().invoke(main, ["generate", "--backend", "torch", "--prompt-ids", "1,2"])
     assert r.exit_code == 143 and "Traceback" not in r.output and not isinstance(r.exception, ImportError)
     assert "error: terminated (SIGTERM)" in r.stderr
     monkeypatch.setattr(spot.cli, "TERMINATED", [])      # without a SIGTERM an ImportError is not hidden
@@ -798,7 +801,7 @@ def test_sigterm_during_an_extension_import_exits_143_quietly(monkeypatch):
     def broken_import(*_):
         raise ImportError("initialization failed")
     monkeypatch.setattr(spot.config, "load_config", broken_import)
-    r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
+    r = CliRunner().invoke(main, ["generate", "--backend", "torch", "--prompt-ids", "1,2"])
     assert isinstance(r.exception, ImportError)
 
 
@@ -854,7 +857,7 @@ def test_an_interrupted_command_ends_with_one_line(monkeypatch, signal_kind):
         spot.cli.terminate(15, None)
     monkeypatch.setattr(spot.config, "load_config", interrupted)
     monkeypatch.setattr(spot.cli, "TERMINATED", [])
-    r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
+    r = CliRunner().invoke(main, ["generate", "--backend", "torch", "--prompt-ids", "1,2"])
     code, says = (130, "error: interrupted (Ctrl-C)") if signal_kind == "SIGINT" else (143, "error: terminated")
     assert r.exit_code == code and says in r.stderr and "Aborted" not in r.output and "Traceback" not in r.output
 
