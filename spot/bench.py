@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from spot.descriptors import utf8_text
 from spot.errors import SpotError
 from spot.files import write_text_atomic
 from spot.gsm8k import is_correct
@@ -60,11 +61,8 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
         raise SpotError(f"prompt file {path} {what}", "pass a JSONL file with one {\"text\": ...} per line")
-    try:
-        text = path.read_bytes().decode("utf-8-sig")          # (a byte-order mark some editors write: dropped)
-    except UnicodeDecodeError as e:
-        raise SpotError(f"prompt file {path} is not UTF-8 text (byte {e.start})",
-                        "write it as UTF-8 JSONL, one {\"text\": ...} or {\"ids\": [...]} per line") from None
+    text = utf8_text(path.read_bytes(), f"prompt file {path}",
+                     "write it as UTF-8 JSONL, one {\"text\": ...} or {\"ids\": [...]} per line")
     prompts = []
     # JSON lines end at \n only: str.splitlines() also splits inside a string at U+2028, U+0085, \x0c ..., which
     # json.dumps(ensure_ascii=False) writes unescaped
@@ -219,9 +217,9 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                        "seeds": list(cfg.seeds), "budgets": [[b.nodes, b.depth] for b in cfg.budgets],
                        "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts),
                        "independent_noise_ablation": cfg.independent_noise_ablation},
-            "engine": {"name": engine.name, "block_size": engine.block_size, **engine.placement},
+            "engine": engine_facts(engine),
             "drafters": {name: drafter_facts(d) for name, d in drafters.items()},
-            "host": host_facts(), "rows": rows}
+            "host": host_facts(engine, bool(drafters)), "rows": rows}
 
 
 def drafter_facts(drafter) -> dict:
@@ -244,16 +242,40 @@ def drafter_facts(drafter) -> dict:
             "accuracy_source": "drafter.json: held-out traces, measured at training"}
 
 
-def host_facts() -> dict:
-    """Where the timings were taken: speed figures are this machine's, passes and exactness are not."""
+def host_facts(engine, drafted: bool = False) -> dict:
+    """Where the timings were taken: speed figures are this machine's, passes and exactness are not. The versions
+    are of what ran: the engine's runtime (torch, ONNX Runtime, TensorRT), and ONNX Runtime for a drafter (a torch
+    run's report named ONNX Runtime's version alone)."""
     import platform
 
-    from spot.ortlib import load_onnxruntime
     from spot.runtime import libm, native
-    onnxruntime = load_onnxruntime()
+    runtimes = {}
+    if engine.name == "torch":
+        import torch
+        runtimes["torch"] = torch.__version__
+    if engine.name == "tensorrt":
+        import tensorrt
+        runtimes["tensorrt"] = tensorrt.__version__
+    if engine.name.startswith("ort") or drafted:
+        from spot.ortlib import load_onnxruntime
+        runtimes["onnxruntime"] = load_onnxruntime().__version__
     return {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "numpy": np.__version__, "onnxruntime": onnxruntime.__version__, "libm": libm.backend(),
+            "numpy": np.__version__, **runtimes, "libm": libm.backend(),
             "sampling": "numpy" if native.sampling is None else "c"}     # the per-step loops (spot.runtime.native)
+
+
+def engine_facts(engine) -> dict:
+    """What ran the passes: the backend, block size, device and placement (a report's header names them)."""
+    return {"name": engine.name, "block_size": engine.block_size, **engine.placement}
+
+
+def report_title(result: dict) -> str:
+    """The report's first line: what ran where — backend, device, placement, block size."""
+    e = result["engine"]
+    place = ", ".join(f"{what} {e[key]}" for key, what in (("sampler", "sampler"), ("kv_cache", "KV cache"))
+                      if key in e)
+    return (f"spot bench: {e['name']} backend on {e.get('device', 'cpu')}" + (f" ({place})" if place else "")
+            + f", block size {e['block_size']}")
 
 
 TUNE_NEW_TOKENS = 48       # tokens decoded per prompt while the tuner measures acceptance
@@ -456,7 +478,7 @@ def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[
     out = Path(out_dir)
     written = [out / "bench.json", out / "bench.md"]
     written[0].unlink(missing_ok=True)
-    md = "# spot bench\n\n" + markdown_table(result)
+    md = f"# {report_title(result)}\n\n" + markdown_table(result)
     if "tune" in result:
         md += "\n## Budget tuning\n\n```\n" + json.dumps(result["tune"], indent=2) + "\n```\n"
     write_text_atomic(written[1], md)

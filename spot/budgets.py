@@ -21,12 +21,14 @@ def budget_nodes(budget, decoder: str, names: tuple[str, str] = CLI_NAMES) -> in
             return 1
         check_tunable(decoder)
         return None
+    hint = (f"e.g. {names[0]} 16 (tree nodes per verify pass, the root included) with {names[1]} 8 (the deepest "
+            f"node), or {names[0]} auto")
     if isinstance(budget, bool) or isinstance(budget, float):       # int(2.5) would drop the fraction unsaid
-        raise SpotError(f"{names[0]} takes a number of nodes or auto, got {budget!r}")
+        raise SpotError(f"{names[0]} takes a number of nodes or auto, got {budget!r}", hint)
     try:
         return int(budget)
     except (TypeError, ValueError):
-        raise SpotError(f"{names[0]} takes a number of nodes or auto, got {budget!r}") from None
+        raise SpotError(f"{names[0]} takes a number of nodes or auto, got {budget!r}", hint) from None
 
 
 def tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, drafter, rule, temperature: float,

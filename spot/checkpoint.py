@@ -15,6 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from spot.config import ModelConfig, load_config
+from spot.descriptors import read_json
 from spot.errors import SpotError
 from spot.files import plain_file_name
 
@@ -101,10 +102,7 @@ def read_weight_map(index: Path) -> dict[str, str]:
     """model.safetensors.index.json's weight_map: tensor name -> shard file name (a file of the checkpoint folder
     itself); SpotError naming the file otherwise."""
     remedy = "restore the file from the checkpoint (it maps every tensor name to a shard file name)"
-    try:
-        data = json.loads(index.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpotError(f"{index} is not a valid safetensors index ({e})", remedy) from None
+    data = read_json(index, remedy)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         got = type(weight_map).__name__ if isinstance(data, dict) else f"a JSON {type(data).__name__}"

@@ -54,15 +54,26 @@ def os_error_hint(e: OSError) -> str:
 
 
 class SpotGroup(click.Group):
-    """Turns SpotError — and a missing optional package — into one clear line + hint (exit 2) unless --debug."""
+    """Turns SpotError, click's usage errors and a missing optional package into one clear line + hint (exit 2)
+    unless --debug."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:        # the group's own options: `spot --nope`
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as e:
+            self._fail(e.ctx, *usage_error(e, "spot"))
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.ClickException as e:       # a bad value, an unknown option or command, a missing argument
+            if ctx.meta.get("spot.debug"):
+                raise
+            self._fail(ctx, *usage_error(e, command_name(ctx)))
         except SpotError as e:
             if ctx.meta.get("spot.debug"):
                 raise
-            self._fail(ctx, e.message, e.hint)
+            self._fail(ctx, e.message, e.hint or f"`{command_name(ctx)} --help` says what each option takes")
         except OSError as e:     # a path the user gave or the environment: not found, not writable, a file in the way
             if ctx.meta.get("spot.debug"):
                 raise
@@ -86,9 +97,7 @@ class SpotGroup(click.Group):
                     or package not in OPTIONAL_EXTRAS):
                 raise
             extra = OPTIONAL_EXTRAS[package]
-            command = ("spot-export" if ctx.invoked_subcommand == "spot-export"
-                       else f"spot {ctx.invoked_subcommand}")
-            self._fail(ctx, f"`{command}` needs the {package} package, which is not "
+            self._fail(ctx, f"`{command_name(ctx)}` needs the {package} package, which is not "
                             "installed (the ONNX Runtime decoding of an exported folder needs none of the extras)",
                        f"pip install 'spot-edge[{extra}]'" + (" (torch==2.13.0 is the CPU build)"
                                                               if extra == "export" else ""))
@@ -98,7 +107,30 @@ class SpotGroup(click.Group):
         click.echo(f"error: {message}", err=True)
         if hint:
             click.echo(f"  hint: {hint}", err=True)
+        if ctx is None:
+            sys.exit(2)
         ctx.exit(2)
+
+
+def command_name(ctx) -> str:
+    """The command a user typed, as `spot generate` or `spot-export` (the group's context: its subcommand's)."""
+    sub = ctx.invoked_subcommand
+    return "spot-export" if sub == "spot-export" else f"spot {sub}" if sub else "spot"
+
+
+def usage_error(e: click.ClickException, command: str) -> tuple[str, str]:
+    """(message, hint) of one of click's own errors, in spot's form (click printed its usage line and `Error: ...`
+    with no hint)."""
+    message = e.format_message()
+    if message[:1].isupper() and message[1:2].islower():
+        message = message[0].lower() + message[1:]
+    sub = getattr(e, "ctx", None)
+    command = "spot-export" if sub is not None and sub.info_name == "spot-export" else command
+    if isinstance(e, click.NoSuchOption):
+        return message, f"`{command} --help` lists its options"
+    if "No such command" in e.format_message():
+        return message, "`spot --help` lists the commands"
+    return message, f"`{command} --help` says what each option and argument takes"
 
 
 @click.group(cls=SpotGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -108,6 +140,9 @@ class SpotGroup(click.Group):
 def main(ctx, debug):
     """spot: SPOT speculative decoding for SDAR diffusion LMs on ONNX Runtime / TensorRT."""
     ctx.meta["spot.debug"] = debug
+    for stream in (sys.stdout, sys.stderr):     # a path of bytes that are not UTF-8 is printed as those bytes
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")
     # SIGTERM (a service manager, `timeout`) unwinds like Ctrl-C, so that half-written outputs are removed
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, terminate)
@@ -125,9 +160,33 @@ def placement_options(command):
              "host) or with numpy on the logits (host). auto: device on cuda/trt, host on cpu.")(command)
 
 
-def stderr_progress(quiet: bool):
-    """Progress lines to stderr (stdout stays the command's result), or none with --quiet."""
-    return (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
+def stderr_progress(quiet: bool = False):
+    """Progress lines to stderr (stdout stays the command's result), or none with --quiet. A line starting with "\r"
+    updates a progress bar (spot.export.export.Progress): rewritten in place on a terminal ("\r" alone clears it),
+    elsewhere printed at most every 30 s."""
+    if quiet:
+        return lambda line: None
+    import shutil
+    import time
+    terminal, bar, last = sys.stderr.isatty(), [False], [time.monotonic()]
+
+    def say(line: str) -> None:
+        if line.startswith("\r"):
+            text = line[1:]
+            if terminal:
+                width = shutil.get_terminal_size().columns - 1      # a wrapped line cannot be rewritten
+                click.echo("\r\x1b[K" + text[:width], nl=False, err=True)
+                bar[0] = bool(text)
+            elif text and time.monotonic() - last[0] >= 30:
+                click.echo(text.strip(), err=True)
+                last[0] = time.monotonic()
+            return
+        if bar[0]:
+            click.echo("\r\x1b[K", nl=False, err=True)
+            bar[0] = False
+        click.echo(line, err=True)
+        last[0] = time.monotonic()
+    return say
 
 
 def read_prompt_file(path: str) -> str:
@@ -140,14 +199,14 @@ def read_prompt_file(path: str) -> str:
             with open(path, "rb") as f:
                 data = f.read(limit + 1)
     except OSError as e:
-        raise SpotError(f"cannot read the prompt file {path}: {e.strerror}") from None
+        import errno
+        raise SpotError(f"cannot read the prompt file {path}: {e.strerror}",
+                        "check the path, or pass - to read the prompt from standard input" if e.errno == errno.ENOENT
+                        else os_error_hint(e)) from None
     if len(data) > limit:
         raise SpotError(f"the prompt file {path} is larger than 64 MiB", "pass the prompt text itself")
-    try:
-        return data.decode("utf-8-sig")     # a leading byte-order mark is not part of the prompt
-    except UnicodeDecodeError as e:
-        raise SpotError(f"the prompt file {path} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})",
-                        "convert it to UTF-8, or pass token ids with --prompt-ids") from None
+    from spot.descriptors import utf8_text      # (a leading byte-order mark is not part of the prompt)
+    return utf8_text(data, f"the prompt file {path}", "convert it to UTF-8, or pass token ids with --prompt-ids")
 
 
 def check_model_folder(backend: str, folder) -> None:
@@ -161,29 +220,40 @@ def check_model_folder(backend: str, folder) -> None:
         load_config(folder)
 
 
+def resolve_backend(backend: str | None, model_dir) -> str:
+    """--backend, else what --model is: an exported folder (manifest.json) runs on ort, a checkpoint on torch; an
+    embedded model (no --model, or its name) runs on ONNX Runtime, the product runtime, wherever onnxruntime is
+    installed (spot demo's export of it), else on torch."""
+    from spot.assets import embedded_name
+    if backend is not None:
+        return backend
+    if model_dir is not None and embedded_name(model_dir) is None:
+        from pathlib import Path
+        return "ort" if (Path(model_dir) / "manifest.json").is_file() else "torch"
+    import importlib.util
+    return "ort" if importlib.util.find_spec("onnxruntime") is not None else "torch"
+
+
 def model_folder(backend: str, model_dir):
     """--model: a folder, or an embedded model's name (spot.assets: code, arithmetic) — its checkpoint (torch) or
-    its export by `spot demo` (ort, tensorrt). No --model: the default embedded model."""
-    from spot.assets import DEFAULT_MODEL, embedded_model_dir, embedded_name, model_names
+    its export by `spot demo` (ort, tensorrt), made here on first use (one progress line, seconds) and reused. No
+    --model: the default embedded model."""
+    from spot.assets import DEFAULT_MODEL, embedded_model_dir, embedded_name
     name = DEFAULT_MODEL if model_dir is None else embedded_name(model_dir)
     if name is None:
         return model_dir
     if backend not in EXPORTED_BACKENDS:
         return embedded_model_dir(name)
-    from spot.demo import embedded_export_current, embedded_export_dir
+    from spot.demo import embedded_export_dir, exported_embedded
     folder = embedded_export_dir(name)
-    if not (folder / "manifest.json").is_file():
-        given = "no --model given" if model_dir is None else f"--model {model_dir}"
-        raise SpotError(f"{given}, and --backend {backend} runs an exported folder: the {name} model's export "
-                        f"{folder} does not exist yet",
-                        f"run `spot demo` once (it exports {' and '.join(model_names()[:2])} there), or "
-                        f"`spot-export {name} --out DIR` and pass --model DIR; both need the export extra (pip "
-                        "install 'spot-edge[export]', torch==2.13.0 is the CPU build), or export on a machine that "
-                        "has it and copy the folder here")
-    if not embedded_export_current(name):       # still a valid export (its manifest is checked when it opens)
+    try:
+        return exported_embedded(stderr_progress(), name)
+    except ModuleNotFoundError as e:        # no export extra here: a copied or older export still decodes
+        if e.name not in ("torch", "onnx", "safetensors") or not (folder / "manifest.json").is_file():
+            raise
         click.echo(f"note: {folder} was exported from another version of spot or of its embedded model; "
-                   "`spot demo` exports it again", err=True)
-    return folder
+                   f"exporting it again needs the {e.name} package (pip install 'spot-edge[export]')", err=True)
+        return folder
 
 
 def find_drafter(path, model_dir):
@@ -223,7 +293,10 @@ def find_drafter(path, model_dir):
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--stop-ids", default=None,
               help="Comma-separated ids that end generation ('' = none). Default: the model's (config / export).")
-@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Default: ort for an exported folder, torch for a checkpoint; without --model, "
+                   "the embedded model on ort (its export, made on first use) where onnxruntime is "
+                   "installed.")
 @click.option("--device", default="cpu", show_default=True,
               help="Device of the backend (torch: cpu, cuda; ort: cpu, cuda, trt; tensorrt: cuda).")
 @click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
@@ -261,19 +334,20 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     from spot.engines.factory import open_engine
     from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, rule_for, run_decoder, verified_budget
     from spot.runtime.step import Sampling
-    from spot.tokenizer import TextStream, load_tokenizer, parse_prompt_ids, prompt_ids_for
+    from spot.tokenizer import UNKNOWN_MARK, TextStream, load_tokenizer, parse_prompt_ids, prompt_ids_for
 
     nodes = budget_nodes(budget, decoder)      # before the weights load
-    folder = model_folder(backend, model_dir)
-    check_model_folder(backend, folder)  # folder / config errors first, before the tokenizer and the weights
-    if prompt_file is not None:
+    if prompt_file is not None:     # before the model (the embedded model's export, on first use)
         if prompt is not None:
-            raise SpotError("give one of --prompt TEXT or --prompt-file PATH, not both")
+            raise SpotError("give one of --prompt TEXT or --prompt-file PATH, not both", "leave out one of them")
         prompt = read_prompt_file(prompt_file)
     sampling = Sampling(temperature, top_k, top_p, seed)
     stops = None if stop_ids is None else tuple(parse_prompt_ids(stop_ids, "--stop-ids"))
     request = DecodeRequest(max_new_tokens, mode, tau, sampling, stop_ids=stops)
     rule = rule_for(decoder, request)     # a bad --tau before the weights load
+    backend = resolve_backend(backend, model_dir)
+    folder = model_folder(backend, model_dir)
+    check_model_folder(backend, folder)  # folder / config errors first, before the tokenizer and the weights
     tokenizer = load_tokenizer(folder)
     ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
     engine = open_engine(backend, folder, block_size, device, sampler, kv_cache)
@@ -284,22 +358,28 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     tree_budget, tuned = resolve_tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, rule,
                                              request.sampling.temperature, command)
     request = replace(request, budget=tree_budget)
-    on_block, text_stream = None, None
+    if tuned is not None and not as_json:       # what --budget auto chose, and why (--json: "budget")
+        click.echo(_tuned_note(verified_budget(decoder, tree_budget, engine), tuned), err=True)
+    on_block, text_stream, held = None, None, [""]
     if stream and as_json:
         def on_block(block_ids):
             click.echo(json.dumps({"block_ids": block_ids}))
     elif stream:
-        text_stream = TextStream(tokenizer) if tokenizer is not None else None
+        text_stream = TextStream(tokenizer, mark_unknown=True) if tokenizer is not None else None
 
         def on_block(block_ids):
-            piece = text_stream.feed(block_ids) if text_stream else "".join(f" {i}" for i in block_ids)
-            click.echo(piece, nl=False)
+            # trailing whitespace waits for more text, and the end drops it, as without --stream (the embedded
+            # model's blocks often end in newlines: ~30 blank lines stood before the stats line)
+            piece = held[0] + (text_stream.feed(block_ids) if text_stream else "".join(f" {i}" for i in block_ids))
+            held[0] = piece[len(piece.rstrip()):]
+            click.echo(piece.rstrip(), nl=False)
     gen = run_decoder(decoder, engine, ids, request, drafter, on_block)
-    text = tokenizer.decode(gen.token_ids) if tokenizer is not None else None
+    text = tokenizer.decode(gen.token_ids, mark_unknown=True) if tokenizer is not None else None
     stats = gen.stats
     if as_json:
         verified = verified_budget(decoder, tree_budget, engine) if decoder in TREE_DECODERS else None
         out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "cancelled": gen.cancelled,
+               "overflow_ids": gen.overflow_ids,      # the last block past --max-new-tokens: not in the output
                "prompt_len": gen.prompt_len, "prompt_ids": ids,     # the ids a C++ host (spot_cli) decodes the same
                "block_size": engine.block_size, "mode": rule.kind, "decoder": decoder,
                "backend": backend,
@@ -311,14 +391,29 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
         click.echo(json.dumps(out))
         return
     if stream:
-        click.echo(text_stream.end() if text_stream else "")
+        click.echo((held[0] + text_stream.end()).rstrip() if text_stream else "")
     else:
-        click.echo(text if text is not None else " ".join(map(str, gen.token_ids)))
+        click.echo(text.rstrip() if text is not None else " ".join(map(str, gen.token_ids)))
+    unknown = [i for i in gen.token_ids if tokenizer is not None and not tokenizer.knows(i)]
+    if unknown:
+        click.echo(f"note: {len(unknown)} of the ids are not in the tokenizer's vocabulary (the model's is larger): "
+                   f"shown as {UNKNOWN_MARK.format(unknown[0])}", err=True)
     passes = ", ".join(f"{k} {v}" for k, v in sorted(stats.passes.items()))
     rate = len(gen.token_ids) / stats.seconds if stats.seconds > 0 else 0.0
     click.echo(f"[{decoder}: {len(gen.token_ids)} tokens, {stats.target_passes} target passes ({passes}), "
                f"{stats.steps} steps, {stats.seconds:.2f} s, {rate:.1f} tok/s{', stopped' if gen.stopped else ''}]",
                err=True)
+
+
+def _tuned_note(budget, tuned: dict) -> str:
+    """The line that says what --budget auto decodes with, and why when it is no tree at all."""
+    from spot.runtime.tuning import MIN_TREE_GAIN
+    from spot.tuned import number_name
+    where = f"tuned at temperature {number_name(tuned['temperature'])} ({tuned['record']})"
+    if budget.nodes == 1:
+        return (f"budget auto: 1 node, so standard decoding (one target pass per commit step): `spot tune` measured no "
+                f"tree more than {MIN_TREE_GAIN:g}x faster than it for this model, engine and machine; {where}")
+    return f"budget auto: {budget.nodes} nodes x depth {budget.depth}, {where}"
 
 
 @main.command("export")
@@ -396,7 +491,8 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     from spot.assets import EMBEDDED_MODELS
     dtype = dtype or ("fp32" if resolved.preset in EMBEDDED_MODELS else "fp16")
     if int4_block is not None and weights != "int4":
-        raise SpotError(f"--int4-block applies to --weights int4, got --weights {weights}")
+        raise SpotError(f"--int4-block applies to --weights int4, got --weights {weights}",
+                        "add --weights int4, or leave out --int4-block")
     options = ExportOptions(dtype=dtype, opset=opset, max_nodes=max_nodes, max_context=max_context,
                             block_size=block_size, validate=not no_validate, validate_layers=validate_layers,
                             overwrite=overwrite, weights=weights, int4_block=int(int4_block or DEFAULT_INT4_BLOCK),
@@ -517,7 +613,8 @@ def train_target_cmd(corpus, out, steps, seed, minutes, work_dir, no_eval, quiet
     from spot.assets import MODELS
     from spot.training.target import RECIPES, train_target
     if steps is not None and steps < 1:
-        raise SpotError(f"--steps must be >= 1, got {steps}")
+        raise SpotError(f"--steps must be >= 1, got {steps}",
+                        "optimizer steps of 8 x 256 tokens; leave it out for the embedded recipe (2800)")
     if out is None:
         from pathlib import Path
         out = Path(__file__).parent / "assets" / MODELS[corpus].folder
@@ -558,9 +655,9 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
     try:
         values = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise SpotError(f"{what} must be comma-separated numbers, got {text!r}") from None
+        raise SpotError(f"{what} must be comma-separated numbers, got {text!r}", f"e.g. {what} 0,1") from None
     if not values:
-        raise SpotError(f"{what} must name at least one number, got {text!r}")
+        raise SpotError(f"{what} must name at least one number, got {text!r}", f"e.g. {what} 0,1")
     return values
 
 
@@ -604,7 +701,8 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
     folder = model_folder(backend, model_dir)
     check_model_folder(backend, folder)
     if (prompts_file is None) == (corpus_prompts is None):
-        raise SpotError("give exactly one of --prompts FILE.jsonl and --corpus-prompts N")
+        raise SpotError("give exactly one of --prompts FILE.jsonl and --corpus-prompts N",
+                        "e.g. --corpus-prompts 400 (prompts cut from the embedded corpus's train split)")
     tokenizer = load_tokenizer(folder)
     if prompts_file is not None:
         prompts = prompts_from_jsonl(prompts_file, tokenizer)
@@ -659,7 +757,8 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
     from spot.training.traces import Traces, concat_traces
 
     if epochs < 1 or batch_size < 1:
-        raise SpotError(f"--epochs and --batch-size must be >= 1, got {epochs} and {batch_size}")
+        raise SpotError(f"--epochs and --batch-size must be >= 1, got {epochs} and {batch_size}",
+                        "e.g. --epochs 4 --batch-size 256 (the defaults)")
     config = OrderModelConfig(d_model=width, heads=heads, ffn=ffn, layers=layers)   # checks the shape first
     traces = concat_traces([Traces.load(p) for p in trace_files])
     heldout = concat_traces([Traces.load(p) for p in heldout_traces]) if heldout_traces else None
@@ -725,7 +824,8 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
 
     budgets = _budgets(budget)
     if len(budgets) != 1:
-        raise SpotError(f"--budget takes one tree budget such as 16x8, got {budget!r}")
+        raise SpotError(f"--budget takes one tree budget such as 16x8, got {budget!r}",
+                        "calibrate at one budget: NODESxDEPTH, e.g. --budget 16x8")
     temps, cands = _float_list(temperatures, "--temperatures"), _float_list(candidates, "--candidates")
     weights = _float_list(runner_up_weights, "--runner-up-weights")
     flips = _float_list(set_flip_weights, "--set-flip-weights")
@@ -787,7 +887,7 @@ def demo(models, prompt_index, max_new_tokens, temperature, seed, budget, depth)
         default_nodes, default_depth = defaults[0] if defaults else (16, 8)
         shape = (default_nodes if budget is None else budget, default_depth if depth is None else depth)
     results = run_demo(models or DEMO_MODELS, prompt_index, max_new_tokens, temperature, seed, shape,
-                       progress=lambda line: click.echo(line, err=True))
+                       progress=stderr_progress())
     for r in results:
         click.echo(demo_model_text(r))
     click.echo(demo_summary(results))
@@ -857,7 +957,8 @@ def _budgets(text: str):
     except ValueError:
         budgets = ()
     if not budgets:         # (",": no budget at all — the tree rows were dropped without a word)
-        raise SpotError(f"budgets must look like 16x8,64x16 (nodes x depth), got {text!r}")
+        raise SpotError(f"budgets must look like 16x8,64x16 (nodes x depth), got {text!r}",
+                        "comma-separated NODESxDEPTH: nodes per verify pass (the root included) x the deepest node")
     return budgets
 
 
@@ -865,7 +966,10 @@ def _budgets(text: str):
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Checkpoint or exported folder. Default: the embedded model (--backend ort: spot demo's export "
                    "of it).")
-@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Default: ort for an exported folder, torch for a checkpoint; without --model, "
+                   "the embedded model on ort (its export, made on first use) where onnxruntime is "
+                   "installed.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--block-size", type=int, default=None)
 @click.option("--prompts", "prompts_path", type=click.Path(path_type=str), default=None,
@@ -902,7 +1006,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     """
     from pathlib import Path
 
-    from spot.bench import (TUNE_CANDIDATES, BenchConfig, load_prompts, markdown_table, run_bench,
+    from spot.bench import (TUNE_CANDIDATES, BenchConfig, load_prompts, markdown_table, report_title, run_bench,
                             tune_by_temperature, write_report)
     from spot.runtime.decode import check_request
     from spot.runtime.decoders import DECODERS as ALL
@@ -914,12 +1018,14 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         raise SpotError("--decoders names no decoder", f"e.g. --decoders standard,spot (any of {', '.join(ALL)})")
     unknown = [d for d in names if d not in ALL]
     if unknown:
-        raise SpotError(f"unknown decoder(s) {', '.join(unknown)}, expected some of {', '.join(ALL)}")
+        raise SpotError(f"unknown decoder(s) {', '.join(unknown)}, expected some of {', '.join(ALL)}",
+                        "e.g. --decoders standard,spot")
     try:
         temps = tuple(dict.fromkeys(float(t) + 0.0 for t in temperatures.split(",")))     # -0.0 is 0.0
         seed_list = tuple(dict.fromkeys(int(x) for x in seeds.split(",")))
     except ValueError:
-        raise SpotError("--temperatures and --seeds take comma-separated numbers, e.g. 0,0.5,1.0") from None
+        raise SpotError("--temperatures and --seeds take comma-separated numbers",
+                        "e.g. --temperatures 0,0.5,1.0 --seeds 0,1") from None
     for t in temps:                 # every combination checked now, not when the loop reaches it
         for s in seed_list:
             Sampling(t, seed=s)
@@ -934,7 +1040,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     for spec in compare_drafters:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
-            raise SpotError(f"--compare-drafter expects NAME=PATH, got {spec!r}")
+            raise SpotError(f"--compare-drafter expects NAME=PATH, got {spec!r}",
+                        "e.g. --compare-drafter int8=int8-drafter/drafter.onnx")
         if name in compare:
             raise SpotError(f"--compare-drafter names {name!r} twice", "give each drafter its own name")
         compare[name] = path
@@ -950,6 +1057,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     from spot.plots import PLOT_FILES
     for name in ("bench.json", "bench.md", *(PLOT_FILES if plots else ())):    # the files this run writes
         check_output_path(Path(report_dir) / name, "--report", folder=False)
+    backend = resolve_backend(backend, model_dir)
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
     if prompts_path is None:        # the model's own held-out prompts (a spot-export copies them), else the code model's
         from spot.assets import embedded_model_dir
@@ -977,7 +1085,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         decoder = "spot" if drafter is not None else "tree"
         result["tune"] = tune_by_temperature(engine, prompts, cfg, TUNE_CANDIDATES, decoder, drafter, progress=say,
                                              tokenizer=tokenizer, folder=folder)
-    click.echo(markdown_table(result))      # first: printed even if writing the report fails (a full disk)
+    click.echo(f"{report_title(result)}\n\n{markdown_table(result)}")     # first: printed even if the report fails
     paths = write_report(result, report_dir, plots)
     if tune:       # after the report: what --budget auto then decodes with
         from spot.tuned import save_tuning, tuning_key
@@ -993,7 +1101,10 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Checkpoint (--backend torch) or exported folder (--backend ort). Default: the embedded model "
                    "(--backend ort: spot demo's export of it).")
-@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Default: ort for an exported folder, torch for a checkpoint; without --model, "
+                   "the embedded model on ort (its export, made on first use) where onnxruntime is "
+                   "installed.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--block-size", type=int, default=None, help="Block size B. Default: the config's block_size.")
 @click.option("--temperature", type=float, default=0.0, show_default=True)
@@ -1025,7 +1136,7 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     """
     import json
 
-    from spot.bench import TUNE_CANDIDATES, tune_budget, tuning_prompts, tuning_room
+    from spot.bench import TUNE_CANDIDATES, engine_facts, tune_budget, tuning_prompts, tuning_room
     from spot.runtime.decoders import DecodeRequest, rule_for
     from spot.runtime.step import Sampling
     from spot.tuned import check_tuning_dir, number_name, save_tuning, tuning_key
@@ -1034,9 +1145,10 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep
     request = DecodeRequest(mode=mode, tau=tau)
     if limit < 1:
-        raise SpotError(f"--limit must be >= 1, got {limit}")
+        raise SpotError(f"--limit must be >= 1, got {limit}", "e.g. --limit 2 (the default)")
     if save:                    # an unwritable cache is refused now, not after the sweep
         check_tuning_dir()
+    backend = resolve_backend(backend, model_dir)
     engine, tokenizer, folder = _open_bench_engine(backend, model_dir, block_size, device, sampler, kv_cache)
     prompts, source = tuning_prompts(tokenizer, [], limit, max_tokens=tuning_room(engine), folder=folder)
     if not prompts:
@@ -1063,6 +1175,7 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     out = tune_budget(engine, prompts, temperature, TUNE_CANDIDATES, drafter, decoder,
                       progress=lambda line: click.echo(line, err=True), rule=rule)
     out["decoder"], out["rule"] = decoder, {"kind": rule.kind, "tau": rule.tau}
+    out["engine"] = engine_facts(engine)      # what the latencies are of: backend, device, placement
     click.echo(json.dumps(out, indent=2))       # first: the measurement is printed even if recording fails
     if save:
         path = save_tuning(tuning_key(engine, backend, folder, decoder, drafter, rule), out,

@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from spot.descriptors import read_json
 from spot.errors import SpotError
 
 DEFAULT_BLOCK_SIZE = 4          # SDAR's default when config.json has no block_size (docs/spec.md §1)
@@ -123,10 +124,7 @@ def _stop_ids_from(model_dir: Path, raw: dict) -> tuple[int, ...]:
     gen = model_dir / "generation_config.json"
     eos, source = None, gen
     if gen.is_file():
-        try:
-            gen_cfg = json.loads(gen.read_text())
-        except json.JSONDecodeError as e:
-            raise SpotError(f"{gen} is not valid JSON ({e})", "restore the file from the checkpoint") from None
+        gen_cfg = read_json(gen, "restore the file from the checkpoint")
         eos = gen_cfg.get("eos_token_id") if isinstance(gen_cfg, dict) else None
     if eos is None:
         eos, source = raw.get("eos_token_id"), model_dir / "config.json"
@@ -153,10 +151,7 @@ def load_config(model_dir: str | Path) -> ModelConfig:
     if not path.is_file():
         raise SpotError(f"{model_dir} has no config.json: not a Hugging Face checkpoint folder",
                         "pass the folder that holds config.json and the *.safetensors files")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SpotError(f"{path} is not valid JSON ({e})", "restore the file from the checkpoint") from None
+    raw = read_json(path, "restore the file from the checkpoint")
     if not isinstance(raw, dict):
         raise SpotError(f"{path} is a JSON {type(raw).__name__}, expected an object of model settings",
                         "restore config.json from the checkpoint")

@@ -10,7 +10,7 @@ from typing import Callable
 import spot.assets
 from spot.assets import DEFAULT_MODEL, MODELS, embedded_name
 from spot.errors import SpotError
-from spot.files import exclusive_lock, spot_cache, write_text_atomic
+from spot.files import exclusive_lock, remove_tree, spot_cache, write_text_atomic
 
 DEMO_MODELS = ("arithmetic", "code")      # the order spot demo shows them in: where SPOT pays most first
 CODE_PROMPT_TOKENS = 128                  # the code model's prompt: at most this many tokens, from a line start
@@ -61,10 +61,8 @@ def embedded_export_current(name: str = DEFAULT_MODEL) -> bool:
 
 def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL) -> Path:
     """The embedded model `name` exported to fp32 ONNX, reused while its manifest checks out (re-exported
-    otherwise)."""
-    from spot.export.export import ExportOptions, export_checkpoint
-    from spot.export.manifest import load_manifest
-    from spot.export.presets import resolve_source
+    otherwise). An export says one line; its steps are a progress bar's updates (spot.export.export.Progress)."""
+    from spot.export.manifest import load_manifest      # (the exporter, torch and onnx: only to export)
 
     out = embedded_export_dir(name)
     stamp = embedded_export_stamp(name)
@@ -82,10 +80,20 @@ def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL
                         lambda: progress(f"waiting for another process exporting the {name} model to {out}")):
         if usable():
             return out
+        from spot.export.export import ExportOptions, check_replaceable, export_checkpoint
+        from spot.export.presets import resolve_source
         if out.is_dir():
             progress(f"cached export at {out} is stale or damaged: exporting again")
-        progress(f"exporting the {_canonical(name)} model to {out} (once; cached afterwards)")
-        export_checkpoint(resolve_source(name), out, ExportOptions(dtype="fp32", overwrite=True), progress)
+            try:
+                check_replaceable(out)
+            except SpotError:       # the cache's own folder, damaged past recognition as an export
+                remove_tree(out)
+        progress(f"exporting the {_canonical(name)} model to {out} (once, a few seconds; cached afterwards)")
+        try:
+            export_checkpoint(resolve_source(name), out, ExportOptions(dtype="fp32", overwrite=True),
+                              lambda line: progress("\r" + line.strip()))
+        finally:
+            progress("\r")
         write_text_atomic(out / ".stamp", stamp)
     return out
 

@@ -44,3 +44,35 @@ def number_arg(value, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SpotError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
     return float(value)
+
+
+def path_arg(value, what: str):
+    """`value` as a pathlib.Path when it is a str or os.PathLike naming a UTF-8 path; SpotError naming `what`
+    otherwise (a path given as None, a number or bytes was a TypeError deep in pathlib; one of bytes that are not
+    UTF-8, ONNX Runtime's or the tokenizer's error with an unrelated hint)."""
+    import os
+    from pathlib import Path
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+        path = Path(value)
+        if "\0" not in str(path) and str(value):
+            text_arg(str(path), f"{what} {path}", "rename it: ONNX Runtime and the tokenizer library open UTF-8 "
+                     "paths only")
+            return path
+    raise SpotError(f"{what} must be a path (str or pathlib.Path), got {value!r} ({type(value).__name__})",
+                    "e.g. \"sdar-8b-fp16-onnx\" or pathlib.Path(...)")
+
+
+def text_arg(value, what: str, hint: str = "pass a str of Unicode text (bytes: data.decode(\"utf-8\"))") -> str:
+    """`value` when it is a str that encodes as UTF-8; SpotError naming `what` otherwise: a bytes argument, None, or
+    text holding a byte that was not UTF-8 (Python keeps such a byte of a command line as a lone surrogate,
+    U+DC80..U+DCFF) or another lone surrogate was a TypeError in the tokenizer."""
+    if not isinstance(value, str):
+        raise SpotError(f"{what} must be text (a str), got {value!r:.60} ({type(value).__name__})", hint)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = value[e.start]
+        found = (f"the byte 0x{ord(char) - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= ord(char) <= 0xDCFF
+                 else f"a lone surrogate U+{ord(char):04X}")
+        raise SpotError(f"{what} is not valid UTF-8 text: character {e.start} is {found}", hint) from None
+    return value

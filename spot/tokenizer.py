@@ -7,14 +7,19 @@ needed. A folder without tokenizer files gives `None`: the runtime then works on
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
-from spot.errors import SpotError
+from spot.descriptors import read_json, read_text
+from spot.errors import SpotError, integer_arg, path_arg, text_arg
 
 # Qwen2's pre-tokenizer split; \p{N} alone splits numbers into single digits.
 QWEN2_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                        r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+UNKNOWN_MARK = "<|id {}|>"      # an id the tokenizer does not know, where a text must show it (decode)
 
 
 class SpotTokenizer:
@@ -27,14 +32,51 @@ class SpotTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text` with no BOS/EOS added (SDAR's chat prompts carry their own special tokens)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return list(self.tokenizer.encode(text_arg(text, "the text to encode"), add_special_tokens=False).ids)
 
-    def decode(self, ids) -> str:
-        """Text of `ids`, special tokens kept (they are part of what the model wrote)."""
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+    def decode(self, ids, mark_unknown: bool = False) -> str:
+        """Text of `ids`, special tokens kept (they are part of what the model wrote). An id that is not a token of
+        this vocabulary (the tokenizer rendered one as '', and -1 as an OverflowError) is a SpotError, or with
+        mark_unknown shown as UNKNOWN_MARK ("<|id 151700|>": a model whose vocabulary is larger than its tokenizer's
+        may write one)."""
+        ids = self.checked_ids(ids, refuse_unknown=not mark_unknown)
+        text, run = [], []
+        for i in [*ids, None]:
+            if i is not None and self.knows(i):
+                run.append(i)
+                continue
+            text.append(self.tokenizer.decode(run, skip_special_tokens=False))
+            run = []
+            if i is not None:
+                text.append(UNKNOWN_MARK.format(i))
+        return "".join(text)
+
+    def checked_ids(self, ids, refuse_unknown: bool = True) -> list[int]:
+        """`ids` as Python ints (SpotError for anything else), each one of this tokenizer's unless refuse_unknown is
+        false; SpotError naming the first that is not."""
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise SpotError(f"token ids must be a sequence of integers, got {ids!r:.60} ({type(ids).__name__})",
+                            "e.g. tokenizer.decode([12, 845, 9])")
+        out = [integer_arg(i, "a token id") for i in ids]
+        bad = next((i for i in out if not self.knows(i) and (refuse_unknown or i < 0)), None)
+        if bad is not None:
+            raise SpotError(f"token id {bad} is not in the tokenizer's vocabulary ({self.vocab_size} tokens, ids "
+                            f"0..{self._known_ids[0] - 1})", "the ids do not belong to this tokenizer")
+        return out
+
+    def knows(self, i: int) -> bool:
+        bound, gaps = self._known_ids
+        return 0 <= i < bound and i not in gaps
+
+    @functools.cached_property
+    def _known_ids(self) -> tuple[int, frozenset]:
+        """(1 + the largest id, the ids below it that name no token): ids may have gaps (build_qwen2_bpe)."""
+        ids = set(self.tokenizer.get_vocab(with_added_tokens=True).values())
+        bound = max(ids, default=-1) + 1
+        return bound, frozenset(range(bound)) - ids if len(ids) < bound else frozenset()
 
     def token_to_id(self, token: str) -> int | None:
-        return self.tokenizer.token_to_id(token)
+        return self.tokenizer.token_to_id(text_arg(token, "the token"))
 
     @property
     def vocab_size(self) -> int:
@@ -45,25 +87,34 @@ class SpotTokenizer:
         if not self.chat_template:
             raise SpotError(f"the tokenizer of {self.source} has no chat template",
                             "use the prompt as raw text: tokenizer.encode(text) (CLI: --no-chat)")
+        if not isinstance(messages, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise SpotError(f"messages must be a list of {{\"role\": ..., \"content\": ...}} objects, got "
+                            f"{messages!r:.80}", "e.g. [{\"role\": \"user\", \"content\": \"Hello\"}]")
+        for m in messages:
+            text_arg(m.get("content", ""), f"the content of a {m['role']} message")
         return render_chat_template(self.chat_template, messages, add_generation_prompt)
 
     def chat_prompt_ids(self, user_text: str) -> list[int]:
         """Ids of a one-turn chat prompt ending with the assistant header."""
-        return self.encode(self.apply_chat_template([{"role": "user", "content": user_text}]))
+        return self.encode(self.apply_chat_template([{"role": "user", "content": text_arg(user_text, "the message")}]))
 
 
 class TextStream:
     """Text of a growing id sequence, piece by piece (streaming block by block): each `feed(ids)` returns the text
     the new ids complete. The whole sequence is decoded each time — byte-level BPE pieces only read right across
     token boundaries — and a trailing U+FFFD (a UTF-8 character whose bytes are not all there yet) is held back
-    until the next ids complete it (or `end()`). The pieces joined are tokenizer.decode(all ids)."""
+    until the next ids complete it (or `end()`). The pieces joined are tokenizer.decode(all ids, mark_unknown)."""
 
-    def __init__(self, tokenizer: SpotTokenizer):
-        self.tokenizer, self.ids, self.shown = tokenizer, [], 0
+    def __init__(self, tokenizer: SpotTokenizer, mark_unknown: bool = False):
+        if not isinstance(tokenizer, SpotTokenizer):
+            raise SpotError(f"TextStream needs a tokenizer, got {tokenizer!r:.60}",
+                            "TextStream(spot.tokenizer.load_tokenizer(folder))")
+        self.tokenizer, self.ids, self.shown, self.mark_unknown = tokenizer, [], 0, mark_unknown
 
     def feed(self, ids) -> str:
-        self.ids.extend(int(i) for i in ids)
-        text = self.tokenizer.decode(self.ids)
+        self.ids.extend(self.tokenizer.checked_ids(ids, refuse_unknown=not self.mark_unknown))
+        text = self.tokenizer.decode(self.ids, self.mark_unknown)
         ready = len(text.rstrip("\ufffd"))
         if ready < self.shown:      # a held-back character decoded otherwise: never unsay printed text
             ready = self.shown
@@ -71,7 +122,7 @@ class TextStream:
         return piece
 
     def end(self) -> str:
-        text = self.tokenizer.decode(self.ids)
+        text = self.tokenizer.decode(self.ids, self.mark_unknown)
         piece, self.shown = text[self.shown:], len(text)
         return piece
 
@@ -105,11 +156,8 @@ RESTORE = "restore the file from the checkpoint"
 
 
 def _read_json(path: Path) -> dict:
-    """A tokenizer file's JSON object; SpotError naming the file when it is not JSON or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpotError(f"{path} is not valid JSON ({e})", RESTORE) from None
+    """A tokenizer file's JSON object; SpotError naming the file when it is not UTF-8 JSON or not an object."""
+    data = read_json(path, RESTORE)
     if not isinstance(data, dict):
         raise SpotError(f"{path} holds a JSON {type(data).__name__}, expected an object", RESTORE)
     return data
@@ -152,7 +200,7 @@ def added_tokens(model_dir: Path) -> dict[int, dict]:
 def _chat_template_from(model_dir: Path) -> str | None:
     path = model_dir / "chat_template.jinja"
     if path.is_file():
-        return path.read_text(encoding="utf-8")
+        return read_text(path, RESTORE)
     cfg_path = model_dir / "tokenizer_config.json"
     if not cfg_path.is_file():
         return None
@@ -172,7 +220,7 @@ def build_qwen2_bpe(vocab_path: Path, merges_path: Path, extra_tokens: dict[int,
 
     vocab = _token_ids(vocab_path, _read_json(vocab_path))
     merges = []
-    for line in merges_path.read_text(encoding="utf-8").splitlines():
+    for line in read_text(merges_path, RESTORE).splitlines():
         if line.startswith("#version") or not line.strip():
             continue
         parts = line.split(" ")
@@ -207,7 +255,7 @@ def build_qwen2_bpe(vocab_path: Path, merges_path: Path, extra_tokens: dict[int,
 def load_tokenizer(model_dir: str | Path) -> SpotTokenizer | None:
     """The checkpoint's tokenizer: tokenizer.json, else vocab.json + merges.txt; None when the folder has neither
     (SpotError when there is no such folder)."""
-    model_dir = Path(model_dir)
+    model_dir = path_arg(model_dir, "the model folder")
     if not model_dir.is_dir():
         raise SpotError(f"model folder {model_dir} {'is a file' if model_dir.exists() else 'does not exist'}",
                         "pass the checkpoint's folder, or the folder spot-export wrote")
@@ -260,6 +308,8 @@ def prompt_ids_for(tokenizer: SpotTokenizer | None, prompt: str | None, prompt_i
     if tokenizer is None:
         raise SpotError("this checkpoint has no tokenizer files (tokenizer.json or vocab.json + merges.txt), "
                         "so --prompt TEXT cannot be encoded", "pass token ids with --prompt-ids 1,2,3")
+    text_arg(prompt, "--prompt", "pass UTF-8 text (a UTF-8 locale or terminal), a UTF-8 file with --prompt-file, or "
+             "token ids with --prompt-ids")
     if chat is None:
         chat = bool(tokenizer.chat_template)
     return tokenizer.chat_prompt_ids(prompt) if chat else tokenizer.encode(prompt)

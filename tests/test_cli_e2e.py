@@ -105,6 +105,10 @@ def test_demo_shows_identical_outputs_and_caches_the_export(as_embedded, tmp_pat
     assert "=== what SPOT bought ===" in first.output and "fewer passes" in first.output
     assert "exporting the arithmetic model" in first.output and "exporting the code model" in first.output
     assert "why the wall clock" in first.output
+    # one line says an export (a cold demo printed a line per tensor, 47 for the code model), then the demo's own;
+    # off a terminal a progress bar's update is printed only after 30 s without a line (a slow machine)
+    said = first.stderr[:first.stderr.index("decoding with standard")].splitlines()
+    assert "exporting the arithmetic model" in said[0] and not any("tensor" in line for line in said), said
     second = run("demo", "--model", "code", "--max-new-tokens", "8", "--temperature", "1.0", "--seed", "3",
                  "--depth", "3")
     assert second.exit_code == 0 and "(standard decoding and SPOT, identical)" in second.output, second.output
@@ -115,6 +119,35 @@ def test_demo_shows_identical_outputs_and_caches_the_export(as_embedded, tmp_pat
     (cached / "config.json").write_text((cached / "config.json").read_text() + " ")
     third = run("demo", "--max-new-tokens", "4", "--depth", "2")
     assert third.exit_code == 0 and "exporting again" in third.output
+
+
+def test_progress_bars_are_one_line(monkeypatch, capsys):
+    """Progress lines starting with "\\r" update a bar: in place on a terminal (cut to its width, cleared by the
+    next line or "\\r" alone); elsewhere dropped unless 30 s passed without a line."""
+    import sys
+
+    import spot.cli as cli_mod
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    say = cli_mod.stderr_progress()
+    for i in range(47):
+        say(f"\r  weights: tensor {i + 1}/47")
+    clock[0] += 31
+    say("\r  weights: tensor 47/47")
+    say("  weights: 47 tensors")
+    assert capsys.readouterr().err == "weights: tensor 47/47\n  weights: 47 tensors\n"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setattr("shutil.get_terminal_size", lambda: os.terminal_size((12, 24)))
+    say = cli_mod.stderr_progress()
+    say("\r  a long step that does not fit")
+    say("\r  step 2")
+    say("done")
+    say("\r  bar")
+    say("\r")
+    assert capsys.readouterr().err == ("\r\x1b[K  a long st\r\x1b[K  step 2\r\x1b[Kdone\n\r\x1b[K  bar"
+                                       "\r\x1b[K")
+    assert cli_mod.stderr_progress(quiet=True)("x") is None and capsys.readouterr().err == ""
 
 
 def test_demo_reports_where_the_time_goes(as_embedded):
@@ -168,7 +201,14 @@ def test_the_ort_runtime_needs_neither_torch_nor_onnx(embedded, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "report" / "bench.json").is_file()
     assert cli("verify", str(folder)).returncode == 0
-    for args, says in ((["demo"], "`spot demo` needs the onnx package"),
+    # without --model: the default (code) model's export in the cache, decoded even when it is stale (exporting it
+    # again needs the export extra)
+    shutil.copytree(folder, tmp_path / "cache" / "code-fp32-onnx")
+    env["SPOT_CACHE"] = str(tmp_path / "cache")
+    proc = cli("generate", "--prompt", "the cat", "--max-new-tokens", "4", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["backend"] == "ort", proc.stderr
+    assert "exporting it again needs the onnx package" in proc.stderr
+    for args, says in ((["demo", "--model", "code"], "`spot demo` needs the onnx package"),
                        (["export", str(embedded), "--out", str(tmp_path / "x")], "`spot export` needs the onnx package"),
                        (["spot-export", str(embedded), "--out", str(tmp_path / "x")],
                         "`spot-export` needs the onnx package"),
@@ -215,6 +255,18 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
            f"{top1['baseline']})" in (report / "bench.md").read_text()
     assert result["host"]["libm"] in ("ext", "numpy") and result["host"]["sampling"] in ("c", "numpy")
     assert "Measured on" in (report / "bench.md").read_text()
+    # the report's first line names the backend, device and placement; its versions are of what ran (a torch run's
+    # report named ONNX Runtime's version alone)
+    assert (report / "bench.md").read_text().startswith("# spot bench: ort backend on cpu (sampler host, KV cache "
+                                                        "host), block size ")
+    assert r.stdout.startswith("spot bench: ort backend on cpu") and "onnxruntime" in result["host"]
+    torch_run = run("bench", "--backend", "torch", "--decoders", "standard,tree", "--limit", "1", "--temperatures",
+                    "0", "--budgets", "4x2", "--max-new-tokens", "4", "--prompt-tokens", "8", "--no-plots",
+                    "--report", str(tmp_path / "torch-report"))
+    assert torch_run.exit_code == 0, torch_run.output
+    md = (tmp_path / "torch-report" / "bench.md").read_text()
+    assert md.startswith("# spot bench: torch backend on cpu, block size ") and "onnxruntime" not in md
+    assert f"torch {__import__('torch').__version__}" in md.splitlines()[-1]
     for png in ("passes_and_speed.png", "acceptance_by_depth.png", "latency_vs_nodes.png"):
         assert (report / png).stat().st_size > 1000
     tune = result["tune"]
@@ -294,12 +346,14 @@ def test_an_embedded_models_name_works_wherever_a_model_is_named(embedded, monke
     assert by_name["arithmetic"] == ids("--model", str(arithmetic), "--backend", "torch")
     assert by_name["code"] == by_name["embedded"] == ids("--model", str(embedded), "--backend", "torch")
     assert by_name["arithmetic"] != by_name["code"]
-    missing = run("generate", "--model", "arithmetic", "--backend", "ort", *gen)
-    assert missing.exit_code == 2 and "the arithmetic model's export" in missing.stderr
-    assert str(tmp_path / "cache" / "arithmetic-fp32-onnx") in missing.stderr and "spot-export arithmetic" in missing.stderr
-    exported = run("spot-export", "arithmetic", "--out", str(tmp_path / "cache" / "arithmetic-fp32-onnx"), "--quiet")
+    # ort: the first run exports the named model into the cache (as without --model), later runs reuse it
+    first_ort = run("generate", "--model", "arithmetic", "--backend", "ort", *gen)
+    assert first_ort.exit_code == 0 and "exporting the arithmetic model" in first_ort.stderr, first_ort.output
+    assert json.loads(first_ort.stdout)["token_ids"] == by_name["arithmetic"]
+    assert (tmp_path / "cache" / "arithmetic-fp32-onnx" / ".stamp").is_file()
+    exported = run("spot-export", "arithmetic", "--out", str(tmp_path / "arithmetic-onnx"), "--quiet")
     assert exported.exit_code == 0, exported.output
-    assert ids("--model", "arithmetic", "--backend", "ort") == by_name["arithmetic"]
+    assert ids("--model", str(tmp_path / "arithmetic-onnx"), "--backend", "ort") == by_name["arithmetic"]
     report = tmp_path / "report"
     bench = run("bench", "--model", "arithmetic", "--backend", "torch", "--limit", "1", "--decoders", "standard",
                 "--temperatures", "0", "--max-new-tokens", "4", "--no-plots", "--report", str(report))
@@ -307,23 +361,27 @@ def test_an_embedded_models_name_works_wherever_a_model_is_named(embedded, monke
     assert json.loads((report / "bench.json").read_text())["config"]["model"] == str(arithmetic)
 
 
-def test_backend_ort_without_model_runs_the_demos_export(as_embedded, tmp_path):
-    """--backend ort without --model pointed at the embedded checkpoint (no manifest) and told the user to export a
-    checkpoint; now it runs spot demo's export of it, or says how to make one."""
-    before = run("generate", "--backend", "ort", "--prompt-ids", "5,6,7", "--max-new-tokens", "4")
-    assert before.exit_code == 2 and "the code model's export" in before.stderr
-    assert "run `spot demo` once" in before.stderr and "Traceback" not in before.output
-    assert run("demo", "--max-new-tokens", "4", "--depth", "2").exit_code == 0
-    after = run("generate", "--backend", "ort", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json")
-    assert after.exit_code == 0, after.output
-    assert "note:" not in after.stderr
+def test_without_model_the_embedded_model_runs_on_ort_exported_once(as_embedded, tmp_path):
+    """Without --model (and --backend) spot generate ran the embedded checkpoint on torch (4.5-31 s for the README's
+    first example, against 1.2-2.3 s on ONNX Runtime), and --backend ort said to run `spot demo` first. Now ONNX Runtime
+    is the default where it is installed: the first run exports the embedded model (one progress line), later runs
+    reuse that export, a stale one is exported again, and the tokens are the checkpoint's on torch."""
+    args = ("generate", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json")
+    first = run(*args)
+    assert first.exit_code == 0, first.output
+    said = first.stderr.splitlines()
+    assert "exporting the code model" in said[0] and not any("tensor" in line for line in said), said
+    assert json.loads(first.stdout)["backend"] == "ort"
+    again = run(*args[:1], "--backend", "ort", *args[1:])
+    assert again.exit_code == 0 and again.stderr == "", again.stderr           # the export is reused
     stamp = tmp_path / "cache" / "code-fp32-onnx" / ".stamp"
     stamp.write_text("made by an older spot")
-    stale = run("generate", "--backend", "ort", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json")
-    assert stale.exit_code == 0 and "was exported from another version of spot" in stale.stderr
-    assert json.loads(stale.stdout)["token_ids"] == json.loads(after.stdout)["token_ids"]
-    torch_run = run("generate", "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json")
-    assert json.loads(after.stdout)["token_ids"] == json.loads(torch_run.stdout)["token_ids"]
+    stale = run(*args)
+    assert stale.exit_code == 0 and "stale or damaged: exporting again" in stale.stderr
+    assert json.loads(stale.stdout)["token_ids"] == json.loads(first.stdout)["token_ids"]
+    torch_run = run(*args[:1], "--backend", "torch", *args[1:])
+    assert json.loads(torch_run.stdout)["backend"] == "torch"
+    assert json.loads(first.stdout)["token_ids"] == json.loads(torch_run.stdout)["token_ids"]
 
 
 def test_bench_plots_follow_matplotlib(as_embedded, tmp_path, monkeypatch):
@@ -567,12 +625,16 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     gen = ("generate", "--prompt-ids", "5,6,7,8", "--max-new-tokens", "8", "--json")
     missing = run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0.9")
     assert missing.exit_code == 2 and "no tuned budget" in missing.stderr, missing.output
-    assert "run `spot tune --backend torch --device cpu --decoder spot --temperature 0.9` first" in missing.stderr
+    # (without --model: the embedded model on ONNX Runtime, the default where onnxruntime is installed)
+    assert "run `spot tune --backend ort --device cpu --decoder spot --temperature 0.9` first" in missing.stderr
 
     tuned = run("tune", "--temperature", "1", "--limit", "1")
     assert tuned.exit_code == 0, tuned.output
     choice = json.loads(tuned.stdout)["choice"]
     assert "recorded" in tuned.stderr and "used by --budget auto" in tuned.stderr
+    engine = json.loads(tuned.stdout)["engine"]          # what the latencies are of
+    assert {k: engine[k] for k in ("name", "device", "sampler", "kv_cache")} == {"name": "ort", "device": "cpu",
+                                                                                  "sampler": "host", "kv_cache": "host"}
     auto = json.loads(run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0.9").stdout)
     assert (auto["budget"]["nodes"], auto["budget"]["depth"]) == (choice["nodes"], choice["depth"])
     assert auto["budget"]["tuned"]["temperature"] == 1.0
@@ -607,6 +669,7 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     assert sets_auto["budget"]["tuned"]["record"] != nearest["budget"]["tuned"]["record"]
     bad = run(*gen, "--decoder", "spot", "--budget", "16x8")
     assert bad.exit_code == 2 and "--budget takes a number of nodes or auto, got '16x8'" in bad.stderr
+    assert "hint: e.g. --budget 16 (tree nodes per verify pass, the root included) with --depth 8" in bad.stderr
 
     # the threshold rule of spot / tree is its own key, and the hint's command makes it (with the drafter given)
     threshold = run(*gen, "--decoder", "tree", "--mode", "threshold", "--tau", "0.5", "--budget", "auto")
@@ -636,6 +699,16 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     retuned = run("tune", "--temperature", "0", "--limit", "1")
     assert retuned.exit_code == 0 and "replacing an unreadable tuning record" in retuned.stderr
     assert json.loads(path.read_text())["by_temperature"].keys() == {"0"}
+
+    # the text output says what --budget auto chose, and why when it is no tree (it quietly decoded standard)
+    record = json.loads(path.read_text())
+    for nodes, depth, says in ((1, 1, "budget auto: 1 node, so standard decoding (one target pass per commit step): "
+                                      "`spot tune` measured no tree more than 1.03x faster than it"),
+                               (4, 2, "budget auto: 4 nodes x depth 2, tuned at temperature 0")):
+        record["by_temperature"]["0"] |= {"nodes": nodes, "depth": depth}
+        path.write_text(json.dumps(record))
+        text = run(*gen[:-1], "--decoder", "spot", "--budget", "auto", "--temperature", "0")
+        assert text.exit_code == 0 and says in text.stderr and str(path) in text.stderr, text.stderr
 
 
 def test_a_tuned_budget_is_keyed_by_the_machines_gpu_models(tmp_path, monkeypatch):
@@ -700,7 +773,8 @@ def test_os_errors_are_one_line_with_a_hint_for_their_cause(monkeypatch):
     def refused(*_):
         raise NotADirectoryError(errno.ENOTDIR, "Not a directory", "/data/file/model")
     monkeypatch.setattr(spot.config, "load_config", refused)
-    r = run("generate", "--prompt-ids", "1,2")
+    # torch: the checkpoint's config.json is read here (the default, ort, reuses the embedded model's export)
+    r = run("generate", "--backend", "torch", "--prompt-ids", "1,2")
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert "error: Not a directory: /data/file/model" in r.stderr and "a part of that path is a file" in r.stderr
     assert "permissions" in os_error_hint(OSError(errno.EACCES, "Permission denied", "x"))
@@ -719,7 +793,7 @@ def test_sigterm_during_an_extension_import_exits_143_quietly(monkeypatch):
         raise ImportError("initialization failed")
     monkeypatch.setattr(spot.config, "load_config", killed_during_import)
     monkeypatch.setattr(spot.cli, "TERMINATED", [])
-    r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
+    r = CliRunner().invoke(main, ["generate", "--backend", "torch", "--prompt-ids", "1,2"])
     assert r.exit_code == 143 and "Traceback" not in r.output and not isinstance(r.exception, ImportError)
     assert "error: terminated (SIGTERM)" in r.stderr
     monkeypatch.setattr(spot.cli, "TERMINATED", [])      # without a SIGTERM an ImportError is not hidden
@@ -727,7 +801,7 @@ def test_sigterm_during_an_extension_import_exits_143_quietly(monkeypatch):
     def broken_import(*_):
         raise ImportError("initialization failed")
     monkeypatch.setattr(spot.config, "load_config", broken_import)
-    r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
+    r = CliRunner().invoke(main, ["generate", "--backend", "torch", "--prompt-ids", "1,2"])
     assert isinstance(r.exception, ImportError)
 
 
@@ -783,7 +857,7 @@ def test_an_interrupted_command_ends_with_one_line(monkeypatch, signal_kind):
         spot.cli.terminate(15, None)
     monkeypatch.setattr(spot.config, "load_config", interrupted)
     monkeypatch.setattr(spot.cli, "TERMINATED", [])
-    r = CliRunner().invoke(main, ["generate", "--prompt-ids", "1,2"])
+    r = CliRunner().invoke(main, ["generate", "--backend", "torch", "--prompt-ids", "1,2"])
     code, says = (130, "error: interrupted (Ctrl-C)") if signal_kind == "SIGINT" else (143, "error: terminated")
     assert r.exit_code == code and says in r.stderr and "Aborted" not in r.output and "Traceback" not in r.output
 

@@ -42,8 +42,9 @@ def test_json_output(model_dirs):
     assert out["seconds"] > 0
     tok = load_tokenizer(model_dirs["tok"])
     assert out["text"] == tok.decode(out["token_ids"])
-    if not out["stopped"]:   # runs to the block boundary covering prompt + 9
-        assert out["prompt_len"] + len(out["token_ids"]) == -(-(out["prompt_len"] + 9) // 4) * 4
+    if not out["stopped"]:   # decodes to the block boundary covering prompt + 9, returns 9
+        assert len(out["token_ids"]) == 9
+        assert out["prompt_len"] + 9 + len(out["overflow_ids"]) == -(-(out["prompt_len"] + 9) // 4) * 4
 
 
 def test_chat_is_the_default_with_a_template(model_dirs):
@@ -124,8 +125,33 @@ ERROR_CASES = {
     "prompt file not UTF-8": (lambda d: ["--model", d["tok"], "--prompt-file", latin1_file(d)], "not UTF-8"),
     "prompt and prompt file": (lambda d: ["--model", d["tok"], "--prompt", "a", "--prompt-file", latin1_file(d)],
                                "not both"),
-    "exported folder on torch": (lambda d: ["--model", exported_like(d), "--prompt-ids", "1"],
+    "exported folder on torch": (lambda d: ["--model", exported_like(d), "--backend", "torch", "--prompt-ids", "1"],
                                  "is an exported ONNX folder"),
+    # each printed no hint line
+    "budget 0x0": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--decoder", "tree", "--budget", "0x0"],
+                   "--budget takes a number of nodes or auto, got '0x0'"),
+    "budget 16x99": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--decoder", "tree", "--budget",
+                                "16x99"], "--budget takes a number of nodes or auto, got '16x99'"),
+    "budget not a number": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--budget", "abc"],
+                            "--budget takes a number of nodes or auto, got 'abc'"),
+    "budget of no nodes": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--decoder", "tree", "--budget",
+                                      0], "budget must be >= 1 node"),
+    "depth deeper than a block": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--decoder", "tree",
+                                             "--depth", 99], "depth must be in 1..4"),
+    "depth 0": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--decoder", "tree", "--depth", 0],
+                "depth must be in 1..4"),
+    "unknown device": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--device", "gpu7"],
+                       "unknown device 'gpu7'"),
+    "prompt not UTF-8": (lambda d: ["--model", d["tok"], "--prompt", "\udcff\udcfe abc"],
+                         "--prompt is not valid UTF-8 text: character 0 is the byte 0xff, which is not UTF-8"),
+    "prompt with a lone surrogate": (lambda d: ["--model", d["tok"], "--prompt", "abc \ud800"],
+                                     "character 4 is a lone surrogate U+D800"),
+    "bad backend": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--backend", "onnx"],
+                    "invalid value for '--backend': 'onnx' is not one of"),
+    "unknown option": (lambda d: ["--model", d["bare"], "--prompt-ids", "1", "--max-tokens", 3],
+                       "no such option '--max-tokens'"),
+    "option without its value": (lambda d: ["--model", d["bare"], "--prompt-ids"],
+                                 "option '--prompt-ids' requires an argument"),
 }
 
 
@@ -165,7 +191,8 @@ def test_user_errors_exit_2_with_one_error_line(model_dirs, case):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
     assert expected in errors[0], errors[0]
-    assert "Traceback" not in result.output
+    assert result.stderr.splitlines()[-1].startswith("  hint: "), result.stderr      # every one says what to do
+    assert "Traceback" not in result.output and "Usage:" not in result.output
     assert result.stdout == ""
 
 

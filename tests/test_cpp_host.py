@@ -32,8 +32,8 @@ BUILD = CPP / "build"
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_golden import (COMPARED, EMBEDDED_GOLDEN, REGENERATE_EMBEDDED, case_options,  # noqa: E402
                          embedded_drafter_dir, golden_cases, model_identity, run_case)
-from tinymodels import (make_format1, nan_weights_copy, renamed_input_drafter, train_encoder_drafter,  # noqa: E402
-                        whole_block_epilogue_copy)
+from tinymodels import (CONTRADICTIONS, contradicting_copy, make_format1, nan_weights_copy,  # noqa: E402
+                        renamed_input_drafter, train_encoder_drafter, whole_block_epilogue_copy)
 from tree_cases import TREE_CASES, input_lines, python_answer  # noqa: E402
 
 # spot_status codes of cpp/include/spot/spot.h
@@ -479,6 +479,40 @@ def test_generate_command_prints_the_result(spot_cli, tiny):
     assert info["block_size"] == 8 and info["vocab_size"] == 300 and info["has_drafter"] is True
 
 
+def test_max_new_tokens_is_the_most_returned_in_both_hosts(spot_cli, tiny):
+    """Both hosts decode to the block boundary and return at most max_new_tokens ids (before: up to B - 1 more), the
+    same ids and the same `stopped` when a stop id lies in the cut-off rest of the block; spot_output_capacity is
+    max_new_tokens."""
+    import ctypes
+    folder, drafter_dir, engine, drafter = tiny
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.spot import TreeBudget
+    from spot.runtime.step import Sampling
+    folder, _, engine, _ = tiny
+    prompt = random_prompts(1, seed=6)[0]
+
+    def decode(n: int, stop: list[int]):
+        req = DecodeRequest(n, sampling=Sampling(1.0, seed=2), budget=TreeBudget(6, 3), stop_ids=stop)
+        return run_decoder("tree", engine, prompt, req)
+    first = decode(20, [])
+    whole = first.token_ids + first.overflow_ids        # to the block boundary
+    for n in (len(whole) - 7, len(whole) - 1, len(whole)):      # the same blocks decoded, n ids returned
+        for stop in ([], [next(t for t in whole[n:] if t not in whole[:n])] if n < len(whole) else []):
+            opts = case_options("tree", 1.0, 2, n, 6, 3)
+            flags = [*request_line(opts, prompt).split(), "--stop-ids", ",".join(map(str, stop))]
+            got = json.loads(cli(spot_cli, "generate", "--model", folder, *flags).stdout)
+            python = decode(n, stop)
+            assert got["token_ids"] == python.token_ids == whole[:n] and not got["stopped"] and not python.stopped
+    lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
+    lib.spot_output_capacity.restype = ctypes.c_size_t
+    handle = ctypes.c_void_p()
+    assert lib.spot_open(str(folder).encode(), None, ctypes.byref(handle), None) == 0
+    try:
+        assert [lib.spot_output_capacity(handle, ctypes.c_size_t(5), n) for n in (1, 13, 64)] == [1, 13, 64]
+    finally:
+        lib.spot_close(handle)
+
+
 @pytest.mark.parametrize("decoder,limit", [("spot", 0), ("spot-sets", 0), ("standard", 2), ("spot", 2)])
 def test_streaming_matches_the_python_runtime(spot_cli, tiny, decoder, limit):
     """spot_generate_stream through `spot_cli generate --stream N`: the same pieces as the Python runtime's on_block,
@@ -797,6 +831,18 @@ def test_manifests_are_read_as_pythons_json_writes_them(spot_cli, tiny, tmp_path
              "nesting deeper than 256")):
         _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", drafter_with(name, text_of), *ids),
                CORRUPT, "drafter.json", says)
+
+
+@pytest.mark.parametrize("field,value,graph", CONTRADICTIONS)
+def test_a_manifest_that_contradicts_its_graphs_is_refused_at_open_in_both_hosts(spot_cli, tiny, tmp_path, field,
+                                                                               value, graph):
+    """The C++ host refused such an edit only when ONNX Runtime failed on the first pass (code 6); now both hosts
+    compare every graph's declared inputs and outputs with the manifest when they open the folder."""
+    folder = contradicting_copy(tiny[0], tmp_path / "edited", field, value)
+    _fails(cli(spot_cli, "info", "--model", folder, "--sampler", "device", "--kv-cache", "device"), CORRUPT,
+           f"manifest.json contradicts {folder / graph.split(':')[0]}: {graph.split(': ')[1]} is", "re-export")
+    with pytest.raises(SpotError, match=f"manifest.json contradicts {graph}"):
+        OrtEngine(folder, sampler="device", kv_cache="device")
 
 
 def test_non_finite_logits_are_refused(spot_cli, tiny, tmp_path):

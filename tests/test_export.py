@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import replace
@@ -22,6 +23,7 @@ from spot.export.export import DATA_FILE, TARGET_FILE, ExportOptions, dry_run, e
 from spot.export.manifest import load_manifest
 from spot.export.presets import PRESETS, resolve_source
 from spot.reference.model import random_model
+from tinymodels import CONTRADICTIONS, contradicting_copy
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -296,11 +298,11 @@ def test_overwrite_through_a_link_replaces_what_it_points_to(ckpt, tmp_path):
     replaced, and the previous export left behind a hidden link no cleanup removed)."""
     real = tmp_path / "real"
     export(ckpt, real, validate=False)
-    (real / "old.txt").write_text("the previous export")
+    (real / "drafter.json").write_text("the previous export's")
     (tmp_path / "link").symlink_to(real)
     export(ckpt, tmp_path / "link", validate=False, overwrite=True)
     assert (tmp_path / "link").is_symlink() and (real / "manifest.json").is_file()
-    assert not (real / "old.txt").exists() and _no_leftovers(tmp_path) == []
+    assert not (real / "drafter.json").exists() and _no_leftovers(tmp_path) == []
     (tmp_path / ".k.old-999999997").symlink_to(real)     # a stale link left by an older version: removed, not followed
     export(ckpt, tmp_path / "k", validate=False)
     assert not (tmp_path / ".k.old-999999997").is_symlink() and (real / "manifest.json").is_file()
@@ -312,7 +314,7 @@ def test_an_overwrite_interrupted_at_the_swap_keeps_one_export_in_place(ckpt, tm
     import spot.export.export as ex
     out = tmp_path / "o"
     export(ckpt, out, validate=False)
-    (out / "old.txt").write_text("the previous export")
+    (out / "drafter.json").write_text("the previous export's")
     real_rename = Path.rename
 
     def interrupted_rename(self, target):
@@ -322,7 +324,7 @@ def test_an_overwrite_interrupted_at_the_swap_keeps_one_export_in_place(ckpt, tm
     monkeypatch.setattr(Path, "rename", interrupted_rename)
     with pytest.raises(KeyboardInterrupt):
         export(ckpt, out, validate=False, overwrite=True)
-    assert (out / "old.txt").exists() and _no_leftovers(tmp_path) == []
+    assert (out / "drafter.json").exists() and _no_leftovers(tmp_path) == []
     monkeypatch.setattr(Path, "rename", real_rename)
 
     real_rmtree = shutil.rmtree
@@ -333,20 +335,51 @@ def test_an_overwrite_interrupted_at_the_swap_keeps_one_export_in_place(ckpt, tm
         return real_rmtree(path, *a, **kw)
     monkeypatch.setattr(ex.shutil, "rmtree", interrupted_rmtree)
     export(ckpt, out, validate=False, overwrite=True)          # returns: the new export is in place
-    assert (out / "manifest.json").is_file() and not (out / "old.txt").exists()
+    assert (out / "manifest.json").is_file() and not (out / "drafter.json").exists()
     assert _no_leftovers(tmp_path) == [f".o.old-{os.getpid()}"]   # this process is alive: the next one removes it
 
 
 def test_existing_output_needs_overwrite(ckpt, tmp_path):
     out = tmp_path / "o"
     out.mkdir()
-    (out / "keep.txt").write_text("x")
     with pytest.raises(SpotError, match="already exists"):
         export(ckpt, out, validate=False)
-    assert (out / "keep.txt").exists()
-    export(ckpt, out, validate=False, overwrite=True)
-    assert (out / "manifest.json").exists() and not (out / "keep.txt").exists()
-    assert _no_leftovers(tmp_path) == []
+    export(ckpt, out, validate=False, overwrite=True)       # an empty folder
+    assert (out / "manifest.json").exists() and _no_leftovers(tmp_path) == []
+    export(ckpt, out, validate=False, overwrite=True)       # an export
+    assert (out / "manifest.json").exists() and _no_leftovers(tmp_path) == []
+
+
+def test_overwrite_replaces_only_what_spot_wrote(ckpt, tmp_path):
+    """`--out DIR --overwrite` deleted DIR whatever it held (`--out ~/projects` took the user's files with it): it
+    replaces an empty folder or an export holding only what spot writes there, and refuses anything else before
+    any work, leaving every file in place."""
+    from click.testing import CliRunner
+
+    from spot.cli import main
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    export_with_notes = export(ckpt, tmp_path / "exp", validate=False)
+    (export_with_notes / "notes.txt").write_text("the user's, beside an export")
+    sub = export(ckpt, tmp_path / "sub", validate=False)
+    (sub / "runs").mkdir()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "manifest.json").write_text("{not json")
+    cases = [(mine, "is not a spot export (no manifest.json; it holds notes.txt)"),
+             (export_with_notes, "holds what spot-export did not write: notes.txt"),
+             (sub, "holds what spot-export did not write: runs"),
+             (broken, "is not valid JSON")]
+    for out, words in cases:
+        before = sorted(p.relative_to(out) for p in out.rglob("*"))
+        with pytest.raises(SpotError, match=re.escape(words)) as e:
+            export(ckpt, out, validate=False, overwrite=True)
+        assert "--overwrite replaces only an earlier spot export" in e.value.hint
+        assert sorted(p.relative_to(out) for p in out.rglob("*")) == before and _no_leftovers(tmp_path) == []
+    res = CliRunner().invoke(main, ["export", str(ckpt), "--out", str(mine), "--overwrite", "--quiet"])
+    assert res.exit_code == 2 and "error: --out" in res.output and "hint: --overwrite replaces only" in res.output
+    assert (mine / "notes.txt").read_text() == "the user's"
 
 
 # -- manifest verification ----------------------------------------------------------------------------------------
@@ -409,6 +442,15 @@ def test_quick_check_samples_large_files_and_full_check_reads_all(exported, tmp_
     (lambda m: {**m, "dtype": "int8"}, "dtype is 'int8', expected one of fp32, fp16"),
     (lambda m: {**m, "stop_ids": [12]}, r"stop_ids is \[12\] but model.stop_ids is"),
     (lambda m: {**m, "mask_token_id": 5}, "mask_token_id is 5 but model.mask_token_id is"),
+    # a files entry outside the folder was stat'ed there (its size printed by `spot verify`); one of another shape
+    # was a TypeError
+    (lambda m: {**m, "files": {**m["files"], "/etc/passwd": m["files"]["config.json"]}},
+     "lists file '/etc/passwd', expected the name of a file in the exported folder itself"),
+    (lambda m: {**m, "files": {**m["files"], "../ckpt/config.json": m["files"]["config.json"]}}, "lists file '../"),
+    (lambda m: {**m, "files": {**m["files"], "config.json": {"bytes": "12"}}}, "the record of 'config.json' is"),
+    (lambda m: {**m, "files": {**m["files"], "config.json": 7}}, "the record of 'config.json' is 7"),
+    (lambda m: {**m, "files": ["config.json"]}, "files and graphs must be JSON objects"),
+    (lambda m: {**m, "graphs": {**m["graphs"], "target": "target.onnx"}}, "graphs.target is 'target.onnx'"),
 ])
 def test_a_foreign_or_damaged_manifest_is_refused(exported, tmp_path, edit, message):
     folder = _copy(exported, tmp_path)
@@ -417,6 +459,58 @@ def test_a_foreign_or_damaged_manifest_is_refused(exported, tmp_path, edit, mess
     with pytest.raises(SpotError, match=message) as e:
         load_manifest(folder)
     assert "re-export" in e.value.hint
+    from click.testing import CliRunner
+
+    from spot.cli import main
+    res = CliRunner().invoke(main, ["verify", str(folder)])        # one line and a hint, nothing read outside
+    assert res.exit_code == 2 and res.output.startswith("error:") and "hint:" in res.output, res.output
+    assert "Traceback" not in res.output and "ok:" not in res.output
+
+
+@pytest.mark.parametrize("field,value,graph", CONTRADICTIONS)
+def test_a_manifest_that_contradicts_its_graphs_is_refused_at_open(exported, tmp_path, field, value, graph):
+    """An edited num_hidden_layers, num_key_value_heads, head_dim, vocab_size or dtype (or the epilogue's
+    future_steps) came up as ONNX Runtime's error and a traceback on the first pass: the engine compares each graph's
+    declared inputs and outputs with what the manifest implies when it opens the folder."""
+    from click.testing import CliRunner
+
+    from spot.cli import main
+    from spot.engines.ort_engine import OrtEngine
+    folder = contradicting_copy(exported, tmp_path / "edited", field, value)
+    with pytest.raises(SpotError, match=f"manifest.json contradicts {graph}") as e:
+        OrtEngine(folder, sampler="device", kv_cache="device")
+    assert "re-export" in e.value.hint
+    res = CliRunner().invoke(main, ["generate", "--model", str(folder), "--backend", "ort", "--prompt-ids", "1,2",
+                                    "--sampler", "device", "--max-new-tokens", "2"])
+    assert res.exit_code == 2 and "contradicts" in res.output and "hint:" in res.output
+    assert "Traceback" not in res.output, res.output
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "config.json", "tokenizer_config.json", "drafter.json"])
+def test_non_utf8_bytes_in_a_json_file_are_named(exported, tmp_path, name):
+    """Non-UTF-8 bytes in manifest.json, config.json, a tokenizer file or drafter.json ended in a
+    UnicodeDecodeError traceback; now one line names the file and the byte."""
+    from click.testing import CliRunner
+
+    from spot.cli import main
+    from spot.config import load_config
+    from spot.runtime.drafter import load_drafter
+    from spot.tokenizer import load_tokenizer
+    from spot.assets import embedded_model_dir
+    from tinymodels import save_tiny_tokenizer
+    folder = _copy(exported, tmp_path)
+    save_tiny_tokenizer(folder)
+    for pair in ("drafter.onnx", "drafter.json"):
+        shutil.copyfile(embedded_model_dir() / pair, folder / pair)
+    path = folder / name
+    path.write_bytes(path.read_bytes().replace(b"{", b'{"note": "caf\xe9 \xff\xfe", ', 1))
+    load = {"manifest.json": load_manifest, "config.json": load_config, "tokenizer_config.json": load_tokenizer,
+            "drafter.json": load_drafter}[name]
+    with pytest.raises(SpotError, match=f"{re.escape(str(path))} is not UTF-8 text \\(byte [0-9]+: b'\\\\xe9'\\)"):
+        load(folder)
+    if name == "manifest.json":
+        res = CliRunner().invoke(main, ["verify", str(folder)])
+        assert res.exit_code == 2 and "is not UTF-8 text" in res.output and "Traceback" not in res.output
 
 
 def test_the_checkpoint_itself_is_never_the_output(ckpt, tmp_path):
@@ -575,7 +669,8 @@ def test_cli_export_verify_and_errors(ckpt, tmp_path):
     out = tmp_path / "cli"
     r = runner.invoke(cli, ["export", str(ckpt), "--out", str(out), "--dtype", "fp32", "--no-validate"])
     assert r.exit_code == 0, r.output
-    assert "tensor 25/25" in r.output and (out / "manifest.json").exists()
+    # the weights' progress is one bar (off a terminal: its summary), not a line per tensor
+    assert "weights: 25 tensors" in r.output and "tensor 1/25" not in r.output and (out / "manifest.json").exists()
     r = runner.invoke(cli, ["verify", str(out)])
     assert r.exit_code == 0 and "ok:" in r.output
     (out / "config.json").write_text("{}")

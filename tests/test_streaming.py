@@ -67,6 +67,25 @@ def test_a_true_return_ends_generation_after_that_block(engine, decoder):
     assert not last.cancelled and last.token_ids == full.token_ids[:2]
 
 
+@pytest.mark.parametrize("decoder", ["standard", "tree"])
+def test_max_new_tokens_is_the_most_returned(engine, decoder):
+    """`--max-new-tokens 64` returned 91 tokens: the last block is still decoded whole (the algorithm needs it), but
+    the output, its pieces included, stops at max_new_tokens; the rest of that block is overflow_ids. A stop id
+    there does not end the output early (it ends after max_new_tokens ids either way)."""
+    whole = _decode(engine, decoder, 1.0, max_new_tokens=22).token_ids      # prompt 6 + 22: a block boundary
+    for n in (19, 20, 21, 22):      # 6 + n -> the boundary 28: the same blocks decoded, n of them returned
+        pieces = []
+        gen = _decode(engine, decoder, 1.0, max_new_tokens=n, on_block=lambda ids: pieces.append(list(ids)))
+        assert gen.token_ids == whole[:n] == sum(pieces, []) and gen.overflow_ids == whole[n:]
+        assert gen.stats.blocks == 6 and not gen.stopped
+    past = next(t for t in whole[19:] if t not in whole[:19])
+    gen = _decode(engine, decoder, 1.0, stop_ids=[past], max_new_tokens=19)
+    assert gen.token_ids == whole[:19] and not gen.stopped
+    assert gen.overflow_ids == whole[19:whole.index(past)]
+    inside = _decode(engine, decoder, 1.0, stop_ids=[whole[3]], max_new_tokens=19)
+    assert inside.stopped and inside.token_ids == whole[:whole.index(whole[3])] and inside.overflow_ids == []
+
+
 def test_text_stream_holds_back_incomplete_characters():
     from spot.assets import embedded_model_dir
     from spot.tokenizer import load_tokenizer
@@ -90,3 +109,28 @@ def test_cli_stream_prints_what_generate_prints(tmp_path):
     lines = CliRunner().invoke(cli, [*args, "--stream", "--json"]).stdout.splitlines()
     blocks, result = [json.loads(x)["block_ids"] for x in lines[:-1]], json.loads(lines[-1])
     assert len(blocks) == result["blocks"] and sum(blocks, []) == result["token_ids"]
+
+
+def test_text_output_ends_without_the_trailing_blank_lines(monkeypatch):
+    """The embedded model's blocks often end in newlines: `--stream` printed ~30 blank lines before the stats line.
+    The text output (streamed or not) holds trailing whitespace back until more text follows and drops it at the
+    end; --json keeps the exact text."""
+    import spot.runtime.decoders as decoders
+    from spot.assets import embedded_model_dir
+    from spot.runtime.decode import DecodeStats, Generation
+    from spot.tokenizer import load_tokenizer
+    tok = load_tokenizer(embedded_model_dir())
+    blocks = [tok.encode("def f():\n    return 1\n\n"), tok.encode("\n\n  x = 2\n\n\n\n"), tok.encode("\n\n \n")]
+
+    def fake_decoder(name, engine, ids, request, drafter=None, on_block=None):
+        for block in blocks:
+            if on_block is not None:
+                on_block(block)
+        return Generation(sum(blocks, []), False, DecodeStats(seconds=0.1), len(ids))
+    monkeypatch.setattr(decoders, "run_decoder", fake_decoder)
+    args = ["generate", "--model", str(embedded_model_dir()), "--prompt", "def"]
+    plain, streamed = (CliRunner().invoke(cli, [*args, *more]) for more in ([], ["--stream"]))
+    assert plain.exit_code == 0 and streamed.exit_code == 0, streamed.output
+    assert plain.stdout == streamed.stdout == "def f():\n    return 1\n\n\n\n  x = 2\n"
+    exact = json.loads(CliRunner().invoke(cli, [*args, "--json"]).stdout)["text"]
+    assert exact == tok.decode(sum(blocks, [])) and exact.endswith("\n\n \n")

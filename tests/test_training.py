@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from spot.errors import SpotError
 from spot.training import bpe, corpus
 from spot.training.target import (TrainSettings, diffusion_bias, diffusion_loss, init_model, make_optimizer,
                                   mask_blocks, model_config, train_target)
@@ -116,6 +119,62 @@ def test_train_target_writes_a_folder_that_loads_and_generates(tmp_path):
                          progress=False, n_prompts=4, final_eval=False)
     assert again["history"] == report["history"]
     assert (out / "model.safetensors").read_bytes() == (tmp_path / "model2" / "model.safetensors").read_bytes()
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights_and_never_unpickles(tmp_path, monkeypatch):
+    """Checkpoints are safetensors + JSON: a run interrupted after its step-2 checkpoint resumes there (model,
+    AdamW state, both generators) and ends with the uninterrupted run's weights. A pickled ckpt.pt planted in the
+    work folder (earlier versions wrote one and resumed with torch.load(weights_only=False)) is never read, so
+    its code never runs."""
+    import pickle
+
+    import spot.training.target as target
+    kw = dict(settings=replace(TINY, ckpt_every=1), max_files=6, progress=False, n_prompts=2, final_eval=False)
+    train_target(tmp_path / "straight", 4, work_dir=tmp_path / "w1", **kw)
+    ran = tmp_path / "the-pickle-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (ran,))
+    (tmp_path / "w2").mkdir()
+    (tmp_path / "w2" / "ckpt.pt").write_bytes(pickle.dumps({"settings": None, "model": Payload()}))
+    losses = []
+    real_loss = target.diffusion_loss
+
+    def interrupted_at_step_3(*args, **kwargs):
+        if len(losses) == 2:
+            raise KeyboardInterrupt
+        losses.append(1)
+        return real_loss(*args, **kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(target, "diffusion_loss", interrupted_at_step_3)
+        with pytest.raises(KeyboardInterrupt):
+            train_target(tmp_path / "resumed", 4, work_dir=tmp_path / "w2", **kw)
+    assert (tmp_path / "w2" / "ckpt.safetensors").is_file() and not ran.exists()
+    report = train_target(tmp_path / "resumed", 4, work_dir=tmp_path / "w2", **kw)
+    log = (tmp_path / "w2" / "train.log").read_text()
+    assert "resumed from" in log and "at step 2" in log and "pickled checkpoint" in log and not ran.exists()
+    assert report["steps_done"] == 4
+    assert (tmp_path / "straight" / "model.safetensors").read_bytes() == \
+        (tmp_path / "resumed" / "model.safetensors").read_bytes()
+    (tmp_path / "w2" / "ckpt.safetensors").write_bytes(b"\x00" * 40)       # damaged: named, not a traceback
+    with pytest.raises(SpotError, match="not a readable training checkpoint"):
+        train_target(tmp_path / "resumed", 4, work_dir=tmp_path / "w2", **kw)
+
+
+def test_nothing_in_spot_unpickles():
+    """No loader of pickles (torch.load, pickle, numpy's allow_pickle, TorchScript's archives) anywhere in the
+    package, the scripts or the benchmarks: each can run code planted in a file."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"torch\.load\(|torch\.jit\.load|\b(import|from)\s+(c?pickle|dill|joblib|shelve|marshal|"
+                         r"cloudpickle)\b|\bpickle\.|allow_pickle\s*=\s*True|np\.load\((?![^)]*allow_pickle=False)")
+    found = [f"{path.relative_to(root)}:{i}: {line.strip()}"
+             for folder in ("spot", "scripts", "benchmarks", "cpp")
+             for path in sorted((root / folder).rglob("*.py"))
+             for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line.split("#")[0])]
+    assert not found, "\n".join(found)
 
 
 def test_train_target_replaces_its_folder_only_when_complete(tmp_path, monkeypatch):

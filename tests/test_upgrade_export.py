@@ -160,6 +160,8 @@ def test_upgrade_leaves_a_current_folder_alone_and_keeps_its_memory_plan(tmp_pat
     before, inode = (folder / "manifest.json").read_bytes(), folder.stat().st_ino
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
     assert r.exit_code == 0 and "already current, nothing changed" in r.output, r.output
+    # what it checked, then that: not the rebuild's steps first (they are a progress bar's updates)
+    assert len(r.output.splitlines()) == 2 and "checking" in r.output and "linking" not in r.output, r.output
     assert (folder / "manifest.json").read_bytes() == before and folder.stat().st_ino == inode
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-positions", "8"])
     assert r.exit_code == 2 and "would not fit" in r.output and "--epilogue-positions" in r.output, r.output

@@ -135,3 +135,27 @@ def train_encoder_drafter(traces, out, settings) -> dict:
     written = write_drafter(model, out, manifest, random_inputs(4, traces.block_size))
     assert written["graph"] == "encoder"
     return written
+
+
+# manifest edits the graphs contradict: (field, value, "graph file: the input or output that shows it")
+# (format 2: a third layer's past_k_2 is missing from the 2-layer target graph)
+CONTRADICTIONS = [("num_hidden_layers", 3, "target.onnx: past_k_2"),
+                  ("num_key_value_heads", 1, "target.onnx: past_k_0"), ("head_dim", 4, "target.onnx: past_k_0"),
+                  ("vocab_size", 512, "target.onnx: logits"),
+                  ("dtype", "fp16", "target.onnx: attn_bias"), ("future_steps", 2, "epilogue.onnx: future_tokens")]
+
+
+def contradicting_copy(folder, out, field: str, value):
+    """A copy of an exported folder whose manifest has `field` (the dtype, the epilogue's future_steps or a model.*
+    field) edited to `value`, its graphs unchanged."""
+    import shutil
+    shutil.copytree(folder, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    if field == "dtype":
+        manifest["dtype"] = value
+    elif field == "future_steps":
+        manifest["graphs"]["epilogue"]["future_steps"] = value
+    else:
+        manifest["model"][field] = value
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out

@@ -236,8 +236,11 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
     engine.store(state);
     gen.stats.passes["store"] += 1;
     gen.stats.blocks += 1;
-    std::vector<int64_t> added;   // what this block adds to the output: cut before a stop id
-    for (int64_t i = lead; i < b && !gen.stopped; ++i) {
+    // what this block adds to the output: cut before a stop id and at max_new_tokens (only the last block holds
+    // more than the room left; the rest of it was decoded to finish the block, and is not output)
+    const int64_t room = req.max_new_tokens - static_cast<int64_t>(gen.token_ids.size());
+    std::vector<int64_t> added;
+    for (int64_t i = lead; i < b && i - lead < room && !gen.stopped; ++i) {
       gen.stopped = std::find(stop.begin(), stop.end(), state[i]) != stop.end();
       if (!gen.stopped) added.push_back(state[i]);
     }

@@ -45,7 +45,7 @@ struct DecodeRequest {
   int64_t depth = 8;
   std::optional<std::vector<int64_t>> stop_ids;
   // streaming (decode.generate's on_block): after each finished block, the ids it adds to the output (cut before a
-  // stop id); true ends generation after that block
+  // stop id and at max_new_tokens); true ends generation after that block
   std::function<bool(const std::vector<int64_t>&)> on_block;
 };
 

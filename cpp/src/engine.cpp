@@ -182,6 +182,48 @@ SessionConfig session_config(int threads, Device device) {
   return sc;
 }
 
+// spot.export.manifest.check_graph_io: a graph's declared inputs and outputs against what the manifest's dtype and
+// model section (and the epilogue's future_steps) imply; -1: a dynamic dim. An edited num_hidden_layers,
+// num_key_value_heads, head_dim, vocab_size or dtype surfaced as ONNX Runtime's error on the first pass.
+struct Expected {
+  std::string name;
+  ONNXTensorElementDataType type;
+  std::vector<int64_t> dims;
+};
+
+std::string type_name(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "float64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+    default: return "type " + std::to_string(static_cast<int>(t));
+  }
+}
+
+std::string shape_text(ONNXTensorElementDataType t, const std::vector<int64_t>& dims) {
+  std::string out = type_name(t) + " [";
+  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + (dims[i] < 0 ? "?" : std::to_string(dims[i]));
+  return out + "]";
+}
+
+void check_graph_io(const ExportedFolder& f, const std::string& graph, const OrtSessionHandle& session,
+                    const std::vector<Expected>& expected) {
+  for (const Expected& want : expected) {
+    const OrtSessionHandle::Declared got = session.declared(want.name);
+    bool fits = got.found && got.type == want.type && got.dims.size() == want.dims.size();
+    for (size_t i = 0; fits && i < want.dims.size(); ++i)
+      fits = want.dims[i] < 0 || got.dims[i] < 0 || got.dims[i] == want.dims[i];
+    if (!fits)
+      fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + " contradicts " + graph + ": " + want.name + " is " +
+                                 (got.found ? shape_text(got.type, got.dims) : std::string("none")) +
+                                 " in the graph, the manifest implies " + shape_text(want.type, want.dims) +
+                                 " (from its dtype, model.num_hidden_layers, num_key_value_heads, head_dim, "
+                                 "vocab_size and the epilogue's future_steps: edited?): restore manifest.json "
+                                 "from the export, or re-export the model with spot-export");
+  }
+}
+
 }  // namespace
 
 std::string trt_cache_dir(const ExportedFolder& f) {
@@ -230,9 +272,8 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
   }
   k_.assign(static_cast<size_t>(cfg_.num_hidden_layers), {});
   v_.assign(static_cast<size_t>(cfg_.num_hidden_layers), {});
-  std::vector<std::string> inputs = kInputs;
-  inputs.insert(inputs.end(), past_names_.begin(), past_names_.end());
-  for (const auto& want : inputs)
+  // the per-layer cache inputs are check_graph_io's below: one missing contradicts model.num_hidden_layers
+  for (const auto& want : kInputs)
     if (std::find(session_->input_names().begin(), session_->input_names().end(), want) ==
         session_->input_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no input '" + want + "': not a spot target graph");
@@ -240,6 +281,15 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
     if (std::find(session_->output_names().begin(), session_->output_names().end(), want) ==
         session_->output_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no output '" + want + "': not a spot target graph");
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  const ONNXTensorElementDataType i64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, f32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  // in spot.export.manifest.io_contract's order, so that both hosts name the same first contradiction
+  std::vector<Expected> expected = {
+      {"input_ids", i64, {-1, -1}}, {"position_ids", i64, {-1}}, {"attn_bias", kv_type_, {-1, -1}}};
+  for (const auto& name : past_names_) expected.push_back({name, kv_type_, {H, -1, D}});
+  expected.insert(expected.end(), {{"logits", f32, {-1, -1, cfg_.vocab_size}}, {"new_k", kv_type_, {L, -1, H, -1, D}},
+                                   {"new_v", kv_type_, {L, -1, H, -1, D}}});
+  check_graph_io(f, f.target_graph, *session_, expected);
   open_epilogue(f, threads, device, sampler);
   open_kv_append(f, threads, device, kv_cache);
 }
@@ -272,6 +322,11 @@ void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device d
     if (std::find(kv_append_->input_names().begin(), kv_append_->input_names().end(), want) ==
         kv_append_->input_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.kv_append_graph + " has no input '" + want + "': not a spot kv_append graph");
+  const int64_t H = cfg_.num_key_value_heads, D = cfg_.head_dim;   // one layer's append (format 2)
+  check_graph_io(f, f.kv_append_graph, *kv_append_,
+                 {{"past_k", kv_type_, {H, -1, D}}, {"past_v", kv_type_, {H, -1, D}},
+                  {"new_k", kv_type_, {H, -1, D}}, {"new_v", kv_type_, {H, -1, D}},
+                  {"k", kv_type_, {H, -1, D}}, {"v", kv_type_, {H, -1, D}}});
   place(device);
 }
 
@@ -305,6 +360,9 @@ void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device de
     epilogue_outputs_.push_back("future_runner_up");
     epilogue_outputs_.push_back("future_gap");
   }
+  check_graph_io(f, f.epilogue_graph, *epilogue_,
+                 {{"logits", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {-1, -1, cfg_.vocab_size}},
+                  {"future_tokens", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {-1, f.epilogue_steps, -1}}});
   epilogue_steps_ = f.epilogue_steps;
   epilogue_graph_path_ = f.epilogue_graph;
   // positions per call: the manifest's when the graph takes first_position (ort_engine.epilogue_positions); an

@@ -239,6 +239,31 @@ OrtSessionHandle::OrtSessionHandle(const std::string& path, const SessionConfig&
   }
 }
 
+OrtSessionHandle::Declared OrtSessionHandle::declared(const std::string& name) const {
+  const OrtApi& api = ort_api();
+  Declared out;
+  for (int io = 0; io < 2 && !out.found; ++io) {
+    const std::vector<std::string>& names = io == 0 ? inputs_ : outputs_;
+    const auto at = std::find(names.begin(), names.end(), name);
+    if (at == names.end()) continue;
+    const size_t i = static_cast<size_t>(at - names.begin());
+    OrtTypeInfo* info = nullptr;
+    check(io == 0 ? api.SessionGetInputTypeInfo(session_, i, &info) : api.SessionGetOutputTypeInfo(session_, i, &info),
+          "SessionGet*TypeInfo");
+    const OrtTensorTypeAndShapeInfo* tensor = nullptr;   // owned by info
+    OrtStatus* st = api.CastTypeInfoToTensorInfo(info, &tensor);
+    size_t n = 0;
+    if (st == nullptr && tensor != nullptr) st = api.GetTensorElementType(tensor, &out.type);
+    if (st == nullptr && tensor != nullptr) st = api.GetDimensionsCount(tensor, &n);
+    out.dims.resize(n);
+    if (st == nullptr && tensor != nullptr) st = api.GetDimensions(tensor, out.dims.data(), n);
+    api.ReleaseTypeInfo(info);
+    check(st, "GetTensorTypeAndShape");
+    out.found = tensor != nullptr;
+  }
+  return out;
+}
+
 std::vector<std::string> available_providers() {
   const OrtApi& api = ort_api();
   char** names = nullptr;

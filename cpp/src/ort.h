@@ -90,6 +90,14 @@ class OrtSessionHandle {
 
   const std::vector<std::string>& input_names() const { return inputs_; }
   const std::vector<std::string>& output_names() const { return outputs_; }
+  // What the graph declares for the input or output `name`: its element type and dims (-1 where dynamic); found
+  // false when it has no such input or output.
+  struct Declared {
+    bool found = false;
+    ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    std::vector<int64_t> dims;
+  };
+  Declared declared(const std::string& name) const;
   std::vector<OrtOutput> run(const std::vector<std::string>& input_names, const std::vector<InputTensor>& inputs,
                              const std::vector<std::string>& output_names,
                              const std::vector<BorrowedInput>& borrowed = {});

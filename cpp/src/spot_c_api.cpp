@@ -212,7 +212,7 @@ spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, 
 
 size_t spot_output_capacity(const spot_model* model, size_t n_prompt, int max_new_tokens) {
   if (model == nullptr || max_new_tokens < 1) return 0;
-  const size_t wanted = static_cast<size_t>(max_new_tokens) + static_cast<size_t>(model->engine->block_size()) - 1;
+  const size_t wanted = static_cast<size_t>(max_new_tokens);     // the most returned (decode.cpp)
   // never more than the context leaves after the prompt: a huge max_new_tokens is refused by spot_generate, and a
   // caller sizing its buffer by this must not allocate gigabytes first
   const size_t context = static_cast<size_t>(model->engine->max_context());

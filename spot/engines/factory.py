@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spot.config import check_block_size, load_config
-from spot.errors import SpotError
+from spot.errors import SpotError, path_arg
 from spot.runtime.engine import Engine
 
 BACKENDS = ("torch", "ort", "tensorrt")
@@ -19,8 +19,14 @@ def open_engine(backend: str, model_dir: str | Path, block_size: int | None = No
     device (spot.engines.ort_engine.on_device; tensorrt keeps the KV cache on the GPU). threads (ort): ONNX
     Runtime's intra-op threads of this engine's sessions (None: its default, every core) — set it when several
     engines share the machine's cores, one per thread."""
-    if backend not in BACKENDS:
-        raise SpotError(f"unknown backend {backend!r}, expected one of {', '.join(BACKENDS)}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise SpotError(f"unknown backend {backend!r}, expected one of {', '.join(BACKENDS)}",
+                        "ort runs an exported folder (spot-export), torch a Hugging Face checkpoint")
+    model_dir = path_arg(model_dir, "model_dir")
+    for what, value, example in (("device", device, "cpu"), ("sampler", sampler, "auto"),
+                                 ("kv_cache", kv_cache, "auto")):
+        if not isinstance(value, str):
+            raise SpotError(f"{what} must be a str, got {value!r:.40} ({type(value).__name__})", f"e.g. {example!r}")
     if threads is not None and backend != "ort":
         raise SpotError(f"threads sets ONNX Runtime's sessions of the ort backend, got backend {backend!r}",
                         "torch: torch.set_num_threads (process-wide); tensorrt runs on the GPU")

@@ -18,7 +18,7 @@ import numpy as np
 from spot.engines.buckets import Profile, trt_shape_option
 from spot.errors import SpotError
 from spot.files import opened_whole, spot_cache
-from spot.export.manifest import NP_DTYPES, load_manifest, past_input_names
+from spot.export.manifest import NP_DTYPES, check_graph_io, load_manifest, past_input_names
 from spot.ortlib import load_onnxruntime
 from spot.runtime.engine import Engine, check_threads
 
@@ -52,8 +52,10 @@ def providers_for(device: str, folder: Path, dtype: str, cuda_options: dict | No
     """Execution providers for --device, checked against what the installed onnxruntime offers; cuda_options: extra
     CUDA provider options; trt_profile: the TensorRT shape profile of the graph (--device trt)."""
     ort = load_onnxruntime()
-    if device not in DEVICES:
-        raise SpotError(f"unknown device {device!r} for the ort backend, expected one of {', '.join(DEVICES)}")
+    if not isinstance(device, str) or device not in DEVICES:
+        raise SpotError(f"unknown device {device!r} for the ort backend, expected one of {', '.join(DEVICES)}",
+                        "--device cpu runs anywhere; cuda and trt (TensorRT) need an onnxruntime-gpu build and an "
+                        "NVIDIA GPU")
     available = ort.get_available_providers()
     if device == "cpu":
         return ["CPUExecutionProvider"]
@@ -99,11 +101,26 @@ def make_session(graph: Path, device: str, dtype: str, threads: int | None = Non
     return session
 
 
+# ONNX Runtime's names of the tensor types the graphs use, as the manifest writes them
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+              "tensor(int64)": "int64"}
+
+
+def checked(session, exported, name: str):
+    """`session` of the folder's graph `name`, once its declared inputs and outputs agree with the manifest's model
+    section (spot.export.manifest.check_graph_io)."""
+    declared = {a.name: (ORT_DTYPES.get(a.type, a.type), list(a.shape))
+                for a in [*session.get_inputs(), *session.get_outputs()]}
+    check_graph_io(exported, name, declared)
+    return session
+
+
 def target_session(exported, device: str, threads: int | None = None, trt_profile: Profile | None = None):
     """The session of an exported folder's target graph, with the manifest's session config (a quantized export
     keeps float32 activations in ONNX Runtime's fused MatMulNBits: docs/quantization.md)."""
-    return make_session(exported.graph_path("target"), device, exported.dtype, threads,
-                        exported.manifest.get("ort_session_config"), trt_profile=trt_profile)
+    return checked(make_session(exported.graph_path("target"), device, exported.dtype, threads,
+                                exported.manifest.get("ort_session_config"), trt_profile=trt_profile),
+                   exported, "target")
 
 
 def recorded_trt_profile(exported) -> Profile:
@@ -159,7 +176,7 @@ def on_device(choice: str, what: str, device: str, available: bool) -> bool:
     host = numpy on the host; auto = device on GPU providers when that graph is `available`. On a CPU auto is host:
     the epilogue's exact float64 softmax over V costs more than the numpy step, and both caches are host memory
     there (the numpy one skips the IOBinding bookkeeping)."""
-    if choice not in PLACES:
+    if not isinstance(choice, str) or choice not in PLACES:
         raise SpotError(f"unknown {what} {choice!r}, expected one of {', '.join(PLACES)}")
     return choice == "device" or (choice == "auto" and device != "cpu" and available)
 
@@ -213,8 +230,9 @@ class OrtEngine(Engine):
         # a Concat with a new shape at every stored block: the CUDA provider, also under --device trt (a TensorRT
         # engine per shape would cost more than the copy), its arena grown by what is asked (the cache grows by one
         # block per store), not to the next power of two
-        session = make_session(self.exported.graph_path("kv_append"), self.place, self.exported.dtype, threads,
-                               cuda_options={"arena_extend_strategy": "kSameAsRequested"})
+        session = checked(make_session(self.exported.graph_path("kv_append"), self.place, self.exported.dtype,
+                                       threads, cuda_options={"arena_extend_strategy": "kSameAsRequested"}),
+                          self.exported, "kv_append")
         return DeviceKVCache(session, self.place, self._empty, self.config.num_hidden_layers)
 
     def _open_epilogue(self, sampler: str, threads: int | None):
@@ -233,13 +251,16 @@ class OrtEngine(Engine):
                             f"decodes blocks of {self.block_size}", "use the export's block size or --sampler host")
         # TensorRT has neither float64 nor uint32 arithmetic: on --device trt the epilogue runs on the CUDA EP,
         # on the same GPU, reading the target's logits where they are (docs/gpu-path.md)
-        session = make_session(self.exported.graph_path("epilogue"), self.place, self.exported.dtype, threads)
-        self._epilogue_outputs = epilogue_outputs(session, self.exported.graph_path("epilogue"))
-        self._epilogue_positions = epilogue_positions(session, graphs["epilogue"], self.block_size)
+        # spot-export's bound, before the graph is compared with it (as in the C++ host): an out-of-range
+        # future_steps is named as such, not as a contradiction of the graph
         steps = int(graphs["epilogue"]["future_steps"])
-        if not 1 <= steps <= self.block_size:          # spot-export's bound; the C++ host's check too
+        if not 1 <= steps <= self.block_size:
             raise SpotError(f"{self.exported.folder}/manifest.json: the epilogue's future_steps is {steps}, "
                             f"expected 1..{self.block_size} (the block size)", "re-export the folder with spot-export")
+        session = make_session(self.exported.graph_path("epilogue"), self.place, self.exported.dtype, threads)
+        self._epilogue_outputs = epilogue_outputs(session, self.exported.graph_path("epilogue"))
+        checked(session, self.exported, "epilogue")
+        self._epilogue_positions = epilogue_positions(session, graphs["epilogue"], self.block_size)
         return session, steps
 
     @property

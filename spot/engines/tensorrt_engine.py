@@ -354,6 +354,7 @@ class TrtEngine(Engine):
 
     def __init__(self, model_dir: str | Path, engine_file: str | Path | None = None,
                  options: BuildOptions = BuildOptions(), sampler_steps: int | None = DEFAULT_SAMPLER_STEPS):
+        from spot.descriptors import read_json
         from spot.export.manifest import load_manifest
         _trt()
         torch = _torch_cuda()
@@ -361,7 +362,7 @@ class TrtEngine(Engine):
         self.exported = load_manifest(model_dir)
         super().__init__(self.exported.config, self.exported.block_size)
         engine_file = Path(engine_file) if engine_file else build_engine(model_dir, options)
-        meta = json.loads(engine_file.with_suffix(".json").read_text())
+        meta = read_json(engine_file.with_suffix(".json"), f"delete {engine_file} and its .json to build it again")
         self.plan = BucketPlan.from_dict(meta["plan"])
         self.runner = TrtRunner(engine_file)
         cfg = self.config

@@ -16,8 +16,9 @@ def torch_device(name: str):
     """torch.device for --device (cpu, cuda, cuda:N, ...); SpotError when torch cannot use it here."""
     try:
         device = torch.device(name)
-    except RuntimeError:
-        raise SpotError(f"unknown device {name!r} for the torch backend, expected cpu or cuda (cuda:N)") from None
+    except (RuntimeError, TypeError, ValueError):     # (None, a number out of range, a list: not device names)
+        raise SpotError(f"unknown device {name!r} for the torch backend, expected cpu or cuda (cuda:N)",
+                        "--device cpu runs anywhere; cuda needs a CUDA build of torch and an NVIDIA GPU") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpotError(f"--device {name}: this torch {torch.__version__} has no usable CUDA device",
                         "install a CUDA build of torch (Jetson: NVIDIA's JetPack wheel), or use --device cpu, or "

@@ -25,17 +25,18 @@ from spot import __version__
 from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32, read_weight_map
 from spot.config import ModelConfig, check_block_size
 from spot.engines.buckets import dynamic_trt_profile
+from spot.descriptors import load_descriptor, read_json
 from spot.errors import SpotError
-from spot.export.graph import (TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset,
-                               io_contract)
+from spot.export.graph import TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset
 from spot.export.epilogue import DEFAULT_FUTURE_STEPS, check_positions, validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
-from spot.export.manifest import DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPES, add_files, write_manifest
+from spot.export.manifest import (DRAFTER_FILES, FORMAT, FORMAT_VERSION, MANIFEST_NAME, NP_DTYPES, add_files,
+                                  io_contract, write_manifest)
 from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme, write_quantized
-from spot.files import (beside, folder_bytes, owner_gone, refuse_dangling_link, remove_stale_beside, remove_tree,
-                        swap_in_folder)
+from spot.files import (TEMP_PREFIX, beside, folder_bytes, owner_gone, refuse_dangling_link, remove_stale_beside,
+                        remove_tree, swap_in_folder)
 from spot.tokenizer import load_tokenizer
 
 TARGET_FILE = "target.onnx"
@@ -50,6 +51,8 @@ COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges
 PROMPTS_FILE = "heldout_prompts.jsonl"
 _SRC_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
+# Progress lines; one starting with "\r" updates the line before (a progress bar: spot.cli.stderr_progress rewrites
+# it in place on a terminal), and "\r" alone ends the bar.
 Progress = Callable[[str], None]
 
 
@@ -243,10 +246,12 @@ def write_weights(ckpt: Checkpoint, weights: list[WeightSpec], layout: dict[str,
                 with open(info.file, "rb") as f:
                     write_quantized(fd, spec, scale, offset, layout[scale.name][0],
                                     lambda r0, r1, fd_in=f.fileno(), info=info: _read_rows(fd_in, info, r0, r1))
-            progress(f"  tensor {i}/{len(weights)} {spec.name} {list(spec.shape)} {spec.dtype} "
+            # one bar, not a line per tensor ("\r": an update of the line before; Progress)
+            progress(f"\r  weights: tensor {i}/{len(weights)} {spec.name} {list(spec.shape)} {spec.dtype} "
                      f"{nbytes / 2**20:.1f} MiB ({time.perf_counter() - t0:.0f} s)")
         os.ftruncate(fd, total)
         os.fsync(fd)
+        progress(f"  weights: {len(weights)} tensors, {total / 2**20:.1f} MiB in {time.perf_counter() - t0:.0f} s")
     finally:
         os.close(fd)
 
@@ -257,8 +262,8 @@ def drafter_fits(ckpt_dir: Path, block_size: int, progress: Progress) -> bool:
     that was not is left out of the export (it could only be refused there), with a note."""
     descriptor = ckpt_dir / "drafter.json"
     try:
-        trained = json.loads(descriptor.read_text()).get("block_size")
-    except (OSError, ValueError, AttributeError):
+        trained = read_json(descriptor, "").get("block_size")
+    except (OSError, SpotError, AttributeError):
         return True         # none, or unreadable: copied as it is, and refused by name where it is loaded
     if trained is None or trained == block_size:
         return True
@@ -269,7 +274,7 @@ def drafter_fits(ckpt_dir: Path, block_size: int, progress: Progress) -> bool:
 
 def _hf_config_json(ckpt_dir: Path, cfg: ModelConfig) -> str:
     """The checkpoint's config.json with the exported block size / mask id, so HF-style tools read the folder."""
-    raw = json.loads((ckpt_dir / "config.json").read_text())
+    raw = read_json(ckpt_dir / "config.json", "restore the file from the checkpoint")
     raw.update({"block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id})
     return json.dumps(raw, indent=2) + "\n"
 
@@ -287,6 +292,34 @@ def remove_stale_partials(out: Path, progress=lambda _: None) -> None:
             continue
 
 
+# what spot writes into an exported folder besides the files its manifest lists: the manifest itself, the copied
+# checkpoint files (a drafter: also spot train-drafter / calibrate-drafter), the demo cache's stamp
+SPOT_WRITTEN = ("manifest.json", *COPIED_FILES, ".stamp")
+
+
+def check_replaceable(out: Path) -> None:
+    """SpotError unless `out` is a folder --overwrite may replace: empty, or an export holding only what spot writes
+    there. A folder of the user's files (--out ~/projects by mistake) was deleted with the old export."""
+    if not out.is_dir():
+        raise SpotError(f"--out {out} is a file, expected a folder", "choose another --out")
+    names = sorted(p.name for p in out.iterdir())
+    if not names:
+        return
+    hint = f"--overwrite replaces only an earlier spot export: move those out of {out}, or choose another --out"
+    if MANIFEST_NAME not in names:
+        raise SpotError(f"--out {out} is not a spot export (no {MANIFEST_NAME}; it holds {_some(names)})", hint)
+    manifest = load_descriptor(out / MANIFEST_NAME, FORMAT, FORMAT_VERSION, ("files",), hint)
+    files = manifest["files"] if isinstance(manifest["files"], dict) else {}
+    foreign = [n for n in names if n not in files and n not in SPOT_WRITTEN and not n.startswith(TEMP_PREFIX)
+               or (out / n).is_dir()]
+    if foreign:
+        raise SpotError(f"--out {out} holds what spot-export did not write: {_some(foreign)}", hint)
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
     """Rename the finished folder into place; an existing output is replaced only with overwrite (swap_in_folder)."""
     if not out.exists():
@@ -294,6 +327,7 @@ def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
         return
     if not overwrite:
         raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
+    check_replaceable(out)      # again: it may have changed during the export
     # an old copy an interrupt leaves aside is removed by the next export (remove_stale_partials)
     swap_in_folder(tmp, out, beside(out, "old"))
 
@@ -352,6 +386,8 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
                         "delete the checkpoint", "choose another --out")
     if out.exists() and not options.overwrite:
         raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
+    if out.exists():
+        check_replaceable(out)      # before the work, not after it
     check_dtype(options.dtype)
     cfg = effective_config(source.checkpoint_config(), source, options, progress)
     max_context = check_options(cfg, options)

@@ -407,30 +407,3 @@ def _reachable(nodes: list, outputs) -> list:
             wanted.add(node.name)
             todo.extend(node.input)
     return [node for node in nodes if node.name in wanted]
-
-
-def io_contract(cfg: ModelConfig, dtype: str) -> dict:
-    """The graph's inputs and outputs as JSON for the manifest (symbolic dims N, S, C, T = C + S)."""
-    L, hkv, hd, v = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size
-    dt = {"fp32": "float32", "fp16": "float16"}[dtype]
-    return {
-        "dims": {"N": "candidate block states sharing the cached prefix (1 for prefill/store)",
-                 "S": "new tokens per state (block size B for block steps, P for a prefill of P tokens)",
-                 "C": "cached prefix length (0 for prefill: pass empty past_k_<l>/past_v_<l>)",
-                 "T": "C + S"},
-        "inputs": [
-            {"name": "input_ids", "dtype": "int64", "shape": ["N", "S"]},
-            {"name": "position_ids", "dtype": "int64", "shape": ["S"], "note": "absolute positions C..C+S-1"},
-            {"name": "attn_bias", "dtype": dt, "shape": ["S", "T"],
-             "note": "additive mask, 0 = attend, -inf = masked; block-causal for prefill, zeros for a block step"},
-            *({"name": name, "dtype": dt, "shape": [hkv, "C", hd],
-               "note": f"layer {layer}'s cached {'K' if name.startswith('past_k') else 'V'}, fed where it is"}
-              for layer, pair in enumerate(past_input_names(L)) for name in pair),
-        ],
-        "outputs": [
-            {"name": "logits", "dtype": "float32", "shape": ["N", "S", v]},
-            {"name": "new_k", "dtype": dt, "shape": [L, "N", hkv, "S", hd],
-             "note": "K of the S new tokens only (after RoPE); the host appends it to its cache"},
-            {"name": "new_v", "dtype": dt, "shape": [L, "N", hkv, "S", hd]},
-        ],
-    }

@@ -62,6 +62,70 @@ def past_feeds(past_k, past_v) -> dict:
     return out
 
 
+def io_contract(cfg: ModelConfig, dtype: str) -> dict:
+    """The graph's inputs and outputs as JSON for the manifest (symbolic dims N, S, C, T = C + S)."""
+    L, hkv, hd, v = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size
+    dt = {"fp32": "float32", "fp16": "float16"}[dtype]
+    return {
+        "dims": {"N": "candidate block states sharing the cached prefix (1 for prefill/store)",
+                 "S": "new tokens per state (block size B for block steps, P for a prefill of P tokens)",
+                 "C": "cached prefix length (0 for prefill: pass empty past_k_<l>/past_v_<l>)",
+                 "T": "C + S"},
+        "inputs": [
+            {"name": "input_ids", "dtype": "int64", "shape": ["N", "S"]},
+            {"name": "position_ids", "dtype": "int64", "shape": ["S"], "note": "absolute positions C..C+S-1"},
+            {"name": "attn_bias", "dtype": dt, "shape": ["S", "T"],
+             "note": "additive mask, 0 = attend, -inf = masked; block-causal for prefill, zeros for a block step"},
+            *({"name": name, "dtype": dt, "shape": [hkv, "C", hd],
+               "note": f"layer {layer}'s cached {'K' if name.startswith('past_k') else 'V'}, fed where it is"}
+              for layer, pair in enumerate(past_input_names(L)) for name in pair),
+        ],
+        "outputs": [
+            {"name": "logits", "dtype": "float32", "shape": ["N", "S", v]},
+            {"name": "new_k", "dtype": dt, "shape": [L, "N", hkv, "S", hd],
+             "note": "K of the S new tokens only (after RoPE); the host appends it to its cache"},
+            {"name": "new_v", "dtype": dt, "shape": [L, "N", hkv, "S", hd]},
+        ],
+    }
+
+
+def graph_contracts(cfg: ModelConfig, dtype: str, future_steps: int | None = None) -> dict[str, dict]:
+    """What the model section (and the epilogue's future_steps) says each graph declares: {graph: {"inputs": [...],
+    "outputs": [...]}} with io_contract's records; only the dims the model fixes are numbers (the hosts check a
+    folder's graphs against them when opening it)."""
+    hkv, hd, dt = cfg.num_key_value_heads, cfg.head_dim, io_contract(cfg, dtype)
+    kv = dt["inputs"][3]["dtype"]      # past_k_0's: the model dtype
+    # kv_append appends one layer (format 2): num_hidden_layers is the target's to check (past_k_<l>, new_k)
+    return {"target": {"inputs": dt["inputs"], "outputs": dt["outputs"]},
+            "kv_append": {"inputs": [{"name": n, "dtype": kv, "shape": [hkv, "C", hd]} for n in ("past_k", "past_v")]
+                          + [{"name": n, "dtype": kv, "shape": [hkv, "S", hd]} for n in ("new_k", "new_v")],
+                          "outputs": [{"name": n, "dtype": kv, "shape": [hkv, "T", hd]} for n in ("k", "v")]},
+            "epilogue": {"inputs": [{"name": "logits", "dtype": "float32", "shape": ["N", "P", cfg.vocab_size]}],
+                         "outputs": [{"name": "future_tokens", "dtype": "int64", "shape": ["N", future_steps, "P"]}]}}
+
+
+def check_graph_io(exported: "ExportedModel", name: str, declared: dict[str, tuple[str, list]]) -> None:
+    """SpotError unless graph `name` declares what the manifest's model section says (graph_contracts). declared:
+    input / output name -> (dtype as the manifest writes it, shape: numbers, or names / None where dynamic). An edited
+    num_hidden_layers, num_key_value_heads, head_dim, vocab_size or dtype surfaced as an ONNX Runtime error and a
+    traceback on the first pass (the C++ host checks the same when it opens a folder)."""
+    epilogue = exported.manifest["graphs"].get("epilogue") or {}
+    contract = graph_contracts(exported.config, exported.dtype, epilogue.get("future_steps"))[name]
+    graph = exported.manifest["graphs"][name]["file"]
+    for want in [*contract["inputs"], *contract["outputs"]]:
+        dtype, shape = declared.get(want["name"], (None, None))
+        fits = shape is not None and len(shape) == len(want["shape"]) and all(
+            not isinstance(w, int) or not isinstance(g, int) or g == w for g, w in zip(shape, want["shape"]))
+        if dtype != want["dtype"] or not fits:
+            def show(d, s):
+                return "none" if d is None else f"{d} [{', '.join(str(x) for x in s)}]"
+            raise SpotError(f"{exported.folder}/{MANIFEST_NAME} contradicts {graph}: {want['name']} is "
+                            f"{show(dtype, shape)} in the graph, the manifest implies "
+                            f"{show(want['dtype'], want['shape'])} (from its dtype, model.num_hidden_layers, "
+                            "num_key_value_heads, head_dim, vocab_size and the epilogue's future_steps: edited?)",
+                            "restore manifest.json from the export, or re-export the model with spot-export")
+
+
 def sample_sha256(path: Path) -> str:
     """sha256 of (size, SAMPLE_COUNT evenly spaced SAMPLE_BYTES chunks): a constant-time fingerprint."""
     size = path.stat().st_size
@@ -217,9 +281,31 @@ def check_manifest_fields(path: Path, manifest: dict, config: ModelConfig, remed
             raise SpotError(f"{path}: {key} is {value!r}, expected an integer >= 1", remedy)
     if manifest["dtype"] not in NP_DTYPES:
         raise SpotError(f"{path}: dtype is {manifest['dtype']!r}, expected one of {', '.join(NP_DTYPES)}", remedy)
+    check_file_records(path, manifest, remedy)
     model = {"block_size": config.block_size, "mask_token_id": config.mask_token_id,
              "stop_ids": list(config.stop_ids)}
     for key, want in model.items():
         if key in manifest and manifest[key] != want:
             raise SpotError(f"{path}: {key} is {manifest[key]!r} but model.{key} is {want!r} (edited?)",
                             f"decoding uses model.{key}: edit both, or {remedy}")
+
+
+def check_file_records(path: Path, manifest: dict, remedy: str) -> None:
+    """`files` maps names of files in the folder itself to {bytes, sha256, sample_sha256}, and `graphs` names each
+    graph's file: an entry such as "/etc/passwd" or "../x" was stat'ed (and its size printed) outside the folder, and
+    a record of another shape ended in a TypeError (the C++ host refuses both too)."""
+    files, graphs = manifest["files"], manifest["graphs"]
+    if not isinstance(files, dict) or not isinstance(graphs, dict):
+        raise SpotError(f"{path}: files and graphs must be JSON objects", remedy)
+    for name, rec in files.items():
+        if not plain_file_name(name):
+            raise SpotError(f"{path} lists file {name!r}, expected the name of a file in the exported folder itself",
+                            remedy)
+        size = rec.get("bytes") if isinstance(rec, dict) else None
+        if (isinstance(size, bool) or not isinstance(size, int) or size < 0
+                or not all(isinstance(rec.get(k), str) for k in ("sha256", "sample_sha256"))):
+            raise SpotError(f"{path}: the record of {name!r} is {rec!r}, expected {{\"bytes\": N, \"sha256\": ..., "
+                            "\"sample_sha256\": ...}", remedy)
+    for name, entry in graphs.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+            raise SpotError(f"{path}: graphs.{name} is {entry!r}, expected an object with a \"file\" name", remedy)

@@ -66,7 +66,10 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
         if leftover.exists():
             raise SpotError(f"{leftover} exists (an interrupted upgrade?)",
                             f"if {folder} opens, remove {leftover}; else rename {leftover} back to {folder.name}")
-    progress(f"linking {folder} -> {tmp} (hard links: the weights are not copied)")
+    # the steps are a progress bar's updates ("\r", spot.export.export.Progress): a current folder says only that
+    progress(f"checking {folder}'s format, sampling epilogue, kv_append graph and TensorRT profile against this "
+             "version")
+    progress(f"\r  linking {folder} -> {tmp} (hard links: the weights are not copied)")
     try:
         tmp.mkdir()       # exclusive: a concurrent upgrade of the same folder stops here, not in the other's files
     except FileExistsError:
@@ -83,7 +86,7 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
         names = []
         if epilogue is not None:
             d, p = epilogue.future_steps, epilogue.positions
-            progress(f"sampling epilogue: D = {d} future steps, {p} of {b} positions per call")
+            progress(f"\r  sampling epilogue: D = {d} future steps, {p} of {b} positions per call")
             name, entry = write_epilogue(tmp, cfg.vocab_size, b, d, positions=p)
             entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, b, d)
             graphs["epilogue"], names = entry, [name]
@@ -97,12 +100,12 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
             graphs["target"] = {**graphs["target"], **upgrade_target(tmp, exported, progress)}
             manifest["format_version"] = FORMAT_VERSION
             names.append(graphs["target"]["file"])
-        progress("kv_append graph (the device KV cache)")
+        progress("\r  kv_append graph (the device KV cache)")
         heads, dim, dtype = cfg.num_key_value_heads, cfg.head_dim, exported.dtype
         name, entry = write_kv_append(tmp, heads, dim, dtype)
         entry["validation"] = validate_kv_append(tmp, heads, dim, dtype)
         graphs["kv_append"] = entry
-        progress("TensorRT shape profile for --device trt")
+        progress("\r  TensorRT shape profile for --device trt")
         graphs["target"] = {**graphs["target"], "tensorrt_profile": dynamic_trt_profile(
             cfg, int(manifest["max_nodes"]), int(manifest["max_context"])).to_dict()}
         manifest["graphs"] = graphs
@@ -110,13 +113,15 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
         _refresh_memory_terms(manifest, cfg, dtype, epilogue, plan)
         if _same_graphs(exported.manifest, manifest):
             shutil.rmtree(tmp)
-            progress(f"{folder} is already current: nothing changed")
+            progress("\r")
             return exported.manifest, False
         write_manifest(tmp, manifest)
         load_manifest(tmp)                                 # the new manifest reads back, every file there
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        progress("\r")
         raise
+    progress("\r")
     try:      # an old copy an interrupt leaves aside is named by the next upgrade's check
         swap_in_folder(tmp, folder, previous)
     except BaseException:
@@ -133,7 +138,7 @@ def upgrade_target(folder: Path, exported, progress: Callable[[str], None]) -> d
     import onnx
 
     from spot.export.export import make_model
-    from spot.export.graph import io_contract
+    from spot.export.manifest import io_contract
     cfg, dtype = exported.config, exported.dtype
     path = folder / exported.graph_path("target").name
     old = onnx.load(str(path), load_external_data=False)

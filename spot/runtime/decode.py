@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
-from spot.errors import SpotError
-from spot.runtime.engine import Engine
+from spot.errors import SpotError, integer_arg
+from spot.runtime.engine import Engine, id_array
 from spot.runtime.noise import NoiseCache
 from spot.runtime.stats import DecodeStats, EpilogueStats, timed
 from spot.runtime.step import CommitRule, Sampling
@@ -57,16 +57,36 @@ def standard_block(engine: Engine, state: np.ndarray, block: int, ctx: DecodeCon
 
 @dataclass
 class Generation:
-    token_ids: list[int]          # generated ids after the prompt, cut before the first stop id
-    stopped: bool                 # a stop id ended generation
+    token_ids: list[int]          # generated ids after the prompt: at most max_new_tokens, cut before a stop id
+    stopped: bool                 # a stop id ended the output (before max_new_tokens)
     stats: DecodeStats
     prompt_len: int = 0
     cancelled: bool = False       # the on_block callback ended generation before its last block
+    # what the last block held past max_new_tokens (decoded only to finish it: not part of the output), cut before a
+    # stop id
+    overflow_ids: list[int] = field(default_factory=list)
+
+
+def check_engine(engine) -> None:
+    """SpotError unless `engine` is an Engine (None, or a folder path, was an AttributeError mid-call)."""
+    if not isinstance(engine, Engine):
+        raise SpotError(f"engine must be an engine, got {engine!r:.60} ({type(engine).__name__})",
+                        "engine = spot.engines.factory.open_engine(\"ort\", folder)")
+
+
+def stop_id_tuple(stop_ids) -> tuple[int, ...] | None:
+    """A request's stop ids as a tuple of ints (None: the model's); SpotError when they are not a sequence of ints."""
+    if stop_ids is None:
+        return None
+    if isinstance(stop_ids, (str, bytes)) or not hasattr(stop_ids, "__iter__"):
+        raise SpotError(f"stop_ids must be a sequence of token ids, got {stop_ids!r}")
+    return tuple(integer_arg(i, "a stop id") for i in stop_ids)
 
 
 def check_max_new_tokens(max_new_tokens: int) -> None:
-    """SpotError unless max_new_tokens >= 1 (DecodeRequest when it is built, check_request before decoding)."""
-    if max_new_tokens < 1:
+    """SpotError unless max_new_tokens is an integer >= 1 (DecodeRequest when it is built, check_request before
+    decoding)."""
+    if integer_arg(max_new_tokens, "max_new_tokens") < 1:
         raise SpotError(f"max_new_tokens must be >= 1, got {max_new_tokens}",
                         "e.g. max_new_tokens=64 (CLI: --max-new-tokens 64)")
 
@@ -82,7 +102,7 @@ def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -
         if bad is not None:
             raise SpotError(f"prompt token id {bad} is outside the vocabulary [0, {cfg.vocab_size})",
                             "the ids do not belong to this model's tokenizer")
-    prompt = np.asarray(prompt_ids)
+    prompt = id_array(prompt_ids, "prompt ids")
     # an empty prompt (np.asarray([]) is float64) decodes from an empty context, as in the C++ host
     if prompt.ndim != 1 or (prompt.size and prompt.dtype.kind not in "iu"):
         raise SpotError(f"prompt ids must be a 1-D list of integers, got shape {prompt.shape} dtype {prompt.dtype}")
@@ -108,13 +128,16 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
              sampling: Sampling = Sampling(), stop_ids=None, block_decoder: BlockDecoder = standard_block,
              stats: DecodeStats | None = None, observer: Callable | None = None,
              on_block: Callable[[list[int]], bool | None] | None = None) -> Generation:
-    """Decode block by block up to the block boundary covering prompt + max_new_tokens (docs/spec.md §1).
+    """Decode block by block up to the block boundary covering prompt + max_new_tokens (docs/spec.md §1), and return
+    at most max_new_tokens of it: the rest of the last block is Generation.overflow_ids.
 
     Prefill stores the complete prompt blocks; the P mod B leftover prompt tokens open the first decoded block.
     After each finished block: a store pass, then stop if the block's generated part holds a stop id.
     on_block (streaming): called after each finished block with the ids it adds to the output (cut before a stop
-    id), so the calls' ids joined are token_ids; a true return ends generation after that block (cancelled).
+    id and at max_new_tokens), so the calls' ids joined are token_ids; a true return ends generation after that
+    block (cancelled).
     """
+    check_engine(engine)
     if not engine.request_lock.acquire(blocking=False):
         raise SpotError("this engine is already decoding a request (one request at a time per engine: it holds one "
                         "KV cache)", "open one engine per thread, and do not decode with the same engine inside "
@@ -143,6 +166,7 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
     t0 = time.perf_counter()
     prompt = check_request(engine, prompt_ids, max_new_tokens)
     cfg, b = engine.config, engine.block_size
+    stop_ids = stop_id_tuple(stop_ids)
     stop = set(cfg.stop_ids if stop_ids is None else stop_ids)
     outside = sorted(i for i in stop if not 0 <= i < cfg.vocab_size) if stop_ids is not None else []
     if outside:     # (a request's; the config's are the model's own: an odd one there just never matches)
@@ -160,6 +184,7 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
     if first:
         stats.passes["prefill"] += 1
     generated: list[int] = []
+    overflow: list[int] = []
     stopped = cancelled = False
     for block in range(first, n_blocks):
         state = np.full(b, cfg.mask_token_id, dtype=np.int64)
@@ -169,10 +194,12 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
         engine.store(state)
         stats.passes["store"] += 1
         stats.blocks += 1
-        new = state[lead.size:].tolist()
-        stopped = bool(stop.intersection(new))
-        if stopped:
-            new = new[: next(i for i, t in enumerate(new) if t in stop)]
+        block_ids = state[lead.size:].tolist()
+        room = max_new_tokens - len(generated)      # only the last block holds more than the room left
+        new = cut_before_stop(block_ids[:room], stop)
+        stopped = len(new) < len(block_ids[:room])
+        if not stopped:
+            overflow = cut_before_stop(block_ids[room:], stop)
         generated.extend(new)
         if on_block is not None and _call_back(engine, on_block, new) and not stopped and block < n_blocks - 1:
             cancelled = True
@@ -182,4 +209,9 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
         stats.epilogue = EpilogueStats(engine.epilogue_states - epilogue_before[0],
                                        1e3 * (engine.epilogue_seconds - epilogue_before[1]))
     stats.seconds = time.perf_counter() - t0
-    return Generation(generated, stopped, stats, p, cancelled)
+    return Generation(generated, stopped, stats, p, cancelled, overflow)
+
+
+def cut_before_stop(ids: list[int], stop: set[int]) -> list[int]:
+    """`ids` up to (not including) the first stop id."""
+    return next((ids[:i] for i, t in enumerate(ids) if t in stop), ids)

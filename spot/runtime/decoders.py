@@ -17,7 +17,8 @@ from typing import Callable
 import numpy as np
 
 from spot.errors import SpotError, integer_arg
-from spot.runtime.decode import Generation, check_max_new_tokens, generate, standard_block
+from spot.runtime.decode import (Generation, check_engine, check_max_new_tokens, generate, standard_block,
+                                 stop_id_tuple)
 from spot.runtime.engine import Engine
 from spot.runtime.proposers import ConfidenceOrderProposer, OracleProposer, OrderOracleProposer
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget
@@ -31,10 +32,11 @@ TREE_BRANCH = 4
 
 @dataclass(frozen=True)
 class DecodeRequest:
-    """What to decode, for run_decoder. max_new_tokens: generation runs to the block boundary covering prompt +
-    max_new_tokens; mode: the commit rule of standard / chain / tree / spot (threshold and spot-sets always use
-    the threshold rule), tau its threshold; budget: tree decoders only (a chain's nodes are its depth + 1);
-    stop_ids: None = the model's stop ids, () = none."""
+    """What to decode, for run_decoder. max_new_tokens: the most ids returned (generation runs to the block boundary
+    covering prompt + max_new_tokens: Generation.overflow_ids is the rest of the last block); mode: the commit rule
+    of standard / chain / tree / spot (threshold and spot-sets always use the threshold rule), tau its threshold;
+    budget: tree decoders only (a chain's nodes are its depth + 1); stop_ids: None = the model's stop ids, () = none.
+    """
 
     max_new_tokens: int = 64
     mode: str = STATIC
@@ -53,16 +55,13 @@ class DecodeRequest:
                 raise SpotError(f"DecodeRequest.{name} must be a {kind.__name__}, got {getattr(self, name)!r}",
                                 f"e.g. {name}={kind.__name__}(...)")
         CommitRule(self.mode, self.tau)         # an unknown mode or a tau outside [0, 1) now, not mid-decode
-        if self.stop_ids is not None:
-            if isinstance(self.stop_ids, (str, bytes)) or not hasattr(self.stop_ids, "__iter__"):
-                raise SpotError(f"stop_ids must be a sequence of token ids, got {self.stop_ids!r}")
-            # (frozen: a generator is read once, here)
-            object.__setattr__(self, "stop_ids", tuple(integer_arg(i, "a stop id") for i in self.stop_ids))
+        # (frozen: a generator is read once, here)
+        object.__setattr__(self, "stop_ids", stop_id_tuple(self.stop_ids))
 
 
 def check_decoder(name: str) -> None:
     """SpotError unless `name` is a decoder (checked by run_decoder, and by a server before a request queues)."""
-    if name not in DECODERS:
+    if not isinstance(name, str) or name not in DECODERS:
         raise SpotError(f"unknown decoder {name!r}, expected one of {', '.join(DECODERS)}")
 
 
@@ -94,6 +93,7 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
     drafter (spot.runtime.drafter.load_drafter), for spot / spot-sets; on_block: streaming, as in
     decode.generate."""
     check_decoder(name)
+    check_engine(engine)
     if not isinstance(req, DecodeRequest):          # checked once here, not as an AttributeError mid-decode
         raise SpotError(f"the request must be a DecodeRequest, got {type(req).__name__}",
                         "e.g. DecodeRequest(max_new_tokens=64)")

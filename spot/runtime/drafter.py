@@ -25,7 +25,7 @@ import numpy as np
 
 from spot.config import ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
-from spot.errors import SpotError
+from spot.errors import SpotError, path_arg
 from spot.runtime import libm
 from spot.runtime.engine import check_threads
 from spot.runtime.proposers import RoundInputs, position_candidates, runner_up_alternatives, set_candidates
@@ -334,4 +334,4 @@ class DrafterProposer:
 
 
 def load_drafter(path: str | Path, threads: int | None = None) -> Drafter:
-    return Drafter.load(path, threads)
+    return Drafter.load(path_arg(path, "the drafter path"), threads)

@@ -33,6 +33,14 @@ def check_threads(threads) -> int | None:
     return threads
 
 
+def id_array(ids, what: str) -> np.ndarray:
+    """np.asarray(ids); SpotError naming `what` when numpy cannot make an array of them (ragged lists)."""
+    try:
+        return np.asarray(ids)
+    except (ValueError, TypeError, OverflowError):
+        raise SpotError(f"{what}: expected an array of integer ids, got {ids!r:.60}") from None
+
+
 class Engine(ABC):
     """Subclasses implement `_prefill`, `_block_logits`, `_store`, `_reset`; callers use the public methods."""
 
@@ -86,8 +94,8 @@ class Engine(ABC):
         self._check_caller()
         ids = self._check_ids(ids, "prefill ids")
         if ids.ndim != 1 or ids.shape[0] % self.block_size:
-            raise ValueError(f"prefill ids: got shape {ids.shape}, expected [P] with P a multiple of "
-                             f"{self.block_size}")
+            raise SpotError(f"prefill ids: got shape {ids.shape}, expected [P] with P a multiple of "
+                            f"{self.block_size}")
         self._reset()
         self.cached_len = 0
         if ids.shape[0]:
@@ -113,9 +121,12 @@ class Engine(ABC):
         epilogue's small outputs instead."""
         self._check_caller()
         states = self._check_states(states)
-        steps = np.asarray(steps, dtype=np.int64).reshape(-1)
+        steps = id_array(steps, "steps")
+        if steps.dtype.kind not in "iu":
+            raise SpotError(f"steps: got dtype {steps.dtype}, expected integer commit steps")
+        steps = steps.astype(np.int64).reshape(-1)
         if steps.shape[0] != states.shape[0]:
-            raise ValueError(f"steps: got {steps.shape[0]} values, expected one per state ({states.shape[0]})")
+            raise SpotError(f"steps: got {steps.shape[0]} values, expected one per state ({states.shape[0]})")
         t0 = time.perf_counter()
         try:
             return self._block_outputs(states, steps, sampling, block, noise)
@@ -137,7 +148,7 @@ class Engine(ABC):
         self._check_caller()
         state = self._check_ids(state, "store state")
         if state.shape != (self.block_size,):
-            raise ValueError(f"store state: got shape {state.shape}, expected [{self.block_size}]")
+            raise SpotError(f"store state: got shape {state.shape}, expected [{self.block_size}]")
         self._check_room(self.block_size)
         t0 = time.perf_counter()
         self._store(state)
@@ -161,9 +172,9 @@ class Engine(ABC):
                             "decode with another engine inside on_block")
 
     def _check_ids(self, ids, what: str) -> np.ndarray:
-        ids = np.asarray(ids)
+        ids = id_array(ids, what)
         if ids.dtype.kind not in "iu":
-            raise ValueError(f"{what}: got dtype {ids.dtype}, expected integer token ids")
+            raise SpotError(f"{what}: got dtype {ids.dtype}, expected integer token ids")
         ids = ids.astype(np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
             bad = ids[(ids < 0) | (ids >= self.config.vocab_size)][0]
@@ -174,7 +185,7 @@ class Engine(ABC):
     def _check_states(self, states) -> np.ndarray:
         states = self._check_ids(states, "block states")
         if states.ndim != 2 or states.shape[1] != self.block_size or states.shape[0] < 1:
-            raise ValueError(f"block states: got shape {states.shape}, expected [N>=1, {self.block_size}]")
+            raise SpotError(f"block states: got shape {states.shape}, expected [N>=1, {self.block_size}]")
         self._check_room(self.block_size)
         return states
 

@@ -42,9 +42,13 @@ class TreeBudget:
         samples on the device, within its epilogue's future steps (a one-node tree runs the standard loop)."""
         self = self.resolve(engine)
         if not 1 <= self.depth <= engine.block_size:      # first: a chain's node count is its depth + 1
-            raise SpotError(f"depth must be in 1..{engine.block_size} (the block size), got {self.depth}")
+            raise SpotError(f"depth must be in 1..{engine.block_size} (the block size), got {self.depth}",
+                            f"the deepest tree node below the root, e.g. {min(DEFAULT_DEPTH, engine.block_size)} "
+                            "(TreeBudget(nodes, depth); CLI: --depth)")
         if self.nodes < 1:
-            raise SpotError(f"budget must be >= 1 node, got {self.nodes}")
+            raise SpotError(f"budget must be >= 1 node, got {self.nodes}",
+                            "the states one verify pass checks, the root included, e.g. 16 (TreeBudget(nodes); "
+                            "CLI: --budget 16)")
         if self.nodes > engine.max_nodes:
             raise SpotError(f"budget {self.nodes} nodes exceeds the {engine.max_nodes} states one verify pass of this "
                             "engine takes (the export's max_nodes)",

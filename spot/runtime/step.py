@@ -73,7 +73,7 @@ class CommitRule:
     tau: float = 0.9
 
     def __post_init__(self):
-        if self.kind not in (STATIC, THRESHOLD):
+        if not isinstance(self.kind, str) or self.kind not in (STATIC, THRESHOLD):
             raise SpotError(f"commit rule must be 'static' or 'threshold', got {self.kind!r}")
         object.__setattr__(self, "tau", number_arg(self.tau, "tau"))
         if self.kind == THRESHOLD and not 0.0 <= self.tau < 1.0:

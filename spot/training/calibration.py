@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 from typing import Callable
 
+from spot.descriptors import read_json
 from spot.errors import SpotError
 from spot.files import write_text_atomic
 from spot.runtime.decoders import DecodeRequest, run_decoder
@@ -66,7 +67,7 @@ def write_calibration(drafter_path: str | Path, result: dict, onnx_sha256: str |
     from calibrate_drafter's result: written to a temporary file, renamed. onnx_sha256: the calibrated drafter's;
     refused if drafter.json now describes another (replaced while the calibration ran)."""
     _, json_path = resolve_paths(drafter_path)
-    manifest = json.loads(json_path.read_text())
+    manifest = read_json(json_path, "train the drafter again with spot train-drafter")
     if onnx_sha256 is not None and manifest.get("onnx_sha256") != onnx_sha256:
         raise SpotError(f"{json_path} now describes another drafter (onnx sha256 "
                         f"{str(manifest.get('onnx_sha256'))[:12]}...) than the one calibrated "

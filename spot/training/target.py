@@ -26,7 +26,8 @@ import torch.nn.functional as F
 
 from spot.config import TRAINING_CORPUS_KEY, ModelConfig
 from spot.errors import SpotError
-from spot.files import beside, folder_bytes, remove_stale_beside, remove_tree, swap_in_folder, write_text_atomic
+from spot.files import (atomic_output, beside, folder_bytes, remove_stale_beside, remove_tree, swap_in_folder,
+                        write_text_atomic)
 from spot.reference.model import SDARModel
 from spot.training import bpe, corpus
 from spot.training.batch import Batch
@@ -216,10 +217,64 @@ def heldout_loss(model: SDARModel, batches: list[Batch], ratio: float, seed: int
 
 
 # -- checkpoints -----------------------------------------------------------------------------------------------
-def save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+# One safetensors file: the model's and optimizer's tensors and the noise generator's state as tensors, everything
+# else (step, history, settings, the numpy generator's state, the optimizer's param groups) as JSON in its metadata.
+# Never a pickle: a pickled checkpoint planted in a work folder ran its code when the run resumed.
+CHECKPOINT_NAME = "ckpt.safetensors"
+CHECKPOINT_FORMAT = "spot-train-checkpoint"
+LEGACY_CHECKPOINT = "ckpt.pt"       # written by earlier versions (a pickle): never read
+
+
+def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
+                    facts: dict) -> None:
+    """The run's state at `path`, whole or not at all (a temporary file, then a rename)."""
+    from safetensors.torch import save_file
+    tensors = {f"model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    state = opt.state_dict()
+    plain: dict = {}        # the optimizer state's non-tensor values
+    for index, entries in state["state"].items():
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"opt.{index}.{key}"] = value.detach().clone().contiguous()
+            else:
+                plain.setdefault(str(index), {})[key] = value
+    tensors["gen_state"] = gen.get_state()
+    meta = {"format": CHECKPOINT_FORMAT, "format_version": 1, **facts, "opt_param_groups": state["param_groups"],
+            "opt_plain_state": plain}
+    with atomic_output(path, suffix=".safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"spot": json.dumps(meta)})
+
+
+def read_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(the JSON facts, the tensors) of the checkpoint at `path`; SpotError naming the file when it is not one."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, safe_open
+    remedy = f"delete {path} to start the run over"
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = json.loads((f.metadata() or {}).get("spot", "null"))
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise SpotError(f"{path} is not a readable training checkpoint ({e})", remedy) from None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT or meta.get("format_version") != 1:
+        raise SpotError(f"{path} is not a {CHECKPOINT_FORMAT} file of this version", remedy)
+    return meta, tensors
+
+
+def restore_checkpoint(meta: dict, tensors: dict[str, torch.Tensor], model: torch.nn.Module,
+                       opt: torch.optim.Optimizer, gen: torch.Generator) -> None:
+    """Model, optimizer and noise generator as read_checkpoint() read them."""
+    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    state: dict = {}
+    for name, value in tensors.items():
+        if name.startswith("opt."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = value
+    for index, entries in meta["opt_plain_state"].items():
+        state.setdefault(int(index), {}).update(entries)
+    groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else g for g in meta["opt_param_groups"]]
+    opt.load_state_dict({"state": state, "param_groups": groups})
+    gen.set_state(tensors["gen_state"])
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
@@ -263,9 +318,12 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
     torch.set_num_threads(s.threads)
     t_start = time.time()
 
-    ckpt_path = work / "ckpt.pt"
-    ck = torch.load(ckpt_path, weights_only=False) if resume and ckpt_path.exists() else None
-    if ck is not None and ck["settings"] != asdict(s):
+    ckpt_path = work / CHECKPOINT_NAME
+    if resume and (work / LEGACY_CHECKPOINT).exists() and not ckpt_path.exists():
+        _log(f"note: {work / LEGACY_CHECKPOINT} is a pickled checkpoint of an earlier version, which this one never "
+             "reads (unpickling can run code): training starts over", log_file, progress)
+    ck, ck_tensors = read_checkpoint(ckpt_path) if resume and ckpt_path.exists() else (None, None)
+    if ck is not None and ck.get("settings") != asdict(s):
         ck = None
     # a resumed run keeps the tokenizer it started with (one trained again from changed code would renumber tokens)
     tokenizer_path = work / "tokenizer.json"
@@ -289,9 +347,7 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
     history: dict = {"step": [], "train_loss": [], "train_ce": [], "val": [], "tokens": []}
     step0, trained_seconds, tokens_seen = 0, 0.0, 0
     if ck is not None:
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        gen.set_state(ck["gen"])
+        restore_checkpoint(ck, ck_tensors, model, opt, gen)
         data.load_state(ck["data"])
         step0, history, trained_seconds = ck["step"], ck["history"], ck["seconds"]
         tokens_seen = ck["tokens_seen"]
@@ -347,9 +403,9 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
             _log(f"step {done}: greedy answers right on {acc['problems']} held-out problems: {acc['right']} "
                  f"({acc['accuracy']:.0%}); the first one:\n{acc['first']}", log_file, progress)
         if done % s.ckpt_every == 0 or done == s.steps:
-            save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                         "data": data.state(), "step": done, "history": history, "tokens_seen": tokens_seen,
-                         "seconds": time.time() - t_loop, "settings": asdict(s)}, ckpt_path)
+            save_checkpoint(ckpt_path, model, opt, gen, {"data": data.state(), "step": done, "history": history,
+                                                         "tokens_seen": tokens_seen, "seconds": time.time() - t_loop,
+                                                         "settings": asdict(s)})
         if minutes is not None and time.time() - t_start > minutes * 60 and done < s.steps:
             stopped_early = True
             _log(f"stopping at step {done}: the {minutes} minute cap is reached", log_file, progress)

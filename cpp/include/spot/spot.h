@@ -105,7 +105,8 @@ typedef struct spot_generate_options {
   double temperature;      /* 0 = argmax; >= 1e-6 = Gumbel-max sampling with the counter noise */
   uint32_t seed;           /* noise seed */
   double tau;              /* threshold rule: commit every masked position with confidence > tau */
-  int max_new_tokens;      /* >= 1; generation runs to the block boundary covering prompt + max_new_tokens */
+  int max_new_tokens;      /* >= 1: the most ids returned (decoding runs to the block boundary covering prompt +
+                              max_new_tokens; the ids past it finish the last block and are not returned) */
   int budget;              /* tree/spot/spot-sets: nodes per verify pass (root included), >= 1 */
   int depth;               /* chain/tree/spot/spot-sets: deepest node below the root, 1..block size; 0 (the
                               default): 8, or the block size if smaller (spot generate's default) */
@@ -123,7 +124,8 @@ typedef struct spot_stats {
   int64_t prefill_passes, block_passes, verify_passes, store_passes;
   int64_t steps;         /* commit steps */
   int64_t blocks;        /* finished blocks */
-  int stopped;           /* 1: a stop id ended generation; 2: the on_block callback did (spot_generate_stream) */
+  int stopped;           /* 1: a stop id ended the output (before max_new_tokens); 2: the on_block callback ended
+                            generation (spot_generate_stream) */
   double seconds;        /* wall time of the whole call */
   double draft_ms;       /* per call: stale view, proposer (drafter) and tree building, all verify rounds */
   double walk_ms;        /* per call: the exact walk over the fresh logits, all verify rounds */
@@ -164,11 +166,12 @@ SPOT_API void spot_close(spot_model* model);
 
 SPOT_API spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, spot_error* err);
 
-/* Largest number of ids spot_generate may write for this request: max_new_tokens + block_size - 1, at most the
-   context left after the prompt (a request beyond the context is refused by spot_generate). */
+/* Largest number of ids spot_generate may write for this request: max_new_tokens, at most the context left after
+   the prompt (a request beyond the context is refused by spot_generate). */
 SPOT_API size_t spot_output_capacity(const spot_model* model, size_t n_prompt, int max_new_tokens);
 
-/* Decode `prompt` (n_prompt ids). Writes the generated ids after the prompt, cut before the first stop id, to
+/* Decode `prompt` (n_prompt ids). Writes the generated ids after the prompt, cut before the first stop id and at
+ * max_new_tokens, to
  * out_ids (capacity out_capacity >= spot_output_capacity(...)) and their number to *out_len. `options` may be NULL
  * (defaults); `stats` may be NULL. On failure *out_len is 0 and *stats all zero. */
 SPOT_API spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_prompt,
@@ -176,7 +179,8 @@ SPOT_API spot_status spot_generate(spot_model* model, const int64_t* prompt, siz
                                    size_t* out_len, spot_stats* stats, spot_error* err);
 
 /* Streaming: called after each finished block with the ids that block adds to the output (the generated part of
- * the block, cut before a stop id; n_ids may be 0), so the calls' ids joined are what spot_generate_stream writes to
+ * the block, cut before a stop id and at max_new_tokens; n_ids may be 0), so the calls' ids joined are what
+ * spot_generate_stream writes to
  * out_ids. `ids` is valid during the call only. Return 0 to go on, nonzero to end generation after this block
  * (stats->stopped = 2). Called on the thread that called spot_generate_stream; a call back into the same model is
  * refused (SPOT_ERR_INVALID_ARGUMENT), and (a C function) it must not throw. */

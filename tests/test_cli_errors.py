@@ -1,0 +1,99 @@
+"""Every exit-2 error of the command line is one `error:` line and one `hint:` line, never a traceback nor click's
+usage block: a bad value of each typed option of every command, an option without its value, an unknown option or
+command, a missing argument, and a prompt of bytes that are not UTF-8 (the real command line, not click's runner)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from spot.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bad_value(param: click.Parameter) -> str | None:
+    """A value click itself refuses for `param`, or None when it takes any text."""
+    t = param.type
+    if isinstance(t, click.Choice):
+        return "no-such-choice"
+    if isinstance(t, (click.IntRange, click.FloatRange)) and t.min is not None:
+        return str(t.min - 1)
+    if isinstance(t, (click.types.IntParamType, click.types.FloatParamType)):
+        return "abc"
+    if isinstance(t, click.Path) and not t.dir_okay:
+        return str(ROOT)            # a folder where a file goes
+    if isinstance(t, click.Path) and not t.file_okay:
+        return str(ROOT / "README.md")       # a file where a folder goes
+    return None
+
+
+def cases() -> list[tuple[str, list[str]]]:
+    out = [("no such command", ["nope"]), ("group option", ["--nope"])]
+    for name, command in sorted(main.commands.items()):
+        required = [p for p in command.params if p.required]
+        filler = []         # the required options a bad value is given beside (arguments left out: also an error)
+        for p in required:
+            if isinstance(p, click.Option):
+                filler += [p.opts[0], "x.npz"]
+        out.append((f"{name}: unknown option", [name, *filler, "--no-such-option"]))
+        for p in command.params:
+            if not isinstance(p, click.Option) or p.is_flag or p.name in ("help", "version"):
+                continue
+            out.append((f"{name} {p.opts[0]}: no value", [name, *filler, p.opts[0]]))
+            value = bad_value(p)
+            if value is not None:
+                out.append((f"{name} {p.opts[0]} {value}", [name, *filler, p.opts[0], value]))
+        if any(isinstance(p, click.Argument) for p in command.params):
+            out.append((f"{name}: missing argument", [name, *filler]))
+    return out
+
+
+@pytest.mark.parametrize("what,args", cases(), ids=[c[0] for c in cases()])
+def test_every_usage_error_is_one_line_and_a_hint(what, args):
+    result = CliRunner().invoke(main, args)
+    lines = result.output.splitlines()
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("  hint: "), result.output
+    assert "Traceback" not in result.output and "Usage:" not in result.output
+
+
+def test_a_prompt_of_bytes_that_are_not_utf8_is_one_line(tmp_path):
+    """`spot generate --prompt $'\\xff\\xfe abc'` ended in a TypeError traceback from the tokenizer."""
+    from tinymodels import save_tiny_model, save_tiny_tokenizer
+    folder = save_tiny_model(tmp_path / "m")
+    save_tiny_tokenizer(folder)
+    proc = subprocess.run([sys.executable, "-m", "spot", "generate", "--model", str(folder).encode(), "--prompt",
+                           b"\xff\xfe abc", "--max-new-tokens", "2"], cwd=ROOT, capture_output=True)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert err.splitlines() == ["error: --prompt is not valid UTF-8 text: character 0 is the byte 0xff, which is "
+                                "not UTF-8", "  hint: pass UTF-8 text (a UTF-8 locale or terminal), a UTF-8 file "
+                                "with --prompt-file, or token ids with --prompt-ids"], err
+
+
+def test_a_path_of_bytes_that_are_not_utf8_is_named(tmp_path):
+    """ONNX Runtime and the tokenizer library take UTF-8 paths only: a folder named with other bytes ended in their
+    errors, with hints about tokenizers versions and retraining the drafter."""
+    import os
+    import shutil
+
+    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.presets import resolve_source
+    from tinymodels import save_tiny_model, save_tiny_tokenizer
+    save_tiny_tokenizer(save_tiny_model(tmp_path / "m"))
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    shutil.copytree(export_checkpoint(resolve_source(str(tmp_path / "m")), tmp_path / "onnx",
+                                      ExportOptions(dtype="fp32", validate=False)), folder)
+    result = CliRunner().invoke(main, ["generate", "--model", str(folder), "--prompt", "the cat"])
+    lines = result.output.splitlines()
+    assert result.exit_code == 2 and len(lines) == 2, result.output
+    assert f"character {len(str(folder)) - 1} is the byte 0xe9, which is not UTF-8" in lines[0]
+    assert lines[1] == "  hint: rename it: ONNX Runtime and the tokenizer library open UTF-8 paths only"
+    # what needs neither reads it, and prints the path as the bytes it is (printing it was a UnicodeEncodeError)
+    result = CliRunner().invoke(main, ["verify", str(folder)])
+    assert result.exit_code == 0 and result.stdout_bytes.startswith(b"ok: " + bytes(folder) + b": "), result.output
