@@ -157,6 +157,9 @@ def test_an_interrupted_run_resumes_to_the_same_weights_and_never_unpickles(tmp_
     assert report["steps_done"] == 4
     assert (tmp_path / "straight" / "model.safetensors").read_bytes() == \
         (tmp_path / "resumed" / "model.safetensors").read_bytes()
+    train_target(tmp_path / "longer", 5, work_dir=tmp_path / "w1", **kw)    # other settings: said, not silent
+    said = (tmp_path / "w1" / "train.log").read_text()
+    assert "was written with other settings (steps): training starts over" in said
     (tmp_path / "w2" / "ckpt.safetensors").write_bytes(b"\x00" * 40)       # damaged: named, not a traceback
     with pytest.raises(SpotError, match="not a readable training checkpoint"):
         train_target(tmp_path / "resumed", 4, work_dir=tmp_path / "w2", **kw)

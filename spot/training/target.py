@@ -324,6 +324,10 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
              "reads (unpickling can run code): training starts over", log_file, progress)
     ck, ck_tensors = read_checkpoint(ckpt_path) if resume and ckpt_path.exists() else (None, None)
     if ck is not None and ck.get("settings") != asdict(s):
+        theirs = ck.get("settings") or {}
+        changed = sorted(k for k, v in asdict(s).items() if theirs.get(k) != v)
+        _log(f"note: {ckpt_path} was written with other settings ({', '.join(changed)}): training starts over "
+             "(keep the settings, or use another --work-dir, to resume it)", log_file, progress)
         ck = None
     # a resumed run keeps the tokenizer it started with (one trained again from changed code would renumber tokens)
     tokenizer_path = work / "tokenizer.json"
