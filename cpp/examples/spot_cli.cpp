@@ -1,7 +1,7 @@
 // spot_cli: the example program of the C++ host, using only the C API of include/spot/spot.h.
 //
-//   spot_cli generate --model DIR|NAME [--drafter DIR] [--decoder NAME] --prompt-ids 1,2,3 [--temperature T] [--seed S]
-//                     [--tau X] [--max-new-tokens N] [--budget N] [--depth D] [--mode static|threshold]
+//   spot_cli generate --model DIR|NAME [--drafter DIR] [--decoder NAME] --prompt-ids 1,2,3 [--temperature T]
+//                     [--seed S] [--tau X] [--max-new-tokens N] [--budget N] [--depth D] [--mode static|threshold]
 //                     [--top-k K] [--top-p P] [--stop-ids a,b] [--threads N] [--verify quick|full|none]
 //                     [--device cpu|cuda|trt] [--sampler auto|host|device] [--kv-cache auto|host|device]
 //       -> one JSON line: token ids, pass counts by kind, steps, host milliseconds
@@ -37,7 +37,8 @@ namespace {
 constexpr int kUsageExit = 64;
 
 const char* kUsage =
-    "usage: spot_cli generate --model DIR|NAME [--drafter DIR] [--decoder standard|threshold|chain|tree|spot|spot-sets]\n"
+    "usage: spot_cli generate --model DIR|NAME [--drafter DIR]\n"
+    "                         [--decoder standard|threshold|chain|tree|spot|spot-sets]\n"
     "                         --prompt-ids IDS [--temperature T] [--seed S] [--tau X] [--max-new-tokens N (128)]\n"
     "                         [--budget N] [--depth D] [--mode static|threshold] [--top-k K] [--top-p P]\n"
     "                         [--stop-ids IDS] [--threads N] [--verify quick|full|none] [--device cpu|cuda|trt]\n"
