@@ -468,7 +468,7 @@ def main(argv=None) -> int:
     if "CUDAExecutionProvider" in env.get("ort_providers", []):
         def ort_cuda():
             from spot.engines.buckets import BucketPlan
-            from spot.engines.kv_cache import StaticOrtEngine
+            from spot.engines.static_ort import StaticOrtEngine
             for dtype, tol in (("fp32", 1e-3), ("fp16", 2e-2)):
                 eng = OrtEngine(made["folders"][dtype], device="cuda", sampler="host", kv_cache="host")
                 check_engine(rep, f"ort-cuda {dtype}", eng, cpu_ref, cfg, tol, cpu_tokens)

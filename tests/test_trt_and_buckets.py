@@ -176,7 +176,7 @@ def _states(rng, n):
 
 def test_static_capacity_gives_the_dynamic_logits(exported):
     """Masked capacity slots only change reduction lengths: logits agree with the dynamic path within 1e-5."""
-    from spot.engines.kv_cache import StaticOrtEngine
+    from spot.engines.static_ort import StaticOrtEngine
     from spot.engines.ort_engine import OrtEngine
     dyn = OrtEngine(exported)
     static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
@@ -204,7 +204,7 @@ def test_static_engine_applies_a_quantized_exports_session_config(tmp_path):
     session config keeps ORT's fused MatMulNBits on float32 activations, so both engines agree within 1e-5 (int8
     activations would differ by ~1e-2)."""
     torch = pytest.importorskip("torch")
-    from spot.engines.kv_cache import StaticOrtEngine
+    from spot.engines.static_ort import StaticOrtEngine
     from spot.engines.ort_engine import OrtEngine
     from spot.export.export import ExportOptions, export_checkpoint
     from spot.export.presets import resolve_source
@@ -238,7 +238,7 @@ def test_the_tuner_sweeps_only_the_node_counts_an_export_takes(exported):
 
 def test_padded_node_buckets_are_batch_invariant(exported):
     """The real rows of a padded batch equal each state run alone, bit for bit (docs/spec.md §4 batch invariance)."""
-    from spot.engines.kv_cache import StaticOrtEngine
+    from spot.engines.static_ort import StaticOrtEngine
     static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
     rng = np.random.default_rng(1)
     static.prefill(rng.integers(0, 120, 12))
@@ -251,7 +251,7 @@ def test_padded_node_buckets_are_batch_invariant(exported):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_spot_equals_standard_decoding_on_the_static_engine(exported, temperature):
-    from spot.engines.kv_cache import StaticOrtEngine
+    from spot.engines.static_ort import StaticOrtEngine
     from spot.runtime.decoders import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
@@ -268,7 +268,7 @@ def test_spot_equals_standard_decoding_on_the_static_engine(exported, temperatur
 @pytest.mark.skipif(importlib.util.find_spec("onnx") is None, reason="needs onnx")
 def test_epilogue_in_the_exported_folder_runs_on_the_engine_logits(exported):
     """epilogue.onnx registered in the manifest, fed by the static engine's logits, equals the numpy runtime."""
-    from spot.engines.kv_cache import StaticOrtEngine
+    from spot.engines.static_ort import StaticOrtEngine
     from spot.export.epilogue import OUTPUTS, make_epilogue_session, reference_epilogue, run_epilogue
     from spot.export.manifest import load_manifest
     from spot.export.upgrade import upgrade_export

@@ -1,4 +1,4 @@
-"""A preallocated, fixed-capacity KV cache owned by the host loop, and an ORT engine that runs with static shapes.
+"""A preallocated, fixed-capacity KV cache owned by the host loop (spot.engines.static_ort runs ORT over it).
 
 The target graph (spot.export.graph) takes each layer's cache past_k_<l>/past_v_<l> [Hkv,C,D] and an additive mask
 attn_bias [S,C+S]. The cache is one contiguous buffer [L,Hkv,Cap,D] of C = capacity slots allocated up front; each
@@ -15,15 +15,10 @@ Works on numpy arrays (CPU, ORT) and torch tensors (CUDA device buffers for Tens
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from pathlib import Path
-
 import numpy as np
 
-from spot.engines.buckets import BucketPlan, block_trt_profile, pad_nodes
 from spot.errors import SpotError
 from spot.export.manifest import past_feeds
-from spot.runtime.engine import Engine
 
 
 def _is_torch(x) -> bool:
@@ -99,80 +94,3 @@ class StaticKVCache:
             import torch
             return torch.from_numpy(out).to(self.k.device)
         return out
-
-
-class StaticOrtEngine(Engine):
-    """The exported target graph on ONNX Runtime with static shapes: a StaticKVCache window of a capacity bucket,
-    node counts padded to node buckets, prefill in chunks of `plan.prefill_chunk` tokens. Same results as
-    OrtEngine up to float rounding (different reduction lengths); batch-invariant across node buckets."""
-
-    name = "ort-static"
-
-    def __init__(self, model_dir: str | Path, plan: BucketPlan | None = None, device: str = "cpu",
-                 threads: int | None = None):
-        from spot.engines.ort_engine import target_session
-        from spot.export.manifest import NP_DTYPES
-        from spot.export.manifest import load_manifest
-        self.exported = load_manifest(model_dir)
-        cfg = self.exported.config
-        super().__init__(cfg, self.exported.block_size)
-        max_ctx = min(self.exported.max_context, cfg.max_position_embeddings)
-        self.plan = plan or BucketPlan.default(max_ctx, self.block_size, self.exported.max_nodes)
-        if self.plan.block_size != self.block_size:
-            raise SpotError(f"bucket plan block size {self.plan.block_size} != the export's {self.block_size}")
-        if self.plan.nodes[-1] > self.exported.max_nodes:
-            raise SpotError(f"largest node bucket {self.plan.nodes[-1]} exceeds the export's max_nodes "
-                            f"{self.exported.max_nodes}")
-        self.dtype = np.dtype(NP_DTYPES[self.exported.dtype])
-        profile = None
-        if device == "trt":    # ORT's TensorRT EP: one profile over the plan, passes of one block (dynamic_trt_profile)
-            self.plan = replace(self.plan, prefill_chunk=self.block_size)
-            caps, n = self.plan.capacities, self.plan.nodes[-1]
-            profile = block_trt_profile("static", cfg.with_block_size(self.block_size), (n, n),
-                                        (caps[0], caps[len(caps) // 2], caps[-1]))
-        self.session = target_session(self.exported, device, threads, profile)
-        self.cache = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, self.plan.capacities[0],
-                                   cfg.head_dim, self.dtype)
-        self.last_shapes: tuple[int, int, int] | None = None     # (N, S, C) of the last pass, for tests/benchmarks
-
-    @property
-    def max_context(self) -> int:
-        return self.plan.max_context
-
-    @property
-    def max_nodes(self) -> int:
-        return self.plan.nodes[-1]
-
-    def reserve(self, total_tokens: int) -> None:
-        """Size the cache for a request of `total_tokens` (prompt + new tokens, whole blocks) up front."""
-        self.cache.ensure(self.plan.capacity_for(total_tokens))
-
-    def _run(self, outputs: list[str], ids: np.ndarray) -> list[np.ndarray]:
-        n, s = ids.shape
-        self.cache.ensure(self.plan.capacity_for(self.cache.length + s))   # room for the new tokens too
-        feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
-                 "position_ids": np.arange(self.cache.length, self.cache.length + s, dtype=np.int64),
-                 "attn_bias": self.cache.bias(s, self.block_size, self.dtype), **self.cache.feeds()}
-        self.last_shapes = (n, s, self.cache.capacity)
-        return self.session.run(outputs, feeds)
-
-    def _release(self) -> None:
-        self.session = self.cache = None
-
-    def _reset(self) -> None:
-        self.cache.reset()
-
-    def _prefill(self, ids: np.ndarray) -> None:
-        for start in range(0, ids.shape[0], self.plan.prefill_chunk):
-            chunk = ids[start:start + self.plan.prefill_chunk]
-            new_k, new_v = self._run(["new_k", "new_v"], chunk[None])
-            self.cache.append(new_k[:, 0], new_v[:, 0])
-
-    def _block_logits(self, states: np.ndarray) -> np.ndarray:
-        n = states.shape[0]
-        (logits,) = self._run(["logits"], pad_nodes(states, self.plan.nodes_for(n)))
-        return logits[:n]
-
-    def _store(self, state: np.ndarray) -> None:
-        new_k, new_v = self._run(["new_k", "new_v"], state[None])
-        self.cache.append(new_k[:, 0], new_v[:, 0])
