@@ -45,6 +45,51 @@ class BenchConfig:
     latency_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
+def parse_decoders(text: str) -> tuple[str, ...]:
+    """--decoders: comma-separated decoder names, each once, in order; SpotError naming any unknown one."""
+    from spot.runtime.decoders import DECODERS
+    names = tuple(dict.fromkeys(d.strip() for d in text.split(",") if d.strip()))
+    if not names:
+        raise SpotError("--decoders names no decoder", f"e.g. --decoders standard,spot (any of {', '.join(DECODERS)})")
+    unknown = [d for d in names if d not in DECODERS]
+    if unknown:
+        raise SpotError(f"unknown decoder(s) {', '.join(unknown)}, expected some of {', '.join(DECODERS)}",
+                        "e.g. --decoders standard,spot")
+    return names
+
+
+def parse_sampling_grid(temperatures: str, seeds: str) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """--temperatures and --seeds: comma-separated numbers, each once; every (temperature, seed) is checked now,
+    not when the bench loop reaches it."""
+    try:
+        temps = tuple(dict.fromkeys(float(t) + 0.0 for t in temperatures.split(",")))     # -0.0 is 0.0
+        seed_list = tuple(dict.fromkeys(int(x) for x in seeds.split(",")))
+    except ValueError:
+        raise SpotError("--temperatures and --seeds take comma-separated numbers",
+                        "e.g. --temperatures 0,0.5,1.0 --seeds 0,1") from None
+    for t in temps:
+        for s in seed_list:
+            Sampling(t, seed=s)
+    return temps, seed_list
+
+
+def parse_compare_drafters(specs, decoders: tuple[str, ...]) -> dict[str, str]:
+    """--compare-drafter NAME=PATH (repeatable) -> {name: path}; only with a drafting decoder in `decoders`."""
+    compare: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise SpotError(f"--compare-drafter expects NAME=PATH, got {spec!r}",
+                            "e.g. --compare-drafter int8=int8-drafter/drafter.onnx")
+        if name in compare:
+            raise SpotError(f"--compare-drafter names {name!r} twice", "give each drafter its own name")
+        compare[name] = path
+    if compare and not {"spot", "spot-sets"} & set(decoders):
+        raise SpotError("--compare-drafter compares drafters, but --decoders has neither spot nor spot-sets",
+                        "add spot or spot-sets to --decoders")
+    return compare
+
+
 @dataclass
 class Prompt:
     id: str

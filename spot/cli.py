@@ -1006,29 +1006,14 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     """
     from pathlib import Path
 
-    from spot.bench import (TUNE_CANDIDATES, BenchConfig, load_prompts, markdown_table, report_title, run_bench,
-                            tune_by_temperature, write_report)
+    from spot.bench import (TUNE_CANDIDATES, BenchConfig, load_prompts, markdown_table, parse_compare_drafters,
+                            parse_decoders, parse_sampling_grid, report_title, run_bench, tune_by_temperature,
+                            write_report)
     from spot.runtime.decode import check_request
-    from spot.runtime.decoders import DECODERS as ALL
     from spot.runtime.spot import TreeBudget
-    from spot.runtime.step import Sampling
 
-    names = tuple(dict.fromkeys(d.strip() for d in decoders.split(",") if d.strip()))
-    if not names:
-        raise SpotError("--decoders names no decoder", f"e.g. --decoders standard,spot (any of {', '.join(ALL)})")
-    unknown = [d for d in names if d not in ALL]
-    if unknown:
-        raise SpotError(f"unknown decoder(s) {', '.join(unknown)}, expected some of {', '.join(ALL)}",
-                        "e.g. --decoders standard,spot")
-    try:
-        temps = tuple(dict.fromkeys(float(t) + 0.0 for t in temperatures.split(",")))     # -0.0 is 0.0
-        seed_list = tuple(dict.fromkeys(int(x) for x in seeds.split(",")))
-    except ValueError:
-        raise SpotError("--temperatures and --seeds take comma-separated numbers",
-                        "e.g. --temperatures 0,0.5,1.0 --seeds 0,1") from None
-    for t in temps:                 # every combination checked now, not when the loop reaches it
-        for s in seed_list:
-            Sampling(t, seed=s)
+    names = parse_decoders(decoders)
+    temps, seed_list = parse_sampling_grid(temperatures, seeds)
     given_budgets = _budgets(budgets) if budgets is not None else None
     if not report_dir:
         raise SpotError("--report is empty", "name a folder for bench.json and bench.md")
@@ -1036,18 +1021,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     if tune:                        # where --tune records its choices
         from spot.tuned import check_tuning_dir
         check_tuning_dir()
-    compare = {}
-    for spec in compare_drafters:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise SpotError(f"--compare-drafter expects NAME=PATH, got {spec!r}",
-                        "e.g. --compare-drafter int8=int8-drafter/drafter.onnx")
-        if name in compare:
-            raise SpotError(f"--compare-drafter names {name!r} twice", "give each drafter its own name")
-        compare[name] = path
-    if compare and not {"spot", "spot-sets"} & set(names):
-        raise SpotError("--compare-drafter compares drafters, but --decoders has neither spot nor spot-sets",
-                        "add spot or spot-sets to --decoders")
+    compare = parse_compare_drafters(compare_drafters, names)
     from spot.plots import can_plot
     no_matplotlib = plots is not False and not can_plot()
     if plots and no_matplotlib:      # refused now, not after an hour of decoding

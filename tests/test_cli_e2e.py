@@ -954,3 +954,23 @@ def test_a_signal_while_the_cli_is_imported_ends_with_one_line(monkeypatch, caps
     code, says = (130, "error: interrupted (Ctrl-C)") if signal_kind == "SIGINT" else (143, "error: terminated")
     assert ended.value.code == code and says in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before       # the import's handler is not left behind
+
+
+def test_bench_arguments_are_parsed_and_checked_by_the_bench_module():
+    """spot bench's option checks live in spot.bench (the CLI only parses and prints), each a SpotError naming the
+    option."""
+    from spot.bench import parse_compare_drafters, parse_decoders, parse_sampling_grid
+    from spot.errors import SpotError
+    assert parse_decoders("spot, standard,spot") == ("spot", "standard")
+    with pytest.raises(SpotError, match=r"unknown decoder\(s\) nope"):
+        parse_decoders("spot,nope")
+    assert parse_sampling_grid("0,-0.0,1", "3,3") == ((0.0, 1.0), (3,))
+    with pytest.raises(SpotError, match="comma-separated numbers"):
+        parse_sampling_grid("0,x", "0")
+    with pytest.raises(SpotError, match="temperature"):
+        parse_sampling_grid("-1", "0")
+    assert parse_compare_drafters(["a=x.onnx"], ("spot",)) == {"a": "x.onnx"}
+    for specs, decoders, says in ((["a"], ("spot",), "NAME=PATH"), (["a=x", "a=y"], ("spot",), "twice"),
+                                  (["a=x"], ("tree",), "neither spot nor spot-sets")):
+        with pytest.raises(SpotError, match=says):
+            parse_compare_drafters(specs, decoders)
