@@ -237,7 +237,7 @@ def story_chain(d: Draw, n_steps: int) -> Problem | None:
         box, boxes = d.pick(CONTAINERS)
         a, b = d.product()
         story.say(f"{name} has {a} {boxes} with {b} {items} in each {box}.")
-        story.step(a, "*", b, f"At first there are {{calc}}.")
+        story.step(a, "*", b, "At first there are {calc}.")
         current = a * b
     else:
         current = d.int(8, 90)
@@ -253,7 +253,7 @@ def story_chain(d: Draw, n_steps: int) -> Problem | None:
             group = d.pick(FRIENDS_WORDS)
             story.say(f"{cap(he)} shares them equally among {k} {group}.")
             question = f"How many {items} does each of the {group} get?"
-            story.step(current, "/", k, f"Each one gets {{calc}}.")
+            story.step(current, "/", k, "Each one gets {calc}.")
         elif kind == "double":
             k = d.factor(current)
             if k is None:
@@ -263,21 +263,21 @@ def story_chain(d: Draw, n_steps: int) -> Problem | None:
                 story.say(f"Then {he} {word} the number of {items} {he} has.")
             else:
                 story.say(f"Then {he} ends up with {k} times as many {items} as before.")
-            story.step(current, "*", k, f"Then there are {{calc}}.")
+            story.step(current, "*", k, "Then there are {calc}.")
         elif kind == "packs":
             box, boxes = d.pick(CONTAINERS)
             a, b = d.product()
             if last or current + a * b > d.bounds.max_value:
                 continue
             story.say(f"{cap(he)} buys {a} {boxes} of {items} with {b} in each {box}.")
-            story.step(a, "*", b, f"The new ones are {{calc}}.")
-            story.step(current, "+", a * b, f"So there are {{calc}}.")
+            story.step(a, "*", b, "The new ones are {calc}.")
+            story.step(current, "+", a * b, "So there are {calc}.")
         elif kind == "gain":
             b = d.addend(current)
             verb = d.pick([f"finds {b} more", f"gets {b} more from {friend}", f"buys {b} more",
                            f"is given {b} more"])
             story.say(f"{cap(he)} {verb}.")
-            story.step(current, "+", b, f"After getting more there are {{calc}}.")
+            story.step(current, "+", b, "After getting more there are {calc}.")
         else:
             if current < 3:
                 continue
@@ -285,7 +285,7 @@ def story_chain(d: Draw, n_steps: int) -> Problem | None:
             verb = d.pick([f"gives {b} to {friend}", f"loses {b} of them", f"uses {b} of them",
                            f"sells {b} of them"])
             story.say(f"{cap(he)} {verb}.")
-            story.step(current, "-", b, f"After that {{calc}} are left.")
+            story.step(current, "-", b, "After that {calc} are left.")
         current = story.steps[-1].value
     return story.problem(question, "story_chain")
 
@@ -298,17 +298,17 @@ def shopping(d: Draw, n_steps: int) -> Problem | None:
     n1, p1 = d.product()
     story = Story()
     story.say(f"At {place}, {name} buys {n1} {g1s} for ${p1} each.")
-    story.step(n1, "*", p1, f"The first ones cost {{calc}} dollars.")
+    story.step(n1, "*", p1, "The first ones cost {calc} dollars.")
     question = f"How much does {name} spend?"
     if n_steps >= 3:
         n2, p2 = d.product()
         story.say(f"{cap(he)} also buys {n2} {g2s} for ${p2} each.")
-        story.step(n2, "*", p2, f"The second ones cost {{calc}} dollars.")
-        story.step(n1 * p1, "+", n2 * p2, f"In total that is {{calc}} dollars.")
+        story.step(n2, "*", p2, "The second ones cost {calc} dollars.")
+        story.step(n1 * p1, "+", n2 * p2, "In total that is {calc} dollars.")
     elif n_steps == 2 and d.rng.random() < 0.5:
         extra = d.addend(n1 * p1)
         story.say(f"{cap(he)} also pays ${extra} for a {g2}.")
-        story.step(n1 * p1, "+", extra, f"In total that is {{calc}} dollars.")
+        story.step(n1 * p1, "+", extra, "In total that is {calc} dollars.")
         question = f"How much money does {name} spend in all?"
     if len(story.steps) < n_steps:
         total = story.steps[-1].value
@@ -316,7 +316,7 @@ def shopping(d: Draw, n_steps: int) -> Problem | None:
             return None
         paid = d.int(total + 1, min(d.bounds.max_value, total + 80))
         story.say(f"{cap(he)} pays with ${paid}.")
-        story.step(paid, "-", total, f"The change is {{calc}} dollars.")
+        story.step(paid, "-", total, "The change is {calc} dollars.")
         question = f"How much change does {name} get?"
     return story.problem(question, "shopping")
 
@@ -328,24 +328,24 @@ def rates(d: Draw, n_steps: int) -> Problem | None:
     r, t = d.product()
     story = Story()
     story.say(f"{name} {verb} {r} {unit} every {per} for {t} {per}s.")
-    story.step(r, "*", t, f"At first that is {{calc}}.")
+    story.step(r, "*", t, "At first that is {calc}.")
     question = f"How many {unit} does {name} finish in all?"
     if n_steps >= 3:
         r2, t2 = d.product()
         story.say(f"After that, {he} {verb} {r2} {unit} every {per} for {t2} more {per}s.")
-        story.step(r2, "*", t2, f"Later that is {{calc}}.")
-        story.step(r * t, "+", r2 * t2, f"Altogether that is {{calc}}.")
+        story.step(r2, "*", t2, "Later that is {calc}.")
+        story.step(r * t, "+", r2 * t2, "Altogether that is {calc}.")
     if len(story.steps) < n_steps:
         total = story.steps[-1].value
         if d.rng.random() < 0.5 and total < d.bounds.max_value - 2:
             goal = d.int(total + 1, min(d.bounds.max_value, total + 90))
             story.say(f"{possessive(he).capitalize()} goal is {goal} {unit}.")
-            story.step(goal, "-", total, f"Still needed: {{calc}}.")
+            story.step(goal, "-", total, "Still needed: {calc}.")
             question = f"How many more {unit} does {name} need to reach the goal?"
         else:
             extra = d.addend(total)
             story.say(f"On the last {per} {he} {verb} {extra} extra {unit}.")
-            story.step(total, "+", extra, f"With the extra that is {{calc}}.")
+            story.step(total, "+", extra, "With the extra that is {calc}.")
     return story.problem(question, "rates")
 
 
@@ -364,22 +364,22 @@ def comparison(d: Draw, n_steps: int) -> Problem | None:
             prev = story.steps[-2].value if len(story.steps) >= 2 else story.steps[-1].a
             prev_name = people[len(story.steps) - 1]
             question = f"How many {items} do {prev_name} and {who} have together?"
-            story.step(prev, "+", current, f"Together they have {{calc}}.")
+            story.step(prev, "+", current, "Together they have {calc}.")
             break
         kind = d.pick(["more", "fewer", "times"])
         k = d.factor(current) if kind == "times" else None
         if k is not None:
             word = {2: "twice", 3: "three times", 4: "four times", 5: "five times"}.get(k, f"{k} times")
             story.say(f"{name} has {word} as many {items} as {who}.")
-            story.step(current, "*", k, f"The next one has {{calc}}.")
+            story.step(current, "*", k, "The next one has {calc}.")
         elif kind == "fewer" and current >= 3:
             b = d.subtrahend(current)
             story.say(f"{name} has {b} fewer {items} than {who}.")
-            story.step(current, "-", b, f"The next one has {{calc}}.")
+            story.step(current, "-", b, "The next one has {calc}.")
         else:
             b = d.addend(current)
             story.say(f"{name} has {b} more {items} than {who}.")
-            story.step(current, "+", b, f"The next one has {{calc}}.")
+            story.step(current, "+", b, "The next one has {calc}.")
         current, who = story.steps[-1].value, name
     question = question or f"How many {items} does {who} have?"
     return story.problem(question, "comparison")
@@ -397,24 +397,24 @@ def ages(d: Draw, n_steps: int) -> Problem | None:
         if k is None or a * k > 90:
             return None
         story.say(f"Their aunt is {k} times as old as {n1}.")
-        story.step(a, "*", k, f"The aunt is {{calc}} years old.")
+        story.step(a, "*", k, "The aunt is {calc} years old.")
         current, who = a * k, "the aunt"
     if len(story.steps) < n_steps - 1 or (len(story.steps) == n_steps - 1 and d.rng.random() < 0.5):
         b = d.int(2, 30)
         if d.rng.random() < 0.5 or current <= b:
             story.say(f"{n2} is {b} years older than {who}.")
-            story.step(current, "+", b, f"The next one is {{calc}} years old.")
+            story.step(current, "+", b, "The next one is {calc} years old.")
         else:
             story.say(f"{n2} is {b} years younger than {who}.")
-            story.step(current, "-", b, f"The next one is {{calc}} years old.")
+            story.step(current, "-", b, "The next one is {calc} years old.")
         current, who = story.steps[-1].value, n2
     if len(story.steps) == n_steps:
         return story.problem(f"How old is {who}?", "ages")
     if len(story.steps) == n_steps - 2:
-        story.step(a, "+", current, f"Together they are {{calc}} years old.")
+        story.step(a, "+", current, "Together they are {calc} years old.")
         years = d.int(2, 30)
         story.say(f"Their grandfather is {years} years older than {n1} and {who} together.")
-        story.step(a + current, "+", years, f"The grandfather is {{calc}} years old.")
+        story.step(a + current, "+", years, "The grandfather is {calc} years old.")
         return story.problem("How old is their grandfather?", "ages")
     years = d.int(2, 25)
     story.step(current, "+", years, f"In {years} years the age will be {{calc}}.", so=f"in {years} years ")
@@ -430,14 +430,14 @@ def sharing(d: Draw, n_steps: int) -> Problem | None:
         total, k = d.quotient()
         story = Story()
         story.say(f"{name} packs {total} {items} equally into {k} {boxes}.")
-        story.step(total, "/", k, f"Each one holds {{calc}}.")
+        story.step(total, "/", k, "Each one holds {calc}.")
         return story.problem(f"How many {items} are in each {box}?", "sharing")
     story = Story()
     if n_steps >= 3:
         batches, per = d.product()
         made = batches * per
         story.say(f"{name} makes {batches} batches of {items} with {per} in each batch.")
-        story.step(batches, "*", per, f"At first there are {{calc}}.")
+        story.step(batches, "*", per, "At first there are {calc}.")
     else:
         made = d.int(10, 95)
         story.say(f"{name} has {made} {items}.")
@@ -449,13 +449,13 @@ def sharing(d: Draw, n_steps: int) -> Problem | None:
     kept = made - eaten
     verb = d.pick(["eats", "gives away", "keeps", "sells"])
     story.say(f"{cap(he)} {verb} {eaten} of them and packs the rest equally into {k} {boxes}.")
-    story.step(made, "-", eaten, f"After that {{calc}} are left.")
-    story.step(kept, "/", k, f"Each one holds {{calc}}.")
+    story.step(made, "-", eaten, "After that {calc} are left.")
+    story.step(kept, "/", k, "Each one holds {calc}.")
     question = f"How many {items} are in each {box}?"
     if len(story.steps) < n_steps:
         m = d.int(2, 30)
         story.say(f"Later {he} adds {m} more {items} to one {box}.")
-        story.step(kept // k, "+", m, f"That one now holds {{calc}}.")
+        story.step(kept // k, "+", m, "That one now holds {calc}.")
         question = f"How many {items} are in that {box} now?"
     return story.problem(question, "sharing")
 
@@ -471,19 +471,19 @@ def savings(d: Draw, n_steps: int) -> Problem | None:
         start = d.addend(total, lo=3)
         story.say(f"{name} has ${start} in a piggy bank.")
         story.say(f"{cap(he)} saves ${s} more every week for {w} weeks.")
-        story.step(s, "*", w, f"The savings are {{calc}} dollars.")
-        story.step(start, "+", total, f"Now there are {{calc}} dollars.")
+        story.step(s, "*", w, "The savings are {calc} dollars.")
+        story.step(start, "+", total, "Now there are {calc} dollars.")
         total += start
     else:
         story.say(f"{name} saves ${s} every week for {w} weeks.")
-        story.step(s, "*", w, f"The savings are {{calc}} dollars.")
+        story.step(s, "*", w, "The savings are {calc} dollars.")
     question = f"How much money does {name} have?"
     if n_steps >= 3:
         if total < 4:
             return None
         price = d.int(2, total - 1)
         story.say(f"{cap(he)} spends ${price} on a {good}.")
-        story.step(total, "-", price, f"After buying, {{calc}} dollars are left.")
+        story.step(total, "-", price, "After buying, {calc} dollars are left.")
         total -= price
         question = f"How much money does {name} have left?"
     if n_steps >= 4:
@@ -491,7 +491,7 @@ def savings(d: Draw, n_steps: int) -> Problem | None:
         if k is None:
             return None
         story.say(f"{cap(he)} splits the rest equally among {k} {d.pick(FRIENDS_WORDS)}.")
-        story.step(total, "/", k, f"Each one gets {{calc}} dollars.")
+        story.step(total, "/", k, "Each one gets {calc} dollars.")
         question = "How many dollars does each one get?"
     return story.problem(question, "savings")
 
@@ -507,32 +507,32 @@ def seating(d: Draw, n_steps: int) -> Problem | None:
     a, b = d.product()
     story = Story()
     story.say(f"In {where} there are {a} {groups} with {b} {things} in each {group}.")
-    story.step(a, "*", b, f"There are {{calc}} in all.")
+    story.step(a, "*", b, "There are {calc} in all.")
     question = f"How many {things} are there?"
     total = a * b
     if n_steps >= 2:
         if d.rng.random() < 0.5 and total > 3:
             c = d.subtrahend(total)
             story.say(f"{c} of the {things} leave early.")
-            story.step(total, "-", c, f"After that {{calc}} stay.")
+            story.step(total, "-", c, "After that {calc} stay.")
             question = f"How many {things} stay?"
         else:
             c = d.addend(total)
             story.say(f"{name} brings {c} more {things}.")
-            story.step(total, "+", c, f"Now there are {{calc}}.")
+            story.step(total, "+", c, "Now there are {calc}.")
         total = story.steps[-1].value
     if n_steps >= 3:
         k = d.divisor(total)
         if k is None:
             return None
         story.say(f"{name} puts all of them into {k} equal groups.")
-        story.step(total, "/", k, f"Each group has {{calc}}.")
+        story.step(total, "/", k, "Each group has {calc}.")
         question = f"How many {things} are in each group?"
         total = story.steps[-1].value
     if n_steps >= 4:
         m = d.addend(total)
         story.say(f"Then {m} more {things} join one of the groups.")
-        story.step(total, "+", m, f"That group has {{calc}}.")
+        story.step(total, "+", m, "That group has {calc}.")
         question = f"How many {things} are in that group?"
     return story.problem(question, "seating")
 
