@@ -12,7 +12,7 @@ from spot import gsm8k
 from spot.training import arithmetic, bpe
 from spot.training.arithmetic_corpus import (ArithmeticData, encode_problem, heldout_prompt_records, make_batch,
                                              train_tokenizer)
-from spot.training.target import mask_blocks
+from spot.training.objective import mask_blocks
 
 
 NUMBER_WORDS = {"twice": 2, "doubles": 2, "triples": 3, "three times": 3, "four times": 4, "five times": 5}

@@ -11,8 +11,8 @@ import torch
 
 from spot.errors import SpotError
 from spot.training import bpe, corpus
-from spot.training.target import (TrainSettings, diffusion_bias, diffusion_loss, init_model, make_optimizer,
-                                  mask_blocks, model_config, train_target)
+from spot.training.objective import diffusion_bias, diffusion_loss, mask_blocks
+from spot.training.target import TrainSettings, init_model, make_optimizer, model_config, train_target
 
 TINY = TrainSettings(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,

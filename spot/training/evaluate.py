@@ -17,7 +17,7 @@ import torch
 from spot.engines.torch_engine import TorchEngine
 from spot.runtime.decode import DecodeContext, generate
 from spot.runtime.step import CommitRule, Sampling, sample_positions, step_fn
-from spot.training.target import heldout_loss
+from spot.training.objective import heldout_loss
 
 CONFIDENT = 0.9
 
