@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spot.bench import BenchConfig, load_prompts, run_bench, tune_by_temperature  # noqa: E402
+from spot.bench import BenchConfig, run_bench, tune_by_temperature  # noqa: E402
+from spot.prompts import load_prompts  # noqa: E402
 from spot.engines.ort_engine import OrtEngine  # noqa: E402
 from spot.export.export import ExportOptions, export_checkpoint  # noqa: E402
 from spot.export.presets import resolve_source  # noqa: E402

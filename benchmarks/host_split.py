@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spot.assets import embedded_model_dir  # noqa: E402
-from spot.bench import load_prompts  # noqa: E402
+from spot.prompts import load_prompts  # noqa: E402
 from spot.engines.factory import open_engine  # noqa: E402
 from spot.runtime import drafter as drafter_module  # noqa: E402
 from spot.runtime import stale as stale_module  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spot.bench import load_prompts  # noqa: E402
+from spot.prompts import load_prompts  # noqa: E402
 from spot.engines.ort_engine import OrtEngine  # noqa: E402
 from spot.engines.torch_engine import TorchEngine  # noqa: E402
 from spot.export.export import ExportOptions, export_checkpoint  # noqa: E402

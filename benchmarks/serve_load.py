@@ -40,7 +40,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def cases(count: int, prompt_tokens: int) -> list[dict]:
     """`count` distinct requests: held-out prompts (their last prompt_tokens ids) x decoders x temperatures."""
     from spot.assets import embedded_model_dir
-    from spot.bench import load_prompts
+    from spot.prompts import load_prompts
     from spot.tokenizer import load_tokenizer
     folder = embedded_model_dir()
     prompts = load_prompts(folder / "heldout_prompts.jsonl", load_tokenizer(folder), count)

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spot.assets import embedded_model_dir  # noqa: E402
-from spot.bench import load_prompts  # noqa: E402
+from spot.prompts import load_prompts  # noqa: E402
 from spot.engines.factory import open_engine  # noqa: E402
 from spot.runtime.decode import generate  # noqa: E402
 from spot.runtime.noise import gumbel_rows  # noqa: E402

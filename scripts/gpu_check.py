@@ -332,7 +332,8 @@ def tuner(rep: Report, name: str, engine, cfg: ModelConfig):
     curve as the decoders' passes run, the chosen budget, and that budget beside standard decoding in one run — the
     tokens/s ratio reported against the tuner's promise (>= 0.95; it picks 1 node where no tree pays), identical
     outputs checked."""
-    from spot.bench import BenchConfig, Prompt, check_tuned_budget, tune_budget
+    from spot.bench import BenchConfig, check_tuned_budget, tune_budget
+    from spot.prompts import Prompt
     from spot.runtime.spot import TreeBudget
     ps = [Prompt(f"p{i}", p.tolist()) for i, p in enumerate(prompts(cfg))]
     cands = [TreeBudget(n, min(d, cfg.block_size)) for n, d in ((2, 1), (4, 3), (8, 4), (16, 8))]

@@ -18,19 +18,16 @@ from typing import Callable
 
 import numpy as np
 
-from spot.descriptors import utf8_text
 from spot.errors import SpotError
 from spot.files import write_text_atomic
 from spot.gsm8k import is_correct
+from spot.prompts import Prompt
 from spot.runtime.decoders import BASELINE_DECODERS, DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 from spot.runtime.tuning import PassProfile, choose_budget, decode_timed, measure_latency_curve
 from spot.tuned import number_name
-
-ID_KEYS = ("ids", "prompt_ids", "token_ids")
-
 
 @dataclass
 class BenchConfig:
@@ -88,61 +85,6 @@ def parse_compare_drafters(specs, decoders: tuple[str, ...]) -> dict[str, str]:
         raise SpotError("--compare-drafter compares drafters, but --decoders has neither spot nor spot-sets",
                         "add spot or spot-sets to --decoders")
     return compare
-
-
-@dataclass
-class Prompt:
-    id: str
-    ids: list[int]
-    text: str | None = None
-    answer: int | None = None       # a GSM8K-format prompt's true final answer (the arithmetic model's held-out set)
-
-
-def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max_tokens: int | None = None
-                 ) -> list[Prompt]:
-    """JSONL with {"id", "text"} (needs a tokenizer) or {"id", "ids": [...]} ("prompt_ids" / "token_ids" too, or a
-    bare list of ids) per line; an optional integer "answer" is the true final answer of a GSM8K-format prompt."""
-    path = Path(path)
-    if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise SpotError(f"prompt file {path} {what}", "pass a JSONL file with one {\"text\": ...} per line")
-    text = utf8_text(path.read_bytes(), f"prompt file {path}",
-                     "write it as UTF-8 JSONL, one {\"text\": ...} or {\"ids\": [...]} per line")
-    prompts = []
-    # JSON lines end at \n only: str.splitlines() also splits inside a string at U+2028, U+0085, \x0c ..., which
-    # json.dumps(ensure_ascii=False) writes unescaped
-    for n, line in enumerate(text.split("\n")):
-        line = line.removesuffix("\r")
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpotError(f"{path}:{n + 1} is not valid JSON ({e})") from None
-        if not isinstance(rec, dict):
-            rec = {"ids": rec}
-        ids = next((rec[k] for k in ID_KEYS if k in rec), None)
-        if ids is not None and "text" in rec:
-            raise SpotError(f"{path}:{n + 1} holds both token ids and text",
-                            "keep one of them: spot cannot tell whether they agree")
-        if ids is None and "text" in rec:
-            if tokenizer is None:
-                raise SpotError(f"{path}:{n + 1} holds text but the model has no tokenizer",
-                                "give token ids in the JSONL ({\"ids\": [...]}) or use a model with tokenizer files")
-            ids = tokenizer.encode(rec["text"])
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise SpotError(f"{path}:{n + 1}: expected an object with \"ids\" (a list of ints) or \"text\"")
-        answer = rec.get("answer")
-        if answer is not None and (not isinstance(answer, int) or isinstance(answer, bool)):
-            raise SpotError(f"{path}:{n + 1}: \"answer\" must be an integer (the true final answer), got {answer!r}")
-        if max_tokens:
-            ids = ids[:max_tokens]
-        prompts.append(Prompt(str(rec.get("id", n)), ids, rec.get("text"), answer))
-        if limit and len(prompts) >= limit:
-            break
-    if not prompts:
-        raise SpotError(f"{path} holds no prompts")
-    return prompts
 
 
 @dataclass(frozen=True)

@@ -1006,9 +1006,9 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     """
     from pathlib import Path
 
-    from spot.bench import (TUNE_CANDIDATES, BenchConfig, load_prompts, markdown_table, parse_compare_drafters,
-                            parse_decoders, parse_sampling_grid, report_title, run_bench, tune_by_temperature,
-                            write_report)
+    from spot.bench import (TUNE_CANDIDATES, BenchConfig, markdown_table, parse_compare_drafters, parse_decoders,
+                            parse_sampling_grid, report_title, run_bench, tune_by_temperature, write_report)
+    from spot.prompts import load_prompts
     from spot.runtime.decode import check_request
     from spot.runtime.spot import TreeBudget
 

@@ -481,7 +481,7 @@ def test_prompt_files_are_read_as_json_lines(tmp_path):
     writes them raw) is one record; a byte-order mark is dropped; ids that are booleans, or ids beside a text, are
     refused with the line."""
     from spot.assets import embedded_model_dir
-    from spot.bench import load_prompts
+    from spot.prompts import load_prompts
     from spot.errors import SpotError
     from spot.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(embedded_model_dir())
@@ -592,7 +592,8 @@ def test_mismatched_drafter_is_refused(as_embedded, tmp_path):
 
 def test_tuning_prompts_come_from_the_corpus_train_split():
     """The tuner measures acceptance on training text, never on the held-out prompts a benchmark judges it on."""
-    from spot.bench import Prompt, tuning_prompts
+    from spot.bench import tuning_prompts
+    from spot.prompts import Prompt
     from spot.tokenizer import load_tokenizer
     from spot.training import corpus
     tokenizer = load_tokenizer(spot.assets.embedded_model_dir())      # the shipped byte-level BPE: decodes exactly

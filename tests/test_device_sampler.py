@@ -310,7 +310,8 @@ def test_bench_and_tuner_on_a_device_sampling_engine(folders):
     to what the epilogue serves, and the latency curve timing the passes the decoders run."""
     from dataclasses import replace
 
-    from spot.bench import BenchConfig, Prompt, run_bench, tune_budget
+    from spot.bench import BenchConfig, run_bench, tune_budget
+    from spot.prompts import Prompt
     engine = OrtEngine(folders[0], sampler="device", threads=1)
     prompts = [Prompt("p0", _prompt(0, 6).tolist())]
     cfg = BenchConfig(("standard", "chain", "tree"), (1.0,), (0,), (TreeBudget(6, DEPTH),), 8, 0.3)

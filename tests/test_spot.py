@@ -592,8 +592,9 @@ def test_the_tuner_decodes_standard_only_beside_each_candidate(monkeypatch):
     """TUNE_REPEATS standard decodes per prompt beside each candidate, and none besides (a separate standard run
     only for the report cost one more decode of every prompt)."""
     import spot.bench as bench
+    from spot.prompts import Prompt
     engine = engine_for(4, 3)
-    prompts = [bench.Prompt("p", [1, 2, 3, 4, 5]), bench.Prompt("q", [6, 7, 8])]
+    prompts = [Prompt("p", [1, 2, 3, 4, 5]), Prompt("q", [6, 7, 8])]
     calls = []
 
     def counting(name, *args, **kwargs):

@@ -225,7 +225,8 @@ def test_static_engine_applies_a_quantized_exports_session_config(tmp_path):
 def test_the_tuner_sweeps_only_the_node_counts_an_export_takes(exported):
     """An export with --max-nodes 8 (16 is the Jetson example) failed spot tune: the latency sweep always ran
     1..64 nodes. Now up to max_nodes; the candidates that fit are measured, each beside standard decoding."""
-    from spot.bench import TUNE_CANDIDATES, Prompt, tune_budget
+    from spot.bench import TUNE_CANDIDATES, tune_budget
+    from spot.prompts import Prompt
     from spot.engines.ort_engine import OrtEngine
     engine = OrtEngine(exported)
     assert engine.max_nodes == 8

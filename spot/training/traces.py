@@ -255,8 +255,8 @@ def collect_traces(engine: Engine, prompts: list[list[int]], plan: TracePlan = T
 
 # -- prompts ----------------------------------------------------------------------------------------------------
 def prompts_from_jsonl(path: str | Path, tokenizer=None) -> list[list[int]]:
-    """Prompt token ids of a JSONL file (spot.bench.load_prompts: "ids" / "prompt_ids" / "token_ids" or "text")."""
-    from spot.bench import load_prompts
+    """Prompt token ids of a JSONL file (spot.prompts.load_prompts: "ids" / "prompt_ids" / "token_ids" or "text")."""
+    from spot.prompts import load_prompts
     return [p.ids for p in load_prompts(path, tokenizer)]
 
 
