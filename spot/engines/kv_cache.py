@@ -94,3 +94,21 @@ class StaticKVCache:
             import torch
             return torch.from_numpy(out).to(self.k.device)
         return out
+
+
+class PlannedCacheLimits:
+    """The limits of an engine whose StaticKVCache (self.cache) is sized by a BucketPlan (self.plan): the plan's
+    context and largest node bucket, and a cache sized up front for a request. Shared by StaticOrtEngine and
+    TrtEngine; listed before Engine in their bases so these override Engine's defaults."""
+
+    @property
+    def max_context(self) -> int:
+        return self.plan.max_context
+
+    @property
+    def max_nodes(self) -> int:
+        return self.plan.nodes[-1]
+
+    def reserve(self, total_tokens: int) -> None:
+        """Size the cache for a request of `total_tokens` (prompt + new tokens, whole blocks) up front."""
+        self.cache.ensure(self.plan.capacity_for(total_tokens))

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from spot.engines.buckets import BucketPlan, block_trt_profile, pad_nodes
-from spot.engines.kv_cache import StaticKVCache
+from spot.engines.kv_cache import PlannedCacheLimits, StaticKVCache
 from spot.errors import SpotError
 from spot.runtime.engine import Engine
 
 
-class StaticOrtEngine(Engine):
+class StaticOrtEngine(PlannedCacheLimits, Engine):
     """The exported target graph on ONNX Runtime with static shapes: a StaticKVCache window of a capacity bucket,
     node counts padded to node buckets, prefill in chunks of `plan.prefill_chunk` tokens. Same results as
     OrtEngine up to float rounding (different reduction lengths); batch-invariant across node buckets."""
@@ -46,18 +46,6 @@ class StaticOrtEngine(Engine):
         self.cache = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, self.plan.capacities[0],
                                    cfg.head_dim, self.dtype)
         self.last_shapes: tuple[int, int, int] | None = None     # (N, S, C) of the last pass, for tests/benchmarks
-
-    @property
-    def max_context(self) -> int:
-        return self.plan.max_context
-
-    @property
-    def max_nodes(self) -> int:
-        return self.plan.nodes[-1]
-
-    def reserve(self, total_tokens: int) -> None:
-        """Size the cache for a request of `total_tokens` (prompt + new tokens, whole blocks) up front."""
-        self.cache.ensure(self.plan.capacity_for(total_tokens))
 
     def _run(self, outputs: list[str], ids: np.ndarray) -> list[np.ndarray]:
         n, s = ids.shape

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from spot.engines.buckets import BucketPlan, pad_nodes
-from spot.engines.kv_cache import StaticKVCache
+from spot.engines.kv_cache import PlannedCacheLimits, StaticKVCache
 from spot.export.memory_plan import default_epilogue_positions
 from spot.errors import SpotError
 from spot.files import atomic_output, spot_cache, write_text_atomic
@@ -344,7 +344,7 @@ class TrtRunner:
         return {n: outs[n] for n in wanted}
 
 
-class TrtEngine(Engine):
+class TrtEngine(PlannedCacheLimits, Engine):
     """Engine over a built TensorRT engine: static shapes (capacity x node buckets), device-resident KV cache.
     `block_logits` returns host logits (the Engine contract, for tests and the host step function);
     `block_epilogue` keeps the logits on the device and returns only the epilogue's small outputs, and the decoders
@@ -385,17 +385,6 @@ class TrtEngine(Engine):
         """The GPU by name (a tuned budget holds for one device: spot.tuned), where F samples, the KV cache."""
         return {"device": f"tensorrt ({gpu_name()})", "sampler": "host" if self._future_steps is None else "device",
                 "kv_cache": "device"}
-
-    @property
-    def max_context(self) -> int:
-        return self.plan.max_context
-
-    @property
-    def max_nodes(self) -> int:
-        return self.plan.nodes[-1]
-
-    def reserve(self, total_tokens: int) -> None:
-        self.cache.ensure(self.plan.capacity_for(total_tokens))
 
     def _run(self, ids: np.ndarray, wanted: list[str]) -> dict:
         torch = self.torch
