@@ -143,7 +143,10 @@ def load_config(model_dir: str | Path) -> ModelConfig:
     """Read `config.json` of an SDAR checkpoint folder; refuse other model types by name."""
     model_dir = Path(model_dir)
     if not model_dir.exists():
-        raise SpotError(f"model folder {model_dir} does not exist", "pass the folder that holds config.json")
+        from spot.assets import model_names
+        raise SpotError(f"model folder {model_dir} does not exist",
+                        "pass the folder that holds config.json, or an embedded model's name "
+                        f"({', '.join(model_names())})")
     if not model_dir.is_dir():
         raise SpotError(f"{model_dir} is a file, expected a model folder", "pass the folder that holds config.json "
                         "(and the *.safetensors files, or an export's manifest.json)")

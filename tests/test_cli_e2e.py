@@ -359,6 +359,9 @@ def test_an_embedded_models_name_works_wherever_a_model_is_named(embedded, monke
                 "--temperatures", "0", "--max-new-tokens", "4", "--no-plots", "--report", str(report))
     assert bench.exit_code == 0, bench.output
     assert json.loads((report / "bench.json").read_text())["config"]["model"] == str(arithmetic)
+    typo = run("generate", "--model", "arithmtic", *gen)       # a misspelt name: the hint lists the names
+    assert typo.exit_code == 2 and "model folder arithmtic does not exist" in typo.stderr
+    assert "or an embedded model's name (arithmetic, code, embedded)" in typo.stderr
 
 
 def test_without_model_the_embedded_model_runs_on_ort_exported_once(as_embedded, tmp_path):
