@@ -79,7 +79,7 @@ def main(argv=None) -> int:
             say(f"== block size {block}")
             results.append(sweep_one(folder, block, prompts, temps, "tree", None, args.max_new_tokens, say))
             if block == 32 and args.drafter_b32:
-                from spot.cli import find_drafter
+                from spot.models import find_drafter
                 results.append(sweep_one(folder, block, prompts, temps, "spot", find_drafter(None, folder),
                                          args.max_new_tokens, say))
     out = {"engine": "ort-cpu fp32", "prompts": len(prompts), "temperatures": temps,

@@ -19,12 +19,12 @@ from typing import Callable
 import numpy as np
 
 from spot.errors import SpotError
-from spot.files import write_text_atomic
+from spot.files import check_output_path, write_text_atomic
 from spot.gsm8k import is_correct
 from spot.prompts import Prompt
 from spot.runtime.decoders import BASELINE_DECODERS, DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
-from spot.runtime.spot import TreeBudget
+from spot.runtime.spot import DEFAULT_DEPTH, TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 from spot.runtime.tuning import PassProfile, choose_budget, decode_timed, measure_latency_curve
 from spot.tuned import number_name
@@ -85,6 +85,53 @@ def parse_compare_drafters(specs, decoders: tuple[str, ...]) -> dict[str, str]:
         raise SpotError("--compare-drafter compares drafters, but --decoders has neither spot nor spot-sets",
                         "add spot or spot-sets to --decoders")
     return compare
+
+
+def check_report_dir(report_dir) -> None:
+    """--report checked before the decoding, not after it."""
+    if not report_dir:
+        raise SpotError("--report is empty", "name a folder for bench.json and bench.md")
+    check_output_path(report_dir, "--report", folder=True)
+
+
+def check_report_files(report_dir, plots: bool) -> None:
+    """Every file a run writes in --report (bench.json, bench.md, the plots), checked before the decoding."""
+    from spot.plots import PLOT_FILES
+    for name in ("bench.json", "bench.md", *(PLOT_FILES if plots else ())):
+        check_output_path(Path(report_dir) / name, "--report", folder=False)
+
+
+def bench_prompts(path, folder, tokenizer, limit: int, prompt_tokens: int, engine, max_new_tokens: int
+                  ) -> tuple[list[Prompt], Path]:
+    """The first `limit` prompts of the JSONL file `path` — default: the model's own held-out prompts (a spot-export
+    copies them), else the code model's — each cut to its last prompt_tokens tokens, and the file they came from.
+    A prompt the engine cannot decode max_new_tokens after is named now, not when the loop reaches it."""
+    from spot.prompts import load_prompts
+    from spot.runtime.decode import check_request
+    if path is None:
+        from spot.assets import embedded_model_dir
+        own = Path(folder) / "heldout_prompts.jsonl"
+        path = own if own.is_file() else Path(embedded_model_dir()) / "heldout_prompts.jsonl"
+    prompts = [replace(p, ids=p.ids[-prompt_tokens:]) for p in load_prompts(path, tokenizer, limit, None)]
+    for p in prompts:
+        try:
+            check_request(engine, p.ids, max_new_tokens)
+        except SpotError as e:
+            raise SpotError(f"prompt {p.id!r} of {path}: {e.message}", e.hint) from None
+    return prompts, path
+
+
+def default_budgets(engine) -> tuple[TreeBudget, ...]:
+    """The tree budget a bench runs without --budgets: 16 nodes, depth 8 or the block size (SDAR's B = 4: 16x4)."""
+    return (TreeBudget(16, min(DEFAULT_DEPTH, engine.block_size)),)
+
+
+def record_bench_inputs(result: dict, folder, prompts_path, prompt_tokens: int) -> None:
+    """Name what was measured in the result's config: the model (a manifest's hash names an export exactly) and the
+    prompts."""
+    from spot.tuned import model_fingerprint
+    result["config"].update(model=str(folder), model_sha256=model_fingerprint(folder),
+                            prompts_file=str(prompts_path), prompt_tokens=prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -357,6 +404,28 @@ def check_tuned_budget(engine, prompts: list[Prompt], tune: dict, cfg: BenchConf
             "passes_reduction": {number_name(r["temperature"]): round(r["passes_reduction"], 4) for r in rows},
             "identical_share": {number_name(r["temperature"]): r["identical_share"] for r in rows},
             "within_5_percent": all(v >= 0.95 for v in ratios.values())}
+
+
+def tuning_drafter(decoder: str | None, drafter_path, folder, engine, say: Callable[[str], None]):
+    """The (drafter, decoder) `spot tune` measures: spot / spot-sets with the drafter given or beside the model,
+    checked against the engine before the latency sweep; no decoder named: spot where such a drafter fits, else the
+    training-free tree decoder (say: the line that says so)."""
+    from spot.models import find_drafter
+    drafter = None
+    if decoder in ("spot", "spot-sets"):
+        drafter = find_drafter(drafter_path, folder)
+        drafter.check_compatible(engine)        # before the latency sweep, not after it
+    elif decoder is None:
+        try:
+            drafter, decoder = find_drafter(drafter_path, folder), "spot"
+            drafter.check_compatible(engine)
+        except SpotError as e:
+            if drafter_path is not None:        # the drafter the user named must fit
+                raise
+            say(f"tuning the training-free tree decoder ({e.message}; --decoder spot with a drafter for this model "
+                "tunes SPOT)")
+            drafter, decoder = None, "tree"
+    return drafter, decoder
 
 
 TRAIN_SPLIT = "corpus train split"

@@ -31,6 +31,20 @@ def budget_nodes(budget, decoder: str, names: tuple[str, str] = CLI_NAMES) -> in
         raise SpotError(f"{names[0]} takes a number of nodes or auto, got {budget!r}", hint) from None
 
 
+def parse_tree_budgets(text: str) -> tuple[TreeBudget, ...]:
+    """Comma-separated NODESxDEPTH (spot bench --budgets, calibrate-drafter --budget) as TreeBudgets; SpotError
+    when none is given or one does not read."""
+    try:
+        pairs = [b.lower().split("x") for b in text.split(",") if b.strip()]
+        budgets = tuple(TreeBudget(int(n), int(d)) for n, d in pairs)
+    except ValueError:
+        budgets = ()
+    if not budgets:         # (",": no budget at all — the tree rows were dropped without a word)
+        raise SpotError(f"budgets must look like 16x8,64x16 (nodes x depth), got {text!r}",
+                        "comma-separated NODESxDEPTH: nodes per verify pass (the root included) x the deepest node")
+    return budgets
+
+
 def tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, drafter, rule, temperature: float,
                 tune_command: str, names: tuple[str, str] = CLI_NAMES):
     """nodes / depth (default depth: 8, at most the block size), or auto (nodes None): the budget `spot tune`
@@ -45,6 +59,17 @@ def tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, draf
     key = tuning_key(engine, backend, folder, decoder, drafter, rule)
     found, tuned_at, path = tuned_budget(key, temperature, tune_command, engine)
     return found, {"temperature": tuned_at, "record": str(path)}
+
+
+def tuned_note(budget: TreeBudget, tuned: dict) -> str:
+    """The line that says what an auto budget decodes with (tuned: tree_budget's record of it), and why when it is
+    no tree at all."""
+    from spot.runtime.tuning import MIN_TREE_GAIN
+    where = f"tuned at temperature {number_name(tuned['temperature'])} ({tuned['record']})"
+    if budget.nodes == 1:
+        return (f"budget auto: 1 node, so standard decoding (one target pass per commit step): `spot tune` measured no "
+                f"tree more than {MIN_TREE_GAIN:g}x faster than it for this model, engine and machine; {where}")
+    return f"budget auto: {budget.nodes} nodes x depth {budget.depth}, {where}"
 
 
 def tune_command(model_dir, backend: str, device: str, sampler: str, kv_cache: str, block_size, drafter_path,

@@ -185,6 +185,16 @@ def run_model_demo(name: str, prompt_index: int = 0, max_new_tokens: int | None 
     return out
 
 
+def demo_budget(models, budget: int | None, depth: int | None) -> tuple[int, int] | None:
+    """spot demo's --budget / --depth as one tree shape for every model: the first model's own default for the one
+    not given; None (each model its own) when neither is."""
+    if budget is None and depth is None:
+        return None
+    defaults = [MODELS[m].demo_budget for m in (models or DEMO_MODELS) if m in MODELS]
+    default_nodes, default_depth = defaults[0] if defaults else (16, 8)
+    return (default_nodes if budget is None else budget, default_depth if depth is None else depth)
+
+
 def run_demo(models=DEMO_MODELS, prompt_index: int = 0, max_new_tokens: int | None = None,
              temperature: float | None = None, seed: int = 0, budget: tuple[int, int] | None = None,
              progress: Callable[[str], None] = lambda s: None) -> list[dict]:
@@ -195,3 +205,50 @@ def run_demo(models=DEMO_MODELS, prompt_index: int = 0, max_new_tokens: int | No
         heldout_record(name, prompt_index)
     return [run_model_demo(name, prompt_index, max_new_tokens, temperature, seed, budget, progress)
             for name in names]
+
+
+def demo_model_text(r: dict) -> str:
+    """One model's part of `spot demo`: its prompt, the decoded text (both decoders', identical), the answer, passes."""
+    nodes, depth = r["budget"]
+    head = f"\n=== {r['model']} model ({r['about']}) ==="
+    if "true_answer" in r:
+        prompt = f"held-out problem {r['prompt_id']}:\n{r['prompt'].rstrip()}"
+    else:
+        prompt = f"held-out prompt {r['prompt_id']} ({r['prompt_file']}), from a line start:\n{r['prompt']}"
+    same = "standard decoding and SPOT, identical" if r["identical"] else "STANDARD DECODING (SPOT's differs!)"
+    text = f"{head}\n{prompt}\n--- decoded at temperature {r['temperature']:g}, seed {r['seed']} ({same}):\n" \
+           f"{r['standard']['text'].rstrip()}"
+    if not r["identical"]:
+        text += f"\n--- SPOT:\n{r['spot']['text'].rstrip()}"
+    if "true_answer" in r:
+        verdict = "right" if r["answer_right"] else f"wrong (true answer {r['true_answer']})"
+        text += f"\n--- answer {r['answer']}: {verdict}"
+    return text + (f"\n--- target passes: standard {r['standard']['target_passes']}, SPOT {r['spot']['target_passes']} "
+                   f"({nodes}-node trees, depth {depth}): {r['passes_reduction']:.2f}x fewer")
+
+
+def demo_summary(results: list[dict]) -> str:
+    """The table a person reads at a glance, then the wall clock on this machine and why."""
+    lines = ["\n=== what SPOT bought ===",
+             f"{'model':<11} {'output':<10} {'answer':<7} {'target passes':<22} {'fewer passes':<13} wall clock here",
+             ]
+    for r in results:
+        passes = f"{r['standard']['target_passes']} -> {r['spot']['target_passes']}"
+        answer = ("right" if r["answer_right"] else "wrong") if "true_answer" in r else "-"
+        lines.append(f"{r['model']:<11} {'identical' if r['identical'] else 'DIFFERENT':<10} {answer:<7} "
+                     f"{passes:<22} {r['passes_reduction']:<13.2f} {r['speedup']:.2f}x tokens/s")
+    if any(not r["identical"] for r in results):
+        lines.append("outputs DIFFERENT: a bug, please report it")
+    slower = [r for r in results if round(r["speedup"], 2) < 1.0 and r["spot"]["verify_passes"] > 0]
+    if slower:
+        costs = ", ".join(f"{r['model']} {r['verify_cost']:.1f} + {r['host_cost']:.1f} host" for r in slower)
+        lines += ["why the wall clock: on this CPU (ONNX Runtime) a pass is compute-bound, so one verify pass over a "
+                  "tree",
+                  f"  costs several standard passes ({costs}), more than the passes it saves.",
+                  "  Where a pass is memory-bound (GPUs, Jetson Orin) a verify pass costs about one pass, and fewer "
+                  "passes",
+                  "  become speed: `spot-export sdar-8b-b32 --plan orin-nx-16gb` projects it, `spot tune` measures "
+                  "this",
+                  "  engine's curve, `spot generate --budget auto` decodes with the fastest budget "
+                  "(docs/benchmarks.md)."]
+    return "\n".join(lines)

@@ -15,6 +15,22 @@ class SpotError(Exception):
         return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
 
 
+def os_error_hint(e: OSError) -> str:
+    """What to check for an OSError, by its errno (the message says which path)."""
+    import errno
+    return {errno.EACCES: "check the permissions of that path (reading it, or writing in its folder)",
+            errno.EPERM: "check the permissions of that path (reading it, or writing in its folder)",
+            errno.ENOENT: "check the path: it, or the folder it should be written in, does not exist",
+            errno.ENOSPC: "free disk space, or write to another disk",
+            errno.EDQUOT: "free disk space (the disk quota is used up), or write to another disk",
+            errno.EROFS: "that file system is read-only: choose a path on a writable one",
+            errno.EISDIR: "that path is a folder: give a file path",
+            errno.ENOTDIR: "a part of that path is a file, not a folder",
+            errno.ENOTEMPTY: "something else wrote that path at the same time (another spot process?): run again",
+            errno.EEXIST: "something else wrote that path at the same time (another spot process?): run again"}.get(
+        e.errno, "check the path, its permissions, and free disk space")
+
+
 def run_script(main) -> None:
     """Entry point of the scripts under benchmarks/ and scripts/: exit with main()'s status; a SpotError becomes one
     `error:` line (and its hint) with exit status 2, as in the CLI."""
@@ -44,6 +60,18 @@ def number_arg(value, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SpotError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
     return float(value)
+
+
+def number_list_arg(text: str, what: str) -> tuple[float, ...]:
+    """A comma-separated list of numbers as an option gives it (e.g. --temperatures 0,1); SpotError naming `what`
+    when it holds something else or nothing."""
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpotError(f"{what} must be comma-separated numbers, got {text!r}", f"e.g. {what} 0,1") from None
+    if not values:
+        raise SpotError(f"{what} must name at least one number, got {text!r}", f"e.g. {what} 0,1")
+    return values
 
 
 def path_arg(value, what: str):

@@ -30,6 +30,16 @@ def can_plot() -> bool:
     return True
 
 
+def plot_choice(plots: bool | None) -> tuple[bool, bool]:
+    """--plots / --no-plots / neither (None: when matplotlib imports) -> (plot, matplotlib missing where the default
+    would have plotted); --plots without matplotlib is refused now, not after an hour of decoding."""
+    no_matplotlib = plots is not False and not can_plot()
+    if plots and no_matplotlib:
+        raise SpotError("--plots needs matplotlib, which cannot be imported here",
+                        "pip install 'spot-edge[plots]', or leave out --plots (the report is written without them)")
+    return plots is not False and not no_matplotlib, no_matplotlib
+
+
 def _save(fig, path: Path) -> Path:
     with atomic_output(path, ".png") as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")

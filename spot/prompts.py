@@ -6,7 +6,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spot.descriptors import utf8_text
-from spot.errors import SpotError
+from spot.errors import SpotError, os_error_hint
+
+PROMPT_FILE_LIMIT = 64 * 2**20     # far beyond any context; a device or a wrong file is refused before it fills memory
+
+
+def read_prompt_file(path: str) -> str:
+    """The text of a prompt file ('-': standard input), UTF-8; SpotError naming the file otherwise."""
+    import sys
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(PROMPT_FILE_LIMIT + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(PROMPT_FILE_LIMIT + 1)
+    except OSError as e:
+        import errno
+        raise SpotError(f"cannot read the prompt file {path}: {e.strerror}",
+                        "check the path, or pass - to read the prompt from standard input" if e.errno == errno.ENOENT
+                        else os_error_hint(e)) from None
+    if len(data) > PROMPT_FILE_LIMIT:
+        raise SpotError(f"the prompt file {path} is larger than 64 MiB", "pass the prompt text itself")
+    # (a leading byte-order mark is not part of the prompt)
+    return utf8_text(data, f"the prompt file {path}", "convert it to UTF-8, or pass token ids with --prompt-ids")
+
 
 ID_KEYS = ("ids", "prompt_ids", "token_ids")
 

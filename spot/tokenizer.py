@@ -127,6 +127,25 @@ class TextStream:
         return piece
 
 
+class TrimmedStream:
+    """A decode's text printed block by block as a whole text is printed (right-stripped): trailing whitespace waits
+    for more text and the end drops it (the embedded model's blocks often end in newlines: ~30 blank lines stood
+    before the stats line). Without a tokenizer the ids, each after a space. `feed(block_ids)` returns what to print
+    now, `end()` the rest."""
+
+    def __init__(self, tokenizer: SpotTokenizer | None):
+        self.text = TextStream(tokenizer, mark_unknown=True) if tokenizer is not None else None
+        self.held = ""
+
+    def feed(self, block_ids) -> str:
+        piece = self.held + (self.text.feed(block_ids) if self.text else "".join(f" {i}" for i in block_ids))
+        self.held = piece[len(piece.rstrip()):]
+        return piece.rstrip()
+
+    def end(self) -> str:
+        return (self.held + self.text.end()).rstrip() if self.text else ""
+
+
 def render_chat_template(template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
     try:
         import jinja2

@@ -164,6 +164,14 @@ def save_tuning(key: dict, tune_result: dict, warn=None) -> Path:
     return path
 
 
+def save_tunings(key: dict, tune_results, warn=None) -> Path | None:
+    """save_tuning for each of several temperatures' results (spot bench --tune); the record's path."""
+    path = None
+    for tuned in tune_results:
+        path = save_tuning(key, tuned, warn=warn)
+    return path
+
+
 def _entry(entry) -> tuple[float, TreeBudget] | None:
     """(temperature, budget) of a record entry, or None unless every value is what spot tune writes."""
     if not isinstance(entry, dict):

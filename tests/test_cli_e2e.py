@@ -126,7 +126,7 @@ def test_progress_bars_are_one_line(monkeypatch, capsys):
     next line or "\\r" alone); elsewhere dropped unless 30 s passed without a line."""
     import sys
 
-    import spot.cli as cli_mod
+    import spot.cli.shared as cli_mod
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
@@ -772,7 +772,7 @@ def test_os_errors_are_one_line_with_a_hint_for_their_cause(monkeypatch):
     import errno
 
     import spot.config
-    from spot.cli import os_error_hint
+    from spot.errors import os_error_hint
 
     def refused(*_):
         raise NotADirectoryError(errno.ENOTDIR, "Not a directory", "/data/file/model")

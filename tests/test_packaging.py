@@ -60,7 +60,7 @@ def test_the_wheel_built_from_the_sdist_holds_the_package_and_its_assets_by_name
     for folder in FOLDERS:
         assets = {n.rsplit("/", 1)[1] for n in names if n.startswith(f"spot/assets/{folder}/")}
         assert assets == set(ASSETS), folder
-    assert {"spot/cli.py", "spot/entry.py", "spot/__main__.py", "spot/runtime/spot.py"} <= names
+    assert {"spot/cli/__init__.py", "spot/cli/generate.py", "spot/entry.py", "spot/__main__.py", "spot/runtime/spot.py"} <= names
     assert any(n.endswith("LICENSE") and ".dist-info/" in n for n in names)
     assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "cpp/", "docs/"))]
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))

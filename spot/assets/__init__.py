@@ -49,13 +49,19 @@ def model_names() -> list[str]:
     return [*EMBEDDED_MODELS, *ALIASES]
 
 
+def model_folder_path(name: str) -> Path:
+    """Where the embedded model `name` (a canonical name) lives in the package, built or not (train-target's
+    default output)."""
+    return Path(__file__).parent / MODELS[name].folder
+
+
 def embedded_model_dir(name: str = DEFAULT_MODEL) -> Path:
     """The folder of the embedded checkpoint `name`; SpotError if the name is unknown or the model not built."""
     canonical = embedded_name(name)
     if canonical is None:
         raise SpotError(f"no embedded model is named {name!r}, expected one of {', '.join(model_names())}",
                         "pass --model DIR with an SDAR checkpoint or exported folder instead")
-    folder = Path(__file__).parent / MODELS[canonical].folder
+    folder = model_folder_path(canonical)
     if not (folder / "config.json").is_file():
         raise SpotError(f"the embedded model {canonical!r} is not built yet ({folder} has no config.json)",
                         f"build it with `spot train-target --corpus {canonical}`, or pass --model DIR with an SDAR "

@@ -24,7 +24,7 @@ class RequestDefaults:
 
 @dataclass(frozen=True)
 class ServedModel:
-    """An opened model: `folder` as resolved by the CLI (spot.cli.model_folder), `model_arg` / `drafter_arg` as the
+    """An opened model: `folder` as resolved by the CLI (spot.models.model_folder), `model_arg` / `drafter_arg` as the
     user gave them (None: the defaults), for the `spot tune` command a missing tuned budget names."""
 
     name: str
@@ -69,6 +69,19 @@ def threads_per_engine(threads: int | None, engines: int) -> int:
         return threads
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // engines)
+
+
+def served_tokenizer(folder: Path, chat_template: str | Path | None = None):
+    """The model's tokenizer (None: token ids only), with the Jinja chat template file `chat_template` in place of
+    its own where one is given (`spot serve --chat-template`)."""
+    from spot.tokenizer import SpotTokenizer, load_tokenizer
+    tokenizer = load_tokenizer(folder)
+    if chat_template is None:
+        return tokenizer
+    if tokenizer is None:
+        raise SpotError(f"--chat-template needs the model's tokenizer, and {folder} has no tokenizer files",
+                        "use a model folder with tokenizer.json (or vocab.json + merges.txt)")
+    return SpotTokenizer(tokenizer.tokenizer, load_chat_template(chat_template), tokenizer.source)
 
 
 def load_chat_template(path: str | Path) -> str:

@@ -21,7 +21,7 @@ from typing import Callable
 
 from spot.descriptors import read_json
 from spot.errors import SpotError
-from spot.files import write_text_atomic
+from spot.files import check_output_path, write_text_atomic
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.drafter import ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT, Drafter, resolve_paths
 from spot.runtime.spot import TreeBudget
@@ -60,6 +60,11 @@ def best_order_temperature(passes: dict[float, int]) -> float:
 def best_weight(passes: dict[float, int]) -> float:
     """A child weight (runner-up, flip): fewest passes; among equals the smallest weight (the fewest such children)."""
     return min(passes, key=lambda w: (passes[w], w))
+
+
+def check_calibration_writable(drafter: Drafter) -> None:
+    """SpotError now, before the decoding, where the drafter's drafter.json could not be rewritten at the end."""
+    check_output_path(resolve_paths(drafter.path)[1], "drafter.json")
 
 
 def write_calibration(drafter_path: str | Path, result: dict, onnx_sha256: str | None = None) -> Path:

@@ -31,7 +31,7 @@ from torch import nn
 
 from spot.descriptors import sha256_file
 from spot.errors import SpotError
-from spot.files import atomic_output
+from spot.files import atomic_output, check_output_path
 from spot.runtime.drafter import (BASELINE_INPUTS, DRAFTER_JSON, DRAFTER_ONNX, FORMAT, FORMAT_VERSION, INPUT_NAMES,
                                   MAX_BLOCK, MAX_STALENESS, OUTPUT_NAMES, drafter_inputs)
 from spot.runtime.stale import TOPK_FEATURES
@@ -547,6 +547,21 @@ def write_drafter(model: OrderModel, out_dir: Path, manifest: dict, sample: dict
                     "inputs": exported["inputs"], "onnx_vs_torch_max_abs_diff": exported["max_abs_diff"]}
         tmp_json.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def drafter_out_folder(out: str | Path | None, traces: Traces, overwrite: bool = False) -> str | Path:
+    """Where train-drafter writes: --out, else the target folder the traces came from; refused now, before the
+    training, where a drafter is there already (unless overwrite: e.g. the embedded model's shipped one) or the
+    folder cannot be written."""
+    if out is None:
+        out = traces.meta.get("model_dir")
+        if not out:
+            raise SpotError("the traces do not name their target folder", "pass --out FOLDER")
+    if (Path(out) / DRAFTER_ONNX).exists() and not overwrite:
+        raise SpotError(f"{out} already has a drafter ({DRAFTER_ONNX})",
+                        "pass --overwrite to replace it, or --out FOLDER")
+    check_output_path(out, "--out", folder=True)
+    return out
 
 
 def train_drafter(traces: Traces, out_dir: str | Path, settings: DrafterTrainSettings = DrafterTrainSettings(),

@@ -260,6 +260,18 @@ def prompts_from_jsonl(path: str | Path, tokenizer=None) -> list[list[int]]:
     return [p.ids for p in load_prompts(path, tokenizer)]
 
 
+def training_prompts(prompts_file: str | Path | None, n: int, seed: int, tokenizer, folder) -> list[list[int]]:
+    """The prompts of --prompts FILE.jsonl, else n prompts drawn (seed) from the TRAIN split of the corpus the model
+    in `folder` was trained on, which needs its tokenizer (fit_prompts then cuts drawn ones to the context)."""
+    if prompts_file is not None:
+        return prompts_from_jsonl(prompts_file, tokenizer)
+    if tokenizer is None:
+        raise SpotError(f"--corpus-prompts needs the model's tokenizer, and {folder} has none",
+                        "pass --prompts FILE.jsonl with token ids")
+    from spot.config import training_corpus
+    return corpus_prompts(tokenizer, n, seed, corpus=training_corpus(folder))
+
+
 def fit_prompts(prompts: list[list[int]], engine: Engine, max_new_tokens: int) -> list[list[int]]:
     """Drawn corpus prompts cut to their last tokens that leave max_new_tokens of room in the engine's context
     (a small model's context may be shorter than the draw's 64-448 tokens)."""

@@ -1,0 +1,4 @@
+"""`python -m spot.cli ...` == `spot ...`."""
+from spot.entry import spot
+
+spot()

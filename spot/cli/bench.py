@@ -1,0 +1,167 @@
+"""`spot bench` and `spot tune`: every decoder side by side on a prompt set; the tokens/s-optimal tree budget of an
+engine, recorded for `--budget auto`."""
+from __future__ import annotations
+
+import click
+
+from spot.cli.shared import echo_err, open_model, placement_options
+from spot.engines.factory import BACKENDS
+from spot.errors import SpotError
+from spot.tuned import TUNABLE_DECODERS
+
+
+@click.command()
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Checkpoint or exported folder. Default: the embedded model (--backend ort: spot demo's export "
+                   "of it).")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Default: ort for an exported folder, torch for a checkpoint; without --model, "
+                   "the embedded model on ort (its export, made on first use) where onnxruntime is "
+                   "installed.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--block-size", type=int, default=None)
+@click.option("--prompts", "prompts_path", type=click.Path(path_type=str), default=None,
+              help="JSONL of prompts ({\"text\"} or {\"ids\"}). Default: the embedded held-out set.")
+@click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True, help="Number of prompts.")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Keep the last N prompt tokens.")
+@click.option("--decoders", default="standard,threshold,chain,tree,oracle,order-oracle,spot,spot-sets",
+              show_default=True)
+@click.option("--temperatures", default="0,0.5,1.0", show_default=True)
+@click.option("--seeds", default="0", show_default=True)
+@click.option("--budgets", default=None,
+              help="Comma-separated NODESxDEPTH. Default: 16x8, or 16xB when the block size B is smaller.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--tau", type=float, default=0.9, show_default=True)
+@click.option("--drafter", "drafter_path", default=None, help="drafter.onnx (default: beside the model).")
+@click.option("--compare-drafter", "compare_drafters", multiple=True, metavar="NAME=PATH",
+              help="Also run spot/spot-sets with this drafter (labelled spot[NAME]), e.g. one recalibrated on a "
+                   "quantized target. Repeatable.")
+@click.option("--tune/--no-tune", default=False, help="Also measure latency(N) and pick the tokens/s-optimal budget.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False), default="bench-report", show_default=True)
+@click.option("--plots/--no-plots", default=None,
+              help="PNG plots beside the report. Default: when matplotlib is installed (the plots extra).")
+@placement_options
+def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_tokens, decoders, temperatures, seeds,
+          budgets, max_new_tokens, tau, drafter_path, compare_drafters, tune, report_dir, plots, sampler, kv_cache):
+    """Every decoder side by side on a prompt set: passes per token, steps per verify, tokens/s, speed-up,
+    identical-output share, acceptance by depth. Writes bench.json, bench.md and PNG plots to --report.
+
+    \b
+    Examples:
+      spot bench --limit 5 --budgets 16x8,64x16
+      spot bench --model out/code-fp32-onnx --backend ort --tune --report runs/ort
+    """
+    from spot.bench import (TUNE_CANDIDATES, BenchConfig, bench_prompts, check_report_dir, check_report_files,
+                            default_budgets, markdown_table, parse_compare_drafters, parse_decoders,
+                            parse_sampling_grid, record_bench_inputs, report_title, run_bench, tune_by_temperature,
+                            write_report)
+    from spot.budgets import parse_tree_budgets
+    from spot.models import find_drafter, resolve_backend
+    from spot.plots import plot_choice
+
+    names = parse_decoders(decoders)
+    temps, seed_list = parse_sampling_grid(temperatures, seeds)
+    given_budgets = parse_tree_budgets(budgets) if budgets is not None else None
+    check_report_dir(report_dir)       # before the decoding, not after
+    if tune:                        # where --tune records its choices
+        from spot.tuned import check_tuning_dir
+        check_tuning_dir()
+    compare = parse_compare_drafters(compare_drafters, names)
+    plots, no_matplotlib = plot_choice(plots)
+    check_report_files(report_dir, plots)
+    backend = resolve_backend(backend, model_dir)
+    engine, tokenizer, folder = open_model(backend, model_dir, block_size, device, sampler, kv_cache)
+    prompts, prompts_path = bench_prompts(prompts_path, folder, tokenizer, limit, prompt_tokens, engine,
+                                          max_new_tokens)
+    drafting = {"spot", "spot-sets"} & set(names)
+    drafter = find_drafter(drafter_path, folder) if drafting else None
+    others = {name: find_drafter(path, folder) for name, path in compare.items()}
+    cfg = BenchConfig(names, temps, seed_list, given_budgets or default_budgets(engine), max_new_tokens, tau)
+    result = run_bench(engine, prompts, cfg, drafter, progress=echo_err, other_drafters=others, tokenizer=tokenizer)
+    record_bench_inputs(result, folder, prompts_path, prompt_tokens)
+    if tune:
+        decoder = "spot" if drafter is not None else "tree"
+        result["tune"] = tune_by_temperature(engine, prompts, cfg, TUNE_CANDIDATES, decoder, drafter,
+                                             progress=echo_err, tokenizer=tokenizer, folder=folder)
+    click.echo(f"{report_title(result)}\n\n{markdown_table(result)}")     # first: printed even if the report fails
+    paths = write_report(result, report_dir, plots)
+    if tune:       # after the report: what --budget auto then decodes with
+        from spot.tuned import save_tunings, tuning_key
+        record = save_tunings(tuning_key(engine, backend, folder, decoder, drafter),
+                              result["tune"]["by_temperature"].values(), warn=echo_err)
+        echo_err(f"recorded the tuned budgets in {record} (used by --budget auto)")
+    echo_err("wrote " + ", ".join(str(p) for p in paths)
+             + (" (no plots: pip install 'spot-edge[plots]' adds them)" if no_matplotlib else ""))
+
+
+@click.command()
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Checkpoint (--backend torch) or exported folder (--backend ort). Default: the embedded model "
+                   "(--backend ort: spot demo's export of it).")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Default: ort for an exported folder, torch for a checkpoint; without --model, "
+                   "the embedded model on ort (its export, made on first use) where onnxruntime is "
+                   "installed.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--block-size", type=int, default=None, help="Block size B. Default: the config's block_size.")
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--limit", type=int, default=2, show_default=True,
+              help="Prompts used to measure acceptance (cut from the embedded corpus's train split with the "
+                   "model's tokenizer).")
+@click.option("--drafter", "drafter_path", default=None,
+              help="drafter.onnx (or its folder) for spot / spot-sets. Default: the one beside the model, if any.")
+@click.option("--decoder", type=click.Choice(TUNABLE_DECODERS), default=None,
+              help="Decoder to tune. Default: spot with a drafter (--drafter, or the one beside the model), else "
+                   "tree.")
+@click.option("--mode", type=click.Choice(["static", "threshold"]), default="static", show_default=True,
+              help="Commit rule of spot / tree (spot-sets: always threshold), as in spot generate.")
+@click.option("--tau", type=float, default=0.9, show_default=True, help="Threshold of the threshold rule.")
+@click.option("--save/--no-save", default=True, show_default=True,
+              help="Record the choice for `--budget auto` (in $SPOT_CACHE/tuning, for this model, engine, decoder "
+                   "and machine).")
+@placement_options
+def tune(model_dir, backend, device, block_size, temperature, limit, drafter_path, decoder, mode, tau, save,
+         sampler, kv_cache):
+    """Measure verify latency vs node count on this engine and pick the tokens/s-optimal tree budget; `spot generate
+    --budget auto` then decodes with it.
+
+    \b
+    Examples:
+      spot tune --model out/code-fp32-onnx --backend ort --temperature 1
+      spot generate --model out/code-fp32-onnx --backend ort --decoder spot --budget auto --temperature 1 \\
+          --prompt "import os"
+    """
+    import json
+
+    from spot.bench import TUNE_CANDIDATES, engine_facts, tune_budget, tuning_drafter, tuning_prompts, tuning_room
+    from spot.models import resolve_backend
+    from spot.runtime.decoders import DecodeRequest, rule_for
+    from spot.runtime.step import Sampling
+    from spot.tuned import check_tuning_dir, number_name, save_tuning, tuning_key
+
+    temperature += 0.0           # -0 is 0: one tuning entry
+    Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep
+    request = DecodeRequest(mode=mode, tau=tau)
+    if limit < 1:
+        raise SpotError(f"--limit must be >= 1, got {limit}", "e.g. --limit 2 (the default)")
+    if save:                    # an unwritable cache is refused now, not after the sweep
+        check_tuning_dir()
+    backend = resolve_backend(backend, model_dir)
+    engine, tokenizer, folder = open_model(backend, model_dir, block_size, device, sampler, kv_cache)
+    prompts, source = tuning_prompts(tokenizer, [], limit, max_tokens=tuning_room(engine), folder=folder)
+    if not prompts:
+        raise SpotError(f"spot tune cuts its prompts from the embedded corpus's train split with the model's "
+                        f"tokenizer, and {folder} has none", "use a model folder with tokenizer files, or "
+                        "`spot bench --tune --prompts FILE.jsonl` with token ids")
+    echo_err(f"measuring acceptance on {len(prompts)} prompt{'s' if len(prompts) != 1 else ''} from the {source}")
+    drafter, decoder = tuning_drafter(decoder, drafter_path, folder, engine, echo_err)
+    rule = rule_for(decoder, request)
+    out = tune_budget(engine, prompts, temperature, TUNE_CANDIDATES, drafter, decoder, progress=echo_err, rule=rule)
+    out["decoder"], out["rule"] = decoder, {"kind": rule.kind, "tau": rule.tau}
+    out["engine"] = engine_facts(engine)      # what the latencies are of: backend, device, placement
+    click.echo(json.dumps(out, indent=2))       # first: the measurement is printed even if recording fails
+    if save:
+        path = save_tuning(tuning_key(engine, backend, folder, decoder, drafter, rule), out, warn=echo_err)
+        echo_err(f"recorded {out['choice']['nodes']}x{out['choice']['depth']} at temperature "
+                 f"{number_name(temperature)} in {path} (used by --budget auto)")

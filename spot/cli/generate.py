@@ -1,0 +1,178 @@
+"""`spot generate` and `spot demo`: decode a prompt with one decoder; standard decoding beside SPOT on the embedded
+models."""
+from __future__ import annotations
+
+import click
+
+from spot.cli.shared import echo_err, model_folder, placement_options, stderr_progress
+from spot.engines.factory import BACKENDS
+from spot.errors import SpotError
+from spot.runtime.decoders import DECODERS
+
+
+@click.command()
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="SDAR checkpoint folder (config.json + safetensors; --backend torch) or exported folder "
+                   "(spot-export; --backend ort). Default: the embedded model (--backend ort: spot demo's export "
+                   "of it).")
+@click.option("--prompt", default=None, help="Prompt text (needs the checkpoint's tokenizer).")
+@click.option("--prompt-ids", default=None, help="Prompt as comma-separated token ids, e.g. 151644,872,198.")
+@click.option("--prompt-file", type=click.Path(dir_okay=False, allow_dash=True, path_type=str), default=None,
+              help="Prompt text from a UTF-8 file ('-': standard input), as --prompt.")
+@click.option("--chat/--no-chat", default=None,
+              help="Wrap --prompt in the chat template. Default: when the tokenizer has one.")
+@click.option("--block-size", type=int, default=None, help="Block size B. Default: the config's block_size.")
+@click.option("--mode", type=click.Choice(["static", "threshold"]), default="static", show_default=True,
+              help="Commit rule: one token per pass, or every token with confidence > tau.")
+@click.option("--tau", type=float, default=0.9, show_default=True,
+              help="Threshold of the threshold rule, in [0, 1): --decoder threshold / spot-sets, or --mode threshold.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (argmax).")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 disables top-k filtering.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 disables top-p filtering.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed (temperature > 0).")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--stop-ids", default=None,
+              help="Comma-separated ids that end generation ('' = none). Default: the model's (config / export).")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Default: ort for an exported folder, torch for a checkpoint; without --model, "
+                   "the embedded model on ort (its export, made on first use) where onnxruntime is "
+                   "installed.")
+@click.option("--device", default="cpu", show_default=True,
+              help="Device of the backend (torch: cpu, cuda; ort: cpu, cuda, trt; tensorrt: cuda).")
+@click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
+              help="standard/threshold: one pass per step; chain/tree: SPOT with the training-free order; "
+                   "spot/spot-sets: SPOT with the drafter; oracle / order-oracle: diagnostic ceilings (true "
+                   "states / true positions with the drafter's tokens).")
+@click.option("--budget", default="16", show_default=True,
+              help="Tree nodes per verify pass (SPOT), or auto: the budget `spot tune` recorded for this model, "
+                   "engine, decoder and machine (nodes and depth, tuned at the nearest temperature).")
+@click.option("--depth", type=int, default=None,
+              help="Deepest tree node below the root (SPOT). Default: 8, or the block size if smaller.")
+@click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
+              help="drafter.onnx (or its folder). Default: the one beside the model, if any.")
+@placement_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + stats.")
+@click.option("--stream", is_flag=True,
+              help="Print the output block by block as each block is final (with --json: one JSON line per block, "
+                   "{\"block_ids\": [...]}, before the result).")
+def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
+             max_new_tokens, stop_ids, backend, device, decoder, budget, depth, drafter_path, sampler, kv_cache,
+             as_json, stream):
+    """Generate with one decoder. SPOT decoders give the same tokens as standard decoding, in fewer passes.
+
+    \b
+    Examples:
+      spot generate --prompt "def fibonacci(n):" --max-new-tokens 64
+      spot generate --prompt "import os" --decoder spot --budget 16 --depth 8 --json
+      spot generate --model out/code-fp32-onnx --backend ort --decoder spot-sets --tau 0.9 --prompt "x = ["
+      spot generate --prompt "class Stack:" --decoder spot --stream
+    """
+    import json
+    from dataclasses import replace
+
+    from spot.budgets import budget_nodes, tree_budget as resolve_tree_budget, tune_command, tuned_note
+    from spot.engines.factory import open_engine
+    from spot.models import check_model_folder, find_drafter, resolve_backend
+    from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, rule_for, run_decoder, verified_budget
+    from spot.runtime.step import Sampling
+    from spot.tokenizer import UNKNOWN_MARK, TrimmedStream, load_tokenizer, parse_prompt_ids, prompt_ids_for
+
+    nodes = budget_nodes(budget, decoder)      # before the weights load
+    if prompt_file is not None:     # before the model (the embedded model's export, on first use)
+        if prompt is not None:
+            raise SpotError("give one of --prompt TEXT or --prompt-file PATH, not both", "leave out one of them")
+        from spot.prompts import read_prompt_file
+        prompt = read_prompt_file(prompt_file)
+    sampling = Sampling(temperature, top_k, top_p, seed)
+    stops = None if stop_ids is None else tuple(parse_prompt_ids(stop_ids, "--stop-ids"))
+    request = DecodeRequest(max_new_tokens, mode, tau, sampling, stop_ids=stops)
+    rule = rule_for(decoder, request)     # a bad --tau before the weights load
+    backend = resolve_backend(backend, model_dir)
+    folder = model_folder(backend, model_dir)
+    check_model_folder(backend, folder)  # folder / config errors first, before the tokenizer and the weights
+    tokenizer = load_tokenizer(folder)
+    ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
+    engine = open_engine(backend, folder, block_size, device, sampler, kv_cache)
+    drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
+    # the command that records what --budget auto looks for: the same model, engine options, decoder, temperature
+    command = tune_command(model_dir, backend, device, sampler, kv_cache, block_size, drafter_path, decoder,
+                           temperature, rule)
+    tree_budget, tuned = resolve_tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, rule,
+                                             request.sampling.temperature, command)
+    request = replace(request, budget=tree_budget)
+    if tuned is not None and not as_json:       # what --budget auto chose, and why (--json: "budget")
+        echo_err(tuned_note(verified_budget(decoder, tree_budget, engine), tuned))
+    on_block, printed = None, None
+    if stream and as_json:
+        def on_block(block_ids):
+            click.echo(json.dumps({"block_ids": block_ids}))
+    elif stream:
+        printed = TrimmedStream(tokenizer)
+
+        def on_block(block_ids):
+            click.echo(printed.feed(block_ids), nl=False)
+    gen = run_decoder(decoder, engine, ids, request, drafter, on_block)
+    text = tokenizer.decode(gen.token_ids, mark_unknown=True) if tokenizer is not None else None
+    stats = gen.stats
+    if as_json:
+        verified = verified_budget(decoder, tree_budget, engine) if decoder in TREE_DECODERS else None
+        out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "cancelled": gen.cancelled,
+               "overflow_ids": gen.overflow_ids,      # the last block past --max-new-tokens: not in the output
+               "prompt_len": gen.prompt_len, "prompt_ids": ids,     # the ids a C++ host (spot_cli) decodes the same
+               "block_size": engine.block_size, "mode": rule.kind, "decoder": decoder,
+               "backend": backend,
+               "placement": engine.placement,
+               "budget": ({"nodes": verified.nodes, "depth": verified.depth, "tuned": tuned}
+                          if verified is not None else None), **stats.to_dict()}
+        if text is not None:
+            out["text"] = text
+        click.echo(json.dumps(out))
+        return
+    if stream:
+        click.echo(printed.end())
+    else:
+        click.echo(text.rstrip() if text is not None else " ".join(map(str, gen.token_ids)))
+    unknown = [i for i in gen.token_ids if tokenizer is not None and not tokenizer.knows(i)]
+    if unknown:
+        echo_err(f"note: {len(unknown)} of the ids are not in the tokenizer's vocabulary (the model's is larger): "
+                 f"shown as {UNKNOWN_MARK.format(unknown[0])}")
+    passes = ", ".join(f"{k} {v}" for k, v in sorted(stats.passes.items()))
+    rate = len(gen.token_ids) / stats.seconds if stats.seconds > 0 else 0.0
+    echo_err(f"[{decoder}: {len(gen.token_ids)} tokens, {stats.target_passes} target passes ({passes}), "
+             f"{stats.steps} steps, {stats.seconds:.2f} s, {rate:.1f} tok/s{', stopped' if gen.stopped else ''}]")
+
+
+@click.command()
+@click.option("--model", "models", multiple=True, metavar="NAME",
+              help="Show only this embedded model (repeatable): arithmetic, code. Default: both, arithmetic first.")
+@click.option("--prompt-index", type=int, default=0, show_default=True,
+              help="Which held-out prompt of each model to decode.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
+              help="Default: the model's (arithmetic 160: a whole solution, it stops at its end; code 64).")
+@click.option("--temperature", type=float, default=None,
+              help="Sampling temperature for every model; SPOT's text is identical at any. Default: the model's "
+                   "(arithmetic 0 = greedy, code 0.7: its greedy text loops).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--budget", type=int, default=None, help="Tree nodes per verify pass. Default: the model's.")
+@click.option("--depth", type=int, default=None, help="Tree depth. Default: the model's.")
+def demo(models, prompt_index, max_new_tokens, temperature, seed, budget, depth):
+    """Export the embedded models to ONNX (cached), decode a held-out prompt of each with standard decoding and
+    with SPOT on ONNX Runtime, and show that both texts are identical — in fewer target passes.
+
+    \b
+    Example:
+      spot demo
+      spot demo --model arithmetic --prompt-index 5
+      spot demo --temperature 1.0 --seed 3
+    """
+    from spot.demo import DEMO_MODELS, demo_budget, demo_model_text, demo_summary, run_demo
+    if temperature is not None:
+        from spot.runtime.step import Sampling
+        Sampling(temperature, seed=seed)        # refused now, not after the exports
+    results = run_demo(models or DEMO_MODELS, prompt_index, max_new_tokens, temperature, seed,
+                       demo_budget(models, budget, depth), progress=stderr_progress())
+    for r in results:
+        click.echo(demo_model_text(r))
+    click.echo(demo_summary(results))
+    if not all(r["identical"] for r in results):
+        raise SystemExit(1)

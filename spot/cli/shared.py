@@ -1,0 +1,65 @@
+"""What several commands share: the engine placement options, and progress and notes printed to stderr (stdout
+stays the command's result)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+def echo_err(line: str) -> None:
+    """A note or progress line, to stderr."""
+    click.echo(line, err=True)
+
+
+def placement_options(command):
+    """--sampler and --kv-cache: where an ort engine samples and keeps its KV cache (commands that decode)."""
+    command = click.option(
+        "--kv-cache", type=click.Choice(["auto", "host", "device"]), default="auto", show_default=True,
+        help="ort: keep the KV cache where the target runs (device: appended there by the export's kv_append.onnx) "
+             "or in numpy arrays sent with every pass (host). auto: device on cuda/trt.")(command)
+    return click.option(
+        "--sampler", type=click.Choice(["auto", "host", "device"]), default="auto", show_default=True,
+        help="ort: sample with the export's epilogue graph next to the target (device: only small arrays reach the "
+             "host) or with numpy on the logits (host). auto: device on cuda/trt, host on cpu.")(command)
+
+
+def stderr_progress(quiet: bool = False):
+    """Progress lines to stderr (stdout stays the command's result), or none with --quiet. A line starting with "\r"
+    updates a progress bar (spot.export.export.Progress): rewritten in place on a terminal ("\r" alone clears it),
+    elsewhere printed at most every 30 s."""
+    if quiet:
+        return lambda line: None
+    import shutil
+    import time
+    terminal, bar, last = sys.stderr.isatty(), [False], [time.monotonic()]
+
+    def say(line: str) -> None:
+        if line.startswith("\r"):
+            text = line[1:]
+            if terminal:
+                width = shutil.get_terminal_size().columns - 1      # a wrapped line cannot be rewritten
+                click.echo("\r\x1b[K" + text[:width], nl=False, err=True)
+                bar[0] = bool(text)
+            elif text and time.monotonic() - last[0] >= 30:
+                click.echo(text.strip(), err=True)
+                last[0] = time.monotonic()
+            return
+        if bar[0]:
+            click.echo("\r\x1b[K", nl=False, err=True)
+            bar[0] = False
+        click.echo(line, err=True)
+        last[0] = time.monotonic()
+    return say
+
+
+def model_folder(backend: str, model_dir):
+    """spot.models.model_folder with its progress and note on stderr (an embedded model's export, on first use)."""
+    from spot.models import model_folder as resolve_folder
+    return resolve_folder(backend, model_dir, stderr_progress(), echo_err)
+
+
+def open_model(backend: str, model_dir, block_size, device: str, sampler: str = "auto", kv_cache: str = "auto"):
+    """spot.models.open_model with its progress and note on stderr: (engine, tokenizer, folder)."""
+    from spot.models import open_model as open_resolved
+    return open_resolved(backend, model_dir, block_size, device, sampler, kv_cache, stderr_progress(), echo_err)
