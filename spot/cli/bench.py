@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from spot.cli.shared import echo_err, open_model, placement_options
-from spot.engines.factory import BACKENDS
+from spot.cli.shared import backend_option, echo_err, open_model, placement_options
 from spot.errors import SpotError
 from spot.tuned import TUNABLE_DECODERS
 
@@ -14,10 +13,7 @@ from spot.tuned import TUNABLE_DECODERS
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Checkpoint or exported folder. Default: the embedded model (--backend ort: spot demo's export "
                    "of it).")
-@click.option("--backend", type=click.Choice(BACKENDS), default=None,
-              help="Default: ort for an exported folder, torch for a checkpoint; without --model, "
-                   "the embedded model on ort (its export, made on first use) where onnxruntime is "
-                   "installed.")
+@backend_option
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--block-size", type=int, default=None)
 @click.option("--prompts", "prompts_path", type=click.Path(path_type=str), default=None,
@@ -99,10 +95,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Checkpoint (--backend torch) or exported folder (--backend ort). Default: the embedded model "
                    "(--backend ort: spot demo's export of it).")
-@click.option("--backend", type=click.Choice(BACKENDS), default=None,
-              help="Default: ort for an exported folder, torch for a checkpoint; without --model, "
-                   "the embedded model on ort (its export, made on first use) where onnxruntime is "
-                   "installed.")
+@backend_option
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--block-size", type=int, default=None, help="Block size B. Default: the config's block_size.")
 @click.option("--temperature", type=float, default=0.0, show_default=True)

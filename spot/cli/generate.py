@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from spot.cli.shared import echo_err, model_folder, placement_options, stderr_progress
-from spot.engines.factory import BACKENDS
+from spot.cli.shared import backend_option, echo_err, model_folder, placement_options, stderr_progress
 from spot.errors import SpotError
 from spot.runtime.decoders import DECODERS
 
@@ -33,10 +32,7 @@ from spot.runtime.decoders import DECODERS
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--stop-ids", default=None,
               help="Comma-separated ids that end generation ('' = none). Default: the model's (config / export).")
-@click.option("--backend", type=click.Choice(BACKENDS), default=None,
-              help="Default: ort for an exported folder, torch for a checkpoint; without --model, "
-                   "the embedded model on ort (its export, made on first use) where onnxruntime is "
-                   "installed.")
+@backend_option
 @click.option("--device", default="cpu", show_default=True,
               help="Device of the backend (torch: cpu, cuda; ort: cpu, cuda, trt; tensorrt: cuda).")
 @click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
@@ -102,16 +98,14 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     request = replace(request, budget=tree_budget)
     if tuned is not None and not as_json:       # what --budget auto chose, and why (--json: "budget")
         echo_err(tuned_note(verified_budget(decoder, tree_budget, engine), tuned))
-    on_block, printed = None, None
-    if stream and as_json:
-        def on_block(block_ids):
-            click.echo(json.dumps({"block_ids": block_ids}))
-    elif stream:
-        printed = TrimmedStream(tokenizer)
+    printed = TrimmedStream(tokenizer) if stream and not as_json else None
 
-        def on_block(block_ids):
+    def on_block(block_ids):
+        if as_json:
+            click.echo(json.dumps({"block_ids": block_ids}))
+        else:
             click.echo(printed.feed(block_ids), nl=False)
-    gen = run_decoder(decoder, engine, ids, request, drafter, on_block)
+    gen = run_decoder(decoder, engine, ids, request, drafter, on_block if stream else None)
     text = tokenizer.decode(gen.token_ids, mark_unknown=True) if tokenizer is not None else None
     stats = gen.stats
     if as_json:

@@ -6,10 +6,19 @@ import sys
 
 import click
 
+from spot.engines.factory import BACKENDS
+
 
 def echo_err(line: str) -> None:
     """A note or progress line, to stderr."""
     click.echo(line, err=True)
+
+
+# --backend of the commands that pick it from --model (spot.models.resolve_backend)
+backend_option = click.option(
+    "--backend", type=click.Choice(BACKENDS), default=None,
+    help="Default: ort for an exported folder, torch for a checkpoint; without --model, the embedded model on ort "
+         "(its export, made on first use) where onnxruntime is installed.")
 
 
 def placement_options(command):
