@@ -15,8 +15,7 @@ import click
 
 from spot import __version__
 from spot.engines.factory import BACKENDS, EXPORTED_BACKENDS
-from spot.errors import SpotError
-from spot.entry import INTERRUPTED_LINE, TERMINATED_LINE
+from spot.errors import INTERRUPTED_LINE, TERMINATED_LINE, SpotError
 from spot.files import check_output_path
 from spot.runtime.decoders import DECODERS
 from spot.runtime.spot import DEFAULT_DEPTH
@@ -162,7 +161,7 @@ def placement_options(command):
 
 def stderr_progress(quiet: bool = False):
     """Progress lines to stderr (stdout stays the command's result), or none with --quiet. A line starting with "\r"
-    updates a progress bar (spot.export.export.Progress): rewritten in place on a terminal ("\r" alone clears it),
+    updates a progress bar (spot.export.options.Progress): rewritten in place on a terminal ("\r" alone clears it),
     elsewhere printed at most every 30 s."""
     if quiet:
         return lambda line: None
@@ -213,7 +212,7 @@ def check_model_folder(backend: str, folder) -> None:
     """The model folder's errors before anything loads from it: an exported folder (ort) by its manifest — a
     missing or edited config.json there is a changed export, not a broken checkpoint — a checkpoint by config.json."""
     if backend in EXPORTED_BACKENDS:
-        from spot.export.manifest import load_manifest
+        from spot.folder.manifest import load_manifest
         load_manifest(folder)
     else:
         from spot.config import load_config
@@ -479,7 +478,8 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     import json
     from pathlib import Path
 
-    from spot.export.export import ExportOptions, dry_run as run_dry_run, export_checkpoint
+    from spot.export.export import dry_run as run_dry_run, export_checkpoint
+    from spot.export.options import ExportOptions
     from spot.export.presets import resolve_source
     from spot.export.quantize import DEFAULT_INT4_BLOCK
 
@@ -534,7 +534,7 @@ def verify(folder, quick):
     """
     from pathlib import Path
 
-    from spot.export.manifest import DRAFTER_FILES, load_manifest
+    from spot.folder.manifest import DRAFTER_FILES, load_manifest
     from spot.runtime.drafter import DRAFTER_ONNX, load_drafter
 
     exported = load_manifest(folder, "quick" if quick else "full")
