@@ -23,8 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spot.errors import SpotError, run_script  # noqa: E402
-from spot.export.epilogue import (FALLBACK_OUTPUT, OUTPUTS, EpilogueSpec, build_epilogue,  # noqa: E402
-                                  epilogue_feeds, make_epilogue_session)
+from spot.export.epilogue import EpilogueSpec, build_epilogue
+from spot.folder.epilogue import FALLBACK_OUTPUT, OUTPUTS, epilogue_feeds, make_epilogue_session
 from spot.runtime.step import Sampling  # noqa: E402
 
 VARIANTS = {  # name -> EpilogueSpec overrides

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spot.prompts import load_prompts  # noqa: E402
 from spot.engines.ort_engine import OrtEngine  # noqa: E402
 from spot.engines.torch_engine import TorchEngine  # noqa: E402
-from spot.export.export import ExportOptions, export_checkpoint  # noqa: E402
+from spot.export.export import export_checkpoint
+from spot.export.options import ExportOptions  # noqa: E402
 from spot.export.presets import resolve_source  # noqa: E402
 from spot.runtime.decode import generate  # noqa: E402
 from spot.runtime.step import Sampling  # noqa: E402

@@ -46,7 +46,8 @@ MASK_RATIOS = (0.25, 0.5, 1.0)
 def export_variants(model: Path, work: Path, names: list[str]) -> tuple[dict[str, Path], dict[str, str]]:
     """(name -> exported folder, name -> why it was skipped)."""
     from spot.config import load_config
-    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.export import export_checkpoint
+    from spot.export.options import ExportOptions
     from spot.export.presets import resolve_source
     cfg = load_config(model)
     out, skipped = {}, {}

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spot.config import ModelConfig  # noqa: E402
 from spot.errors import SpotError, run_script  # noqa: E402
 from spot.files import write_text_atomic  # noqa: E402
-from spot.export.manifest import past_feeds  # noqa: E402
+from spot.folder.manifest import past_feeds  # noqa: E402
 
 FORMS = ("broadcast", "shared-prefix")      # format 1's graph, format 2's
 FILES = {"broadcast": "broadcast.onnx", "shared-prefix": "target.onnx"}
@@ -47,7 +47,9 @@ def sdar_1_7b_shape(layers: int, vocab: int, max_context: int) -> ModelConfig:
 
 def export_both(cfg: ModelConfig, folder: Path, max_nodes: int) -> Path:
     """A random checkpoint exported (format 2) plus format 1's graph over the same data file."""
-    from spot.export.export import ExportOptions, export_checkpoint, make_model, plan_layout
+    from spot.export.export import export_checkpoint
+    from spot.export.target_file import make_model, plan_layout
+    from spot.export.options import ExportOptions
     from spot.export.graph import BROADCAST, build_target_graph
     from spot.export.presets import resolve_source
     from spot.reference.model import random_model

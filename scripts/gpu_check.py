@@ -116,7 +116,8 @@ def environment() -> dict:
 def make_model(cfg: ModelConfig, work: Path) -> dict:
     import torch
 
-    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.export import export_checkpoint
+    from spot.export.options import ExportOptions
     from spot.export.presets import resolve_source
     from spot.reference.model import random_model
     torch.manual_seed(0)
@@ -243,7 +244,7 @@ def projected_vs_measured(rep: Report, name: str, engine, folder, cfg: ModelConf
     """latency(N) of one pass (the decoders' block_outputs, spot.runtime.tuning.measure_latency_curve) at half the
     model's context, beside the roofline projection spot-export --plan prints for that device: measured / projected
     per node count (a projection is a bound-based estimate: the ratio is the finding, not a pass/fail)."""
-    from spot.export.manifest import load_manifest
+    from spot.folder.manifest import load_manifest
     from spot.export.roofline import pass_cost, pass_ms
     from spot.runtime.tuning import measure_latency_curve
     context = cfg.max_position_embeddings // 2 // cfg.block_size * cfg.block_size
@@ -349,8 +350,8 @@ def tuner(rep: Report, name: str, engine, cfg: ModelConfig):
 
 
 def epilogue_checks(rep: Report, cfg: ModelConfig, providers: list, tag: str, nodes: int = 8, future: int = 3):
-    from spot.export.epilogue import (OUTPUTS, EpilogueSpec, build_epilogue, make_epilogue_session,
-                                      reference_epilogue, run_epilogue)
+    from spot.export.epilogue import EpilogueSpec, build_epilogue, reference_epilogue
+    from spot.folder.epilogue import OUTPUTS, make_epilogue_session, run_epilogue
     import onnxruntime as ort
     rng = np.random.default_rng(5)
     logits = (rng.standard_normal((nodes, cfg.block_size, cfg.vocab_size)) * 3).astype(np.float32)
@@ -389,7 +390,8 @@ def epilogue_cost(rep: Report):
 def torch_epilogue_checks(rep: Report, cfg: ModelConfig):
     import torch
 
-    from spot.export.epilogue import OUTPUTS, reference_epilogue
+    from spot.export.epilogue import reference_epilogue
+    from spot.folder.epilogue import OUTPUTS
     from spot.reference.noise_torch import epilogue_torch
     rng = np.random.default_rng(6)
     logits = (rng.standard_normal((8, cfg.block_size, cfg.vocab_size)) * 3).astype(np.float32)

@@ -61,8 +61,8 @@ def embedded_export_current(name: str = DEFAULT_MODEL) -> bool:
 
 def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL) -> Path:
     """The embedded model `name` exported to fp32 ONNX, reused while its manifest checks out (re-exported
-    otherwise). An export says one line; its steps are a progress bar's updates (spot.export.export.Progress)."""
-    from spot.export.manifest import load_manifest      # (the exporter, torch and onnx: only to export)
+    otherwise). An export says one line; its steps are a progress bar's updates (spot.export.options.Progress)."""
+    from spot.folder.manifest import load_manifest      # (the exporter, torch and onnx: only to export)
 
     out = embedded_export_dir(name)
     stamp = embedded_export_stamp(name)
@@ -80,7 +80,8 @@ def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL
                         lambda: progress(f"waiting for another process exporting the {name} model to {out}")):
         if usable():
             return out
-        from spot.export.export import ExportOptions, check_replaceable, export_checkpoint
+        from spot.export.export import check_replaceable, export_checkpoint
+        from spot.export.options import ExportOptions
         from spot.export.presets import resolve_source
         if out.is_dir():
             progress(f"cached export at {out} is stale or damaged: exporting again")

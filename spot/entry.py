@@ -8,8 +8,7 @@ from __future__ import annotations
 import signal
 import sys
 
-INTERRUPTED_LINE = "error: interrupted (Ctrl-C); outputs not completed were not written"
-TERMINATED_LINE = "error: terminated (SIGTERM); outputs not completed were not written"
+from spot.errors import INTERRUPTED_LINE, TERMINATED_LINE
 
 
 _SIGNALS: list[int] = []      # SIGTERM received while importing

@@ -2,6 +2,10 @@
 
 import operator
 
+# the one line a command interrupted by Ctrl-C or SIGTERM ends with (spot.entry while importing, spot.cli after)
+INTERRUPTED_LINE = "error: interrupted (Ctrl-C); outputs not completed were not written"
+TERMINATED_LINE = "error: terminated (SIGTERM); outputs not completed were not written"
+
 
 class SpotError(Exception):
     """An error caused by the user's input (path, checkpoint, argument). The CLI prints it without a traceback."""

@@ -21,7 +21,7 @@ def check_model_folder(backend: str, folder) -> None:
     """The model folder's errors before anything loads from it: an exported folder (ort) by its manifest — a
     missing or edited config.json there is a changed export, not a broken checkpoint — a checkpoint by config.json."""
     if backend in EXPORTED_BACKENDS:
-        from spot.export.manifest import load_manifest
+        from spot.folder.manifest import load_manifest
         load_manifest(folder)
     else:
         from spot.config import load_config
@@ -98,7 +98,7 @@ def verify_export(folder, quick: bool = False) -> tuple[int, int, bool]:
     """Every file of an exported folder checked against its manifest (full sha256, or sizes and sampled hashes when
     quick), and its drafter pair, if any, against its drafter.json and the model. Returns (files, bytes, whether a
     drafter was checked); SpotError naming the first mismatch."""
-    from spot.export.manifest import DRAFTER_FILES, load_manifest
+    from spot.folder.manifest import DRAFTER_FILES, load_manifest
     from spot.runtime.drafter import DRAFTER_ONNX, load_drafter
 
     exported = load_manifest(folder, "quick" if quick else "full")

@@ -59,7 +59,7 @@ def test_concurrent_first_runs_export_the_demo_cache_once(tmp_path, monkeypatch)
     import threading
 
     import spot.export.export as export_mod
-    import spot.export.manifest as manifest_mod
+    import spot.folder.manifest as manifest_mod
     from spot.demo import embedded_export_dir, exported_embedded
     from spot.errors import SpotError
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))
@@ -175,7 +175,8 @@ def test_the_ort_runtime_needs_neither_torch_nor_onnx(embedded, tmp_path):
     import subprocess
     import sys
 
-    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.export import export_checkpoint
+    from spot.export.options import ExportOptions
     from spot.export.presets import resolve_source
     folder = export_checkpoint(resolve_source(str(embedded)), tmp_path / "onnx", ExportOptions(dtype="fp32"))
     (tmp_path / "blocker").mkdir()

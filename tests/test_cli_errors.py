@@ -82,7 +82,8 @@ def test_a_path_of_bytes_that_are_not_utf8_is_named(tmp_path):
     import os
     import shutil
 
-    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.export import export_checkpoint
+    from spot.export.options import ExportOptions
     from spot.export.presets import resolve_source
     from tinymodels import save_tiny_model, save_tiny_tokenizer
     save_tiny_tokenizer(save_tiny_model(tmp_path / "m"))

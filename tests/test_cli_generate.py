@@ -217,7 +217,8 @@ def test_json_mode_is_the_rule_the_decoder_ran(model_dirs):
 
 def test_an_exported_folder_is_checked_by_its_manifest_first(model_dirs, tmp_path):
     """A missing or edited config.json in an exported folder is a changed export (say so), not a broken checkpoint."""
-    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.export import export_checkpoint
+    from spot.export.options import ExportOptions
     from spot.export.presets import resolve_source
     out = export_checkpoint(resolve_source(model_dirs["bare"]), tmp_path / "x", ExportOptions(dtype="fp32",
                                                                                               validate=False))

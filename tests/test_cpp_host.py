@@ -19,7 +19,8 @@ import torch
 
 from spot.config import ModelConfig
 from spot.engines.ort_engine import OrtEngine
-from spot.export.export import ExportOptions, export_checkpoint
+from spot.export.export import export_checkpoint
+from spot.export.options import ExportOptions
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.errors import SpotError

@@ -14,9 +14,10 @@ import pytest
 from spot.config import ModelConfig
 from spot.engines.ort_engine import OrtEngine, on_device
 from spot.errors import SpotError
-from spot.export.export import ExportOptions, export_checkpoint
+from spot.export.export import export_checkpoint
+from spot.export.options import ExportOptions
 from spot.export.kv_append import validate_kv_append, write_kv_append
-from spot.export.manifest import load_manifest, write_manifest
+from spot.folder.manifest import load_manifest, write_manifest
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.runtime.decoders import DecodeRequest, run_decoder

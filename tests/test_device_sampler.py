@@ -13,7 +13,8 @@ from spot.config import ModelConfig
 from spot.engines.factory import open_engine
 from spot.engines.ort_engine import OrtEngine
 from spot.errors import SpotError
-from spot.export.export import ExportOptions, export_checkpoint
+from spot.export.export import export_checkpoint
+from spot.export.options import ExportOptions
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.runtime.decode import generate
@@ -24,7 +25,7 @@ from spot.runtime.spot import TreeBudget
 from spot.runtime.step import CommitRule, Sampling
 
 pytest.importorskip("onnx")
-from spot.export import exact_math  # noqa: E402
+from spot import exact_math  # noqa: E402
 
 # peaked enough that threshold decoding commits several positions per step
 CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -83,7 +84,7 @@ def test_a_device_pass_samples_a_state_when_it_is_read(folders):
     """A pass returns deferred outputs: the epilogue runs for a state when its outputs are first read (once), over
     that state's rows of the device logits bound in place, and gives that state's row of the whole pass's epilogue
     bit for bit; the host receives small arrays only."""
-    from spot.export.epilogue import run_epilogue
+    from spot.folder.epilogue import run_epilogue
     from spot.runtime.outputs import DeferredOutputs
     engine = OrtEngine(folders[0], sampler="device", threads=1)
     host = OrtEngine(folders[0], sampler="host", threads=1)
@@ -173,7 +174,7 @@ def test_epilogue_runs_over_positions_decode_the_same(folders, decoder, mode):
 def test_a_manifest_that_misstates_the_epilogue_positions_is_refused(folders, tmp_path):
     import shutil
 
-    from spot.export.manifest import load_manifest, write_manifest
+    from spot.folder.manifest import load_manifest, write_manifest
     for p, message in ((3, "positions_per_call must divide the block size 8, got 3"),
                        (4, "positions_per_call is 4, the graph's logits take 2 positions")):
         folder = tmp_path / f"p{p}"
@@ -230,7 +231,7 @@ def test_runner_ups_from_the_epilogue_equal_the_host_ones_and_old_epilogues_stil
     tokens."""
     import onnx
 
-    from spot.export.manifest import add_files, load_manifest, write_manifest
+    from spot.folder.manifest import add_files, load_manifest, write_manifest
     host = OrtEngine(folders[0], sampler="host", threads=1)
     device = OrtEngine(folders[0], sampler="device", threads=1)
     states = np.full((2, CFG.block_size), CFG.mask_token_id)

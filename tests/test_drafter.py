@@ -648,7 +648,7 @@ def test_replacing_the_drafter_of_an_exported_folder_keeps_the_folder_valid(draf
     retraining it in place — or either interrupted between its writes — never makes the folder refused as changed
     since export, also where an older manifest lists the pair; a pair that does not match itself is refused when the
     drafter loads, naming it."""
-    from spot.export.manifest import add_files, verify_files, write_manifest
+    from spot.folder.manifest import add_files, verify_files, write_manifest
     from spot.training.calibration import write_calibration
     for name in (DRAFTER_ONNX, DRAFTER_JSON):
         (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())

@@ -1,6 +1,6 @@
 """The sampling epilogue graph (spot.export.epilogue) equals the numpy runtime bit for bit on ONNX Runtime CPU.
 
-Bit identity rests on spot.export.exact_math reproducing the runtime's float64 exp/log (spot.runtime.libm: glibc's
+Bit identity rests on spot.exact_math reproducing the runtime's float64 exp/log (spot.runtime.libm: glibc's
 __exp_fma/__log_fma on x86-64 with FMA) and numpy's pairwise summation; the first tests check those building blocks
 directly.
 """
@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 from spot.errors import SpotError
-from spot.export import exact_math as xm
+from spot import exact_math as xm
 from spot.runtime import libm
 from spot.runtime.noise import gumbel
 from spot.runtime.step import Sampling
 
 onnx = pytest.importorskip("onnx")
-from spot.export.epilogue import (FALLBACK_OUTPUT, OUTPUTS, EpilogueSpec, epilogue_feeds,  # noqa: E402
-                                  build_epilogue, build_noise_graph, check_sampling, declared_output_shapes,
-                                  graph_positions, make_epilogue_session,
-                                  reference_epilogue, reference_noise, run_epilogue)
+from spot.export.epilogue import (EpilogueSpec, build_epilogue, build_noise_graph, declared_output_shapes,
+                                  reference_epilogue, reference_noise)
+from spot.folder.epilogue import (FALLBACK_OUTPUT, OUTPUTS, check_sampling, epilogue_feeds, graph_positions,
+                                  make_epilogue_session, run_epilogue)
 
 
 needs_glibc_fma = pytest.mark.skipif(not xm.reference_platform(),

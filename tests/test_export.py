@@ -18,9 +18,11 @@ from spot.cli import main as cli
 from spot.config import ModelConfig, load_config
 from spot.errors import SpotError
 from spot.export import export as export_mod
-from spot.export import manifest as manifest_mod
-from spot.export.export import DATA_FILE, TARGET_FILE, ExportOptions, dry_run, export_checkpoint
-from spot.export.manifest import load_manifest
+from spot.folder import manifest as manifest_mod
+from spot.export.export import dry_run, export_checkpoint
+from spot.export.target_file import DATA_FILE, TARGET_FILE
+from spot.export.options import ExportOptions
+from spot.folder.manifest import load_manifest
 from spot.export.presets import PRESETS, resolve_source
 from spot.reference.model import random_model
 from tinymodels import CONTRADICTIONS, contradicting_copy

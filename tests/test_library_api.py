@@ -11,7 +11,8 @@ import pytest
 
 from spot.engines.factory import open_engine
 from spot.errors import SpotError
-from spot.export.export import ExportOptions, export_checkpoint
+from spot.export.export import export_checkpoint
+from spot.export.options import ExportOptions
 from spot.export.presets import resolve_source
 from spot.runtime.decode import generate
 from spot.runtime.decoders import DecodeRequest, run_decoder

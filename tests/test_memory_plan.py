@@ -110,7 +110,7 @@ def test_sdar_8b_b32_on_orin_nx_holds_longer_contexts_without_the_broadcast():
     """The issue's case (spot-export sdar-8b-b32 --weights int4 --plan orin-nx-16gb): format 1's plan held 4224
     tokens at 64 nodes (12 GiB of K/V broadcast and 4.5 GiB of cache copy at 32k tokens) and 13504 at 16; without
     them at least 1.6x that."""
-    from spot.export.export import ExportOptions
+    from spot.export.options import ExportOptions
     from spot.export.presets import PRESETS
     cfg = PRESETS["sdar-8b-b32"].config()
     options = ExportOptions(dtype="fp16", weights="int4")
@@ -237,7 +237,7 @@ def test_the_plan_counts_the_sampling_epilogue(cfg):
     """The device sampler's epilogue (measured on ORT CPU: ~9 x its (D+1) x P x V float64 tensor per call) is a
     pass term of its own: it grows with the future steps and the positions per call, not with the nodes (the hosts
     call it for one state at a time), and no epilogue means no term. The default positions keep it under 1 GiB."""
-    from spot.export.memory_plan import EPILOGUE_PEAK_FACTOR, EpilogueCall, default_epilogue_positions
+    from spot.folder.epilogue import EPILOGUE_PEAK_FACTOR, EpilogueCall, default_epilogue_positions
     quant, dev = QuantScheme("int4"), DEVICES["orin-nx-16gb"]
     call = EpilogueCall(4, cfg.block_size)
     with_epi = make_plan(cfg, "fp16", quant, 8192, 2, dev, "sdar-8b", epilogue=call)

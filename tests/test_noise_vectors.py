@@ -93,7 +93,8 @@ def test_torch_int64_product_matches_uint32_wrapping():
 
 def test_onnx_noise_reproduces_the_vectors():
     pytest.importorskip("onnx")
-    from spot.export.epilogue import build_counter_noise_graph, make_epilogue_session
+    from spot.export.epilogue import build_counter_noise_graph
+    from spot.folder.epilogue import make_epilogue_session
     session = make_epilogue_session(build_counter_noise_graph())
     a, b, g = session.run(["a", "b", "g"], {c: _column(c) for c in COUNTERS})
     assert a.tolist() == [v["a"] for v in VECTORS] and b.tolist() == [v["b"] for v in VECTORS]

@@ -15,7 +15,8 @@ from spot.engines.factory import BACKENDS, open_engine
 from spot.engines.ort_engine import OrtEngine
 from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
-from spot.export.export import ExportOptions, export_checkpoint
+from spot.export.export import export_checkpoint
+from spot.export.options import ExportOptions
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.runtime.decode import generate
@@ -352,7 +353,7 @@ def test_every_pass_under_tensorrt_lies_inside_the_recorded_profile(tmp_path, de
 def test_tensorrt_needs_the_recorded_profile_and_its_block_size(tmp_path):
     """An export without the profile (written before it was recorded) and a --block-size override are refused on
     --device trt before any provider is asked for, with what to do."""
-    from spot.export.manifest import load_manifest, write_manifest
+    from spot.folder.manifest import load_manifest, write_manifest
     _, folder = _export(TINY, tmp_path, "fp32", validate=False)
     with pytest.raises(SpotError, match="blocks of 4, the engine decodes blocks of 8"):
         OrtEngine(folder, block_size=8, device="trt")

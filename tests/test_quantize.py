@@ -15,7 +15,9 @@ from spot.config import ModelConfig
 from spot.engines.ort_engine import OrtEngine
 from spot.errors import SpotError
 from spot.export import quantize as quant_mod
-from spot.export.export import DATA_FILE, TARGET_FILE, ExportOptions, export_checkpoint
+from spot.export.export import export_checkpoint
+from spot.export.target_file import DATA_FILE, TARGET_FILE
+from spot.export.options import ExportOptions
 from spot.export.presets import resolve_source
 from spot.export.quantize import (QuantScheme, dequantize_rows, is_quantized_linear, pack_int4, pack_nbits_rows,
                                   quantize_rows, scales_for, unpack_int4)

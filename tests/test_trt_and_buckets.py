@@ -155,7 +155,8 @@ def test_static_cache_grows_to_a_bigger_bucket_and_refuses_overflow():
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     torch = pytest.importorskip("torch")
-    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.export import export_checkpoint
+    from spot.export.options import ExportOptions
     from spot.export.presets import resolve_source
     from spot.reference.model import random_model
     threads = torch.get_num_threads()
@@ -206,7 +207,8 @@ def test_static_engine_applies_a_quantized_exports_session_config(tmp_path):
     torch = pytest.importorskip("torch")
     from spot.engines.static_ort import StaticOrtEngine
     from spot.engines.ort_engine import OrtEngine
-    from spot.export.export import ExportOptions, export_checkpoint
+    from spot.export.export import export_checkpoint
+    from spot.export.options import ExportOptions
     from spot.export.presets import resolve_source
     from spot.reference.model import random_model
     random_model(TINY, seed=3).save_pretrained(tmp_path / "ckpt")
@@ -270,8 +272,9 @@ def test_spot_equals_standard_decoding_on_the_static_engine(exported, temperatur
 def test_epilogue_in_the_exported_folder_runs_on_the_engine_logits(exported):
     """epilogue.onnx registered in the manifest, fed by the static engine's logits, equals the numpy runtime."""
     from spot.engines.static_ort import StaticOrtEngine
-    from spot.export.epilogue import OUTPUTS, make_epilogue_session, reference_epilogue, run_epilogue
-    from spot.export.manifest import load_manifest
+    from spot.export.epilogue import reference_epilogue
+    from spot.folder.epilogue import OUTPUTS, make_epilogue_session, run_epilogue
+    from spot.folder.manifest import load_manifest
     from spot.export.upgrade import upgrade_export
     from spot.runtime.step import Sampling
     upgrade_export(exported, future_steps=2, progress=lambda line: None)
@@ -394,7 +397,7 @@ def test_an_onnx_runtime_only_export_gets_no_build_engine_advice(monkeypatch):
 
     class Folder:
         folder, manifest = "e4-nbits", {"ort_only": True}
-    monkeypatch.setattr("spot.export.manifest.load_manifest", lambda folder: Folder())
+    monkeypatch.setattr("spot.folder.manifest.load_manifest", lambda folder: Folder())
     lines = []
     assert te.build_after_export("e4-nbits", "auto", progress=lines.append) is None
     assert lines and "none for this export" in lines[0] and "build-engine" not in lines[0]

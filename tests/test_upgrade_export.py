@@ -14,8 +14,9 @@ from spot.cli import main as cli
 from spot.config import ModelConfig
 from spot.engines.ort_engine import OrtEngine
 from spot.errors import SpotError
-from spot.export.export import ExportOptions, export_checkpoint
-from spot.export.manifest import load_manifest, write_manifest
+from spot.export.export import export_checkpoint
+from spot.export.options import ExportOptions
+from spot.folder.manifest import load_manifest, write_manifest
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.runtime.decoders import DecodeRequest, run_decoder
@@ -148,7 +149,8 @@ def test_upgrade_keeps_a_folder_exported_without_an_epilogue_without_one(tmp_pat
 def test_upgrade_leaves_a_current_folder_alone_and_keeps_its_memory_plan(tmp_path):
     """A second upgrade changes nothing (no swap, says so); a folder exported with --plan gets its plan recomputed
     for the new epilogue and an upgrade that would no longer fit that device is refused before anything is written."""
-    from spot.export.memory_plan import EpilogueCall, make_plan, resolve_device
+    from spot.export.memory_plan import make_plan, resolve_device
+    from spot.folder.epilogue import EpilogueCall
     random_model(CFG, seed=1).save_pretrained(tmp_path / "ckpt")
     small, large = EpilogueCall(2, 1), EpilogueCall(2, 8)
     plans = [make_plan(CFG, "fp32", None, 128, 8, resolve_device("4GB"), epilogue=e) for e in (small, large)]

@@ -61,7 +61,7 @@ def whole_block_epilogue_copy(folder, out):
 
     from onnx import numpy_helper
 
-    from spot.export.manifest import add_files, load_manifest, write_manifest
+    from spot.folder.manifest import add_files, load_manifest, write_manifest
     shutil.copytree(folder, out)
     model = onnx.load(str(out / "epilogue.onnx"))
     kept = [i for i in model.graph.input if i.name != "first_position"]
@@ -81,7 +81,7 @@ def nan_weights_copy(folder, out):
     every logit is NaN."""
     import shutil
 
-    from spot.export.manifest import add_files, load_manifest, write_manifest
+    from spot.folder.manifest import add_files, load_manifest, write_manifest
     shutil.copytree(folder, out)
     graph = onnx.load(str(out / "target.onnx"), load_external_data=False)
     (norm,) = [t for t in graph.graph.initializer if t.name == "model.norm.weight"]
@@ -97,9 +97,9 @@ def make_format1(folder):
     """Turn an exported folder into what a format 1 spot-export wrote: its target graph with the cached prefix in one
     stacked input broadcast over the states (spot.export.graph.BROADCAST, the same weights at the same offsets), no
     kv_append graph (that format's append took the whole cache), format_version 1; the manifest re-hashed."""
-    from spot.export.export import TARGET_FILE, make_model, plan_layout
+    from spot.export.target_file import TARGET_FILE, make_model, plan_layout
     from spot.export.graph import BROADCAST
-    from spot.export.manifest import add_files, load_manifest, write_manifest
+    from spot.folder.manifest import add_files, load_manifest, write_manifest
     from spot.export.upgrade import declared_target
     exported = load_manifest(folder, verify="none")
     manifest, cfg = dict(exported.manifest), exported.config

@@ -16,9 +16,9 @@ namespace {
 const char* kManifest = "manifest.json";
 const char* kFormat = "spot-exported-model";
 // 2: per-layer cache inputs past_k_<l> / past_v_<l> [Hkv, C, D], the prefix read once per pass; kv_append appends
-// one layer (spot.export.manifest.FORMAT_VERSION). A format 1 folder is converted by `spot upgrade-export`.
+// one layer (spot.folder.manifest.FORMAT_VERSION). A format 1 folder is converted by `spot upgrade-export`.
 constexpr int64_t kFormatVersion = 2;
-constexpr uint64_t kQuickFullLimit = 64ull * 1024 * 1024;   // spot.export.manifest.QUICK_FULL_LIMIT
+constexpr uint64_t kQuickFullLimit = 64ull * 1024 * 1024;   // spot.folder.manifest.QUICK_FULL_LIMIT
 const char* kChangedHint = "the folder was modified or copied incompletely: copy it again or re-export it with "
                            "spot-export";
 const std::vector<std::string> kInputs = {"input_ids", "position_ids", "attn_bias"};   // + the per-layer cache
@@ -145,7 +145,7 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
     }
     if (const Json* kv = m.at("graphs").find("kv_append"); kv && !kv->is_null())
       ef.kv_append_graph = graph_file(*kv);
-    // the decoding defaults copied from the model config (spot.export.manifest.check_manifest_fields): the
+    // the decoding defaults copied from the model config (spot.folder.manifest.check_manifest_fields): the
     // manifest is not hashed, so an edit is refused rather than half used
     bool same = ef.block_size == ef.config.block_size;
     if (const Json* mask = m.find("mask_token_id")) same = same && mask->integer() == ef.config.mask_token_id;
@@ -182,7 +182,7 @@ SessionConfig session_config(int threads, Device device) {
   return sc;
 }
 
-// spot.export.manifest.check_graph_io: a graph's declared inputs and outputs against what the manifest's dtype and
+// spot.folder.manifest.check_graph_io: a graph's declared inputs and outputs against what the manifest's dtype and
 // model section (and the epilogue's future_steps) imply; -1: a dynamic dim. An edited num_hidden_layers,
 // num_key_value_heads, head_dim, vocab_size or dtype surfaced as ONNX Runtime's error on the first pass.
 struct Expected {
@@ -266,7 +266,7 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
     sc.trt_fp16 = f.dtype == "fp16";
   }
   session_ = std::make_unique<OrtSessionHandle>(f.target_graph, sc);
-  for (int64_t layer = 0; layer < cfg_.num_hidden_layers; ++layer) {   // spot.export.manifest.past_input_names
+  for (int64_t layer = 0; layer < cfg_.num_hidden_layers; ++layer) {   // spot.folder.manifest.past_input_names
     past_names_.push_back("past_k_" + std::to_string(layer));
     past_names_.push_back("past_v_" + std::to_string(layer));
   }
@@ -283,7 +283,7 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
       fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no output '" + want + "': not a spot target graph");
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
   const ONNXTensorElementDataType i64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, f32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  // in spot.export.manifest.io_contract's order, so that both hosts name the same first contradiction
+  // in spot.folder.manifest.io_contract's order, so that both hosts name the same first contradiction
   std::vector<Expected> expected = {
       {"input_ids", i64, {-1, -1}}, {"position_ids", i64, {-1}}, {"attn_bias", kv_type_, {-1, -1}}};
   for (const auto& name : past_names_) expected.push_back({name, kv_type_, {H, -1, D}});

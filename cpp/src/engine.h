@@ -1,4 +1,4 @@
-// The exported folder (manifest.json, checked like spot.export.manifest.load_manifest) and the target engine over
+// The exported folder (manifest.json, checked like spot.folder.manifest.load_manifest) and the target engine over
 // target.onnx: prefill, block logits of N candidate states, store; the KV cache is kept exactly as
 // spot/engines/ort_engine.py keeps it (per layer K and V [Hkv, C, D] in the model dtype, fed in place as the
 // graph's past_k_<l> / past_v_<l>, each stored block appended on axis C): in host memory, or where the target runs
@@ -56,7 +56,7 @@ class HostLogits {
   OrtOutput out_;
 };
 
-// The sampling epilogue's results for N states (spot.export.epilogue.EpilogueResult), on the host; the engine
+// The sampling epilogue's results for N states (spot.folder.epilogue.EpilogueResult), on the host; the engine
 // samples one state per call (n = 1).
 struct EpilogueResult {
   int64_t n = 0, b = 0, d = 0;
@@ -145,7 +145,7 @@ class TargetEngine {
   std::unique_ptr<MemoryPlace> place_;           // where the target's logits / new K/V stay on the device
   std::unique_ptr<OrtSessionHandle> kv_append_;  // the device cache's append (one layer); null: the host cache
   std::vector<OrtOutput> device_k_, device_v_;   // the device cache, [Hkv, C, D] per layer; empty while empty
-  std::vector<std::string> past_names_;          // past_k_0, past_v_0, past_k_1, ... (spot.export.manifest)
+  std::vector<std::string> past_names_;          // past_k_0, past_v_0, past_k_1, ... (spot.folder.manifest)
   std::vector<std::string> epilogue_outputs_;
   int64_t epilogue_steps_ = 0;
   int64_t epilogue_states_ = 0;

@@ -14,7 +14,7 @@
 namespace spot {
 namespace {
 
-// spot.export.manifest: SAMPLE_COUNT chunks of SAMPLE_BYTES
+// spot.folder.manifest: SAMPLE_COUNT chunks of SAMPLE_BYTES
 constexpr int kSampleCount = 16;
 constexpr uint64_t kSampleBytes = 64 * 1024;
 

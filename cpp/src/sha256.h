@@ -6,6 +6,6 @@
 namespace spot {
 
 std::string sha256_file(const std::string& path);          // full sha256, hex
-std::string sample_sha256_file(const std::string& path);   // spot.export.manifest.sample_sha256, hex
+std::string sample_sha256_file(const std::string& path);   // spot.folder.manifest.sample_sha256, hex
 
 }  // namespace spot

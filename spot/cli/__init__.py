@@ -15,8 +15,7 @@ import click
 
 from spot import __version__
 from spot.cli import bench, export, generate, serve, training
-from spot.entry import INTERRUPTED_LINE, TERMINATED_LINE
-from spot.errors import SpotError, os_error_hint
+from spot.errors import INTERRUPTED_LINE, TERMINATED_LINE, SpotError, os_error_hint
 
 # Optional packages -> the extra that installs them: the runtime (generate/bench/tune/verify on an exported folder with
 # --backend ort) needs none of them; export, training, the torch backend, plots and `spot serve` do.

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from spot.errors import SpotError
-from spot.export.manifest import past_input_names
+from spot.folder.manifest import past_input_names
 
 
 def pick_bucket(need: int, buckets: Sequence[int], what: str = "size") -> int:

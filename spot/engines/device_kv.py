@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spot.export.kv_append import INPUTS, OUTPUTS
-from spot.export.manifest import past_input_names
+from spot.folder.kv_append import INPUTS, OUTPUTS
+from spot.folder.manifest import past_input_names
 
 
 class DeviceKVCache:

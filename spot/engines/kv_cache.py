@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from spot.errors import SpotError
-from spot.export.manifest import past_feeds
+from spot.folder.manifest import past_feeds
 
 
 def _is_torch(x) -> bool:

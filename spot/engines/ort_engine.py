@@ -18,7 +18,7 @@ import numpy as np
 from spot.engines.buckets import Profile, trt_shape_option
 from spot.errors import SpotError
 from spot.files import opened_whole, spot_cache
-from spot.export.manifest import NP_DTYPES, check_graph_io, load_manifest, past_input_names
+from spot.folder.manifest import NP_DTYPES, check_graph_io, load_manifest, past_input_names
 from spot.ortlib import load_onnxruntime
 from spot.runtime.engine import Engine, check_threads
 
@@ -108,7 +108,7 @@ ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(
 
 def checked(session, exported, name: str):
     """`session` of the folder's graph `name`, once its declared inputs and outputs agree with the manifest's model
-    section (spot.export.manifest.check_graph_io)."""
+    section (spot.folder.manifest.check_graph_io)."""
     declared = {a.name: (ORT_DTYPES.get(a.type, a.type), list(a.shape))
                 for a in [*session.get_inputs(), *session.get_outputs()]}
     check_graph_io(exported, name, declared)
@@ -139,10 +139,10 @@ def recorded_trt_profile(exported) -> Profile:
 
 
 def epilogue_outputs(session, path) -> list[str]:
-    """The epilogue outputs this host binds (spot.export.epilogue.OUTPUTS), checked once when the graph is opened:
+    """The epilogue outputs this host binds (spot.folder.epilogue.OUTPUTS), checked once when the graph is opened:
     every winner output, and the two runner-up outputs both or neither (an epilogue exported before runner-ups has
     neither: its trees propose winners only, still exact)."""
-    from spot.export.epilogue import OUTPUTS, RUNNER_UP_OUTPUTS
+    from spot.folder.epilogue import OUTPUTS, RUNNER_UP_OUTPUTS
     have = {o.name for o in session.get_outputs()}
     missing = [n for n in OUTPUTS if n not in have and n not in RUNNER_UP_OUTPUTS]
     runner_ups = [n for n in RUNNER_UP_OUTPUTS if n in have]
@@ -158,7 +158,7 @@ def epilogue_positions(session, entry: dict, block_size: int) -> int | None:
     """Positions of a state per epilogue call: the manifest's positions_per_call (a divisor of the block size, the
     graph's static logits dim) when the graph takes first_position; None for an epilogue exported before position
     runs (whole blocks)."""
-    from spot.export.epilogue import POSITION_INPUT, check_positions, graph_positions
+    from spot.folder.epilogue import POSITION_INPUT, check_positions, graph_positions
     if POSITION_INPUT not in {i.name for i in session.get_inputs()}:
         return None
     p = int(entry.get("positions_per_call", block_size))
@@ -388,7 +388,7 @@ class OrtEngine(Engine):
         O(B x (D + 32)) outputs per state come back to the host."""
         if self.epilogue is None:
             return super()._block_outputs(states, steps, sampling, block, noise)
-        from spot.export.epilogue import epilogue_scalars
+        from spot.folder.epilogue import epilogue_scalars
         from spot.runtime.outputs import DeferredOutputs
         self._check_nodes(states.shape[0])
         scalars = epilogue_scalars(steps, sampling, block)     # checks top-p and the counters' ranges once
@@ -406,7 +406,7 @@ class OrtEngine(Engine):
         """The epilogue over state i's rows of a pass's logits [N, B, V] (an OrtValue where the target ran), bound
         in place at their offset (no copy), in runs of the export's positions per call. state [B]: that state, for
         the error path."""
-        from spot.export.epilogue import POSITION_INPUT, EpilogueResult, join_runs
+        from spot.folder.epilogue import POSITION_INPUT, EpilogueResult, join_runs
         from spot.runtime.outputs import sampled_outputs
         t0 = time.perf_counter()
         b, v, p = self.block_size, self.config.vocab_size, self._epilogue_positions or self.block_size

@@ -23,8 +23,8 @@ class StaticOrtEngine(PlannedCacheLimits, Engine):
     def __init__(self, model_dir: str | Path, plan: BucketPlan | None = None, device: str = "cpu",
                  threads: int | None = None):
         from spot.engines.ort_engine import target_session
-        from spot.export.manifest import NP_DTYPES
-        from spot.export.manifest import load_manifest
+        from spot.folder.manifest import NP_DTYPES
+        from spot.folder.manifest import load_manifest
         self.exported = load_manifest(model_dir)
         cfg = self.exported.config
         super().__init__(cfg, self.exported.block_size)

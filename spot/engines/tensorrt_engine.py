@@ -31,7 +31,7 @@ import numpy as np
 
 from spot.engines.buckets import BucketPlan, pad_nodes
 from spot.engines.kv_cache import PlannedCacheLimits, StaticKVCache
-from spot.export.memory_plan import default_epilogue_positions
+from spot.folder.epilogue import default_epilogue_positions
 from spot.errors import SpotError
 from spot.files import atomic_output, spot_cache, write_text_atomic
 from spot.runtime.engine import Engine
@@ -150,7 +150,7 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     """Build (or reuse from the cache) a TensorRT engine for the exported folder; returns the engine file.
     Writes next to it `<key>.json` (versions, buckets) and keeps a timing cache per TensorRT version and GPU in the
     cache folder (timing_cache_name)."""
-    from spot.export.manifest import load_manifest
+    from spot.folder.manifest import load_manifest
     exported = load_manifest(model_dir)      # a wrong folder is named before TensorRT is looked for
     check_parsable(exported)
     trt = _trt()
@@ -254,7 +254,7 @@ def build_after_export(folder: str | Path, mode: str, progress=print) -> Path | 
     """spot-export --tensorrt: "auto" builds the engine (build_engine's defaults, the engine cache) when TensorRT,
     a CUDA GPU and a graph TensorRT parses are all here, and otherwise says why not and how to build it later;
     "yes" requires them; "no" skips. The export itself is complete either way."""
-    from spot.export.manifest import load_manifest
+    from spot.folder.manifest import load_manifest
     if mode == "no":
         return None
 
@@ -279,7 +279,7 @@ def open_trt_engine(model_dir: str | Path, block_size: int | None = None, device
                     sampler: str = "auto", kv_cache: str = "auto") -> "TrtEngine":
     """`--backend tensorrt`: a TrtEngine over the exported folder, its engine built with the default BuildOptions
     or reused from the engine cache (spot-export --tensorrt and spot build-engine put it there)."""
-    from spot.export.manifest import load_manifest
+    from spot.folder.manifest import load_manifest
     exported = load_manifest(model_dir)
     if device != "cuda":
         raise SpotError(f"--backend tensorrt runs on a CUDA GPU, got --device {device}", "add --device cuda")
@@ -355,7 +355,7 @@ class TrtEngine(PlannedCacheLimits, Engine):
     def __init__(self, model_dir: str | Path, engine_file: str | Path | None = None,
                  options: BuildOptions = BuildOptions(), sampler_steps: int | None = DEFAULT_SAMPLER_STEPS):
         from spot.descriptors import read_json
-        from spot.export.manifest import load_manifest
+        from spot.folder.manifest import load_manifest
         _trt()
         torch = _torch_cuda()
         self.torch = torch
@@ -417,9 +417,9 @@ class TrtEngine(PlannedCacheLimits, Engine):
 
     def block_epilogue(self, states: np.ndarray, node_steps, sampling, block: int, future_steps: int):
         """The sampling epilogue over every state of one pass (spot.reference.noise_torch.epilogue_torch): returns
-        spot.export.epilogue.EpilogueResult with O(N x B x (D + 32)) values copied to the host. The decoders use
+        spot.folder.epilogue.EpilogueResult with O(N x B x (D + 32)) values copied to the host. The decoders use
         `block_outputs`, which runs it per state on demand."""
-        from spot.export.epilogue import check_sampling
+        from spot.folder.epilogue import check_sampling
         self._check_caller()
         check_sampling(sampling)
         logits = self._finite_device_logits(self._check_states(states))
@@ -435,7 +435,7 @@ class TrtEngine(PlannedCacheLimits, Engine):
 
     def _epilogue(self, logits, node_steps, sampling, block: int, future_steps: int, positions: int | None = None):
         """The torch twin over logits [N, B, V], `positions` of B per call (default: all)."""
-        from spot.export.epilogue import OUTPUTS, EpilogueResult, join_runs
+        from spot.folder.epilogue import OUTPUTS, EpilogueResult, join_runs
         from spot.reference.noise_torch import epilogue_torch
         b = logits.shape[1]
         p = positions or b
@@ -451,7 +451,7 @@ class TrtEngine(PlannedCacheLimits, Engine):
         round first reads it (DeferredOutputs), over that state's rows only."""
         if self._future_steps is None:
             return super()._block_outputs(states, steps, sampling, block, noise)
-        from spot.export.epilogue import check_sampling
+        from spot.folder.epilogue import check_sampling
         from spot.runtime.outputs import DeferredOutputs, sampled_outputs
         check_sampling(sampling)
         logits = self._finite_device_logits(states)

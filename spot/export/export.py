@@ -12,37 +12,32 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
 
 from spot import __version__
 from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32, read_weight_map
-from spot.config import ModelConfig, check_block_size
-from spot.engines.buckets import dynamic_trt_profile
+from spot.config import ModelConfig
 from spot.descriptors import load_descriptor, read_json
+from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
-from spot.export.graph import TargetGraph, WeightSpec, build_target_graph, check_dtype, check_opset
-from spot.export.epilogue import DEFAULT_FUTURE_STEPS, check_positions, validate_epilogue, write_epilogue
+from spot.export.epilogue import validate_epilogue, write_epilogue
+from spot.export.graph import TargetGraph, build_target_graph, check_dtype
 from spot.export.kv_append import validate_kv_append, write_kv_append
-from spot.export.manifest import (DRAFTER_FILES, FORMAT, FORMAT_VERSION, MANIFEST_NAME, NP_DTYPES, add_files,
-                                  io_contract, write_manifest)
-from spot.export.memory_plan import EpilogueCall, default_epilogue_positions
+from spot.export.options import ExportOptions, Progress, check_options, effective_config, quiet
 from spot.export.presets import Source
-from spot.export.quantize import QuantScheme, write_quantized
+from spot.export.quantize import write_quantized
+from spot.export.target_file import DATA_FILE, TARGET_FILE, check_graph, make_model, plan_layout
+from spot.export.weight_spec import WeightSpec
 from spot.files import (TEMP_PREFIX, beside, folder_bytes, owner_gone, refuse_dangling_link, remove_stale_beside,
                         remove_tree, swap_in_folder)
+from spot.folder.manifest import (DRAFTER_FILES, FORMAT, FORMAT_VERSION, MANIFEST_NAME, NP_DTYPES, add_files,
+                                  io_contract, write_manifest)
 from spot.tokenizer import load_tokenizer
 
-TARGET_FILE = "target.onnx"
-DATA_FILE = "target.onnx.data"
 EXPORTER_REVISION = 1
-ALIGN = 4096                     # page-aligned offsets let ONNX Runtime memory-map the weights
 CHUNK_ELEMS = 4 * 1024 * 1024    # elements converted per chunk (16 MiB as float32)
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                 "added_tokens.json", "chat_template.jinja", "generation_config.json",
@@ -50,125 +45,6 @@ COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges
                 "heldout_prompts.jsonl")          # and its held-out prompts (spot bench's default prompt set)
 PROMPTS_FILE = "heldout_prompts.jsonl"
 _SRC_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-
-# Progress lines; one starting with "\r" updates the line before (a progress bar: spot.cli.stderr_progress rewrites
-# it in place on a terminal), and "\r" alone ends the bar.
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    dtype: str = "fp16"
-    opset: int = 17
-    max_nodes: int = 64
-    max_context: int | None = None     # default: the model's max_position_embeddings
-    block_size: int | None = None      # default: the preset's, else config.json's
-    validate: bool = True
-    validate_layers: int | None = None  # default: all layers up to VALIDATE_FULL_PARAMS, else 2
-    atol: float | None = None          # default: the dtype's tolerance (spot.export.validate)
-    overwrite: bool = False
-    weights: str = "fp"                # fp (= dtype) | int8 | int4: weight-only quantization of the linear layers
-    int4_block: int = 128              # input features per int4 scale: 32 | 64 | 128
-    matmulnbits: bool = False          # int4 as com.microsoft MatMulNBits (ONNX Runtime only)
-    plan: str | None = None            # device whose memory plan is checked and recorded (spot.export.memory_plan)
-    epilogue_steps: int | None = None  # D of the sampling epilogue graph (GPU paths); 0 = none; default:
-                                       # DEFAULT_FUTURE_STEPS, or the block size when smaller
-    epilogue_positions: int | None = None  # block positions per epilogue call (memory); default:
-                                           # memory_plan.default_epilogue_positions
-
-    def epilogue_depth(self, block_size: int) -> int:
-        return min(DEFAULT_FUTURE_STEPS, block_size) if self.epilogue_steps is None else self.epilogue_steps
-
-    def epilogue_call(self, cfg: ModelConfig) -> EpilogueCall | None:
-        """How the hosts will call the export's epilogue (None: it has none)."""
-        d = self.epilogue_depth(cfg.block_size)
-        if d == 0:
-            return None
-        p = self.epilogue_positions or default_epilogue_positions(cfg.vocab_size, cfg.block_size, d)
-        return EpilogueCall(d, p)
-
-    @property
-    def quant(self) -> QuantScheme:
-        return QuantScheme(self.weights, self.int4_block, self.matmulnbits)
-
-
-# -- configuration -------------------------------------------------------------------------------------------------
-def effective_config(cfg: ModelConfig, source: Source, options: ExportOptions, progress: Progress) -> ModelConfig:
-    """The config the export records: block size from --block-size, else the preset, else config.json."""
-    block = options.block_size or source.block_size or cfg.block_size
-    if source.block_size and not options.block_size and cfg.block_size != source.block_size:
-        progress(f"note: preset {source.preset} decodes blocks of {source.block_size}; config.json says "
-                 f"{cfg.block_size}, using {source.block_size}")
-    check_block_size(block, cfg.max_position_embeddings)
-    return cfg.with_block_size(block)
-
-
-def check_options(cfg: ModelConfig, options: ExportOptions) -> int:
-    """Validate dtype/opset/max-nodes/max-context; return the max context."""
-    check_dtype(options.dtype)
-    check_opset(options.opset)
-    if not 1 <= options.max_nodes <= 4096:
-        raise SpotError(f"--max-nodes must be in 1..4096, got {options.max_nodes}",
-                        "it bounds the candidate states of one verify pass (TensorRT optimization profiles)")
-    ctx = cfg.max_position_embeddings if options.max_context is None else options.max_context
-    if not (cfg.block_size <= ctx <= cfg.max_position_embeddings) or ctx % cfg.block_size:
-        raise SpotError(f"--max-context must be a multiple of the block size {cfg.block_size} in "
-                        f"{cfg.block_size}..{cfg.max_position_embeddings}, got {ctx}")
-    if not 0 <= options.epilogue_depth(cfg.block_size) <= cfg.block_size:
-        raise SpotError(f"--epilogue-steps must be in 0..{cfg.block_size} (the block size), got "
-                        f"{options.epilogue_steps}", "it is the deepest SPOT tree the device sampler serves; 0 = none")
-    if options.epilogue_positions is not None:
-        check_positions(options.epilogue_positions, cfg.block_size, "--epilogue-positions",
-                        "it is how many of a state's positions one epilogue call samples (memory)")
-    return ctx
-
-
-# -- graph + layout ------------------------------------------------------------------------------------------------
-def plan_layout(weights: list[WeightSpec], align: int = ALIGN) -> tuple[dict[str, tuple[int, int]], int]:
-    """name -> (offset, nbytes) in the data file, each offset aligned; and the file size."""
-    layout, pos = {}, 0
-    for w in weights:
-        pos = -(-pos // align) * align
-        layout[w.name] = (pos, w.nbytes)
-        pos += w.nbytes
-    return layout, pos
-
-
-def _external_tensor(spec: WeightSpec, offset: int, nbytes: int, location: str) -> TensorProto:
-    t = TensorProto()
-    t.name = spec.name
-    t.data_type = spec.onnx_type
-    t.dims.extend(spec.shape)
-    t.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(nbytes))):
-        entry = t.external_data.add()
-        entry.key, entry.value = key, value
-    return t
-
-
-def make_model(graph: TargetGraph, layout: dict[str, tuple[int, int]], location: str = DATA_FILE,
-               name: str = "sdar_target") -> onnx.ModelProto:
-    """The ModelProto with every weight as an external-data reference into `location` (no weight bytes inside)."""
-    weights = [_external_tensor(w, *layout[w.name], location) for w in graph.weights]
-    g = helper.make_graph(graph.nodes, name, graph.inputs, graph.outputs, initializer=graph.constants + weights)
-    imports = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v) for d, v in graph.domains.items()]
-    model = helper.make_model(g, opset_imports=imports, producer_name="spot-export", producer_version=__version__)
-    model.ir_version = {17: 8, 18: 9, 19: 9, 21: 10}[graph.opset]   # opset 17/18/19/21 (ONNX 1.12/13/14/16)
-    return model
-
-
-def check_graph(model_path: Path) -> None:
-    """onnx.checker (full: strict shape inference) on a saved graph; its external data file must exist next to it
-    (the checker resolves data locations relative to the model file)."""
-    try:
-        onnx.checker.check_model(str(model_path), full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise RuntimeError(f"the exported graph fails onnx.checker: {e}") from e
-
 
 # -- streaming weights ---------------------------------------------------------------------------------------------
 def _read_rows(fd: int, info: TensorInfo, r0: int, r1: int) -> np.ndarray:
@@ -373,7 +249,7 @@ def add_weight_fields(manifest: dict, cfg: ModelConfig, options: ExportOptions, 
 
 
 def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = ExportOptions(),
-                      progress: Progress = _quiet) -> Path:
+                      progress: Progress = quiet) -> Path:
     """Export `source` into the folder `out`; nothing appears at `out` unless every step succeeds."""
     if source.checkpoint is None:
         raise SpotError(f"no checkpoint folder for {source.preset}", "pass --checkpoint DIR")
@@ -454,7 +330,7 @@ def _index_names(ckpt_dir: Path) -> set[str] | None:
     return set(read_weight_map(index))
 
 
-def dry_run(source: Source, options: ExportOptions = ExportOptions(), progress: Progress = _quiet) -> dict:
+def dry_run(source: Source, options: ExportOptions = ExportOptions(), progress: Progress = quiet) -> dict:
     """Build and check the graph of the real config without weights: onnx.checker with strict shape inference
     on a proto whose weights are external references (nothing is written)."""
     t0 = time.perf_counter()
@@ -490,8 +366,3 @@ def dry_run(source: Source, options: ExportOptions = ExportOptions(), progress: 
              f"{options.dtype}), graph proto {report['graph_bytes'] / 2**20:.2f} MiB, onnx.checker + strict shape "
              f"inference passed in {seconds:.1f} s ({where})")
     return report
-
-
-def truncated(cfg: ModelConfig, layers: int) -> ModelConfig:
-    """The same model with only its first `layers` layers (validation of very large exports)."""
-    return replace(cfg, num_hidden_layers=layers)

@@ -34,12 +34,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from spot.config import ModelConfig
 from spot.errors import SpotError
-from spot.export.manifest import NP_DTYPES, past_input_names
+from spot.export.quantize import quantized_linear
+from spot.export.weight_spec import ONNX_DTYPES, WeightSpec
+from spot.folder.manifest import NP_DTYPES, past_input_names
 
 SUPPORTED_OPSETS = (17, 18)
-ONNX_DTYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
 OUTPUT_NAMES = ("logits", "new_k", "new_v")
-SHARED_PREFIX = "shared-prefix"    # the attention of format 2 (spot.export.manifest.FORMAT_VERSION)
+SHARED_PREFIX = "shared-prefix"    # the attention of format 2 (spot.folder.manifest.FORMAT_VERSION)
 BROADCAST = "broadcast"            # format 1's: the prefix Expanded over the N states
 ATTENTION_FORMS = (SHARED_PREFIX, BROADCAST)
 
@@ -57,36 +58,6 @@ def check_opset(opset: int) -> None:
     if opset not in SUPPORTED_OPSETS:
         raise SpotError(f"opset {opset} is not supported, expected one of {', '.join(map(str, SUPPORTED_OPSETS))}",
                         "TensorRT 10.3 (JetPack 6) parses up to opset 20; the graph uses opset 17/18 ops only")
-
-
-@dataclass(frozen=True)
-class WeightSpec:
-    """An initializer made from one checkpoint tensor, converted to `dtype` (and transposed to [in, out] for
-    MatMul when `transpose`)."""
-
-    name: str
-    source: str
-    shape: tuple[int, ...]
-    dtype: str
-    transpose: bool = False
-    quant: object = None    # spot.export.quantize.QuantTensor for the int8/int4 forms of a linear weight
-
-    @property
-    def nbytes(self) -> int:
-        if self.quant is not None:
-            return self.quant.nbytes
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(NP_DTYPES[self.dtype]).itemsize
-
-    @property
-    def onnx_type(self) -> int:
-        return self.quant.onnx_type if self.quant is not None else ONNX_DTYPES[self.dtype]
-
-    @property
-    def source_shape(self) -> tuple[int, ...]:
-        """The checkpoint tensor's shape this initializer is made from."""
-        if self.quant is not None:
-            return self.quant.source_shape
-        return self.shape[::-1] if self.transpose else self.shape
 
 
 @dataclass
@@ -162,7 +133,6 @@ def _linear(b: _Builder, x: str, name: str, out_f: int, in_f: int, dtype: str) -
     """x @ W^T with W stored pre-transposed [in, out] (MatMul, the form int8/int4 weight-only quantizers take);
     with --weights int8/int4 the weight comes through DequantizeLinear (spot.export.quantize)."""
     if b.g.quant is not None and b.g.quant.quantized:
-        from spot.export.quantize import quantized_linear
         return quantized_linear(b, x, name, out_f, in_f, dtype, b.g.quant)
     return b.op("MatMul", x, b.weight(WeightSpec(name, name, (in_f, out_f), dtype, transpose=True)))
 

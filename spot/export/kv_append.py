@@ -1,10 +1,7 @@
 """The KV-append graph (kv_append.onnx): a stored block's K/V appended to one layer's cache on the device the target
 runs on.
 
-  inputs   past_k, past_v [Hkv,C,D]     one layer's cache (model dtype; C may be 0)
-           new_k, new_v [Hkv,S,D]       that layer's slice of the target's new_k / new_v [L,1,Hkv,S,D] of one state
-                                        (N = 1: prefill, store), bound in place at the layer's offset (no copy)
-  outputs  k, v [Hkv,C+S,D]             Concat(past, new) along the sequence axis
+Its file and inputs/outputs are the folder contract of spot.folder.kv_append.
 
 Why a graph: a host that keeps the cache in device memory (spot.engines.device_kv, the C++ host's device cache) must
 append there, and ONNX Runtime offers its users no device-side copy nor a view of a slice of a device tensor; the
@@ -20,12 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from spot.errors import SpotError
-from spot.export.manifest import NP_DTYPES
+from spot.folder.kv_append import INPUTS, KV_APPEND_FILE, OUTPUTS
+from spot.folder.manifest import NP_DTYPES
 
-KV_APPEND_FILE = "kv_append.onnx"
 OPSET = 17
-INPUTS = ("past_k", "past_v", "new_k", "new_v")
-OUTPUTS = ("k", "v")
 
 
 def build_kv_append(kv_heads: int, head_dim: int, dtype: str):

@@ -31,35 +31,16 @@ from dataclasses import dataclass
 
 from spot.config import ModelConfig
 from spot.errors import SpotError
+from spot.export.graph import build_target_graph
+from spot.export.options import ExportOptions, check_options, effective_config
+from spot.export.presets import PRESETS
+from spot.export.quantize import QuantScheme
+from spot.folder.epilogue import EpilogueCall
 
 GIB = 2 ** 30
 RUNTIME_GIB = 0.9      # CUDA context (~0.3-0.5 GB with cuBLAS/cuDNN/TensorRT loaded) + workspaces + arena slack
 OS_GIB = 1.0           # carve-outs (the 8 GB Orin Nano shows ~7.4 GiB to Linux) + headless L4T services
-# The sampling epilogue's peak memory in units of its float64 noise/score tensor N x (D+1) x B x V x 8 bytes:
-# measured 8.99 (V 2048 and V 8192, N 1: the hosts' calls), 8.8 (V 2048, N 4), 9.3 (V 2048, N 16), D 8, B 32, on
-# ORT CPU with the memory arena off (peak RSS); the GPU providers plan memory the same way but were not measured
-EPILOGUE_PEAK_FACTOR = 9.5
-EPILOGUE_CALL_BUDGET = GIB   # the default positions per epilogue call keep its peak under this
 MIN_HINT_CONTEXT = 512       # tokens at one node a smaller model named by a hint must hold (a prompt and an answer)
-
-
-@dataclass(frozen=True)
-class EpilogueCall:
-    """One call of the sampling epilogue as the hosts make it: one state, `positions` of its B positions (all of
-    them, or runs of that many), D = `future_steps`."""
-    future_steps: int
-    positions: int
-
-    def peak_bytes(self, vocab: int) -> int:
-        return int(EPILOGUE_PEAK_FACTOR * (self.future_steps + 1) * self.positions * vocab * 8)
-
-
-def default_epilogue_positions(vocab: int, block_size: int, future_steps: int) -> int:
-    """The most positions per call (a divisor of the block size, at least 1) whose peak stays under
-    EPILOGUE_CALL_BUDGET: the whole block for small vocabularies, 8 of 32 at SDAR's (0.8 GiB at D 8)."""
-    fits = [p for p in range(1, block_size + 1) if block_size % p == 0 and
-            EpilogueCall(future_steps, p).peak_bytes(vocab) <= EPILOGUE_CALL_BUDGET]
-    return max(fits, default=1)
 
 
 @dataclass(frozen=True)
@@ -112,8 +93,6 @@ def resolve_device(text: str) -> Device:
 # -- the terms -------------------------------------------------------------------------------------------------------
 def weight_bytes(cfg: ModelConfig, dtype: str, quant=None) -> int:
     """Bytes of every initializer the export writes (sum of the graph's WeightSpecs, no alignment padding)."""
-    from spot.export.graph import build_target_graph
-    from spot.export.quantize import QuantScheme
     scheme = quant if quant is not None else QuantScheme()
     opset = 17
     graph = build_target_graph(cfg, dtype, opset, scheme)
@@ -252,7 +231,6 @@ def make_plan(cfg: ModelConfig, dtype: str, quant, context: int, nodes: int, dev
 
 def _smaller_hint(cfg: ModelConfig, dtype: str, quant, device: Device) -> str:
     """Name what fits instead: --weights int8/int4 of this model, else a smaller model."""
-    from spot.export.quantize import QuantScheme
     room = device.budget - int((device.runtime_gib + device.os_gib) * GIB)
     current = quant.weights if quant is not None and quant.quantized else "fp"
     options = []
@@ -270,8 +248,6 @@ def _smaller_hint(cfg: ModelConfig, dtype: str, quant, device: Device) -> str:
     if room <= 0:
         return (f"the runtime and OS take {device.runtime_gib + device.os_gib:g} GiB of the device's "
                 f"{device.memory_gib:g} GiB before any weights: use a device with more memory")
-    from spot.export.export import ExportOptions
-    from spot.export.presets import PRESETS
     # smaller presets whose smallest form (int4 weights, spot-export's default sampling epilogue) holds a usable
     # context with standard decoding: not a model that fails the same way, nor one that fits with a few dozen tokens
     smaller: dict[str, tuple[int, int]] = {}          # name -> (parameters, largest context at 1 node)
@@ -378,7 +354,6 @@ def manifest_memory(cfg: ModelConfig, options, context: int) -> dict:
 def plan_source(source, options, progress) -> tuple[MemoryPlan, ModelConfig]:
     """`spot-export SOURCE --plan DEVICE` without --out: the plan of the source's config (its checkpoint folder's
     config.json, else the preset's built-in config: no weights needed)."""
-    from spot.export.export import check_options, effective_config
     if source.checkpoint is not None:
         cfg = source.checkpoint_config()
     elif source.builtin_config is not None:

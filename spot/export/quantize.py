@@ -34,6 +34,7 @@ import numpy as np
 from onnx import TensorProto
 
 from spot.errors import SpotError
+from spot.export.weight_spec import WeightSpec
 
 WEIGHT_CHOICES = ("fp", "int8", "int4")
 INT4_BLOCKS = (32, 64, 128)
@@ -261,8 +262,6 @@ class QuantTensor:
 
 def quantized_linear(b, x: str, name: str, out_f: int, in_f: int, dtype: str, scheme: QuantScheme) -> str:
     """x [..., in] @ W^T as DequantizeLinear -> MatMul (or MatMulNBits); `b` is spot.export.graph._Builder."""
-    from spot.export.graph import WeightSpec   # graph imports this module lazily: no import cycle
-
     form = "nbits" if scheme.matmulnbits else "dq"
     q_name, s_name = f"{name}.{scheme.weights}", f"{name}.scale"
     common = dict(weights=scheme.weights, form=form, block=scheme.block, source_shape=(out_f, in_f), dtype=dtype)

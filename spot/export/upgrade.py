@@ -27,11 +27,12 @@ from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
 from spot.files import swap_in_folder
 from spot.export.epilogue import validate_epilogue, write_epilogue
-from spot.export.export import ExportOptions, check_options
 from spot.export.kv_append import validate_kv_append, write_kv_append
-from spot.export.manifest import FORMAT_VERSION, add_files, load_manifest, write_manifest
-from spot.export.memory_plan import GIB, EpilogueCall, plan_for_options, plan_record, verify_pass_bytes
+from spot.export.memory_plan import GIB, plan_for_options, plan_record, verify_pass_bytes
+from spot.export.options import ExportOptions, check_options
 from spot.export.quantize import QuantScheme
+from spot.folder.epilogue import EpilogueCall
+from spot.folder.manifest import FORMAT_VERSION, add_files, load_manifest, write_manifest
 
 
 def upgrade_export(folder: str | Path, future_steps: int | None = None, positions: int | None = None,
@@ -66,7 +67,7 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
         if leftover.exists():
             raise SpotError(f"{leftover} exists (an interrupted upgrade?)",
                             f"if {folder} opens, remove {leftover}; else rename {leftover} back to {folder.name}")
-    # the steps are a progress bar's updates ("\r", spot.export.export.Progress): a current folder says only that
+    # the steps are a progress bar's updates ("\r", spot.export.options.Progress): a current folder says only that
     progress(f"checking {folder}'s format, sampling epilogue, kv_append graph and TensorRT profile against this "
              "version")
     progress(f"\r  linking {folder} -> {tmp} (hard links: the weights are not copied)")
@@ -137,8 +138,8 @@ def upgrade_target(folder: Path, exported, progress: Callable[[str], None]) -> d
     entry fields that change."""
     import onnx
 
-    from spot.export.export import make_model
-    from spot.export.manifest import io_contract
+    from spot.export.target_file import make_model
+    from spot.folder.manifest import io_contract
     cfg, dtype = exported.config, exported.dtype
     path = folder / exported.graph_path("target").name
     old = onnx.load(str(path), load_external_data=False)
@@ -214,10 +215,10 @@ def check_upgraded_target(folder: Path, exported, old, graph, layout: dict, loca
     logits and new K/V must agree within the export's tolerances (only the attention's summation order changed).
     Models above VALIDATE_FULL_PARAMS parameters: both graphs of their first DEFAULT_PARTIAL_LAYERS layers, built
     by the same code over the same data file; smaller ones: the folder's own old graph, whole."""
-    from spot.export.export import make_model, truncated
     from spot.export.graph import BROADCAST
+    from spot.export.target_file import make_model
     from spot.export.validate import (CASE_NAMES, DEFAULT_PARTIAL_LAYERS, VALIDATE_FULL_PARAMS, max_differences,
-                                      ort_cases)
+                                      ort_cases, truncated)
     from spot.ortlib import load_onnxruntime
     ort = load_onnxruntime()
     cfg, dtype = exported.config, exported.dtype

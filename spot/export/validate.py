@@ -8,12 +8,16 @@ exported data file (same offsets), so what is checked is the file that ships, wi
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from spot.checkpoint import Checkpoint
+from spot.config import ModelConfig
 from spot.errors import SpotError
 from spot.export.graph import TargetGraph, build_target_graph
-from spot.export.manifest import NP_DTYPES, past_feeds
+from spot.export.target_file import TARGET_FILE, make_model
+from spot.folder.manifest import NP_DTYPES, past_feeds
 
 VALIDATE_FULL_PARAMS = 300_000_000
 DEFAULT_PARTIAL_LAYERS = 2
@@ -114,7 +118,6 @@ def validate_export(folder, ckpt: Checkpoint, graph: TargetGraph, layout: dict, 
     ort = load_onnxruntime()
     import torch
 
-    from spot.export.export import TARGET_FILE, make_model, truncated
     from spot.reference.model import SDARModel
 
     cfg = ckpt.config
@@ -166,3 +169,8 @@ def validate_export(folder, ckpt: Checkpoint, graph: TargetGraph, layout: dict, 
     return {"reference": f"spot.reference.model.SDARModel ({options.dtype}{weights}, torch {torch.__version__})",
             "runtime": f"onnxruntime {ort.__version__} CPUExecutionProvider",
             "layers": layers, "of_layers": total_layers, "cases": cases}
+
+
+def truncated(cfg: ModelConfig, layers: int) -> ModelConfig:
+    """The same model with only its first `layers` layers (validation of very large exports)."""
+    return replace(cfg, num_hidden_layers=layers)

@@ -2,7 +2,7 @@
 
 torch has no uint32 arithmetic: the hash runs on int64 tensors holding values in [0, 2**32), every product split into
 16-bit limbs so nothing overflows int64, results masked with & 0xFFFFFFFF. The float64 part (log, exp, sums) uses
-spot.export.exact_math through `TorchOps`, so it equals numpy's glibc results bit for bit (torch.log/exp use SLEEF or
+spot.exact_math through `TorchOps`, so it equals numpy's glibc results bit for bit (torch.log/exp use SLEEF or
 CUDA's libdevice, which differ by an ulp now and then). On CUDA the same IEEE float64 operations run as separate
 kernels (eager mode, no fusion), so results are expected to be identical there too; scripts/gpu_check.sh checks it.
 
@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from spot.export import exact_math as xm
+from spot import exact_math as xm
 from spot.runtime.noise import LANE_A, LANE_B, MIX_MUL_1, MIX_MUL_2
 
 MASK32 = 0xFFFFFFFF
@@ -68,7 +68,7 @@ def gumbel(seed, block, step, position, token, device=None) -> torch.Tensor:
 
 # -- exact_math backend ---------------------------------------------------------------------------------------------
 class TorchOps:
-    """spot.export.exact_math's Ops on torch float64/int64 tensors. Scalars stay Python numbers (exact)."""
+    """spot.exact_math's Ops on torch float64/int64 tensors. Scalars stay Python numbers (exact)."""
 
     @staticmethod
     def f(v):
@@ -205,7 +205,7 @@ def certified_top2(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int,
     exactly, the way the ONNX epilogue does it (spot.export.epilogue._certified_top2): rank with torch.log's noise,
     re-score the best CANDIDATES with the exact noise, and fall back to the exact noise over V when a row is not
     certified."""
-    from spot.export.epilogue import CANDIDATES, NATIVE_NOISE_MARGIN
+    from spot.folder.epilogue import CANDIDATES, NATIVE_NOISE_MARGIN
     dev = zf.device
     n, b, v = zf.shape
     counters = (steps[:, :, None, None], first_position + torch.arange(b, device=dev)[None, None, :, None])

@@ -56,7 +56,7 @@ class HostOutputs:
 
 @dataclass(frozen=True)
 class SampledOutputs:
-    """One state's epilogue results (spot.export.epilogue.EpilogueResult row n).
+    """One state's epilogue results (spot.folder.epilogue.EpilogueResult row n).
 
     token [B] int64, confidence [B] float64: F's sample at `step` for every position;
     future_tokens [D, B] int64, future_conf [D, B] float64: coupled samples at steps step+1 .. step+D;

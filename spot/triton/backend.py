@@ -60,7 +60,7 @@ def parameters(config: dict) -> dict[str, str]:
 
 def served_model(args: dict, config: dict):
     """The ServedModel config.pbtxt describes; its export folder relative to the model's version folder."""
-    from spot.export.manifest import load_manifest
+    from spot.folder.manifest import load_manifest
     from spot.serve.model import RequestDefaults, ServedModel, manifest_sha256
     from spot.tokenizer import load_tokenizer
     p = parameters(config)

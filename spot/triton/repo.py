@@ -115,7 +115,7 @@ def write_triton_repo(export: str | Path, out: str | Path, options: TritonRepoOp
                       progress=lambda line: None) -> Path:
     """Write the repository for the exported folder `export` at `out` (see the module's docstring)."""
     from spot import __version__
-    from spot.export.manifest import load_manifest
+    from spot.folder.manifest import load_manifest
     from spot.serve.model import manifest_sha256
     options.check()
     export, out = Path(export).resolve(), Path(out)
