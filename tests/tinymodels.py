@@ -53,25 +53,34 @@ def renamed_input_drafter(drafter_dir, out, old: str = "masked", new: str = "mas
     return out
 
 
-def whole_block_epilogue_copy(folder, out):
-    """A copy of an exported folder whose epilogue takes whole blocks with no first_position input, as epilogues
-    exported before position runs did (the input becomes a constant 0; manifest re-hashed, positions_per_call
-    dropped)."""
+RUNNER_UPS = ("future_runner_up", "future_gap")
+
+
+def older_epilogue_copy(folder, out, outputs=RUNNER_UPS, whole_blocks: bool = True):
+    """A copy of an exported folder whose epilogue is what older spot-exports wrote: without `outputs` (before
+    runner-ups: future_runner_up and future_gap) and, with whole_blocks, taking whole blocks with no first_position
+    input (before position runs: the input becomes a constant 0, positions_per_call leaves the manifest); the
+    manifest re-hashed."""
     import shutil
 
+    import numpy as np
     from onnx import numpy_helper
 
     from spot.export.manifest import add_files, load_manifest, write_manifest
     shutil.copytree(folder, out)
     model = onnx.load(str(out / "epilogue.onnx"))
-    kept = [i for i in model.graph.input if i.name != "first_position"]
-    del model.graph.input[:]
-    model.graph.input.extend(kept)
-    model.graph.initializer.append(numpy_helper.from_array(__import__("numpy").array(0, "int64"), "first_position"))
-    onnx.save(model, str(out / "epilogue.onnx"))
+    kept = [o for o in model.graph.output if o.name not in outputs]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
     manifest = dict(load_manifest(out, verify="none").manifest)
-    entry = {k: v for k, v in manifest["graphs"]["epilogue"].items() if k != "positions_per_call"}
-    manifest["graphs"] = {**manifest["graphs"], "epilogue": entry}
+    if whole_blocks:
+        kept = [i for i in model.graph.input if i.name != "first_position"]
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+        model.graph.initializer.append(numpy_helper.from_array(np.array(0, "int64"), "first_position"))
+        entry = {k: v for k, v in manifest["graphs"]["epilogue"].items() if k != "positions_per_call"}
+        manifest["graphs"] = {**manifest["graphs"], "epilogue": entry}
+    onnx.save(model, str(out / "epilogue.onnx"))
     write_manifest(out, add_files(out, manifest, ["epilogue.onnx"]))
     return out
 
