@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from make_golden import (COMPARED, EMBEDDED_GOLDEN, REGENERATE_EMBEDDED, case_options,  # noqa: E402
                          embedded_drafter_dir, golden_cases, model_identity, run_case)
 from tinymodels import (CONTRADICTIONS, RUNNER_UPS, contradicting_copy, make_format1, nan_weights_copy,  # noqa: E402
-                        older_epilogue_copy, renamed_input_drafter, train_encoder_drafter)
+                        older_epilogue_copy, renamed_input_drafter, train_encoder_drafter,
+                        without_kv_append)
 from tree_cases import TREE_CASES, input_lines, python_answer  # noqa: E402
 
 # spot_status codes of cpp/include/spot/spot.h
@@ -451,7 +452,8 @@ def test_device_sampler_refusals(spot_cli, tiny, tmp_path):
 def test_device_kv_cache_matches_the_python_runtime(spot_cli, tiny, tmp_path):
     """--kv-cache device: the cache stays in ORT values where the target runs (host memory on the CPU provider; the
     GPU path's code), each stored block appended by kv_append.onnx — the same tokens and passes as the Python
-    runtime, with either sampler. A folder exported before kv_append: auto keeps the host cache, device refuses."""
+    runtime, with either sampler. A format 2 folder without kv_append (hand-made: every export and upgrade writes
+    it) is refused when it opens, the upgrade command as the hint; the upgrade writes it."""
     folder, drafter_dir, host_engine, drafter = tiny
     prompts = random_prompts(3, seed=8)
     cases = golden_cases(host_engine, drafter, prompts, max_new_tokens=40, budget=10, depth=5, seeds_t1=(2,))
@@ -465,16 +467,17 @@ def test_device_kv_cache_matches_the_python_runtime(spot_cli, tiny, tmp_path):
     info = {kv: json.loads(cli(spot_cli, "info", "--model", folder, "--kv-cache", kv).stdout)
             for kv in ("auto", "device")}
     assert info["auto"]["cache_on_device"] is False and info["device"]["cache_on_device"] is True
+    from spot.export.upgrade import upgrade_export
     old = tmp_path / "old"
     shutil.copytree(folder, old)
-    manifest = json.loads((old / "manifest.json").read_text())
-    del manifest["graphs"]["kv_append"], manifest["files"]["kv_append.onnx"]
-    (old / "manifest.json").write_text(json.dumps(manifest))
-    (old / "kv_append.onnx").unlink()
+    without_kv_append(old)
     ids = ["--prompt-ids", "1,2,3"]
-    _fails(cli(spot_cli, "generate", "--model", old, "--kv-cache", "device", *ids), INCOMPATIBLE,
-           "no kv_append graph", "host KV cache")
-    assert "token_ids" in json.loads(cli(spot_cli, "generate", "--model", old, *ids).stdout)   # auto: host
+    for kv_cache in ("auto", "host", "device"):
+        _fails(cli(spot_cli, "generate", "--model", old, "--kv-cache", kv_cache, *ids), INCOMPATIBLE,
+               "lists no kv_append graph, expected one in every format 2 folder", f"`spot upgrade-export {old}`")
+    assert upgrade_export(old, progress=lambda _: None)[1]
+    bad = mismatches(cases[:2], run_batch(spot_cli, old, drafter_dir, cases[:2], "--kv-cache", "device"))
+    assert not bad, bad
 
 
 def test_generate_command_prints_the_result(spot_cli, tiny):

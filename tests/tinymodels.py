@@ -102,6 +102,17 @@ def nan_weights_copy(folder, out):
     return out
 
 
+def without_kv_append(folder):
+    """Remove kv_append.onnx from an exported folder and its manifest (as format 1 folders were written)."""
+    from spot.export.manifest import load_manifest, write_manifest
+    manifest = dict(load_manifest(folder, verify="none", upgradable=True).manifest)
+    manifest["graphs"] = {k: v for k, v in manifest["graphs"].items() if k != "kv_append"}
+    manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "kv_append.onnx"}
+    (folder / "kv_append.onnx").unlink()
+    write_manifest(folder, manifest)
+    return folder
+
+
 def make_format1(folder):
     """Turn an exported folder into what a format 1 spot-export wrote: its target graph with the cached prefix in one
     stacked input broadcast over the states (spot.export.graph.BROADCAST, the same weights at the same offsets), no
@@ -110,12 +121,11 @@ def make_format1(folder):
     from spot.export.graph import BROADCAST
     from spot.export.manifest import add_files, load_manifest, write_manifest
     from spot.export.upgrade import declared_target
-    exported = load_manifest(folder, verify="none")
+    exported = load_manifest(without_kv_append(folder), verify="none", upgradable=True)
     manifest, cfg = dict(exported.manifest), exported.config
     graph = declared_target(manifest, cfg, BROADCAST)
     (folder / TARGET_FILE).write_bytes(make_model(graph, plan_layout(graph.weights)[0]).SerializeToString())
-    (folder / "kv_append.onnx").unlink()
-    graphs = {k: v for k, v in manifest["graphs"].items() if k != "kv_append"}
+    graphs = dict(manifest["graphs"])
     past = {"dtype": "float32" if manifest["dtype"] == "fp32" else "float16",
             "shape": [cfg.num_hidden_layers, cfg.num_key_value_heads, "C", cfg.head_dim]}
     inputs = [i for i in graphs["target"]["inputs"] if not i["name"].startswith("past_")]
@@ -125,8 +135,7 @@ def make_format1(folder):
             end: {**{k: v for k, v in shapes.items() if not k.startswith("past_")},
                   **{name: [cfg.num_hidden_layers, *shapes["past_k_0"]] for name in ("past_k", "past_v")}}
             for end, shapes in graphs["target"]["tensorrt_profile"].items()}
-    manifest.update(format_version=1, graphs=graphs,
-                    files={k: v for k, v in manifest["files"].items() if k != "kv_append.onnx"})
+    manifest.update(format_version=1, graphs=graphs)
     write_manifest(folder, add_files(folder, manifest, [TARGET_FILE]))
     return folder
 

@@ -154,8 +154,13 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
       ef.epilogue_steps = epi->at("future_steps").integer();
       if (const Json* p = epi->find("positions_per_call"); p && !p->is_null()) ef.epilogue_positions = p->integer();
     }
-    if (const Json* kv = m.at("graphs").find("kv_append"); kv && !kv->is_null())
-      ef.kv_append_graph = graph_file(*kv);
+    // spot-export and spot upgrade-export write it into every format 2 folder (manifest.load_manifest)
+    const Json* kv = m.at("graphs").find("kv_append");
+    if (!kv || kv->is_null())
+      fail(SPOT_ERR_INCOMPATIBLE, mpath + " lists no kv_append graph, expected one in every format " +
+                                      std::to_string(kFormatVersion) + " folder: run `spot upgrade-export " + folder +
+                                      "` (seconds: the graph is written, the weights stay)");
+    ef.kv_append_graph = graph_file(*kv);
     // the decoding defaults copied from the model config (spot.export.manifest.check_manifest_fields): the
     // manifest is not hashed, so an edit is refused rather than half used
     bool same = ef.block_size == ef.config.block_size;
@@ -320,11 +325,7 @@ const MemoryPlace& TargetEngine::place(Device device) {
 }
 
 void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device device, Placement kv_cache) {
-  const bool has = !f.kv_append_graph.empty();
-  if (!on_device(kv_cache, device, has)) return;
-  if (!has)
-    fail(SPOT_ERR_INCOMPATIBLE, f.folder + " has no kv_append graph (needed by the device KV cache): re-export it "
-                                           "with this version's spot-export, or use the host KV cache");
+  if (!on_device(kv_cache, device, true)) return;   // every folder has kv_append (load_exported_folder)
   // a Concat with a new shape at every stored block: the CUDA provider also under TensorRT (as in Python)
   SessionConfig sc = session_config(threads, device == Device::kTensorRT ? Device::kCuda : device);
   sc.cuda_exact_arena = true;   // the cache grows by one block per store: no power-of-two slack

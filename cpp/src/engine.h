@@ -33,7 +33,7 @@ struct ExportedFolder {
   std::string epilogue_graph;   // absolute path of epilogue.onnx; empty: the export has no sampling epilogue
   int64_t epilogue_steps = 0;   // its future steps D (the deepest tree it serves)
   int64_t epilogue_positions = 0;   // a state's positions per call (positions_per_call); 0: not recorded
-  std::string kv_append_graph;  // absolute path of kv_append.onnx; empty: exported before it (host cache only)
+  std::string kv_append_graph;  // absolute path of kv_append.onnx
   // the target session's config entries (manifest "ort_session_config": a quantized export keeps ORT's fused
   // MatMulNBits on float32 activations), applied as the Python engine applies them
   std::vector<std::pair<std::string, std::string>> ort_session_config;

@@ -220,12 +220,8 @@ class OrtEngine(Engine):
 
     def _open_device_kv(self, kv_cache: str, threads: int | None):
         from spot.engines.device_kv import DeviceKVCache
-        graphs = self.exported.manifest["graphs"]
-        if not on_device(kv_cache, "KV cache place", self.device, "kv_append" in graphs):
+        if not on_device(kv_cache, "KV cache place", self.device, True):     # every folder has kv_append
             return None
-        if "kv_append" not in graphs:
-            raise SpotError(f"{self.exported.folder} has no kv_append graph (needed by --kv-cache device)",
-                            "re-export it with this version's spot-export, or use --kv-cache host")
         # a Concat with a new shape at every stored block: the CUDA provider, also under --device trt (a TensorRT
         # engine per shape would cost more than the copy), its arena grown by what is asked (the cache grows by one
         # block per store), not to the next power of two
