@@ -161,12 +161,12 @@ def epilogue_positions(session, exported, block_size: int) -> int:
     if p is None:
         raise SpotError(f"{exported.folder}/manifest.json records no positions_per_call for its epilogue (an epilogue "
                         "exported before position runs)", f"run `spot upgrade-export {exported.folder}`")
-    remedy = "re-export the folder with spot-export (or spot upgrade-export it)"
-    check_positions(int(p), block_size, "the manifest's epilogue positions_per_call", remedy)
-    if graph_positions(session) not in (int(p), None):
+    p, remedy = int(p), "re-export the folder with spot-export (or spot upgrade-export it)"
+    check_positions(p, block_size, "the manifest's epilogue positions_per_call", remedy)
+    if graph_positions(session) not in (p, None):
         raise SpotError(f"the manifest's epilogue positions_per_call is {p}, the graph's logits take "
                         f"{graph_positions(session)} positions", remedy)
-    return int(p)
+    return p
 
 
 def on_device(choice: str, what: str, device: str, available: bool) -> bool:
