@@ -33,8 +33,9 @@ BUILD = CPP / "build"
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_golden import (COMPARED, EMBEDDED_GOLDEN, REGENERATE_EMBEDDED, case_options,  # noqa: E402
                          embedded_drafter_dir, golden_cases, model_identity, run_case)
-from tinymodels import (CONTRADICTIONS, contradicting_copy, make_format1, nan_weights_copy,  # noqa: E402
-                        renamed_input_drafter, train_encoder_drafter, whole_block_epilogue_copy)
+from tinymodels import (CONTRADICTIONS, RUNNER_UPS, contradicting_copy, make_format1, nan_weights_copy,  # noqa: E402
+                        older_epilogue_copy, renamed_input_drafter, train_encoder_drafter,
+                        without_kv_append)
 from tree_cases import TREE_CASES, input_lines, python_answer  # noqa: E402
 
 # spot_status codes of cpp/include/spot/spot.h
@@ -371,21 +372,35 @@ def test_device_sampler_matches_the_python_runtime(spot_cli, tiny):
     assert [h["token_ids"] for h in host] == [c["expected"]["token_ids"] for c in cases]
 
 
-def test_device_sampler_with_an_epilogue_exported_before_position_runs(spot_cli, tiny, tmp_path):
-    """An epilogue without the first_position input (exported before position runs) takes whole blocks in both
-    hosts: the same tokens, passes and sampled states as the current export."""
+def test_an_older_epilogue_is_refused_until_upgrade_export_rewrites_it(spot_cli, tiny, tmp_path):
+    """An epilogue exported before runner-ups (no future_runner_up / future_gap outputs) or before position runs (no
+    first_position input, no positions_per_call) is refused when the C++ host opens it (SPOT_ERR_INCOMPATIBLE, naming
+    what it lacks, the upgrade command as the hint; the host sampler never opens it). `spot upgrade-export` rewrites
+    it, and the upgraded folder decodes in C++ as the Python runtime decodes the fresh export."""
+    from spot.export.upgrade import upgrade_export
     folder, drafter_dir, _, drafter = tiny
-    old = whole_block_epilogue_copy(folder, tmp_path / "old")
-    engine = OrtEngine(old, sampler="device")
-    assert engine._epilogue_positions is None
-    cases = golden_cases(engine, drafter, random_prompts(1, seed=4), max_new_tokens=24, budget=12, depth=6,
-                         decoders=("standard", "spot"))
+    ids = ["--prompt-ids", "1,2,3"]
+    for name, outputs, whole_blocks in (("runner-ups", RUNNER_UPS, False), ("whole-blocks", (), True),
+                                        ("both", RUNNER_UPS, True)):
+        old = older_epilogue_copy(folder, tmp_path / name, outputs, whole_blocks)
+        lacks = ", ".join([*(["first_position"] if whole_blocks else []), *outputs])
+        _fails(cli(spot_cli, "generate", "--model", old, "--sampler", "device", *ids), INCOMPATIBLE,
+               f"older sampling epilogue: got no {lacks}, expected inputs", f"`spot upgrade-export {old}`")
+        assert "token_ids" in json.loads(cli(spot_cli, "generate", "--model", old, *ids).stdout)   # auto: host
+    # the graph current, the manifest without positions_per_call
+    unrecorded = older_epilogue_copy(folder, tmp_path / "unrecorded", outputs=(), whole_blocks=False)
+    manifest = json.loads((unrecorded / "manifest.json").read_text())
+    del manifest["graphs"]["epilogue"]["positions_per_call"]
+    (unrecorded / "manifest.json").write_text(json.dumps(manifest))
+    _fails(cli(spot_cli, "generate", "--model", unrecorded, "--sampler", "device", *ids), INCOMPATIBLE,
+           "records no positions_per_call", f"`spot upgrade-export {unrecorded}`")
+    old = tmp_path / "both"
+    assert upgrade_export(old, progress=lambda _: None)[1]
+    cases = golden_cases(OrtEngine(folder, sampler="device"), drafter, random_prompts(1, seed=4), max_new_tokens=24,
+                         budget=12, depth=6, decoders=("standard", "spot"))
     results = run_batch(spot_cli, old, drafter_dir, cases, "--sampler", "device")
     assert not mismatches(cases, results)
-    assert [r["epilogue_states"] for r in results] == [r["steps"] for r in results]
-    current = OrtEngine(folder, sampler="device")
-    assert [run_case(current, drafter, c["prompt_ids"], c)["token_ids"] for c in cases] == \
-        [c["expected"]["token_ids"] for c in cases]
+    assert [r["epilogue_states"] for r in results] == [c["expected"]["epilogue_states"] for c in cases]
 
 
 def test_device_sampler_over_runs_of_positions(spot_cli, tiny, tmp_path):
@@ -438,7 +453,8 @@ def test_device_sampler_refusals(spot_cli, tiny, tmp_path):
 def test_device_kv_cache_matches_the_python_runtime(spot_cli, tiny, tmp_path):
     """--kv-cache device: the cache stays in ORT values where the target runs (host memory on the CPU provider; the
     GPU path's code), each stored block appended by kv_append.onnx — the same tokens and passes as the Python
-    runtime, with either sampler. A folder exported before kv_append: auto keeps the host cache, device refuses."""
+    runtime, with either sampler. A format 2 folder without kv_append (hand-made: every export and upgrade writes
+    it) is refused when it opens, the upgrade command as the hint; the upgrade writes it."""
     folder, drafter_dir, host_engine, drafter = tiny
     prompts = random_prompts(3, seed=8)
     cases = golden_cases(host_engine, drafter, prompts, max_new_tokens=40, budget=10, depth=5, seeds_t1=(2,))
@@ -452,16 +468,17 @@ def test_device_kv_cache_matches_the_python_runtime(spot_cli, tiny, tmp_path):
     info = {kv: json.loads(cli(spot_cli, "info", "--model", folder, "--kv-cache", kv).stdout)
             for kv in ("auto", "device")}
     assert info["auto"]["cache_on_device"] is False and info["device"]["cache_on_device"] is True
+    from spot.export.upgrade import upgrade_export
     old = tmp_path / "old"
     shutil.copytree(folder, old)
-    manifest = json.loads((old / "manifest.json").read_text())
-    del manifest["graphs"]["kv_append"], manifest["files"]["kv_append.onnx"]
-    (old / "manifest.json").write_text(json.dumps(manifest))
-    (old / "kv_append.onnx").unlink()
+    without_kv_append(old)
     ids = ["--prompt-ids", "1,2,3"]
-    _fails(cli(spot_cli, "generate", "--model", old, "--kv-cache", "device", *ids), INCOMPATIBLE,
-           "no kv_append graph", "host KV cache")
-    assert "token_ids" in json.loads(cli(spot_cli, "generate", "--model", old, *ids).stdout)   # auto: host
+    for kv_cache in ("auto", "host", "device"):
+        _fails(cli(spot_cli, "generate", "--model", old, "--kv-cache", kv_cache, *ids), INCOMPATIBLE,
+               "lists no kv_append graph, expected one in every format 2 folder", f"`spot upgrade-export {old}`")
+    assert upgrade_export(old, progress=lambda _: None)[1]
+    bad = mismatches(cases[:2], run_batch(spot_cli, old, drafter_dir, cases[:2], "--kv-cache", "device"))
+    assert not bad, bad
 
 
 def test_generate_command_prints_the_result(spot_cli, tiny):

@@ -17,12 +17,12 @@ from spot.errors import SpotError
 from spot.export.export import export_checkpoint
 from spot.export.options import ExportOptions
 from spot.export.kv_append import validate_kv_append, write_kv_append
-from spot.folder.manifest import load_manifest, write_manifest
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
+from tinymodels import without_kv_append
 
 pytest.importorskip("onnx")
 
@@ -95,18 +95,18 @@ def test_where_the_cache_lives(folder, tmp_path):
         "device": "cpu", "sampler": "device", "kv_cache": "device"}
     with pytest.raises(SpotError, match="unknown KV cache place 'gpu'"):
         OrtEngine(folder, threads=1, kv_cache="gpu")
-    # a folder exported before kv_append: auto keeps the host cache, device says what to do
+    # a format 2 folder without kv_append (hand-made: every export and upgrade writes it) is refused wherever its
+    # cache would live, with the upgrade as the fix; the upgrade writes it
+    from spot.export.upgrade import upgrade_export
     old = tmp_path / "old"
     shutil.copytree(folder, old)
-    manifest = dict(load_manifest(old).manifest)
-    manifest["graphs"] = {k: v for k, v in manifest["graphs"].items() if k != "kv_append"}
-    manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "kv_append.onnx"}
-    (old / "kv_append.onnx").unlink()
-    write_manifest(old, manifest)
-    assert OrtEngine(old, threads=1).device_kv is None
-    with pytest.raises(SpotError, match="has no kv_append graph") as e:
-        OrtEngine(old, threads=1, kv_cache="device")
-    assert "--kv-cache host" in e.value.hint
+    without_kv_append(old)
+    for kv_cache in ("auto", "host", "device"):
+        with pytest.raises(SpotError, match="lists no kv_append graph, expected one in every format 2 folder") as e:
+            OrtEngine(old, threads=1, kv_cache=kv_cache)
+        assert e.value.hint.startswith(f"run `spot upgrade-export {old}`")
+    assert upgrade_export(old, progress=lambda _: None)[1]
+    assert OrtEngine(old, threads=1, kv_cache="device").placement["kv_cache"] == "device"
 
 
 def test_only_the_ort_backend_has_a_device_cache(folder):

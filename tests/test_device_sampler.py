@@ -23,6 +23,7 @@ from spot.runtime.metrics import summarize
 from spot.runtime.outputs import SampledOutputs
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import CommitRule, Sampling
+from tinymodels import RUNNER_UPS, older_epilogue_copy
 
 pytest.importorskip("onnx")
 from spot import exact_math  # noqa: E402
@@ -176,12 +177,14 @@ def test_a_manifest_that_misstates_the_epilogue_positions_is_refused(folders, tm
 
     from spot.folder.manifest import load_manifest, write_manifest
     for p, message in ((3, "positions_per_call must divide the block size 8, got 3"),
-                       (4, "positions_per_call is 4, the graph's logits take 2 positions")):
+                       (4, "positions_per_call is 4, the graph's logits take 2 positions"),
+                       (None, "records no positions_per_call for its epilogue")):
         folder = tmp_path / f"p{p}"
         shutil.copytree(folders[2], folder)
         manifest = dict(load_manifest(folder).manifest)
-        manifest["graphs"] = {**manifest["graphs"],
-                              "epilogue": {**manifest["graphs"]["epilogue"], "positions_per_call": p}}
+        entry = {k: v for k, v in manifest["graphs"]["epilogue"].items() if k != "positions_per_call"}
+        manifest["graphs"] = {**manifest["graphs"], "epilogue": {**entry, **({} if p is None else
+                                                                             {"positions_per_call": p})}}
         write_manifest(folder, manifest)
         with pytest.raises(SpotError, match=message):
             OrtEngine(folder, sampler="device", threads=1)
@@ -225,13 +228,8 @@ def test_spot_with_the_drafter_on_the_device_sampler(folders, tmp_path):
 
 
 @exact_platform
-def test_runner_ups_from_the_epilogue_equal_the_host_ones_and_old_epilogues_still_decode(folders, tmp_path):
-    """The device stale view serves the same runner-ups and gaps as the host one; an epilogue exported before
-    runner-ups (no future_runner_up / future_gap outputs) gives stale views without them, and decodes the same
-    tokens."""
-    import onnx
-
-    from spot.folder.manifest import add_files, load_manifest, write_manifest
+def test_runner_ups_from_the_epilogue_equal_the_host_ones(folders):
+    """The device stale view serves the same runner-ups and gaps as the host one."""
     host = OrtEngine(folders[0], sampler="host", threads=1)
     device = OrtEngine(folders[0], sampler="device", threads=1)
     states = np.full((2, CFG.block_size), CFG.mask_token_id)
@@ -249,33 +247,34 @@ def test_runner_ups_from_the_epilogue_equal_the_host_ones_and_old_epilogues_stil
             np.testing.assert_array_equal(g_gap, w_gap)
             np.testing.assert_array_equal(g_tokens, w_tokens)
             assert (g_tokens[~masked] == -1).all() and np.isfinite(g_gap[masked]).all()
-    import shutil
 
-    def without(name: str, outputs: tuple[str, ...]):
-        """The same folder with `outputs` removed from its epilogue graph (manifest re-hashed)."""
-        folder = tmp_path / name
-        shutil.copytree(folders[0], folder)
-        model = onnx.load(str(folder / "epilogue.onnx"))
-        kept = [o for o in model.graph.output if o.name not in outputs]
-        del model.graph.output[:]
-        model.graph.output.extend(kept)
-        onnx.save(model, str(folder / "epilogue.onnx"))
-        manifest = dict(load_manifest(folder, "none").manifest)
-        add_files(folder, manifest, ["epilogue.onnx"])
-        write_manifest(folder, manifest)
-        return folder
-    # half of the runner-up outputs, or a winner output missing: refused when the engine opens, naming both lists
-    for name, outputs in (("half", ("future_gap",)), ("no-top", ("top_logprobs",))):
-        with pytest.raises(SpotError, match="not a sampling epilogue this host reads: got outputs .* expected"):
-            OrtEngine(without(name, outputs), sampler="device", threads=1)
-    # an older export: the runner-up outputs both absent
-    legacy = OrtEngine(without("old-epilogue", ("future_runner_up", "future_gap")), sampler="device", threads=1)
-    legacy.prefill(_prompt(0, 8))
-    (out,) = legacy.block_outputs(states[:1], [0], Sampling(1.0, seed=2), block=1)
-    assert out.outputs().future_runner_up is None and out.stale(states[0] == CFG.mask_token_id).runner_up(1) is None
-    req = DecodeRequest(max_new_tokens=12, sampling=Sampling(1.0, seed=3), budget=TreeBudget(6, DEPTH))
-    assert run_decoder("tree", legacy, _prompt(2, 6), req).token_ids == \
-        run_decoder("tree", host, _prompt(2, 6), req).token_ids
+
+def test_an_older_epilogue_is_refused_until_upgrade_export_rewrites_it(folders, tmp_path):
+    """An epilogue exported before runner-ups (no future_runner_up / future_gap) or before position runs (no
+    first_position input), or missing any other output, is refused when the engine opens it, in one line naming
+    what it lacks, with `spot upgrade-export FOLDER` as the hint (the host sampler never opens it). The upgrade
+    writes the current epilogue, which decodes as the fresh export's does."""
+    from spot.export.upgrade import upgrade_export
+    olds = {"runner-ups": (RUNNER_UPS, False), "whole-blocks": ((), True), "both": (RUNNER_UPS, True),
+            "half": (("future_gap",), False), "no-top": (("top_logprobs",), False)}
+    for name, (outputs, whole_blocks) in olds.items():
+        old = older_epilogue_copy(folders[0], tmp_path / name, outputs, whole_blocks)
+        with pytest.raises(SpotError) as e:
+            OrtEngine(old, sampler="device", threads=1)
+        lacks = ", ".join([*(["first_position"] if whole_blocks else []), *outputs])
+        assert f"older sampling epilogue: got no {lacks}, expected inputs " in e.value.message, e.value.message
+        assert "\n" not in e.value.message and e.value.hint.startswith(f"run `spot upgrade-export {old}`")
+        assert OrtEngine(old, sampler="host", threads=1).placement["sampler"] == "host"
+    old = tmp_path / "both"
+    assert upgrade_export(old, progress=lambda _: None)[1]
+    assert (old / "epilogue.onnx").read_bytes() == (folders[0] / "epilogue.onnx").read_bytes()
+    upgraded, fresh = OrtEngine(old, sampler="device", threads=1), OrtEngine(folders[0], sampler="device", threads=1)
+    for decoder in ("standard", "tree"):
+        for temperature in (0.0, 1.0):
+            req = DecodeRequest(max_new_tokens=12, sampling=Sampling(temperature, seed=3), budget=TreeBudget(6, DEPTH))
+            a, b = run_decoder(decoder, upgraded, _prompt(2, 6), req), run_decoder(decoder, fresh, _prompt(2, 6), req)
+            assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, temperature)
+            assert a.stats.epilogue.states == b.stats.epilogue.states > 0
 
 
 def test_device_sampler_errors_are_clear(folders):

@@ -354,8 +354,9 @@ class _StaleFromTrace:
         k = step - 100
         return np.zeros(self.conf.shape[1], np.int64), np.where(self.conf[k - 1] > 0, self.conf[k - 1], -np.inf)
 
-    def runner_up(self, step):       # traces store no runner-ups (as an epilogue exported without them)
-        return None
+    def runner_up(self, step):       # traces store no runner-ups: none at any position (-1, gap inf)
+        width = self.conf.shape[1]
+        return np.full(width, -1, np.int64), np.full(width, np.inf)
 
 
 def test_calibration_picks_the_best_threshold():

@@ -53,25 +53,34 @@ def renamed_input_drafter(drafter_dir, out, old: str = "masked", new: str = "mas
     return out
 
 
-def whole_block_epilogue_copy(folder, out):
-    """A copy of an exported folder whose epilogue takes whole blocks with no first_position input, as epilogues
-    exported before position runs did (the input becomes a constant 0; manifest re-hashed, positions_per_call
-    dropped)."""
+RUNNER_UPS = ("future_runner_up", "future_gap")
+
+
+def older_epilogue_copy(folder, out, outputs=RUNNER_UPS, whole_blocks: bool = True):
+    """A copy of an exported folder whose epilogue is what older spot-exports wrote: without `outputs` (before
+    runner-ups: future_runner_up and future_gap) and, with whole_blocks, taking whole blocks with no first_position
+    input (before position runs: the input becomes a constant 0, positions_per_call leaves the manifest); the
+    manifest re-hashed."""
     import shutil
 
+    import numpy as np
     from onnx import numpy_helper
 
     from spot.folder.manifest import add_files, load_manifest, write_manifest
     shutil.copytree(folder, out)
     model = onnx.load(str(out / "epilogue.onnx"))
-    kept = [i for i in model.graph.input if i.name != "first_position"]
-    del model.graph.input[:]
-    model.graph.input.extend(kept)
-    model.graph.initializer.append(numpy_helper.from_array(__import__("numpy").array(0, "int64"), "first_position"))
-    onnx.save(model, str(out / "epilogue.onnx"))
+    kept = [o for o in model.graph.output if o.name not in outputs]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
     manifest = dict(load_manifest(out, verify="none").manifest)
-    entry = {k: v for k, v in manifest["graphs"]["epilogue"].items() if k != "positions_per_call"}
-    manifest["graphs"] = {**manifest["graphs"], "epilogue": entry}
+    if whole_blocks:
+        kept = [i for i in model.graph.input if i.name != "first_position"]
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+        model.graph.initializer.append(numpy_helper.from_array(np.array(0, "int64"), "first_position"))
+        entry = {k: v for k, v in manifest["graphs"]["epilogue"].items() if k != "positions_per_call"}
+        manifest["graphs"] = {**manifest["graphs"], "epilogue": entry}
+    onnx.save(model, str(out / "epilogue.onnx"))
     write_manifest(out, add_files(out, manifest, ["epilogue.onnx"]))
     return out
 
@@ -93,6 +102,17 @@ def nan_weights_copy(folder, out):
     return out
 
 
+def without_kv_append(folder):
+    """Remove kv_append.onnx from an exported folder and its manifest (as format 1 folders were written)."""
+    from spot.folder.manifest import load_manifest, write_manifest
+    manifest = dict(load_manifest(folder, verify="none", upgradable=True).manifest)
+    manifest["graphs"] = {k: v for k, v in manifest["graphs"].items() if k != "kv_append"}
+    manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "kv_append.onnx"}
+    (folder / "kv_append.onnx").unlink()
+    write_manifest(folder, manifest)
+    return folder
+
+
 def make_format1(folder):
     """Turn an exported folder into what a format 1 spot-export wrote: its target graph with the cached prefix in one
     stacked input broadcast over the states (spot.export.graph.BROADCAST, the same weights at the same offsets), no
@@ -101,12 +121,11 @@ def make_format1(folder):
     from spot.export.graph import BROADCAST
     from spot.folder.manifest import add_files, load_manifest, write_manifest
     from spot.export.upgrade import declared_target
-    exported = load_manifest(folder, verify="none")
+    exported = load_manifest(without_kv_append(folder), verify="none", upgradable=True)
     manifest, cfg = dict(exported.manifest), exported.config
     graph = declared_target(manifest, cfg, BROADCAST)
     (folder / TARGET_FILE).write_bytes(make_model(graph, plan_layout(graph.weights)[0]).SerializeToString())
-    (folder / "kv_append.onnx").unlink()
-    graphs = {k: v for k, v in manifest["graphs"].items() if k != "kv_append"}
+    graphs = dict(manifest["graphs"])
     past = {"dtype": "float32" if manifest["dtype"] == "fp32" else "float16",
             "shape": [cfg.num_hidden_layers, cfg.num_key_value_heads, "C", cfg.head_dim]}
     inputs = [i for i in graphs["target"]["inputs"] if not i["name"].startswith("past_")]
@@ -116,8 +135,7 @@ def make_format1(folder):
             end: {**{k: v for k, v in shapes.items() if not k.startswith("past_")},
                   **{name: [cfg.num_hidden_layers, *shapes["past_k_0"]] for name in ("past_k", "past_v")}}
             for end, shapes in graphs["target"]["tensorrt_profile"].items()}
-    manifest.update(format_version=1, graphs=graphs,
-                    files={k: v for k, v in manifest["files"].items() if k != "kv_append.onnx"})
+    manifest.update(format_version=1, graphs=graphs)
     write_manifest(folder, add_files(folder, manifest, [TARGET_FILE]))
     return folder
 

@@ -215,7 +215,7 @@ std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<N
     std::vector<bool> mrow(static_cast<size_t>(b));
     for (int64_t p = 0; p < b; ++p) mrow[p] = masked[j * b + p] > 0;
     std::vector<double> logq = masked_log_softmax(order.data() + j * b, mrow, drafter_.order_temperature);
-    const StaleView::RunnerUp* up = drafter_.runner_up_weight > 0 ? r.stale->runner_up(node.step) : nullptr;
+    const StaleView::RunnerUp* up = drafter_.runner_up_weight > 0 ? &r.stale->runner_up(node.step) : nullptr;
     const std::vector<double> log_weight = up ? runner_up_log_weights(*up, drafter_.runner_up_weight, r.mask_id)
                                               : std::vector<double>();
     const std::vector<int64_t>* up_tokens = up ? &up->tokens : nullptr;

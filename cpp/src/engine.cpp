@@ -23,6 +23,17 @@ const char* kChangedHint = "the folder was modified or copied incompletely: copy
                            "spot-export";
 const std::vector<std::string> kInputs = {"input_ids", "position_ids", "attn_bias"};   // + the per-layer cache
 const std::vector<std::string> kOutputs = {"logits", "new_k", "new_v"};
+// the sampling epilogue's (spot.folder.epilogue.INPUTS, OUTPUTS; the outputs in the order sample_state reads them)
+const std::vector<std::string> kEpilogueInputs = {"logits", "node_steps", "seed", "block", "temperature", "top_k",
+                                                  "exclude_token", "first_position"};
+const std::vector<std::string> kEpilogueOutputs = {"token", "confidence", "future_tokens", "future_conf",
+                                                   "top_logprobs", "future_runner_up", "future_gap"};
+
+std::string listed(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
 
 void verify_files(const std::string& folder, const Json& files, spot_verify level) {
   for (const auto& kv : files.members()) {
@@ -143,8 +154,13 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
       ef.epilogue_steps = epi->at("future_steps").integer();
       if (const Json* p = epi->find("positions_per_call"); p && !p->is_null()) ef.epilogue_positions = p->integer();
     }
-    if (const Json* kv = m.at("graphs").find("kv_append"); kv && !kv->is_null())
-      ef.kv_append_graph = graph_file(*kv);
+    // spot-export and spot upgrade-export write it into every format 2 folder (manifest.load_manifest)
+    const Json* kv = m.at("graphs").find("kv_append");
+    if (!kv || kv->is_null())
+      fail(SPOT_ERR_INCOMPATIBLE, mpath + " lists no kv_append graph, expected one in every format " +
+                                      std::to_string(kFormatVersion) + " folder: run `spot upgrade-export " + folder +
+                                      "` (seconds: the graph is written, the weights stay)");
+    ef.kv_append_graph = graph_file(*kv);
     // the decoding defaults copied from the model config (spot.folder.manifest.check_manifest_fields): the
     // manifest is not hashed, so an edit is refused rather than half used
     bool same = ef.block_size == ef.config.block_size;
@@ -309,11 +325,7 @@ const MemoryPlace& TargetEngine::place(Device device) {
 }
 
 void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device device, Placement kv_cache) {
-  const bool has = !f.kv_append_graph.empty();
-  if (!on_device(kv_cache, device, has)) return;
-  if (!has)
-    fail(SPOT_ERR_INCOMPATIBLE, f.folder + " has no kv_append graph (needed by the device KV cache): re-export it "
-                                           "with this version's spot-export, or use the host KV cache");
+  if (!on_device(kv_cache, device, true)) return;   // every folder has kv_append (load_exported_folder)
   // a Concat with a new shape at every stored block: the CUDA provider also under TensorRT (as in Python)
   SessionConfig sc = session_config(threads, device == Device::kTensorRT ? Device::kCuda : device);
   sc.cuda_exact_arena = true;   // the cache grows by one block per store: no power-of-two slack
@@ -344,37 +356,35 @@ void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device de
   // TensorRT has neither float64 nor uint32 arithmetic: the epilogue runs on the CUDA provider (as in Python)
   SessionConfig sc = session_config(threads, device == Device::kTensorRT ? Device::kCuda : device);
   epilogue_ = std::make_unique<OrtSessionHandle>(f.epilogue_graph, sc);
-  // ort_engine.epilogue_outputs: every winner output, the two runner-up outputs both or neither
-  const auto& have = epilogue_->output_names();
-  auto has_output = [&](const std::string& n) { return std::find(have.begin(), have.end(), n) != have.end(); };
-  for (const char* n : {"token", "confidence", "future_tokens", "future_conf", "top_logprobs"}) {
-    if (!has_output(n))
-      fail(SPOT_ERR_INCOMPATIBLE, f.epilogue_graph + " is not a sampling epilogue this host reads: it has no " +
-                                      "output '" + n + "' (re-export the folder with spot-export, or use the " +
-                                      "host sampler)");
-    epilogue_outputs_.push_back(n);
-  }
-  if (has_output("future_runner_up") != has_output("future_gap"))
-    fail(SPOT_ERR_INCOMPATIBLE, f.epilogue_graph + " has only one of future_runner_up / future_gap: re-export it");
-  if (has_output("future_runner_up")) {
-    epilogue_outputs_.push_back("future_runner_up");
-    epilogue_outputs_.push_back("future_gap");
-  }
+  // ort_engine.check_epilogue_io: every input and output this host binds; an epilogue exported before runner-ups
+  // (future_runner_up, future_gap) or position runs (first_position) lacks some, and `spot upgrade-export` rewrites it
+  std::string missing;
+  auto lacks = [&](const std::vector<std::string>& have, const std::vector<std::string>& want) {
+    for (const std::string& n : want)
+      if (std::find(have.begin(), have.end(), n) == have.end()) missing += (missing.empty() ? "" : ", ") + n;
+  };
+  lacks(epilogue_->input_names(), kEpilogueInputs);
+  lacks(epilogue_->output_names(), kEpilogueOutputs);
+  if (!missing.empty())
+    fail(SPOT_ERR_INCOMPATIBLE, f.epilogue_graph + " is an older sampling epilogue: got no " + missing +
+                                    ", expected inputs " + listed(kEpilogueInputs) + " and outputs " +
+                                    listed(kEpilogueOutputs) + " (run `spot upgrade-export " + f.folder +
+                                    "`: seconds, the weights stay; or use the host sampler)");
   check_graph_io(f, f.epilogue_graph, *epilogue_,
                  {{"logits", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {-1, -1, cfg_.vocab_size}},
                   {"future_tokens", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {-1, f.epilogue_steps, -1}}});
   epilogue_steps_ = f.epilogue_steps;
   epilogue_graph_path_ = f.epilogue_graph;
-  // positions per call: the manifest's when the graph takes first_position (ort_engine.epilogue_positions); an
-  // epilogue exported before position runs takes whole blocks (0)
-  const auto& in = epilogue_->input_names();
-  if (std::find(in.begin(), in.end(), "first_position") != in.end()) {
-    epilogue_positions_ = f.epilogue_positions > 0 ? f.epilogue_positions : b_;
-    if (epilogue_positions_ > b_ || b_ % epilogue_positions_)
-      fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + ": the epilogue's positions_per_call must divide the block "
-                                                         "size " + std::to_string(b_) + ", got " +
-                                                         std::to_string(epilogue_positions_));
-  }
+  // positions per call: the manifest's (ort_engine.epilogue_positions)
+  if (f.epilogue_positions == 0)
+    fail(SPOT_ERR_INCOMPATIBLE, join(f.folder, kManifest) + " records no positions_per_call for its epilogue (an "
+                                                            "epilogue exported before position runs): run `spot "
+                                                            "upgrade-export " + f.folder + "`");
+  epilogue_positions_ = f.epilogue_positions;
+  if (epilogue_positions_ < 1 || epilogue_positions_ > b_ || b_ % epilogue_positions_)
+    fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + ": the epilogue's positions_per_call must divide the block "
+                                                       "size " + std::to_string(b_) + ", got " +
+                                                       std::to_string(epilogue_positions_));
   place(device);
 }
 
@@ -610,7 +620,8 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
   if (!epilogue_) fail(SPOT_ERR_INTERNAL, "sample_state without the device sampler");
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t seed = sampling.seed, blk = block;   // the epilogue's scalars (top-p is refused upstream)
-  std::vector<std::string> names = {"node_steps", "seed", "block", "temperature", "top_k", "exclude_token"};
+  const std::vector<std::string> names = {"node_steps", "seed", "block", "temperature", "top_k", "exclude_token",
+                                         "first_position"};
   int64_t first = 0;
   std::vector<InputTensor> scalars = {
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {1}, &step, sizeof(int64_t)},
@@ -619,12 +630,9 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE, {}, &sampling.temperature, sizeof(double)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &sampling.top_k, sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &sampling.exclude_token, sizeof(int64_t)},
+      {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &first, sizeof(int64_t)},   // the run's first position
   };
-  if (epilogue_positions_ > 0) {   // the graph takes the run's first position
-    names.push_back("first_position");
-    scalars.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &first, sizeof(int64_t)});
-  }
-  const int64_t p = epilogue_positions_ > 0 ? epilogue_positions_ : b_, d = epilogue_steps_, v = cfg_.vocab_size;
+  const int64_t p = epilogue_positions_, d = epilogue_steps_, v = cfg_.vocab_size;
   const std::string& g = epilogue_graph_path_;
   const auto I64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, F64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
   EpilogueResult r;
@@ -636,6 +644,8 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
   r.future_tokens.resize(d * b_);
   r.future_conf.resize(d * b_);
   r.top_logprobs.resize(b_ * 32);
+  r.future_runner_up.resize(d * b_);
+  r.future_gap.resize(d * b_);
   // a run's [1, P] / [1, D, P] / [1, P, 32] output into the state's [B] / [D, B] / [B, 32] at positions first..
   auto put = [&](auto& dst, const auto& src, int64_t rows, int64_t width) {
     for (int64_t j = 0; j < rows; ++j)
@@ -645,7 +655,7 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
     const OrtOutput rows = logits.view(static_cast<size_t>((row * b_ + first) * v), {1, p, v});   // in place
     std::vector<OrtOutput> out;
     try {
-      out = epilogue_->run(names, scalars, epilogue_outputs_, {{"logits", rows.value()}});
+      out = epilogue_->run(names, scalars, kEpilogueOutputs, {{"logits", rows.value()}});
     } catch (const SpotException&) {
       // NaN / inf logits can send the epilogue's candidate indices out of range: a pass over this state with host
       // logits tells (block_logits' non-finite error) whether that was it; the walk reads a pass's outputs before
@@ -659,12 +669,8 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
     put(r.future_conf, epilogue_array<double>(out[3], F64, {1, d, p}, "future_conf", g), d, 1);
     put(r.top_logprobs, epilogue_array<float>(out[4], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {1, p, 32},
                                               "top_logprobs", g), 1, 32);
-    if (out.size() > 5) {
-      r.future_runner_up.resize(d * b_);
-      r.future_gap.resize(d * b_);
-      put(r.future_runner_up, epilogue_array<int64_t>(out[5], I64, {1, d, p}, "future_runner_up", g), d, 1);
-      put(r.future_gap, epilogue_array<double>(out[6], F64, {1, d, p}, "future_gap", g), d, 1);
-    }
+    put(r.future_runner_up, epilogue_array<int64_t>(out[5], I64, {1, d, p}, "future_runner_up", g), d, 1);
+    put(r.future_gap, epilogue_array<double>(out[6], F64, {1, d, p}, "future_gap", g), d, 1);
   }
   ++epilogue_states_;
   epilogue_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

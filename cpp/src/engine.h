@@ -32,8 +32,8 @@ struct ExportedFolder {
   std::string target_graph;     // absolute path of target.onnx
   std::string epilogue_graph;   // absolute path of epilogue.onnx; empty: the export has no sampling epilogue
   int64_t epilogue_steps = 0;   // its future steps D (the deepest tree it serves)
-  int64_t epilogue_positions = 0;   // a state's positions per call (positions_per_call); 0: not recorded (B)
-  std::string kv_append_graph;  // absolute path of kv_append.onnx; empty: exported before it (host cache only)
+  int64_t epilogue_positions = 0;   // a state's positions per call (positions_per_call); 0: not recorded
+  std::string kv_append_graph;  // absolute path of kv_append.onnx
   // the target session's config entries (manifest "ort_session_config": a quantized export keeps ORT's fused
   // MatMulNBits on float32 activations), applied as the Python engine applies them
   std::vector<std::pair<std::string, std::string>> ort_session_config;
@@ -65,8 +65,8 @@ struct EpilogueResult {
   std::vector<int64_t> future_tokens;     // [N, D, B] coupled samples at steps step+1 .. step+D
   std::vector<double> future_conf;        // [N, D, B]
   std::vector<float> top_logprobs;        // [N, B, 32]
-  std::vector<int64_t> future_runner_up;  // [N, D, B]; empty: an epilogue exported without runner-ups
-  std::vector<double> future_gap;         // [N, D, B]; empty likewise
+  std::vector<int64_t> future_runner_up;  // [N, D, B]
+  std::vector<double> future_gap;         // [N, D, B]
 };
 
 
@@ -146,11 +146,10 @@ class TargetEngine {
   std::unique_ptr<OrtSessionHandle> kv_append_;  // the device cache's append (one layer); null: the host cache
   std::vector<OrtOutput> device_k_, device_v_;   // the device cache, [Hkv, C, D] per layer; empty while empty
   std::vector<std::string> past_names_;          // past_k_0, past_v_0, past_k_1, ... (spot.folder.manifest)
-  std::vector<std::string> epilogue_outputs_;
   int64_t epilogue_steps_ = 0;
   int64_t epilogue_states_ = 0;
   double epilogue_ms_ = 0;
-  int64_t epilogue_positions_ = 0;           // positions per epilogue call; 0: whole blocks, no first_position input
+  int64_t epilogue_positions_ = 0;           // positions per epilogue call (the manifest's positions_per_call)
   std::string epilogue_graph_path_;
   std::vector<std::vector<uint8_t>> k_, v_;  // the host cache, [Hkv, C, D] per layer in the model dtype
   int64_t cached_ = 0;

@@ -53,10 +53,10 @@ const StaleView::Coupled& HostStaleView::coupled(uint32_t step) {
   return cache_.emplace(key, std::move(c)).first->second;
 }
 
-const StaleView::RunnerUp* HostStaleView::runner_up(uint32_t step) {
+const StaleView::RunnerUp& HostStaleView::runner_up(uint32_t step) {
   const uint32_t key = sampling_.temperature > 0 ? step : 0;
   auto it = runner_up_.find(key);
-  if (it != runner_up_.end()) return &it->second;
+  if (it != runner_up_.end()) return it->second;
   const Coupled& c = coupled(step);
   RunnerUp r;
   r.tokens.assign(static_cast<size_t>(b_), -1);
@@ -64,7 +64,7 @@ const StaleView::RunnerUp* HostStaleView::runner_up(uint32_t step) {
   each_row(step, [&](size_t k, int64_t pos, const NoiseBinsRow* g) {
     runner_up_row(rows_[k], g, sampling_.exclude_token, c.tokens[pos], r.tokens[pos], r.gap[pos]);
   });
-  return &runner_up_.emplace(key, std::move(r)).first->second;
+  return runner_up_.emplace(key, std::move(r)).first->second;
 }
 
 const std::vector<float>& HostStaleView::topk_logprobs() {
@@ -97,14 +97,13 @@ const StaleView::Coupled& SampledStaleView::coupled(uint32_t step) {
   return cache_.emplace(step, std::move(c)).first->second;
 }
 
-const StaleView::RunnerUp* SampledStaleView::runner_up(uint32_t step) {
-  if (r_.future_runner_up.empty()) return nullptr;
+const StaleView::RunnerUp& SampledStaleView::runner_up(uint32_t step) {
   auto it = runner_up_.find(step);
-  if (it != runner_up_.end()) return &it->second;
+  if (it != runner_up_.end()) return it->second;
   const int64_t at = row(step);
   RunnerUp u{masked_row(r_.future_runner_up, at, int64_t{-1}),
              masked_row(r_.future_gap, at, std::numeric_limits<double>::infinity())};
-  return &runner_up_.emplace(step, std::move(u)).first->second;
+  return runner_up_.emplace(step, std::move(u)).first->second;
 }
 
 std::vector<float> topk_logprobs(const float* logits, int64_t rows, int64_t vocab, double temperature) {

@@ -27,7 +27,7 @@ class StaleView {
     std::vector<int64_t> tokens;   // [B] second-best coupled sample, -1 where s_m is not masked
     std::vector<double> gap;       // [B] score(coupled sample) - score(runner-up), inf there or where none exists
   };
-  virtual const RunnerUp* runner_up(uint32_t step) = 0;   // nullptr: none (an epilogue exported without them)
+  virtual const RunnerUp& runner_up(uint32_t step) = 0;
   virtual const std::vector<float>& topk_logprobs() = 0;   // [B, 32]
 };
 
@@ -37,7 +37,7 @@ class HostStaleView : public StaleView {
   HostStaleView(const float* logits, int64_t block_size, int64_t vocab, const std::vector<int64_t>& state,
                 int64_t mask_id, const Sampling& sampling, uint32_t block, NoiseRows* noise);
   const Coupled& coupled(uint32_t step) override;
-  const RunnerUp* runner_up(uint32_t step) override;
+  const RunnerUp& runner_up(uint32_t step) override;
   const std::vector<float>& topk_logprobs() override;
 
  private:
@@ -61,7 +61,7 @@ class SampledStaleView : public StaleView {
   SampledStaleView(const EpilogueResult& r, int64_t n, uint32_t first_step, const std::vector<int64_t>& state,
                    int64_t mask_id);
   const Coupled& coupled(uint32_t step) override;
-  const RunnerUp* runner_up(uint32_t step) override;
+  const RunnerUp& runner_up(uint32_t step) override;
   const std::vector<float>& topk_logprobs() override { return topk_; }
 
  private:

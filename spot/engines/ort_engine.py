@@ -138,31 +138,30 @@ def recorded_trt_profile(exported) -> Profile:
         raise SpotError(e.message, f"run `spot upgrade-export {exported.folder}` to write it again") from None
 
 
-def epilogue_outputs(session, path) -> list[str]:
-    """The epilogue outputs this host binds (spot.folder.epilogue.OUTPUTS), checked once when the graph is opened:
-    every winner output, and the two runner-up outputs both or neither (an epilogue exported before runner-ups has
-    neither: its trees propose winners only, still exact)."""
-    from spot.folder.epilogue import OUTPUTS, RUNNER_UP_OUTPUTS
-    have = {o.name for o in session.get_outputs()}
-    missing = [n for n in OUTPUTS if n not in have and n not in RUNNER_UP_OUTPUTS]
-    runner_ups = [n for n in RUNNER_UP_OUTPUTS if n in have]
-    if missing or len(runner_ups) == 1:
-        got = sorted(have & set(OUTPUTS))
-        raise SpotError(f"{path} is not a sampling epilogue this host reads: got outputs {got}, expected "
-                        f"{list(OUTPUTS)} (the last two may be absent together)",
-                        "re-export the folder with spot-export, or decode with --sampler host")
-    return [n for n in OUTPUTS if n in have]
+def check_epilogue_io(session, exported) -> None:
+    """SpotError unless the folder's epilogue graph takes every input and gives every output this host binds
+    (spot.folder.epilogue.INPUTS, OUTPUTS), checked once when it is opened: an epilogue exported before runner-ups
+    (future_runner_up, future_gap) or position runs (first_position) lacks some, and `spot upgrade-export` writes
+    the current one."""
+    from spot.folder.epilogue import INPUTS, OUTPUTS
+    takes, gives = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
+    missing = [n for n in INPUTS if n not in takes] + [n for n in OUTPUTS if n not in gives]
+    if missing:
+        raise SpotError(f"{exported.graph_path('epilogue')} is an older sampling epilogue: got no "
+                        f"{', '.join(missing)}, expected inputs {', '.join(INPUTS)} and outputs {', '.join(OUTPUTS)}",
+                        f"run `spot upgrade-export {exported.folder}` (seconds: the epilogue is rewritten, the weights "
+                        "stay), or decode with --sampler host")
 
 
-def epilogue_positions(session, entry: dict, block_size: int) -> int | None:
-    """Positions of a state per epilogue call: the manifest's positions_per_call (a divisor of the block size, the
-    graph's static logits dim) when the graph takes first_position; None for an epilogue exported before position
-    runs (whole blocks)."""
-    from spot.folder.epilogue import POSITION_INPUT, check_positions, graph_positions
-    if POSITION_INPUT not in {i.name for i in session.get_inputs()}:
-        return None
-    p = int(entry.get("positions_per_call", block_size))
-    remedy = "re-export the folder with spot-export (or spot upgrade-export it)"
+def epilogue_positions(session, exported, block_size: int) -> int:
+    """Positions of a state per epilogue call: the manifest's positions_per_call, a divisor of the block size and
+    the graph's static logits dim."""
+    from spot.folder.epilogue import check_positions, graph_positions
+    p = exported.manifest["graphs"]["epilogue"].get("positions_per_call")
+    if p is None:
+        raise SpotError(f"{exported.folder}/manifest.json records no positions_per_call for its epilogue (an epilogue "
+                        "exported before position runs)", f"run `spot upgrade-export {exported.folder}`")
+    p, remedy = int(p), "re-export the folder with spot-export (or spot upgrade-export it)"
     check_positions(p, block_size, "the manifest's epilogue positions_per_call", remedy)
     if graph_positions(session) not in (p, None):
         raise SpotError(f"the manifest's epilogue positions_per_call is {p}, the graph's logits take "
@@ -221,12 +220,8 @@ class OrtEngine(Engine):
 
     def _open_device_kv(self, kv_cache: str, threads: int | None):
         from spot.engines.device_kv import DeviceKVCache
-        graphs = self.exported.manifest["graphs"]
-        if not on_device(kv_cache, "KV cache place", self.device, "kv_append" in graphs):
+        if not on_device(kv_cache, "KV cache place", self.device, True):     # every folder has kv_append
             return None
-        if "kv_append" not in graphs:
-            raise SpotError(f"{self.exported.folder} has no kv_append graph (needed by --kv-cache device)",
-                            "re-export it with this version's spot-export, or use --kv-cache host")
         # a Concat with a new shape at every stored block: the CUDA provider, also under --device trt (a TensorRT
         # engine per shape would cost more than the copy), its arena grown by what is asked (the cache grows by one
         # block per store), not to the next power of two
@@ -258,9 +253,9 @@ class OrtEngine(Engine):
             raise SpotError(f"{self.exported.folder}/manifest.json: the epilogue's future_steps is {steps}, "
                             f"expected 1..{self.block_size} (the block size)", "re-export the folder with spot-export")
         session = make_session(self.exported.graph_path("epilogue"), self.place, self.exported.dtype, threads)
-        self._epilogue_outputs = epilogue_outputs(session, self.exported.graph_path("epilogue"))
+        check_epilogue_io(session, self.exported)
         checked(session, self.exported, "epilogue")
-        self._epilogue_positions = epilogue_positions(session, graphs["epilogue"], self.block_size)
+        self._epilogue_positions = epilogue_positions(session, self.exported, self.block_size)
         return session, steps
 
     @property
@@ -406,10 +401,10 @@ class OrtEngine(Engine):
         """The epilogue over state i's rows of a pass's logits [N, B, V] (an OrtValue where the target ran), bound
         in place at their offset (no copy), in runs of the export's positions per call. state [B]: that state, for
         the error path."""
-        from spot.folder.epilogue import POSITION_INPUT, EpilogueResult, join_runs
+        from spot.folder.epilogue import OUTPUTS, POSITION_INPUT, EpilogueResult, join_runs
         from spot.runtime.outputs import sampled_outputs
         t0 = time.perf_counter()
-        b, v, p = self.block_size, self.config.vocab_size, self._epilogue_positions or self.block_size
+        b, v, p = self.block_size, self.config.vocab_size, self._epilogue_positions
         steps = scalars["node_steps"][i:i + 1]
 
         def run(first: int) -> EpilogueResult:
@@ -417,12 +412,11 @@ class OrtEngine(Engine):
             epi.bind_input("logits", self.place, 0, np.float32, [1, p, v], logits.data_ptr() + (i * b + first) * v * 4)
             for name, value in scalars.items():
                 epi.bind_cpu_input(name, steps if name == "node_steps" else value)
-            if self._epilogue_positions is not None:     # the graph takes the run's first position
-                epi.bind_cpu_input(POSITION_INPUT, np.array(first, np.int64))
-            for name in self._epilogue_outputs:
+            epi.bind_cpu_input(POSITION_INPUT, np.array(first, np.int64))
+            for name in OUTPUTS:
                 epi.bind_output(name, "cpu")
             self._run_epilogue(epi, state)
-            return EpilogueResult(**dict(zip(self._epilogue_outputs, epi.copy_outputs_to_cpu())))
+            return EpilogueResult(*epi.copy_outputs_to_cpu())
         result = join_runs(b, p, run)
         self.epilogue_states += 1
         self.epilogue_seconds += time.perf_counter() - t0

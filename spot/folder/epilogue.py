@@ -34,10 +34,9 @@ EPILOGUE_FILE = "epilogue.onnx"
 DEFAULT_FUTURE_STEPS = 8          # = the default tree depth of `spot generate` / `spot bench`
 
 INPUTS = ("logits", "node_steps", "seed", "block", "temperature", "top_k", "exclude_token", "first_position")
-POSITION_INPUT = "first_position"   # absent from epilogues exported before position runs: they take whole blocks
+POSITION_INPUT = "first_position"
 OUTPUTS = ("token", "confidence", "future_tokens", "future_conf", "top_logprobs", "top_ids", "future_runner_up",
            "future_gap")
-RUNNER_UP_OUTPUTS = OUTPUTS[-2:]  # absent from epilogues exported before runner-ups: their trees keep the winners
 FALLBACK_OUTPUT = "exact_fallback"  # [] bool, a diagnostic: the certificate failed and the exact noise ran
 
 # The certified sampling every implementation of the epilogue runs (the ONNX graph, its torch twin
@@ -86,17 +85,16 @@ class EpilogueResult:
     top_logprobs: np.ndarray     # [N,P,32] float32
     top_ids: np.ndarray          # [N,P,32] int64 (-1 in the padding of vocabularies under 32)
     # the runner-up coupled samples of steps t_n+1 .. t_n+D (spot.runtime.step.top2_scaled): [N,D,B] int64 (-1 where
-    # none) and the score gaps to the winners [N,D,B] float64 (inf there); None from an epilogue exported without them
-    future_runner_up: np.ndarray | None = None
-    future_gap: np.ndarray | None = None
+    # none) and the score gaps to the winners [N,D,B] float64 (inf there)
+    future_runner_up: np.ndarray
+    future_gap: np.ndarray
 
     @staticmethod
     def concat(parts: list["EpilogueResult"], along: str = "nodes") -> "EpilogueResult":
         """Join results of consecutive node ranges (along="nodes") or position runs (along="positions")."""
         def axis(f):
             return 0 if along == "nodes" else 2 if f.startswith("future_") else 1
-        return EpilogueResult(*(None if getattr(parts[0], f) is None else
-                                np.concatenate([getattr(p, f) for p in parts], axis=axis(f)) for f in OUTPUTS))
+        return EpilogueResult(*(np.concatenate([getattr(p, f) for p in parts], axis=axis(f)) for f in OUTPUTS))
 
 
 def check_positions(positions: int, block_size: int, what: str, hint: str = "") -> None:

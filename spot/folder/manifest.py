@@ -268,6 +268,10 @@ def _load_manifest_once(folder: str | Path, verify: str, upgradable: bool = Fals
     except (KeyError, TypeError) as e:
         raise SpotError(f"{path} has an invalid model config ({e})", remedy) from None
     check_manifest_fields(path, manifest, config, remedy)
+    if version == FORMAT_VERSION and "kv_append" not in manifest["graphs"] and not upgradable:
+        # spot-export and spot upgrade-export write it into every format 2 folder: one without it is older
+        raise SpotError(f"{path} lists no kv_append graph, expected one in every format {FORMAT_VERSION} folder",
+                        f"run `spot upgrade-export {folder}` (seconds: the graph is written, the weights stay)")
     verify_files(folder, manifest["files"], verify)
     return ExportedModel(folder, manifest, config)
 

@@ -285,7 +285,7 @@ class DrafterProposer:
     """SPOT / SPOT-Sets proposer: all nodes requested at once go through ONE drafter call.
 
     static rule: log-softmax of the order logits over masked positions, one child per top-`branch` position, plus
-    its runner-up token's child (drafter.json `runner_up_weight`; none where the stale view has no runner-ups);
+    its runner-up token's child (drafter.json `runner_up_weight`; none at weight 0);
     threshold rule: the predicted set {sigmoid(member) > calibrated threshold} (else the top order position) and
     up to `branch - 1` alternatives: flips of the least certain positions (weighted by `set_flip_weight`) and swaps
     of one member's token for its runner-up (weighted as above); for a tau other than the one the drafter learned,

@@ -61,8 +61,7 @@ class SampledOutputs:
     token [B] int64, confidence [B] float64: F's sample at `step` for every position;
     future_tokens [D, B] int64, future_conf [D, B] float64: coupled samples at steps step+1 .. step+D;
     top_logprobs [B, 32] float32: the drafter's stale features;
-    future_runner_up [D, B] int64, future_gap [D, B] float64: the coupled samples' runner-ups and score gaps (None
-    from an epilogue exported without them)."""
+    future_runner_up [D, B] int64, future_gap [D, B] float64: the coupled samples' runner-ups and score gaps."""
 
     token: np.ndarray
     confidence: np.ndarray
@@ -70,8 +69,8 @@ class SampledOutputs:
     future_conf: np.ndarray
     top_logprobs: np.ndarray
     step: int
-    future_runner_up: np.ndarray | None = None
-    future_gap: np.ndarray | None = None
+    future_runner_up: np.ndarray
+    future_gap: np.ndarray
 
     def next_state(self, state: np.ndarray, mask_id: int, rule: CommitRule) -> np.ndarray:
         masked = np.flatnonzero(state == mask_id)
@@ -127,7 +126,6 @@ def host_outputs(logits: np.ndarray, steps, sampling: Sampling, block: int, nois
 
 def sampled_outputs(result, steps) -> list[SampledOutputs]:
     """An EpilogueResult of N states (spot.export.epilogue) whose node_steps were steps [N] -> one per state."""
-    runner_up, gap = result.future_runner_up, result.future_gap
     return [SampledOutputs(result.token[i], result.confidence[i], result.future_tokens[i], result.future_conf[i],
-                           result.top_logprobs[i], int(s), None if runner_up is None else runner_up[i],
-                           None if gap is None else gap[i]) for i, s in enumerate(steps)]
+                           result.top_logprobs[i], int(s), result.future_runner_up[i], result.future_gap[i])
+            for i, s in enumerate(steps)]

@@ -62,15 +62,12 @@ def position_candidates(node: Node, logq: np.ndarray, tokens: np.ndarray, mask_i
 def runner_up_alternatives(stale, step: int, weight: float, mask_id: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The runner-up coupled tokens [B] of `step` and their log weights [B] = log(weight) - gap, -inf where there is
     none or it is the mask id (that child would equal its parent; decoders exclude the mask id from sampling
-    anyway); or None (weight 0, or a stale view without runner-ups). The target's fresh sample is the stale
+    anyway); or None at weight 0. The target's fresh sample is the stale
     runner-up mostly where the stale winner won by little: exp(-gap) is the stale probability ratio runner-up /
     winner at T = 0, and the perturbed-score ratio at T > 0; `weight` (drafter.json `runner_up_weight`) scales it."""
     if weight <= 0:
         return None
-    found = stale.runner_up(step)
-    if found is None:
-        return None
-    tokens, gap = found
+    tokens, gap = stale.runner_up(step)
     return tokens, np.where(tokens == mask_id, -np.inf, math.log(weight) - gap)
 
 

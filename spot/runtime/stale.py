@@ -103,12 +103,10 @@ class SampledStaleView:
 
     future_tokens [D, B] int64, future_conf [D, B] float64: samples of the stale logits at steps first_step ..
     first_step + D - 1 for every position; masked [B] bool: masks of s_m; top_logprobs [B, 32] float32;
-    future_runner_up [D, B] int64, future_gap [D, B] float64: their runner-ups and score gaps, or None (an epilogue
-    exported without them: no runner-up proposals)."""
+    future_runner_up [D, B] int64, future_gap [D, B] float64: their runner-ups and score gaps."""
 
     def __init__(self, future_tokens: np.ndarray, future_conf: np.ndarray, first_step: int, masked: np.ndarray,
-                 top_logprobs: np.ndarray, future_runner_up: np.ndarray | None = None,
-                 future_gap: np.ndarray | None = None):
+                 top_logprobs: np.ndarray, future_runner_up: np.ndarray, future_gap: np.ndarray):
         self.future_tokens, self.future_conf = future_tokens, future_conf
         self.future_runner_up, self.future_gap = future_runner_up, future_gap
         self.first_step, self.masked, self._topk = first_step, np.asarray(masked, dtype=bool), top_logprobs
@@ -129,10 +127,8 @@ class SampledStaleView:
         return (np.where(self.masked, self.future_tokens[j], -1).astype(np.int64),
                 np.where(self.masked, self.future_conf[j], -np.inf))
 
-    def runner_up(self, step: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """As StaleView.runner_up, from the epilogue's outputs; None where the epilogue has none."""
-        if self.future_runner_up is None:
-            return None
+    def runner_up(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """As StaleView.runner_up, from the epilogue's outputs."""
         j = self._row(step)
         return (np.where(self.masked, self.future_runner_up[j], -1).astype(np.int64),
                 np.where(self.masked, self.future_gap[j], np.inf))
