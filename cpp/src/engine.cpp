@@ -358,15 +358,15 @@ void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device de
   epilogue_ = std::make_unique<OrtSessionHandle>(f.epilogue_graph, sc);
   // ort_engine.check_epilogue_io: every input and output this host binds; an epilogue exported before runner-ups
   // (future_runner_up, future_gap) or position runs (first_position) lacks some, and `spot upgrade-export` rewrites it
-  std::string missing;
+  std::vector<std::string> missing;
   auto lacks = [&](const std::vector<std::string>& have, const std::vector<std::string>& want) {
     for (const std::string& n : want)
-      if (std::find(have.begin(), have.end(), n) == have.end()) missing += (missing.empty() ? "" : ", ") + n;
+      if (std::find(have.begin(), have.end(), n) == have.end()) missing.push_back(n);
   };
   lacks(epilogue_->input_names(), kEpilogueInputs);
   lacks(epilogue_->output_names(), kEpilogueOutputs);
   if (!missing.empty())
-    fail(SPOT_ERR_INCOMPATIBLE, f.epilogue_graph + " is an older sampling epilogue: got no " + missing +
+    fail(SPOT_ERR_INCOMPATIBLE, f.epilogue_graph + " is an older sampling epilogue: got no " + listed(missing) +
                                     ", expected inputs " + listed(kEpilogueInputs) + " and outputs " +
                                     listed(kEpilogueOutputs) + " (run `spot upgrade-export " + f.folder +
                                     "`: seconds, the weights stay; or use the host sampler)");

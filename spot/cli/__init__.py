@@ -127,7 +127,6 @@ def main(ctx, debug):
         signal.signal(signal.SIGTERM, terminate)
 
 
-
 COMMANDS = (generate.generate, generate.demo, export.export, export.verify, export.upgrade_export_cmd,
             export.build_engine_cmd, training.train_target_cmd, training.traces_cmd, training.train_drafter_cmd,
             training.calibrate_drafter_cmd, bench.bench, bench.tune, serve.serve, serve.triton_repo)
@@ -154,5 +153,3 @@ main.add_command(_export_alias, "spot-export")
 def export_main():  # console script `spot-export`
     sys.argv[0] = "spot-export"
     main(["spot-export", *sys.argv[1:]], prog_name="")
-
-

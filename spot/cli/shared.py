@@ -35,7 +35,7 @@ def placement_options(command):
 
 def stderr_progress(quiet: bool = False):
     """Progress lines to stderr (stdout stays the command's result), or none with --quiet. A line starting with "\r"
-    updates a progress bar (spot.export.export.Progress): rewritten in place on a terminal ("\r" alone clears it),
+    updates a progress bar (spot.export.options.Progress): rewritten in place on a terminal ("\r" alone clears it),
     elsewhere printed at most every 30 s."""
     if quiet:
         return lambda line: None

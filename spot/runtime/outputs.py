@@ -125,7 +125,7 @@ def host_outputs(logits: np.ndarray, steps, sampling: Sampling, block: int, nois
 
 
 def sampled_outputs(result, steps) -> list[SampledOutputs]:
-    """An EpilogueResult of N states (spot.export.epilogue) whose node_steps were steps [N] -> one per state."""
+    """An EpilogueResult of N states (spot.folder.epilogue) whose node_steps were steps [N] -> one per state."""
     return [SampledOutputs(result.token[i], result.confidence[i], result.future_tokens[i], result.future_conf[i],
                            result.top_logprobs[i], int(s), result.future_runner_up[i], result.future_gap[i])
             for i, s in enumerate(steps)]
