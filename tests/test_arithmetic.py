@@ -7,6 +7,8 @@ import re
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spot import gsm8k
 from spot.training import arithmetic, bpe
@@ -141,23 +143,40 @@ def test_heldout_records_carry_their_true_answers(tokenizer):
         assert rec["n_tokens"] == len(tokenizer.encode(p.prompt, add_special_tokens=False).ids)
 
 
-def test_train_target_on_the_arithmetic_corpus_writes_a_model_folder(tmp_path):
-    """A few steps of the arithmetic recipe's shape: the folder names its corpus, holds held-out problems with their
-    answers, decodes, and its evaluation reports answers, confidence and threshold passes."""
+def tiny_arithmetic_recipe():
+    """The arithmetic recipe's two stages at a tiny shape (the word problems; then practice from those weights)."""
     import dataclasses
+
+    from spot.training.target import ARITHMETIC, ARITHMETIC_WORDS
+    shape = dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=16, tokens_per_batch=256, log_every=1, eval_every=1000,
+                 ckpt_every=1000, accuracy_every=0)
+    words = dataclasses.replace(ARITHMETIC_WORDS, steps=2, **shape)
+    return dataclasses.replace(ARITHMETIC, warm_start=words, decay_steps=1, warmup_steps=1,
+                               **{**shape, "accuracy_every": 2, "accuracy_problems": 1, "operation_problems": 2})
+
+
+def test_train_target_on_the_arithmetic_corpus_writes_a_model_folder(tmp_path):
+    """A few steps of the arithmetic recipe's shape, both stages (the warm start is trained first, in the work
+    folder): the folder names its corpus, holds held-out problems with their answers, decodes, and its evaluation
+    reports answers, per-operation results, confidence and threshold passes."""
     import json
 
     from spot.config import load_config, training_corpus
     from spot.training.evaluate import arithmetic_evaluation
-    from spot.training.target import ARITHMETIC, train_target
-    tiny = dataclasses.replace(ARITHMETIC, vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, tokens_per_batch=256,
-                               accuracy_every=2, accuracy_problems=1, log_every=1, eval_every=1000, ckpt_every=1000)
+    from spot.training.target import train_target
+    tiny = tiny_arithmetic_recipe()
     out = tmp_path / "arith"
     report = train_target(out, 2, settings=tiny, work_dir=tmp_path / "work", progress=False, n_prompts=5,
                           final_eval=False)
     assert report["steps_done"] == 2 and report["corpus"]["generator"] == "spot.training.arithmetic"
     assert [step for step, _ in report["history"]["accuracy"]] == [2]
+    [[step, ops]] = report["history"]["operation_accuracy"]
+    assert step == 2 and set(ops) == set("+-*/") and sum(v["steps"] for v in ops.values()) >= 2
+    words = tmp_path / "work" / "warm-start"          # the first stage, trained to completion, then started from
+    assert json.loads((words / "training_report.json").read_text())["steps_done"] == 2
+    assert report["warm_start"]["folder"] == str(words)
+    assert (words / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
     assert training_corpus(out) == "arithmetic" and load_config(out).block_size == 32
     records = [json.loads(line) for line in (out / "heldout_prompts.jsonl").read_text().splitlines()]
     assert len(records) == 5 and all(arithmetic.is_heldout(r["text"][len("Question: "):-len("\nAnswer:\n")])
@@ -167,8 +186,86 @@ def test_train_target_on_the_arithmetic_corpus_writes_a_model_folder(tmp_path):
     class Data:      # the run's held-out problems and tokenizer, as train_target hands them over
         tokenizer = __import__("tokenizers").Tokenizer.from_file(str(out / "tokenizer.json"))
         heldout = arithmetic.generate_problems(2, seed=7, heldout=True)
-    ev = arithmetic_evaluation(out, Data(), log=lambda _: None, n_decode=1, n_accuracy=2)
+    ev = arithmetic_evaluation(out, Data(), log=lambda _: None, n_decode=1, n_accuracy=2, n_operations=1)
     assert ev["greedy_answers"]["problems"] == 2 and 0 <= ev["greedy_answers"]["accuracy"] <= 1
+    assert ev["gold_context_results"]["problems"] == 1
     assert ev["threshold_vs_static"]["static"]["target_passes"] >= ev["threshold_vs_static"]["threshold"][
         "target_passes"] > 0
     assert 0 < ev["greedy_decode"]["mean_committed_top1_prob"] <= 1
+
+
+# -- practice lines (the arithmetic a word problem's steps use, every fact alike) -------------------------------
+@pytest.mark.parametrize("op", arithmetic.PRACTICE_OPS)
+def test_fact_tables_hold_every_fact_a_problem_computes_and_only_those(op, problems):
+    """Each table is exactly the facts within BOUNDS (recomputed here by brute force over all operand pairs), and
+    every step of 2,000 generated problems is in its table."""
+    b = arithmetic.BOUNDS
+    table = set(arithmetic.FACT_TABLES[op])
+    expected = set()
+    for x in range(1, b.max_value + 1):
+        for y in range(1, b.max_value + 1):
+            try:
+                v = gsm8k.apply_op(x, op, y)
+            except ValueError:
+                continue
+            if not 1 <= v <= b.max_value:
+                continue
+            if op == "*" and not (min(x, y) <= b.max_factor and max(x, y) <= b.max_multiplicand):
+                continue
+            if op == "/" and not (y <= b.max_divisor and v <= b.max_quotient):
+                continue
+            expected.add((x, y))
+    assert table == expected and len(arithmetic.FACT_TABLES[op]) == len(table)
+    assert {(s.a, s.b) for p in problems for s in p.steps if s.op == op} <= table
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32 - 1))
+def test_practice_samples_recompute_and_mark_their_result_digits(tokenizer, seed):
+    """A practice sample's every line is a right calculation in the annotation format (its answer recomputed from
+    the line), it fits PRACTICE_LEN with its end-of-text, its result digits are marked, and it scores exactly what
+    follows each '<<a op b=' (never an operand)."""
+    from spot.training.arithmetic_corpus import PRACTICE_LEN, practice_sample
+    tok = tokenizer
+    e = practice_sample(tok, np.random.default_rng(seed))
+    text = tok.decode(list(e.ids[:-1]))
+    lines = text.split("\n")
+    assert e.ids[-1] == bpe.EOS_ID and len(e.ids) <= PRACTICE_LEN and e.prompt_len == 0
+    for line in lines:
+        m = re.fullmatch(r"(\d+)([-+*/])(\d+) = <<\1\2\3=(\d+)>>\4\.", line)
+        assert m is not None, line
+        a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+        assert gsm8k.apply_op(a, op, b) == c and (a, b) in set(arithmetic.FACT_TABLES[op])
+    expected = "".join(2 * re.search(r"=(\d+)>>", line).group(1) for line in lines)
+    assert "".join(tok.decode([e.ids[i]]) for i in e.results) == expected
+    tails = "".join(re.search(r"=(\d+>>\d+\.)", line).group(1) + "\n" for line in lines)[:-1]
+    assert tok.decode([e.ids[i] for i in e.scored]) == tails and set(e.results) <= set(e.scored)
+
+
+def test_result_digits_of_a_problem_are_weighted_and_practice_scores_only_them(tokenizer, problems):
+    """In a word problem the result digits (each '=c>>c' and the answer) weigh result_weight; a practice batch masks
+    nothing but what follows each '=' (the results weighted)."""
+    from spot.training.arithmetic_corpus import practice_sample
+    p = problems[3]
+    e = encode_problem(tokenizer, p)
+    digits = "".join(tokenizer.decode([e.ids[i]]) for i in e.results)
+    assert digits == "".join(2 * str(s.value) for s in p.steps) + str(p.answer)
+    batch = make_batch([e, practice_sample(tokenizer, np.random.default_rng(1))], 32, result_weight=3.0)
+    assert set(np.flatnonzero(batch.weight[0] == 3.0)) == set(e.results)
+    assert set(np.flatnonzero(batch.weight[1] == 3.0)) < set(np.flatnonzero(batch.eligible[1]))
+    assert make_batch([e], 32).weight is None
+
+
+def test_practice_batches_come_at_their_share_and_resume_exactly(tokenizer):
+    data = ArithmeticData(tokenizer, 32, 2048, seed=3, practice_share=0.5, result_weight=3.0)
+    kinds = []
+    for _ in range(40):
+        b = data.train_batch()
+        kinds.append(b.x0.shape[1] == 128 and bool((b.x0[:, 0] != b.x0[0, 0]).any()))
+    assert 10 <= sum(kinds) <= 30
+    state = data.state()
+    again = ArithmeticData(tokenizer, 32, 2048, seed=99, practice_share=0.5, result_weight=3.0)
+    again.load_state(state)
+    for _ in range(5):
+        a, b = data.train_batch(), again.train_batch()
+        assert (a.x0 == b.x0).all() and (a.eligible == b.eligible).all() and (a.weight == b.weight).all()

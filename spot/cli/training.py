@@ -24,9 +24,12 @@ from spot.files import check_output_path
               help="Wall-clock cap; stops early and still writes the folder.")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Checkpoints and train.log (resumed when present). Default: next to --out.")
+@click.option("--init-from", type=click.Path(file_okay=False, exists=True), default=None,
+              help="arithmetic: start from this folder, trained by the recipe's first stage (the word problems "
+                   "alone; its training_report.json is checked), instead of training that stage first.")
 @click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation written into training_report.json.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
-def train_target_cmd(corpus, out, steps, seed, minutes, work_dir, no_eval, quiet):
+def train_target_cmd(corpus, out, steps, seed, minutes, work_dir, init_from, no_eval, quiet):
     """Train an embedded SDAR target (block diffusion, block 32): the code model on the Python standard library, or
     the arithmetic model on generated grade-school word problems.
 
@@ -34,6 +37,7 @@ def train_target_cmd(corpus, out, steps, seed, minutes, work_dir, no_eval, quiet
     Examples:
       spot train-target --out /tmp/code --minutes 90
       spot train-target --corpus arithmetic --out /tmp/arithmetic
+      spot train-target --corpus arithmetic --out /tmp/arithmetic --init-from ./words-stage
     """
     from spot.assets import model_folder_path
     from spot.training.target import RECIPES, train_target
@@ -44,7 +48,7 @@ def train_target_cmd(corpus, out, steps, seed, minutes, work_dir, no_eval, quiet
         out = model_folder_path(corpus)
     check_output_path(out, "--out", folder=True)      # before the training, not after it
     report = train_target(out, steps, seed=seed, minutes=minutes, progress=not quiet, work_dir=work_dir,
-                          settings=RECIPES[corpus], final_eval=not no_eval)
+                          settings=RECIPES[corpus], final_eval=not no_eval, init_from=init_from)
     click.echo(f"wrote {out}: {report['parameters']} parameters, {report['steps_done']} steps, "
                f"{report['train_seconds']:.0f}s")
 

@@ -63,9 +63,14 @@ class Step:
     def render(self) -> str:
         """The solution line: the step's clause restated, then its calculation ("Maya buys 3 packs of 8, so
         3*8 = <<3*8=24>>24."); a step that only combines earlier results says so in its own words."""
-        expr = f"{self.a}{self.op}{self.b}"
-        calc = f"{expr} = <<{expr}={self.value}>>{self.value}"
+        calc = calculation(self.a, self.op, self.b)
         return f"{self.clause}, so {self.so}{calc}." if self.clause else self.line.replace("{calc}", calc)
+
+
+def calculation(a: int, op: str, b: int) -> str:
+    """GSM8K's calculation with its calculator annotation: '45+6 = <<45+6=51>>51'."""
+    expr, value = f"{a}{op}{b}", apply_op(a, op, b)
+    return f"{expr} = <<{expr}={value}>>{value}"
 
 
 class Story:
@@ -583,3 +588,38 @@ def generate_problems(n: int, seed: int, heldout: bool | None = None,
         seen.add(p.question)
         out.append(p)
     return out
+
+
+# -- practice lines --------------------------------------------------------------------------------------------
+# A word problem's steps draw their facts unevenly: in the shipped corpus each of the ~240 products appeared ~280
+# times but each of the ~4,800 sums ~14 times and each difference ~9, and the model learned to multiply, not to
+# add. Practice lines are one calculation in a step's exact annotation format ("45+6 = <<45+6=51>>51."), its fact
+# drawn uniformly from its operation's whole table, so every fact in BOUNDS is practised alike.
+PRACTICE_OPS = ("+", "-", "*", "/")
+
+
+def fact_table(op: str, bounds: Bounds = BOUNDS) -> list[tuple[int, int]]:
+    """Every (a, b) a step may compute with `op`: operands and result positive integers <= max_value; a product has
+    a factor <= max_factor and the other <= max_multiplicand (either order); a quotient is exact, its divisor
+    <= max_divisor and the quotient <= max_quotient."""
+    top = bounds.max_value
+    if op == "+":
+        return [(a, b) for a in range(1, top) for b in range(1, top - a + 1)]
+    if op == "-":
+        return [(a, b) for a in range(2, top + 1) for b in range(1, a)]
+    if op == "*":
+        pairs = {(m, f) for f in range(1, bounds.max_factor + 1) for m in range(1, bounds.max_multiplicand + 1)
+                 if m * f <= top}
+        return sorted(pairs | {(f, m) for m, f in pairs})
+    if op == "/":
+        return [(q * d, d) for d in range(1, bounds.max_divisor + 1) for q in range(1, bounds.max_quotient + 1)
+                if q * d <= top]
+    raise ValueError(f"unknown operation {op!r}")
+
+
+FACT_TABLES = {op: fact_table(op) for op in PRACTICE_OPS}
+
+
+def practice_line(a: int, op: str, b: int) -> str:
+    """One calculation as a solution line writes it: '45+6 = <<45+6=51>>51.'"""
+    return calculation(a, op, b) + "."

@@ -7,6 +7,13 @@ after that block). Only the solution side is ever masked and scored — the prom
 SDAR's chat fine-tuning — so the model's capacity goes into the arithmetic, not into guessing the question's
 random names and numbers.
 
+Practice samples (practice_share of the batches) are lines of single calculations in the solutions' annotation
+format, each fact drawn uniformly from its operation's table (arithmetic.FACT_TABLES): only what follows each
+'<<a op b=' is masked and scored (the result, '>>', its copy, the full stop), since the operands are random by
+construction; the layout is masked with the digits, as it is when a solution is decoded. In both kinds of sample the result digits (of
+every `<<a op b=c>>c` and the `#### N` line) weigh result_weight times a plain token in the loss: they are ~4 of
+~154 solution tokens, and the ones the answer depends on.
+
 Samples are batched by padded length (whole blocks), so a batch wastes no padding and every batch holds about
 the same number of tokens. Training problems come fresh from a seeded generator (held-out questions excluded by
 the split rule), so the model never sees the same problem twice and cannot memorise answers.
@@ -14,6 +21,7 @@ the split rule), so the model never sees the same problem twice and cannot memor
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,12 +32,33 @@ from spot.training.batch import Batch
 
 TOKENIZER_PROBLEMS = 20_000        # train-split problems the BPE is learned from
 HELDOUT_SEED = 1_000_003           # the held-out stream's seed (the split itself is by question hash)
+PRACTICE_LEN = 128                 # tokens of a practice sample (4 blocks; lines are added while they fit)
+# how often a practice line is of each operation: + and - have the large tables and were the weak ones, / was weak
+# with a small table, * was learned already
+PRACTICE_OP_WEIGHTS = {"+": 0.35, "-": 0.35, "*": 0.1, "/": 0.2}
+_RESULT_DIGITS = re.compile(r"=(\d+)>>(\d+)|#### (\d+)")
+_AFTER_EQUALS = re.compile(r"=(\d+>>\d+\.\n?)")
 
 
 @dataclass(frozen=True)
 class EncodedProblem:
     ids: tuple[int, ...]       # prompt + solution + <|endoftext|>
     prompt_len: int
+    results: tuple[int, ...] = ()    # positions of result digits (weighted in the loss)
+    scored: tuple[int, ...] | None = None   # the positions masked and scored (None: the solution's)
+
+
+def result_positions(encoding, text: str) -> tuple[int, ...]:
+    """Token positions of the result digits of `text` (each calculation's c in '=c>>c', and the '#### N' answer), from
+    the encoding's character offsets (digits are tokens of their own)."""
+    return _positions_within(encoding, [m.span(g) for m in _RESULT_DIGITS.finditer(text) for g in (1, 2, 3)
+                                        if m.group(g) is not None])
+
+
+def _positions_within(encoding, spans: list[tuple[int, int]]) -> tuple[int, ...]:
+    """Positions of the tokens whose characters lie inside one of `spans` (character offsets)."""
+    return tuple(i for i, (start, end) in enumerate(encoding.offsets)
+                 if end > start and any(a <= start and end <= b for a, b in spans))
 
 
 def train_tokenizer(vocab_size: int, seed: int, n_problems: int = TOKENIZER_PROBLEMS):
@@ -42,28 +71,60 @@ def encode_problem(tok, problem: arithmetic.Problem) -> EncodedProblem:
     """Ids of the problem; the prompt's own encoding must be a prefix of the whole (checked: the boundary after
     'Answer:\\n' is a pre-token boundary, so the prompt a user types encodes to what the model was trained on)."""
     prompt = tok.encode(problem.prompt, add_special_tokens=False).ids
-    full = tok.encode(problem.text, add_special_tokens=False).ids
+    encoding = tok.encode(problem.text, add_special_tokens=False)
+    full = encoding.ids
     if full[:len(prompt)] != prompt:
         raise SpotError(f"the prompt of {problem.question[:60]!r} does not tokenize as a prefix of its text",
                         "the tokenizer's pre-tokenizer must split at the line break after 'Answer:'")
-    return EncodedProblem(tuple(full) + (bpe.EOS_ID,), len(prompt))
+    return EncodedProblem(tuple(full) + (bpe.EOS_ID,), len(prompt), result_positions(encoding, problem.text))
+
+
+def draw_fact(rng: np.random.Generator) -> tuple[int, str, int]:
+    """(a, op, b): an operation by PRACTICE_OP_WEIGHTS, then a fact uniformly from its table."""
+    ops = list(PRACTICE_OP_WEIGHTS)
+    op = ops[int(rng.choice(len(ops), p=list(PRACTICE_OP_WEIGHTS.values())))]
+    table = arithmetic.FACT_TABLES[op]
+    a, b = table[int(rng.integers(len(table)))]
+    return a, op, b
+
+
+def practice_sample(tok, rng: np.random.Generator, max_tokens: int = PRACTICE_LEN) -> EncodedProblem:
+    """Practice lines, one per line, as many as fit in max_tokens with the closing <|endoftext|>."""
+    lines: list[str] = []
+    best = None
+    while True:
+        lines.append(arithmetic.practice_line(*draw_fact(rng)))
+        text = "\n".join(lines)
+        encoding = tok.encode(text, add_special_tokens=False)
+        if len(encoding.ids) + 1 > max_tokens:
+            if best is None:
+                raise SpotError(f"one practice line is longer than {max_tokens} tokens", "raise PRACTICE_LEN")
+            return best
+        scored = _positions_within(encoding, [m.span(1) for m in _AFTER_EQUALS.finditer(text)])
+        best = EncodedProblem(tuple(encoding.ids) + (bpe.EOS_ID,), 0, result_positions(encoding, text), scored)
 
 
 def padded_len(n: int, block_size: int) -> int:
     return -(-n // block_size) * block_size
 
 
-def make_batch(encoded: list[EncodedProblem], block_size: int, with_prompt: bool = False) -> Batch:
+def make_batch(encoded: list[EncodedProblem], block_size: int, with_prompt: bool = False,
+               result_weight: float = 1.0) -> Batch:
     """Pad to the longest sample's whole blocks. Eligible: the solution and its <|endoftext|>, through the end of
     the block holding that token (the rest of that block is end-of-text too: what decoding writes there); with_prompt:
-    the question too."""
+    the question too; a practice sample: its `scored` positions. Result digits weigh result_weight."""
     length = max(padded_len(len(e.ids), block_size) for e in encoded)
     x0 = np.full((len(encoded), length), bpe.EOS_ID, dtype=np.int64)
     eligible = np.zeros((len(encoded), length), dtype=bool)
+    weight = np.ones((len(encoded), length), dtype=np.float32)
     for i, e in enumerate(encoded):
         x0[i, :len(e.ids)] = e.ids
-        eligible[i, 0 if with_prompt else e.prompt_len:padded_len(len(e.ids), block_size)] = True
-    return Batch(x0, eligible)
+        if e.scored is not None:
+            eligible[i, list(e.scored)] = True
+        else:
+            eligible[i, 0 if with_prompt else e.prompt_len:padded_len(len(e.ids), block_size)] = True
+        weight[i, list(e.results)] = result_weight
+    return Batch(x0, eligible, weight if result_weight != 1.0 else None)
 
 
 class ArithmeticData:
@@ -72,9 +133,9 @@ class ArithmeticData:
     corpus = "arithmetic"
 
     def __init__(self, tokenizer, block_size: int, tokens_per_batch: int, seed: int, n_heldout: int = 300,
-                 with_prompt: bool = False):
+                 with_prompt: bool = False, practice_share: float = 0.0, result_weight: float = 1.0):
         self.tokenizer, self.block_size, self.tokens_per_batch = tokenizer, block_size, tokens_per_batch
-        self.with_prompt = with_prompt
+        self.with_prompt, self.practice_share, self.result_weight = with_prompt, practice_share, result_weight
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.buckets: dict[int, list[EncodedProblem]] = {}
@@ -93,7 +154,11 @@ class ArithmeticData:
                 return p
 
     def train_batch(self) -> Batch:
-        """The next full bucket: samples of one padded length L, tokens_per_batch // L of them."""
+        """A batch of practice samples (with probability practice_share), else the next full bucket of problems:
+        samples of one padded length L, tokens_per_batch // L of them."""
+        if self.practice_share and self.rng.random() < self.practice_share:
+            n = max(1, self.tokens_per_batch // PRACTICE_LEN)
+            return self._batch([practice_sample(self.tokenizer, self.rng) for _ in range(n)])
         while True:
             e = encode_problem(self.tokenizer, self._next_train_problem())
             length = padded_len(len(e.ids), self.block_size)
@@ -101,7 +166,10 @@ class ArithmeticData:
             bucket.append(e)
             if len(bucket) >= max(1, self.tokens_per_batch // length):
                 self.buckets[length] = []
-                return make_batch(bucket, self.block_size, self.with_prompt)
+                return self._batch(bucket)
+
+    def _batch(self, encoded: list[EncodedProblem]) -> Batch:
+        return make_batch(encoded, self.block_size, self.with_prompt, self.result_weight)
 
     def heldout_batches(self, n: int, batch: int = 8) -> list[Batch]:
         enc = [encode_problem(self.tokenizer, p) for p in self.heldout[:n]]
@@ -111,11 +179,12 @@ class ArithmeticData:
     def state(self) -> dict:
         """What resuming needs: the generator and the partly filled buckets (as id lists)."""
         return {"rng": self.rng.bit_generator.state, "problems_drawn": self.problems_drawn,
-                "buckets": {str(k): [[list(e.ids), e.prompt_len] for e in v] for k, v in self.buckets.items()}}
+                "buckets": {str(k): [[list(e.ids), e.prompt_len, list(e.results)] for e in v]
+                            for k, v in self.buckets.items()}}
 
     def load_state(self, state: dict) -> None:
         self.rng.bit_generator.state = state["rng"]
-        self.buckets = {int(k): [EncodedProblem(tuple(ids), int(n)) for ids, n in v]
+        self.buckets = {int(k): [EncodedProblem(tuple(ids), int(n), tuple(results)) for ids, n, results in v]
                         for k, v in state["buckets"].items()}
         self.problems_drawn = int(state["problems_drawn"])
 
@@ -125,6 +194,10 @@ class ArithmeticData:
 
     def report(self) -> dict:
         return {"generator": "spot.training.arithmetic", "families": sorted(arithmetic.FAMILIES),
+                "practice": {"share_of_batches": self.practice_share, "op_weights": PRACTICE_OP_WEIGHTS,
+                             "sample_tokens": PRACTICE_LEN, "facts": {op: len(t) for op, t in
+                                                                      arithmetic.FACT_TABLES.items()}},
+                "result_weight": self.result_weight,
                 "bounds": dataclasses.asdict(arithmetic.BOUNDS), "steps_per_problem": [1, 4],
                 "split_rule": f"held-out iff int(sha1(question), 16) % {arithmetic.HELDOUT_MODULUS} == 0",
                 "train_problems_drawn": self.problems_drawn, "heldout_problems": len(self.heldout),

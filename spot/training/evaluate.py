@@ -59,7 +59,36 @@ def answer_accuracy(model, tokenizer, problems, max_new_tokens: int = 160) -> di
     return {"problems": len(problems), "right": right, "accuracy": right / max(len(problems), 1), "first": first}
 
 
-def arithmetic_evaluation(folder: Path, data, log=print, n_decode: int = 20, n_accuracy: int = 100) -> dict:
+def gold_context_prefix(problem, index: int) -> str:
+    """The problem's prompt and gold solution up to step `index`'s '<<a op b=': what the model sees when it must
+    write that step's result."""
+    lines = [s.render() for s in problem.steps]
+    step = problem.steps[index]
+    key = f"<<{step.a}{step.op}{step.b}="
+    line = lines[index]
+    return problem.prompt + "".join(f"{l}\n" for l in lines[:index]) + line[:line.index(key) + len(key)]
+
+
+def operation_accuracy(model, tokenizer, problems) -> dict:
+    """Per operation: of the problems' steps, how many results greedy standard decoding writes right ('c>>') after
+    the gold context (gold_context_prefix). What the answers' accuracy rests on: 90% of 1-4 step answers right
+    needs ~96% of steps right."""
+    engine = TorchEngine(model)
+    right: dict[str, int] = {op: 0 for op in "+-*/"}
+    total: dict[str, int] = {op: 0 for op in "+-*/"}
+    for p in problems:
+        for i, step in enumerate(p.steps):
+            ids = np.asarray(tokenizer.encode(gold_context_prefix(p, i), add_special_tokens=False).ids,
+                             dtype=np.int64)
+            g = generate(engine, ids, max_new_tokens=4)
+            written = tokenizer.decode(list(g.token_ids) + list(g.overflow_ids))
+            right[step.op] += written.startswith(f"{step.value}>>")
+            total[step.op] += 1
+    return {op: {"steps": total[op], "right": right[op], "accuracy": right[op] / max(total[op], 1)} for op in total}
+
+
+def arithmetic_evaluation(folder: Path, data, log=print, n_decode: int = 20, n_accuracy: int = 300,
+                          n_operations: int = 100) -> dict:
     """The arithmetic model's figures from its saved folder (fp16 weights computed in fp32): greedy answers right on
     n_accuracy held-out problems; on n_decode of them the confidence profile of greedy standard decoding (as the
     code model's) and threshold decoding's passes (tau 0.9) against static decoding's."""
@@ -69,6 +98,9 @@ def arithmetic_evaluation(folder: Path, data, log=print, n_decode: int = 20, n_a
     accuracy = answer_accuracy(model, data.tokenizer, data.heldout[:n_accuracy])
     log(f"greedy answers right on {accuracy['problems']} held-out problems: {accuracy['right']} "
         f"({accuracy['accuracy']:.1%})")
+    operations = operation_accuracy(model, data.tokenizer, data.heldout[:n_operations])
+    log("results right with gold context, by operation: "
+        + ", ".join(f"{op} {v['right']}/{v['steps']} ({v['accuracy']:.1%})" for op, v in operations.items()))
     prompts = [{"text": p.prompt} for p in data.heldout[:n_decode]]
     stats = decode_stats(folder, data.tokenizer, prompts, max_new_tokens=160)
     engine = TorchEngine.from_dir(folder)
@@ -84,6 +116,7 @@ def arithmetic_evaluation(folder: Path, data, log=print, n_decode: int = 20, n_a
                  / passes["threshold"]["passes_per_token"]}
     log(f"greedy decoding stats: {stats}; threshold decoding (tau 0.9) against static: {threshold}")
     return {"greedy_answers": {k: accuracy[k] for k in ("problems", "right", "accuracy")},
+            "gold_context_results": {"problems": min(n_operations, len(data.heldout)), "by_operation": operations},
             "greedy_decode": stats, "threshold_vs_static": threshold, "sample": accuracy["first"]}
 
 

@@ -63,11 +63,12 @@ def mask_blocks(x0: torch.Tensor, block_size: int, mask_id: int, gen: torch.Gene
 
 
 def diffusion_loss(model: SDARModel, x0: torch.Tensor, bias: torch.Tensor, gen: torch.Generator, eps: float,
-                   ratio: float | None = None, eligible: torch.Tensor | None = None, elbo: bool = True
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   ratio: float | None = None, eligible: torch.Tensor | None = None, elbo: bool = True,
+                   weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(training loss,  plain mean CE over masked tokens). elbo: the loss is sum CE/t over masked / maskable tokens
     (MDLM's bound); else the plain mean — heavily masked blocks, where a token cannot be read off a neighbour and
     must be looked up in the context, then weigh as much per token as lightly masked ones (1/t gives them the least).
+    weight [N,L] (plain mean only): each masked token's weight, the loss their weighted mean.
 
     The LM head runs only on masked positions of x_t: the other outputs are never scored."""
     cfg = model.cfg
@@ -78,7 +79,12 @@ def diffusion_loss(model: SDARModel, x0: torch.Tensor, bias: torch.Tensor, gen: 
     h = hidden[:, :length][masked]                       # [M, H]
     ce = F.cross_entropy(model.lm_head(h).float(), x0[masked], reduction="none")
     if not elbo:
-        return ce.mean(), ce.mean()
+        if weight is None:
+            return ce.mean(), ce.mean()
+        w = weight[masked].to(ce.dtype)
+        return (ce * w).sum() / w.sum(), ce.mean()
+    if weight is not None:
+        raise ValueError("token weights are defined for the plain mean (elbo=False) only")
     maskable = n * length if eligible is None else max(int(eligible.sum()), 1)
     return (ce / t_tok[masked]).sum() / maskable, ce.mean()
 

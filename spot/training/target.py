@@ -6,6 +6,7 @@ deterministic given its seed on a given torch build and thread count (torch.set_
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -49,9 +50,13 @@ class TrainSettings:
     bf16: bool = False            # matmuls under torch.autocast(bfloat16), fp32 weights: ~2x on CPUs with AVX512-BF16
     qk_gain_init: float = 1.0     # initial q_norm / k_norm weights (below)
     elbo_weighting: bool = True   # masked CE weighted 1/t (MDLM's bound); False: the plain mean over masked tokens
+    practice_share: float = 0.0   # arithmetic: share of batches made of practice lines (arithmetic_corpus)
+    result_weight: float = 1.0    # arithmetic: loss weight of result digits (plain mean only)
     steps: int = 2800             # ~80 minutes on 2 cores (~1250 tokens/s)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
+    schedule: str = "cosine"      # "cosine" to lr*min_lr_ratio; "wsd": constant, then a linear decay over decay_steps
+    decay_steps: int = 0          # wsd: the last steps, where lr falls linearly to lr*min_lr_ratio
     warmup_steps: int = 60
     weight_decay: float = 0.1
     grad_clip: float = 1.0
@@ -62,18 +67,39 @@ class TrainSettings:
     ckpt_every: int = 50
     accuracy_every: int = 0       # arithmetic: greedy answers of held-out problems every N steps (0: never)
     accuracy_problems: int = 24
+    operation_problems: int = 0   # arithmetic: ... and each operation's result with gold context on this many
+    warm_start: "TrainSettings | None" = None   # a recipe whose trained weights and tokenizer this run starts from
 
     @property
     def mask_eps(self) -> float:
         return 1.0 / self.block_size
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainSettings":
+        """Settings as a report or checkpoint recorded them; a field added since takes its default, which is the
+        behaviour of the version that wrote them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise SpotError(f"training settings name unknown fields {unknown}", "written by a newer spot?")
+        d = dict(d)
+        if d.get("warm_start") is not None:
+            d["warm_start"] = cls.from_dict(d["warm_start"])
+        return cls(**d)
+
 
 CODE = TrainSettings()
-ARITHMETIC = TrainSettings(
+# the arithmetic model in two stages: the word problems alone (the model shipped before 2026-12-07: format, copying
+# and the multiplication table), then practice of every fact with result digits weighted, from those weights
+ARITHMETIC_WORDS = TrainSettings(
     corpus="arithmetic", vocab_size=768, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
     num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=512, block_size=32,
     tokens_per_batch=2048, steps=6400, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=100,
     accuracy_every=500, accuracy_problems=24, bf16=True, qk_gain_init=1.8, elbo_weighting=False)
+ARITHMETIC = replace(
+    ARITHMETIC_WORDS, practice_share=0.5, result_weight=3.0, steps=6000, lr=1e-3, warmup_steps=50,
+    schedule="wsd", decay_steps=1000, accuracy_every=500, accuracy_problems=24, operation_problems=100, threads=1,
+    warm_start=ARITHMETIC_WORDS)
 RECIPES = {"code": CODE, "arithmetic": ARITHMETIC}
 
 
@@ -107,11 +133,32 @@ def init_model(cfg: ModelConfig, seed: int, qk_gain: float = 1.0) -> SDARModel:
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
-    """Linear warmup, then cosine from lr down to lr*min_lr_ratio at the last step."""
+    """Linear warmup, then cosine from lr down to lr*min_lr_ratio at the last step; or (wsd: warmup, stable, decay)
+    constant lr until the last decay_steps, which fall linearly to lr*min_lr_ratio."""
     if step < s.warmup_steps:
         return s.lr * (step + 1) / s.warmup_steps
+    if s.schedule == "wsd":
+        into_decay = step - (s.steps - s.decay_steps)
+        if into_decay < 0:
+            return s.lr
+        return s.lr * (1 - (1 - s.min_lr_ratio) * min(1.0, (into_decay + 1) / max(1, s.decay_steps)))
     frac = (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
     return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def can_resume(recorded: dict, s: TrainSettings, step: int) -> list[str]:
+    """The settings that keep a checkpoint written with `recorded` settings at `step` from resuming as `s` (empty: it
+    resumes). A wsd run may change its step count while the checkpoint is still in the stable phase of both
+    schedules (the learning rate so far is the same): a run is extended, or ended early, across sessions."""
+    try:
+        theirs = asdict(TrainSettings.from_dict(recorded))
+    except (SpotError, TypeError):
+        return ["(unreadable settings)"]
+    ours = asdict(s)
+    changed = sorted(k for k, v in ours.items() if theirs.get(k) != v)
+    if changed == ["steps"] and s.schedule == "wsd" and step <= min(s.steps, theirs["steps"]) - s.decay_steps:
+        return []
+    return changed
 
 
 def make_optimizer(model: SDARModel, s: TrainSettings) -> torch.optim.Optimizer:
@@ -192,7 +239,8 @@ def build_data(s: TrainSettings, corpus_root: Path | None, max_files: int | None
     if s.corpus == "arithmetic":
         from spot.training.arithmetic_corpus import ArithmeticData, train_tokenizer
         tok = tokenizer or train_tokenizer(s.vocab_size, s.seed)
-        return ArithmeticData(tok, s.block_size, s.tokens_per_batch, s.seed, with_prompt=s.train_prompt)
+        return ArithmeticData(tok, s.block_size, s.tokens_per_batch, s.seed, with_prompt=s.train_prompt,
+                              practice_share=s.practice_share, result_weight=s.result_weight)
     raise SpotError(f"unknown corpus {s.corpus!r}, expected one of {sorted(RECIPES)}")
 
 
@@ -207,13 +255,15 @@ def _log(line: str, log_file: Path | None, progress: bool) -> None:
 def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0, minutes: float | None = None,
                  progress: bool = True, settings: TrainSettings | None = None, work_dir: str | Path | None = None,
                  corpus_root: str | Path | None = None, max_files: int | None = None, resume: bool = True,
-                 n_prompts: int = 300, final_eval: bool = True) -> dict:
+                 n_prompts: int = 300, final_eval: bool = True, init_from: str | Path | None = None) -> dict:
     """Train a target and write the Hugging Face SDAR folder to out_dir; returns the report dict.
 
     settings: the recipe (CODE by default; ARITHMETIC for the arithmetic model).
     minutes: a wall-clock cap (stops early, still writes the folder, and says so in the report).
     work_dir: where checkpoints and train.log go (default out_dir/../.train_<name>); a run resumes from its
-    checkpoint when one exists and resume is true."""
+    checkpoint when one exists and resume is true.
+    init_from: for a recipe with a warm start, a folder trained by that warm start's recipe (its training_report.json
+    says so) to start from; None trains the warm start first (in work_dir/warm-start, resumable too)."""
     base = settings or TrainSettings()
     s = replace(base, steps=base.steps if steps is None else steps, seed=seed)
     out_dir = Path(out_dir)
@@ -222,15 +272,23 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
     log_file = work / "train.log"
     torch.set_num_threads(s.threads)
     t_start = time.time()
+    if s.warm_start is None and init_from is not None:
+        raise SpotError(f"the {s.corpus} recipe starts from random weights, got a folder to start from ({init_from})",
+                        "leave out --init-from")
+    start = None
+    if s.warm_start is not None:
+        start = Path(init_from) if init_from is not None else _warm_start_folder(
+            s.warm_start, work, progress=progress, corpus_root=corpus_root, max_files=max_files, minutes=minutes)
+        check_warm_start(start, s.warm_start)
+        _log(f"warm start: the weights and tokenizer of {start}", log_file, progress)
 
     ckpt_path = work / CHECKPOINT_NAME
     if resume and (work / LEGACY_CHECKPOINT).exists() and not ckpt_path.exists():
         _log(f"note: {work / LEGACY_CHECKPOINT} is a pickled checkpoint of an earlier version, which this one never "
              "reads (unpickling can run code): training starts over", log_file, progress)
     ck, ck_tensors = read_checkpoint(ckpt_path) if resume and ckpt_path.exists() else (None, None)
-    if ck is not None and ck.get("settings") != asdict(s):
-        theirs = ck.get("settings") or {}
-        changed = sorted(k for k, v in asdict(s).items() if theirs.get(k) != v)
+    changed = can_resume(ck.get("settings") or {}, s, int(ck.get("step", 0))) if ck is not None else []
+    if changed:
         _log(f"note: {ckpt_path} was written with other settings ({', '.join(changed)}): training starts over "
              "(keep the settings, or use another --work-dir, to resume it)", log_file, progress)
         ck = None
@@ -238,13 +296,17 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
     tokenizer_path = work / "tokenizer.json"
     from tokenizers import Tokenizer
     started_with = Tokenizer.from_file(str(tokenizer_path)) if ck is not None and tokenizer_path.is_file() else None
+    if started_with is None and start is not None:
+        started_with = Tokenizer.from_file(str(start / "tokenizer.json"))
     data = build_data(s, Path(corpus_root) if corpus_root else None, max_files, started_with)
-    if started_with is None:
-        data.tokenizer.save(str(tokenizer_path))
+    data.tokenizer.save(str(tokenizer_path))
     cfg = model_config(s)
     _log(f"{data.describe()}; tokenizer {time.time() - t_start:.1f}s", log_file, progress)
 
     model = init_model(cfg, s.seed, s.qk_gain_init)
+    if start is not None and ck is None:
+        from spot.checkpoint import Checkpoint
+        model.load_state_dict(SDARModel.from_checkpoint(Checkpoint(start)).state_dict())
     model.train()
     opt = make_optimizer(model, s)
     n_params = sum(p.numel() for p in model.parameters())
@@ -277,7 +339,8 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
         eligible = None if batch.eligible is None else torch.from_numpy(batch.eligible)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=s.bf16):
             loss, ce = diffusion_loss(model, x0, biases[length], gen, s.mask_eps, eligible=eligible,
-                                      elbo=s.elbo_weighting)
+                                      elbo=s.elbo_weighting,
+                                      weight=None if batch.weight is None else torch.from_numpy(batch.weight))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
@@ -311,6 +374,14 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
             history.setdefault("accuracy", []).append([done, acc["accuracy"]])
             _log(f"step {done}: greedy answers right on {acc['problems']} held-out problems: {acc['right']} "
                  f"({acc['accuracy']:.0%}); the first one:\n{acc['first']}", log_file, progress)
+            if s.operation_problems:
+                from spot.training.evaluate import operation_accuracy
+                ops = operation_accuracy(model, data.tokenizer, data.heldout[:s.operation_problems])
+                model.train()
+                history.setdefault("operation_accuracy", []).append([done, ops])
+                _log(f"step {done}: results right with gold context, by operation: "
+                     + ", ".join(f"{op} {v['right']}/{v['steps']} ({v['accuracy']:.1%})" for op, v in ops.items()),
+                     log_file, progress)
         if done % s.ckpt_every == 0 or done == s.steps:
             save_checkpoint(ckpt_path, model, opt, gen, {"data": data.state(), "step": done, "history": history,
                                                          "tokens_seen": tokens_seen, "seconds": time.time() - t_loop,
@@ -334,6 +405,7 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
         report = {
             "parameters": n_params, "settings": asdict(s), "steps_done": steps_done, "stopped_early": stopped_early,
             "train_seconds": round(train_seconds, 1), "total_seconds": round(time.time() - t_start, 1),
+            "warm_start": None if start is None else _folder_identity(start),
             "torch": torch.__version__, "threads": s.threads, "tokens_seen": tokens_seen,
             "corpus": data.report(),
             "tokenizer": {"vocab_size": s.vocab_size, "eos": [bpe.EOS_TOKEN, bpe.EOS_ID],
@@ -351,6 +423,42 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
         raise
     _log(f"wrote {out_dir} ({folder_bytes(out_dir) / 1e6:.1f} MB)", log_file, progress)
     return report
+
+
+def _warm_start_folder(settings: TrainSettings, work: Path, **kw) -> Path:
+    """The warm start's trained folder in work/warm-start: trained (or resumed) until it is complete."""
+    folder = work / "warm-start"
+    done = folder / "training_report.json"
+    if done.is_file():
+        report = json.loads(done.read_text())
+        if report.get("steps_done") == settings.steps and report.get("settings") == asdict(settings):
+            return folder
+    report = train_target(folder, settings=settings, work_dir=work / "warm-start-work", final_eval=False,
+                          seed=settings.seed, **kw)
+    if report["stopped_early"]:
+        raise SpotError(f"the warm start stopped at step {report['steps_done']} of {settings.steps} (the time cap)",
+                        "run the same command again: it resumes the warm start, then trains this stage")
+    return folder
+
+
+def check_warm_start(folder: Path, settings: TrainSettings) -> None:
+    """SpotError unless `folder` is a model trained to completion by the recipe `settings`."""
+    path = Path(folder) / "training_report.json"
+    try:
+        report = json.loads(path.read_text())
+        theirs = TrainSettings.from_dict(report["settings"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SpotError(f"{path} is not a readable training report ({e})",
+                        "give a folder written by spot train-target") from None
+    if theirs != settings or report.get("steps_done") != settings.steps:
+        diff = sorted(k for k, v in asdict(settings).items() if asdict(theirs).get(k) != v)
+        raise SpotError(f"{folder} was not trained by this recipe's warm start (settings that differ: "
+                        f"{diff or 'none'}; steps done {report.get('steps_done')}, expected {settings.steps})",
+                        "leave out --init-from to train the warm start first")
+
+
+def _folder_identity(folder: Path) -> dict:
+    return {"folder": str(folder), "model_sha1": hashlib.sha1((folder / "model.safetensors").read_bytes()).hexdigest()}
 
 
 def publish_folder(new: Path, folder: Path) -> None:
