@@ -182,8 +182,21 @@ def run_model_demo(name: str, prompt_index: int = 0, max_new_tokens: int | None 
            "host_cost": spot["host_ms_per_verify"] / ms_per_pass}
     if "answer" in rec:
         got = final_answer(std["text"])
-        out.update(true_answer=rec["answer"], answer=got, answer_right=got == rec["answer"])
+        out.update(true_answer=rec["answer"], answer=got, answer_right=got == rec["answer"],
+                   heldout_answers=heldout_answers(model.name))
     return out
+
+
+def heldout_answers(name: str) -> dict | None:
+    """How many of its held-out problems the embedded model `name` answers right with greedy standard decoding, as
+    its training_report.json measured it ({"right": k, "problems": n}); None when the report has no such figure.
+    The demo's one problem is a sample: this is the model's accuracy."""
+    try:
+        report = json.loads((embedded_model_dir(name) / "training_report.json").read_text())
+        answers = report["evaluation"]["greedy_answers"]
+        return {"right": int(answers["right"]), "problems": int(answers["problems"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def demo_budget(models, budget: int | None, depth: int | None) -> tuple[int, int] | None:
@@ -224,6 +237,9 @@ def demo_model_text(r: dict) -> str:
     if "true_answer" in r:
         verdict = "right" if r["answer_right"] else f"wrong (true answer {r['true_answer']})"
         text += f"\n--- answer {r['answer']}: {verdict}"
+        if r.get("heldout_answers"):
+            k, n = r["heldout_answers"]["right"], r["heldout_answers"]["problems"]
+            text += f" (the model answers {k} of its {n} held-out problems right, {k / n:.0%}: greedy decoding)"
     return text + (f"\n--- target passes: standard {r['standard']['target_passes']}, SPOT {r['spot']['target_passes']} "
                    f"({nodes}-node trees, depth {depth}): {r['passes_reduction']:.2f}x fewer")
 
@@ -242,10 +258,12 @@ def demo_summary(results: list[dict]) -> str:
         lines.append("outputs DIFFERENT: a bug, please report it")
     slower = [r for r in results if round(r["speedup"], 2) < 1.0 and r["spot"]["verify_passes"] > 0]
     if slower:
-        costs = ", ".join(f"{r['model']} {r['verify_cost']:.1f} + {r['host_cost']:.1f} host" for r in slower)
+        costs = "; ".join(f"{r['model']}: {r['verify_cost']:.1f} in the target + {r['host_cost']:.1f} on the host"
+                          for r in slower)
         lines += ["why the wall clock: on this CPU (ONNX Runtime) a pass is compute-bound, so one verify pass over a "
                   "tree",
-                  f"  costs several standard passes ({costs}), more than the passes it saves.",
+                  f"  costs the time of several standard passes ({costs}),",
+                  "  more than the passes it saves.",
                   "  Where a pass is memory-bound (GPUs, Jetson Orin) a verify pass costs about one pass, and fewer "
                   "passes",
                   "  become speed: `spot-export sdar-8b-b32 --plan orin-nx-16gb` projects it, `spot tune` measures "
