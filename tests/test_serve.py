@@ -207,6 +207,18 @@ def test_bad_requests_are_400_with_a_message(server):
         server.client().completions.create(model=name, prompt=PROMPT, extra_body={"decoder": "fastest"})
 
 
+def test_every_error_body_encodes_and_stays_short():
+    """A message may quote what a client sent: a template's raise_exception('unknown role ' + role) with a role
+    holding a lone surrogate made the response fail to encode (a 500); a 16 MiB value made a 16 MiB error."""
+    from fastapi.responses import JSONResponse
+
+    from spot.serve.openai_api import MAX_MESSAGE_CHARS, error_body
+    body = json.loads(JSONResponse(error_body("the chat template failed to render (unknown role \ud800x)")).body)
+    assert body["error"]["message"] == "the chat template failed to render (unknown role \\ud800x)"
+    long = json.loads(JSONResponse(error_body("got " + "x" * 10**6)).body)["error"]["message"]
+    assert len(long) == MAX_MESSAGE_CHARS + 3 and long.endswith("...")
+
+
 def test_a_hostile_chat_template_is_a_400_in_bounded_time_and_health_answers(exported, reference, tmp_path):
     """A template of loops nested over range(100000) rendered on the event loop for hours: nothing else was
     answered. Now it renders in its own process, killed after 5 s."""
