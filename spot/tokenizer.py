@@ -8,9 +8,9 @@ needed. A folder without tokenizer files gives `None`: the runtime then works on
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
+from spot.chat_template import RenderLimits, render_chat_template
 from spot.descriptors import read_json, read_text
 from spot.errors import SpotError, integer_arg, path_arg, text_arg
 
@@ -31,8 +31,25 @@ class SpotTokenizer:
         self.source = source
 
     def encode(self, text: str) -> list[int]:
-        """Ids of `text` with no BOS/EOS added (SDAR's chat prompts carry their own special tokens)."""
-        return list(self.tokenizer.encode(text_arg(text, "the text to encode"), add_special_tokens=False).ids)
+        """Ids of `text` with no BOS/EOS added (SDAR's chat prompts carry their own special tokens). Through
+        encode_batch, which releases the GIL (encode holds it): a server's other threads run while a long text
+        is encoded."""
+        text = text_arg(text, "the text to encode")
+        return list(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
+
+    def max_text_chars(self, tokens: int) -> int:
+        """The most characters a text of at most `tokens` tokens can have: a longer text needs more tokens, and is
+        refused before it is encoded. Each token holds at most longest_token characters of the (normalized) text —
+        a byte-level BPE token (SDAR's, Qwen's) one character per byte — and NFC normalization turns at most 1.5
+        characters into one byte (3 code points into one 2-byte character, e.g. U+01D5). For tokenizers that keep
+        every character (no normalizer or pre-tokenizer that drops text)."""
+        return int(tokens * self.longest_token * 1.5)
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """The longest token of the vocabulary (added tokens included), in characters of its vocabulary string: a
+        byte-level token's string has one character per byte it holds."""
+        return max(map(len, self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
 
     def decode(self, ids, mark_unknown: bool = False) -> str:
         """Text of `ids`, special tokens kept (they are part of what the model wrote). An id that is not a token of
@@ -82,8 +99,10 @@ class SpotTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render the checkpoint's chat template (jinja2, as transformers renders it) to the prompt text."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            limits: RenderLimits = RenderLimits()) -> str:
+        """Render the checkpoint's chat template (jinja2, as transformers renders it) to the prompt text, within
+        `limits` of time, memory and length (spot.chat_template)."""
         if not self.chat_template:
             raise SpotError(f"the tokenizer of {self.source} has no chat template",
                             "use the prompt as raw text: tokenizer.encode(text) (CLI: --no-chat)")
@@ -93,7 +112,7 @@ class SpotTokenizer:
                             f"{messages!r:.80}", "e.g. [{\"role\": \"user\", \"content\": \"Hello\"}]")
         for m in messages:
             text_arg(m.get("content", ""), f"the content of a {m['role']} message")
-        return render_chat_template(self.chat_template, messages, add_generation_prompt)
+        return render_chat_template(self.chat_template, messages, add_generation_prompt, limits)
 
     def chat_prompt_ids(self, user_text: str) -> list[int]:
         """Ids of a one-turn chat prompt ending with the assistant header."""
@@ -144,31 +163,6 @@ class TrimmedStream:
 
     def end(self) -> str:
         return (self.held + self.text.end()).rstrip() if self.text else ""
-
-
-def render_chat_template(template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    try:
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:  # pragma: no cover - jinja2 is a runtime dependency
-        raise SpotError("chat templates need jinja2", "pip install jinja2, or pass --no-chat") from None
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(value, indent=None):  # transformers' tojson: keep non-ASCII, no HTML escaping
-        return json.dumps(value, ensure_ascii=False, indent=indent)
-
-    # trim_blocks / lstrip_blocks as transformers sets them: the templates rely on it for their whitespace.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt)
-    except jinja2.exceptions.TemplateError as e:
-        raise SpotError(f"the chat template failed to render ({e})",
-                        "use the prompt as raw text: tokenizer.encode(text) (CLI: --no-chat)") from None
 
 
 RESTORE = "restore the file from the checkpoint"

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -21,47 +19,11 @@ openai = pytest.importorskip("openai", reason="the serve tests talk to the serve
 httpx = pytest.importorskip("httpx")
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
-from serving import Reference  # noqa: E402
+from serving import REPO, Reference, Server, health_latencies  # noqa: E402
 from tinymodels import TEMPLATE  # noqa: E402  (a ChatML-like chat template)
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 PROMPT = "def add(a, b):"
-
-
-class Server:
-    """`python -m spot serve --port 0 ARGS` from this checkout; url once it listens; stop() sends SIGTERM."""
-
-    def __init__(self, args, env, timeout=120):
-        self.proc = subprocess.Popen([sys.executable, "-m", "spot", "serve", "--port", "0", *args], cwd=REPO,
-                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        self.listening = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-        if not self.listening.wait(timeout) or self.proc.poll() is not None:
-            self.proc.kill()
-            raise AssertionError("spot serve did not start:\n" + "".join(self.lines))
-        self.url = re.search(r" on (http://\S+) ", "".join(self.lines)).group(1)
-        self.http = httpx.Client(base_url=self.url, timeout=120)
-
-    def _read(self):
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            if line.startswith("spot serve: ") and " on http://" in line:
-                self.listening.set()
-
-    def client(self, **kw):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
-
-    def stop(self, timeout=60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +136,10 @@ def test_eight_concurrent_clients_on_two_engines_get_their_own_answers(server, r
 
 
 def post(server, path, body, **kw):
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return server.http.post(path, content=data, headers={"Content-Type": "application/json"}, **kw)
+    return server.post(path, body, **kw)
+
+
+DEEP = json.loads("[" * 900 + "]" * 900)     # nested 900 deep: a message quoted all of it
 
 
 def test_bad_requests_are_400_with_a_message(server):
@@ -201,18 +165,79 @@ def test_bad_requests_are_400_with_a_message(server):
         ("/v1/completions", {**ok, "decoder": "threshold", "tau": 1.5}, "tau must be in [0, 1), got 1.5"),
         ("/v1/completions", {**ok, "n": 2}, "n is not supported by spot serve"),
         ("/v1/completions", {**ok, "prompt": ["one", "two"]}, "prompt holds 2 prompts, expected one"),
+        # hostile bodies: each was a 500, or took seconds of the event loop
+        ("/v1/completions", b"[" * 100_000, "the request body nests arrays or objects too deeply to read"),
+        ("/v1/chat/completions", b'{"messages": ' + b"[" * 100_000, "nests arrays or objects too deeply"),
+        ("/v1/completions", {**ok, "n": DEEP}, "n is not supported by spot serve, got [[[[...]]]]"),
+        ("/v1/completions", {**ok, "prompt": DEEP}, "token ids must be integers, got [[[[...]]]] at index 0"),
+        ("/v1/chat/completions", {"model": name, "messages": [{"role": "user", "content": DEEP}]},
+         "message content parts must be"),
+        ("/v1/completions", b'{"max_tokens": ' + b"9" * 5000 + b"}", "the request body holds a number too long"),
+        ("/v1/completions", {**ok, "prompt": [1, 2.5]}, "token ids must be integers, got 2.5 at index 1"),
+        ("/v1/completions", {**ok, "prompt": [1, True]}, "token ids must be integers, got True at index 1"),
+        ("/v1/completions", {**ok, "budget": [16]}, "field 'budget"),
+        ("/v1/completions", {**ok, "stream_options": "yes"}, "field 'stream_options'"),
+        ("/v1/chat/completions", {"model": name, "messages": "hi"}, "field 'messages'"),
+        ("/v1/chat/completions", {"model": name, "messages": [{"role": 7, "content": "hi"}]},
+         "field 'messages.0.role'"),
+        ("/v1/completions", {**ok, "prompt": "x" * 10_000_000},
+         "the prompt is 10000000 characters, more than the model's limit of 2048 tokens holds"),
+        ("/v1/completions", {**ok, "prompt": [5] * 3000}, "the prompt is 3000 token ids, more than the model's limit"),
+        ("/v1/chat/completions", {"model": name, "messages": [{"role": "user", "content": "x" * 200_000}]},
+         "the chat template rendered more than 113664 characters"),
+        ("/v1/chat/completions", {"model": name, "messages": [{"role": "\udc80", "content": "hi"}]},
+         "character 12 is the byte 0x80, which is not UTF-8"),
     ]
     for path, body, says in cases:
+        start = time.monotonic()
         r = post(server, path, body)
-        assert r.status_code == 400, (body, r.text)
+        assert r.status_code == 400, (str(body)[:200], r.text)
         error = r.json()["error"]
-        assert says in error["message"] and error["type"] == "invalid_request_error", (body, error)
+        assert says in error["message"] and error["type"] == "invalid_request_error", (str(body)[:200], error)
+        assert time.monotonic() - start < 10, str(body)[:200]      # (a 10 MB prompt was encoded first: 44 s)
+        assert len(error["message"]) < 1100
     huge = post(server, "/v1/completions", b'{"model": "' + b"x" * (17 * 2**20) + b'"}')
     assert huge.status_code == 413 and "larger than 16 MiB" in huge.json()["error"]["message"]
     r = post(server, "/v1/completions", {**ok, "model": "gpt-4"})
     assert r.status_code == 404 and f"this server serves {name!r}" in r.json()["error"]["message"]
+    for model in ("\ud800", "x" * 1_000_000):    # a response that quoted a lone surrogate failed to encode: 500
+        r = post(server, "/v1/completions", {**ok, "model": model})
+        assert r.status_code == 404 and len(r.json()["error"]["message"]) < 300, r.text[:300]
     with pytest.raises(openai.BadRequestError, match="unknown decoder"):      # as the client raises it
         server.client().completions.create(model=name, prompt=PROMPT, extra_body={"decoder": "fastest"})
+
+
+def test_every_error_body_encodes_and_stays_short():
+    """A message may quote what a client sent: a template's raise_exception('unknown role ' + role) with a role
+    holding a lone surrogate made the response fail to encode (a 500); a 16 MiB value made a 16 MiB error."""
+    from fastapi.responses import JSONResponse
+
+    from spot.serve.openai_api import MAX_MESSAGE_CHARS, error_body
+    body = json.loads(JSONResponse(error_body("the chat template failed to render (unknown role \ud800x)")).body)
+    assert body["error"]["message"] == "the chat template failed to render (unknown role \\ud800x)"
+    long = json.loads(JSONResponse(error_body("got " + "x" * 10**6)).body)["error"]["message"]
+    assert len(long) == MAX_MESSAGE_CHARS + 3 and long.endswith("...")
+
+
+def test_a_hostile_chat_template_is_a_400_in_bounded_time_and_health_answers(exported, reference, tmp_path):
+    """A template of loops nested over range(100000) rendered on the event loop for hours: nothing else was
+    answered. Now it renders in its own process, killed after 5 s."""
+    _, env, _ = exported
+    template = tmp_path / "slow.jinja"
+    template.write_text("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+    s = Server(["--engines", "1", "--chat-template", str(template)], env)
+    try:
+        name = model_name(s)
+        with health_latencies(s) as latencies:
+            start = time.monotonic()
+            r = post(s, "/v1/chat/completions", {"model": name, "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 400 and "the chat template took longer than 5 s" in r.json()["error"]["message"]
+            assert time.monotonic() - start < 60
+        assert len(latencies) > 10 and max(latencies) < 1.0, latencies
+        r = post(s, "/v1/completions", {"model": name, "prompt": PROMPT, "max_tokens": 4, "temperature": 0})
+        assert r.json()["choices"][0]["token_ids"] == reference(PROMPT, "standard", 0.0, 0, 4)
+    finally:
+        assert s.stop() == 0, "".join(s.lines)
 
 
 def test_budget_auto_decodes_with_the_budget_spot_tune_recorded(server, reference, exported, monkeypatch):
@@ -291,6 +316,29 @@ def test_health_ready_and_models(server, exported):
     assert body["free_engines"] == 2 and body["queue_depth"] == 0
     assert body["manifest_sha256"] == manifest_sha256(exported[0]) and len(body["manifest_sha256"]) == 64
     assert [m.id for m in server.client().models.list()] == [exported[0].name]
+    for path, method in (("/v1/nothing", "GET"), ("/health", "POST"), ("/v1/completions", "GET")):
+        r = server.http.request(method, path)         # FastAPI's own 404 / 405: in OpenAI's error shape too
+        assert r.status_code in (404, 405) and r.json()["error"]["message"], r.text
+
+
+def test_the_openai_client_lists_retrieves_completes_chats_and_streams(server, reference, exported):
+    """The official client's calls a program makes first: models.retrieve was a 404 (no GET /v1/models/{id})."""
+    client, name = server.client(), exported[0].name
+    assert [m.id for m in client.models.list()] == [name]
+    model = client.models.retrieve(name)
+    assert model.id == name and model.object == "model" and model.owned_by == "spot"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4")
+    assert e.value.body["code"] == "model_not_found" and "gpt-4" in e.value.body["message"]
+    completion = client.completions.create(model=name, prompt=PROMPT, max_tokens=5, temperature=0)
+    assert completion.choices[0].token_ids == reference(PROMPT, "standard", 0.0, 0, 5)
+    chat = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hello"}], max_tokens=5,
+                                          temperature=0)
+    assert chat.choices[0].token_ids == reference("hello", "standard", 0.0, 0, 5, chat=True)
+    assert chat.choices[0].message.content == reference.tokenizer.decode(chat.choices[0].token_ids)
+    chunks = list(client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hello"}],
+                                                 max_tokens=40, temperature=0, stream=True))
+    assert sum((c.choices[0].token_ids for c in chunks), []) == reference("hello", "standard", 0.0, 0, 40, chat=True)
 
 
 def wait_until(check, timeout=30.0):

@@ -97,6 +97,9 @@ def test_request_inputs_become_the_fields_spot_serve_checks():
     class Words:
         def encode(self, text):
             return [len(w) for w in text.split()]
+
+        def max_text_chars(self, tokens):
+            return 3 * tokens
     inputs = {"text_input": np.array([b"ab cde"], dtype=object), "max_tokens": np.array([7], np.int32),
               "temperature": np.array([0.7]), "decoder": np.array(["spot".encode()], dtype=object)}
     prompt, fields = request_fields(inputs.get, Words())
@@ -111,6 +114,9 @@ def test_request_inputs_become_the_fields_spot_serve_checks():
                       ({"text_input": np.array([b"x"], object)}, "no tokenizer")):
         with pytest.raises(SpotError, match=says):
             request_fields(bad.get, None if "no tokenizer" in says else Words())
+    # a text longer than the context holds is refused before it is encoded (Words().encode would take it)
+    with pytest.raises(SpotError, match="the prompt is 7 characters, more than the model's limit of 2 tokens holds"):
+        request_fields({"text_input": np.array([b"abc def"], object)}.get, Words(), context=2)
 
 
 def triton_venv() -> Path:

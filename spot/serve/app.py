@@ -1,8 +1,11 @@
-"""The HTTP routes of `spot serve` (FastAPI): OpenAI's /v1/completions, /v1/chat/completions and /v1/models, and
-/health, /ready and /metrics for operations.
+"""The HTTP routes of `spot serve` (FastAPI): OpenAI's /v1/completions, /v1/chat/completions, /v1/models and
+/v1/models/{id}, and /health, /ready and /metrics for operations.
 
-A request is parsed and checked on the event loop (400 with the library's message when it is bad, before it takes a
-place in the queue), then queued for the engine pool (429 when every engine is busy and the queue is full). A
+A request's body is read on the event loop (413 past MAX_BODY_BYTES); parsing it, rendering the chat template,
+encoding the prompt and checking the job run on a worker thread, so that /health and the other requests are answered
+meanwhile (400 with the library's message when it is bad, before it takes a place in the queue). A prompt longer than
+the model's context is refused before it is encoded, a chat template's rendering is bounded (spot.chat_template). The
+job is then queued for the engine pool (429 when every engine is busy and the queue is full). A
 streamed answer sends one server-sent event per finished block, its text through spot.tokenizer.TextStream (a
 character split across blocks waits for its last byte). A client that goes away cancels its decode at the next
 block, or takes it out of the queue.
@@ -17,13 +20,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
+from spot.chat_template import RenderLimits
 from spot.errors import SpotError
-from spot.serve.jobs import DecodeFields, build_job, finish_reason, room_left, usage
+from spot.serve.jobs import DecodeFields, build_job, check_prompt_fits, finish_reason, room_left, usage
 from spot.serve.metrics import CONTENT_TYPE, ServeMetrics
 from spot.serve.model import ServedModel
-from spot.serve.openai_api import (ChatRequest, CompletionRequest, chunk_body, created_now, error_body, new_id,
-                                   parse_request, response_body, usage_chunk_body)
+from spot.serve.openai_api import (ChatRequest, CompletionRequest, chunk_body, created_now, error_body, model_object,
+                                   new_id, parse_request, response_body, shown, usage_chunk_body)
 from spot.serve.pool import EnginePool, PoolClosed, QueueFull
 from spot.tokenizer import TextStream
 
@@ -48,12 +53,20 @@ def spot_error(e: SpotError) -> HTTPError:
     return HTTPError(400, e.message + (f" (hint: {e.hint})" if e.hint else ""))
 
 
+def unknown_model(name, served: str) -> HTTPError:
+    return HTTPError(404, f"the model {shown(name)} is not served here; this server serves {served!r} "
+                          "(GET /v1/models)", param="model", code="model_not_found")
+
+
 def create_app(model: ServedModel, pool: EnginePool, api_key: str | None = None,
                chat_max_tokens: int = 256) -> FastAPI:
     """The app serving `model` on `pool` (started and closed by the app's lifespan). api_key: required as
     `Authorization: Bearer KEY` on /v1/ (not on /health, /ready, /metrics). chat_max_tokens: what a chat request
     that names no max_tokens gets."""
     engine, drafter = pool.slots[0]          # any slot: only the model's shape is read outside the engine's thread
+    context = engine.max_context
+    # a chat prompt's rendering stops where it could no longer fit in the context (and the vocabulary is read now)
+    chat_limits = RenderLimits(max_chars=model.tokenizer.max_text_chars(context)) if model.tokenizer else None
     metrics = ServeMetrics(pool, engine.block_size)
     pool.on_done = metrics.decoded
     created = created_now()
@@ -95,8 +108,14 @@ def create_app(model: ServedModel, pool: EnginePool, api_key: str | None = None,
     @app.get("/v1/models")
     async def models(request: Request):
         authorized(request)         # (an HTTPError becomes its response: the handler below)
-        return {"object": "list", "data": [{"id": model.name, "object": "model", "created": created,
-                                            "owned_by": "spot", "manifest_sha256": model.manifest_sha256}]}
+        return {"object": "list", "data": [model_object(model.name, created, model.manifest_sha256)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_by_id(model_id: str, request: Request):
+        authorized(request)
+        if model_id != model.name:
+            raise unknown_model(model_id, model.name)
+        return model_object(model.name, created, model.manifest_sha256)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -115,19 +134,19 @@ def create_app(model: ServedModel, pool: EnginePool, api_key: str | None = None,
                                 "start spot serve with --chat-template FILE (a Jinja chat template), or send the "
                                 "prompt text to /v1/completions")
             messages = [m.as_template_message() for m in parsed.messages]
-            return tokenizer.encode(tokenizer.apply_chat_template(messages))
+            return tokenizer.encode(tokenizer.apply_chat_template(messages, limits=chat_limits))
         prompt = parsed.prompt_text_or_ids()
-        if isinstance(prompt, str):
-            if tokenizer is None:
-                raise SpotError(f"the model {model.name} has no tokenizer, so a text prompt cannot be encoded",
-                                "send the prompt as a list of token ids")
-            return tokenizer.encode(prompt)
-        return prompt
+        if isinstance(prompt, str) and tokenizer is None:
+            raise SpotError(f"the model {model.name} has no tokenizer, so a text prompt cannot be encoded",
+                            "send the prompt as a list of token ids")
+        check_prompt_fits(prompt, tokenizer, context)
+        return tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
 
-    def job_for(parsed):
+    def job_for(chat: bool, body: bytes):
+        """The request `body` asks for, and its checked job (CPU work: run on a worker thread)."""
+        parsed = parse_request(ChatRequest if chat else CompletionRequest, body)
         if parsed.model != model.name:
-            raise HTTPError(404, f"the model {parsed.model!r} is not served here; this server serves "
-                                 f"{model.name!r} (GET /v1/models)", param="model", code="model_not_found")
+            raise unknown_model(parsed.model, model.name)
         max_tokens = parsed.max_tokens
         if isinstance(parsed, ChatRequest):
             max_tokens = parsed.max_completion_tokens if max_tokens is None else max_tokens
@@ -135,15 +154,14 @@ def create_app(model: ServedModel, pool: EnginePool, api_key: str | None = None,
             max_tokens = chat_max_tokens if isinstance(parsed, ChatRequest) else COMPLETION_MAX_TOKENS
         fields = DecodeFields(max_tokens, parsed.temperature, parsed.top_p, parsed.top_k, parsed.seed,
                               parsed.decoder, parsed.budget, parsed.depth, parsed.mode, parsed.tau)
-        return build_job(model, engine, drafter, prompt_ids(parsed), fields)
+        return parsed, build_job(model, engine, drafter, prompt_ids(parsed), fields)
 
     async def answer(request: Request, chat: bool):
         arrived = time.perf_counter()
         endpoint = "chat" if chat else "completions"
         try:
             authorized(request)
-            parsed = parse_request(ChatRequest if chat else CompletionRequest, await body_of(request))
-            job = job_for(parsed)
+            parsed, job = await asyncio.to_thread(job_for, chat, await body_of(request))
             ticket = pool.submit(job, asyncio.get_running_loop())
         except SpotError as e:
             return counted(endpoint, arrived, spot_error(e).response())
@@ -265,6 +283,12 @@ def create_app(model: ServedModel, pool: EnginePool, api_key: str | None = None,
     @app.exception_handler(HTTPError)
     async def http_error(_request, e: HTTPError):
         return e.response()
+
+    @app.exception_handler(HTTPException)
+    async def starlette_error(_request, e: HTTPException):
+        """An unknown path (404), a wrong method (405): OpenAI's error shape too."""
+        return JSONResponse(error_body(str(e.detail), code="_".join(str(e.detail).lower().split())),
+                            status_code=e.status_code, headers=e.headers)
 
     return app
 

@@ -90,6 +90,20 @@ def build_job(model: ServedModel, engine, drafter, prompt_ids, fields: DecodeFie
     return Job([int(i) for i in prompt], decoder, replace(request, budget=budget), fields.max_tokens, tree)
 
 
+def check_prompt_fits(prompt: str | list, tokenizer, context: int) -> None:
+    """SpotError for a prompt that cannot fit in `context` tokens, decided before a text is encoded (more characters
+    than tokenizer.max_text_chars(context)) or a list of ids read: encoding a 10 MB text took 44 s, to be refused
+    after it."""
+    if isinstance(prompt, str):
+        limit = tokenizer.max_text_chars(context)
+        if len(prompt) > limit:
+            raise SpotError(f"the prompt is {len(prompt)} characters, more than the model's limit of {context} tokens "
+                            f"holds ({limit} characters at most with this tokenizer)", "shorten the prompt")
+    elif len(prompt) > context:
+        raise SpotError(f"the prompt is {len(prompt)} token ids, more than the model's limit of {context}",
+                        "shorten the prompt")
+
+
 def check_defaults(model: ServedModel, engine, drafter) -> None:
     """SpotError now, at startup, when the defaults themselves make a bad request (a budget or depth this engine
     cannot verify, a decoder that needs a drafter there is none of, `auto` with nothing tuned): a request that

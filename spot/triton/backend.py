@@ -36,9 +36,10 @@ def scalar(name: str, array) -> object:
     return value.item() if hasattr(value, "item") else value
 
 
-def request_fields(get, tokenizer, default_max_tokens: int = DEFAULT_MAX_TOKENS):
-    """A request's prompt ids and DecodeFields from its input tensors; get(name): the input's array or None."""
-    from spot.serve.jobs import DecodeFields
+def request_fields(get, tokenizer, default_max_tokens: int = DEFAULT_MAX_TOKENS, context: int | None = None):
+    """A request's prompt ids and DecodeFields from its input tensors; get(name): the input's array or None. A text
+    that cannot fit in `context` tokens (the engine's) is refused before it is encoded."""
+    from spot.serve.jobs import DecodeFields, check_prompt_fits
     text, ids = get("text_input"), get("prompt_ids")
     if (text is None) == (ids is None):
         raise SpotError("send exactly one of the inputs text_input (text) and prompt_ids (token ids)")
@@ -47,7 +48,10 @@ def request_fields(get, tokenizer, default_max_tokens: int = DEFAULT_MAX_TOKENS)
     elif tokenizer is None:
         raise SpotError("this model has no tokenizer, so text_input cannot be encoded", "send prompt_ids")
     else:
-        prompt = tokenizer.encode(scalar("text_input", text))
+        text = scalar("text_input", text)
+        if context is not None:
+            check_prompt_fits(text, tokenizer, context)
+        prompt = tokenizer.encode(text)
     given = {field: scalar(name, get(name)) for name, field in FIELD_INPUTS.items() if get(name) is not None}
     given.setdefault("max_tokens", default_max_tokens)
     return prompt, DecodeFields(**given)
@@ -126,7 +130,7 @@ class TritonPythonModel:
             tensor = pb.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
         try:
-            prompt, fields = request_fields(get, self.model.tokenizer, self.max_tokens)
+            prompt, fields = request_fields(get, self.model.tokenizer, self.max_tokens, self.engine.max_context)
             job = build_job(self.model, self.engine, self.drafter, prompt, fields)
         except SpotError as e:
             sender.send(pb.InferenceResponse(error=pb.TritonError(str(e).replace("\n ", ""))), flags=final)
