@@ -12,7 +12,7 @@ import torch
 from spot.errors import SpotError
 from spot.training import bpe, corpus
 from spot.training.objective import diffusion_bias, diffusion_loss, mask_blocks
-from spot.training.target import TrainSettings, init_model, make_optimizer, model_config, train_target
+from spot.training.target import TrainSettings, init_model, lr_at, make_optimizer, model_config, train_target
 
 TINY = TrainSettings(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
@@ -220,8 +220,62 @@ def test_the_default_recipe_is_the_shipped_models(name):
     from spot.training.target import RECIPES
     folder = embedded_model_dir(name)
     report = json.loads((folder / "training_report.json").read_text())
-    assert report["settings"] == asdict(RECIPES[name])
+    assert TrainSettings.from_dict(report["settings"]) == RECIPES[name]
     config = json.loads((folder / "config.json").read_text())
     shipped = model_config(RECIPES[name])
     assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"], config["block_size"]) == (
         shipped.hidden_size, shipped.num_hidden_layers, shipped.vocab_size, shipped.block_size)
+
+
+def test_wsd_holds_the_rate_then_decays_linearly_and_cosine_is_unchanged():
+    wsd = replace(TINY, schedule="wsd", lr=1e-3, warmup_steps=10, steps=100, decay_steps=20, min_lr_ratio=0.1)
+    rates = [lr_at(i, wsd) for i in range(100)]
+    assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)
+    assert all(r == 1e-3 for r in rates[10:80])
+    assert rates[80] < 1e-3 and all(a > b for a, b in zip(rates[80:], rates[81:]))
+    assert rates[99] == pytest.approx(1e-4)
+    cos = replace(TINY, lr=1e-3, warmup_steps=10, steps=100, min_lr_ratio=0.1)
+    assert lr_at(10, cos) == pytest.approx(1e-3) and lr_at(99, cos) == pytest.approx(1e-4, rel=0.01)
+
+
+@pytest.mark.parametrize("recorded_steps, new_steps, at, resumes", [
+    (6000, 5000, 1200, True),      # ended early: still stable in both schedules
+    (5000, 8000, 3900, True),      # extended before the old decay began
+    (5000, 8000, 4100, False),     # the old run was already decaying: its rates differ from the longer run's
+    (5000, 4000, 3500, False),     # the shorter run would already decay at step 3500
+])
+def test_a_wsd_run_resumes_with_another_length_only_in_its_stable_phase(recorded_steps, new_steps, at, resumes):
+    from dataclasses import asdict
+
+    from spot.training.target import can_resume
+    wsd = replace(TINY, schedule="wsd", decay_steps=1000)
+    changed = can_resume(asdict(replace(wsd, steps=recorded_steps)), replace(wsd, steps=new_steps), at)
+    assert changed == ([] if resumes else ["steps"])
+    assert can_resume(asdict(replace(TINY, steps=5)), replace(TINY, steps=6), 1) == ["steps"]   # cosine: never
+    assert can_resume(asdict(replace(wsd, lr=0.5)), wsd, 1) == ["lr"]
+
+
+def test_settings_of_older_reports_read_with_the_defaults_of_fields_added_since():
+    from dataclasses import asdict
+    old = {k: v for k, v in asdict(TINY).items() if k not in ("practice_share", "result_weight", "schedule",
+                                                              "decay_steps", "operation_problems", "warm_start")}
+    assert TrainSettings.from_dict(old) == TINY
+    nested = replace(TINY, warm_start=replace(TINY, steps=7))
+    assert TrainSettings.from_dict(json.loads(json.dumps(asdict(nested)))) == nested
+    with pytest.raises(SpotError, match="unknown fields"):
+        TrainSettings.from_dict({**old, "new_knob": 1})
+
+
+def test_a_warm_start_folder_must_come_from_the_recipes_first_stage(tmp_path):
+    from spot.training.target import check_warm_start
+    kw = dict(work_dir=tmp_path / "work", max_files=6, progress=False, n_prompts=2, final_eval=False)
+    train_target(tmp_path / "first", 2, settings=TINY, **kw)
+    check_warm_start(tmp_path / "first", replace(TINY, steps=2))
+    with pytest.raises(SpotError, match=r"settings that differ: \['lr'\]"):
+        check_warm_start(tmp_path / "first", replace(TINY, steps=2, lr=0.5))
+    with pytest.raises(SpotError, match="steps done 2, expected 3"):
+        check_warm_start(tmp_path / "first", replace(TINY, steps=3))
+    with pytest.raises(SpotError, match="not a readable training report"):
+        check_warm_start(tmp_path, TINY)
+    with pytest.raises(SpotError, match="starts from random weights"):
+        train_target(tmp_path / "second", 2, settings=TINY, init_from=tmp_path / "first", **kw)

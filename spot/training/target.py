@@ -326,6 +326,7 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
 
     stopped_early = False
     t_loop = time.time() - trained_seconds
+    t_resumed = time.time()           # this process's own pace gives the ETA (trained_seconds came before it)
     window_loss, window_ce, window_t, window_tokens = 0.0, 0.0, time.time(), 0
     step = step0
     for step in range(step0, s.steps):
@@ -354,7 +355,7 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
             n = done % s.log_every or s.log_every
             elapsed = time.time() - t_loop
             tok_s = window_tokens / max(time.time() - window_t, 1e-9)
-            eta = elapsed / (done - step0 or 1) * (s.steps - done) if done > step0 else 0.0
+            eta = (time.time() - t_resumed) / (done - step0) * (s.steps - done) if done > step0 else 0.0
             history["step"].append(done)
             history["train_loss"].append(window_loss / n)
             history["train_ce"].append(window_ce / n)
