@@ -187,3 +187,14 @@ def test_save_tunings_records_every_temperature(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
     path = save_tunings({"model": "x"}, [{"temperature": t, "choice": {"nodes": 4, "depth": 3}} for t in (0.0, 1.0)])
     assert sorted(json.loads(path.read_text())["by_temperature"]) == ["0", "1"]
+
+
+def test_every_command_that_opens_a_model_picks_its_backend_from_the_model():
+    """--backend is left to spot.models.resolve_backend (ort for an exported folder, torch for a checkpoint) in every
+    command that opens a model: `spot calibrate-drafter` and `spot traces` defaulted to torch where the others ran
+    the same folder on ONNX Runtime. (`spot serve` and `spot triton-repo` take exported folders only: ort.)"""
+    from spot.cli import main
+    defaults = {name: param.default for name, cmd in main.commands.items() for param in cmd.params
+                if param.name == "backend"}
+    assert {"generate", "bench", "tune", "traces", "calibrate-drafter"} <= set(defaults)
+    assert {name: d for name, d in defaults.items() if d is not None} == {"serve": "ort", "triton-repo": "ort"}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from spot.cli.shared import model_folder, open_model, placement_options, stderr_progress
-from spot.engines.factory import BACKENDS
+from spot.cli.shared import backend_option, model_folder, open_model, placement_options, stderr_progress
 from spot.errors import SpotError, number_list_arg
 from spot.files import check_output_path
+from spot.models import resolve_backend
 
 
 @click.command("train-target")
@@ -74,7 +74,7 @@ def train_target_cmd(corpus, out, steps, seed, minutes, work_dir, init_from, no_
               help="Stop collecting after this long.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the corpus prompt draw.")
 @click.option("--block-size", type=int, default=None, help="Block size. Default: the config's.")
-@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@backend_option
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules, tau, seeds, cycle, max_new_tokens,
@@ -90,6 +90,7 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
     from spot.tokenizer import load_tokenizer
     from spot.training.traces import TracePlan, collect_traces, fit_prompts, training_prompts
 
+    backend = resolve_backend(backend, model_dir)
     folder = model_folder(backend, model_dir)
     check_model_folder(backend, folder)
     if (prompts_file is None) == (corpus_prompts is None):
@@ -163,7 +164,7 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
                    "(--backend ort: spot demo's export of it).")
 @click.option("--drafter", "drafter_path", default=None,
               help="Drafter folder or drafter.onnx to calibrate (its drafter.json is updated). Default: --model's.")
-@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@backend_option
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="JSONL training prompts ({\"ids\": [...]} or {\"text\": ...}); never the held-out ones.")
@@ -206,7 +207,8 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     temps, cands = number_list_arg(temperatures, "--temperatures"), number_list_arg(candidates, "--candidates")
     weights = number_list_arg(runner_up_weights, "--runner-up-weights")
     flips = number_list_arg(set_flip_weights, "--set-flip-weights")
-    engine, tokenizer, folder = open_model(backend, model_dir, None, device, sampler, kv_cache)
+    engine, tokenizer, folder = open_model(resolve_backend(backend, model_dir), model_dir, None, device, sampler,
+                                           kv_cache)
     drafter = find_drafter(drafter_path, folder)
     check_settings(drafter, temps, cands, weights, flips)       # before the prompts are drawn and fitted
     if not dry_run:             # drafter.json is rewritten at the end: a read-only one is refused now
