@@ -184,7 +184,10 @@ def check_own_name(path: Path, what: str) -> None:
     "sub/..") nor one holding it (".." or "/"), where a rename would move the folder the shell is in."""
     here = Path(os.path.realpath(os.getcwd()))
     real = Path(os.path.realpath(path))
-    if real == here or real in here.parents:
-        which = "the current folder" if real == here else f"{real}, which holds the current folder"
-        raise SpotError(f"{what} {path} is {which}: the output folder is built beside it and renamed into its "
-                        "place, so it must be a folder of its own", f"name a new folder, e.g. {what} NAME")
+    if real == here:
+        raise SpotError(f"{what} {path} is the current folder: the output folder is built beside it and renamed "
+                        "into its place, which the folder a shell is in cannot be",
+                        f"name it from its parent: cd .. and pass {what} {real.name}, or name a new folder")
+    if real in here.parents:
+        raise SpotError(f"{what} {path} is {real}, which holds the current folder: replacing it would move the "
+                        "folder a shell is in", f"name a new folder, e.g. {what} NAME")
