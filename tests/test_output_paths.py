@@ -188,16 +188,17 @@ def test_a_run_killed_during_the_exchange_window_of_triton_repo_and_upgrade_is_r
 # -- output paths: checked before any work --------------------------------------------------------------------------
 @contextmanager
 def scratch_cwd(root: Path):
-    """`root` as the current folder, laid out with what output paths meet: a file, a folder with a user's file, a
-    link to each, a link to nothing."""
-    (root / "dir").mkdir()
-    (root / "dir" / "notes.txt").write_text("the user's")
-    (root / "a-file").write_text("the user's")
-    (root / "link-dir").symlink_to(root / "dir")
-    (root / "link-file").symlink_to(root / "a-file")
-    (root / "dangling").symlink_to(root / "nowhere")
+    """`root/top/dir` as the current folder, `root/top` laid out with what output paths meet: a file, a folder with
+    a user's file, a link to each, a link to nothing (the paths' ".." stay inside `root`)."""
+    top = root / "top"
+    (top / "dir").mkdir(parents=True)
+    (top / "dir" / "notes.txt").write_text("the user's")
+    (top / "a-file").write_text("the user's")
+    (top / "link-dir").symlink_to(top / "dir")
+    (top / "link-file").symlink_to(top / "a-file")
+    (top / "dangling").symlink_to(top / "nowhere")
     before = os.getcwd()
-    os.chdir(root / "dir")
+    os.chdir(top / "dir")
     try:
         yield
     finally:
@@ -211,7 +212,7 @@ paths = st.tuples(st.sampled_from(["", ".", "..", "../.."]), st.lists(st.sampled
 
 def path_text(lead: str, names: list[str], absolute: bool, root: Path) -> str:
     text = "/".join([p for p in [lead, *names] if p])
-    return str(root / "dir" / text) if absolute and text else text
+    return str(root / "top" / "dir" / text) if absolute and text else text
 
 
 def must_refuse(text: str, kind: str) -> str | None:
