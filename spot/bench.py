@@ -19,8 +19,10 @@ from typing import Callable
 import numpy as np
 
 from spot.errors import SpotError
-from spot.files import check_output_path, write_text_atomic
+from spot.descriptors import sha256_file
+from spot.files import check_output_path, present, write_text_atomic
 from spot.gsm8k import is_correct
+from spot.owned import recorded_file_matches
 from spot.prompts import Prompt
 from spot.runtime.decoders import BASELINE_DECODERS, DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
@@ -527,12 +529,16 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:
+def write_report(result: dict, out_dir: str | Path, plots: bool = True,
+                 note: Callable[[str], None] = lambda line: None) -> list[Path]:
     """bench.json, bench.md and, when plots=True, PNG plots (matplotlib). Returns the paths. bench.json goes last
-    (a previous one and its plots removed first): where it exists, every file beside it is from its run — also when
-    plotting fails, which then raises after bench.json is written."""
+    (a previous one and its plots removed first): where it exists, the plots beside it are from its run — also when
+    plotting fails, which then raises after bench.json is written. A previous run's plot is removed only when its
+    bench.json lists it with the sha256 it still has ("files"): a file of that name spot did not write stays (said
+    with note)."""
     out = Path(out_dir)
     written = [out / "bench.json", out / "bench.md"]
+    previous = recorded_report_files(written[0])
     written[0].unlink(missing_ok=True)
     md = f"# {report_title(result)}\n\n" + markdown_table(result)
     if "tune" in result:
@@ -540,11 +546,25 @@ def write_report(result: dict, out_dir: str | Path, plots: bool = True) -> list[
     write_text_atomic(written[1], md)
     from spot.plots import PLOT_FILES, plot_report      # matplotlib is imported inside, only to plot
     for name in PLOT_FILES:            # a previous run's plots are not left beside this run's bench.json
-        if not (out / name).is_dir():      # a folder of that name is no plot (the CLI refuses it when plotting)
-            (out / name).unlink(missing_ok=True)
+        if recorded_file_matches(out / name, previous.get(name)):
+            (out / name).unlink()
     try:
         if plots:
             written += plot_report(result, out)
     finally:                           # the measurements are kept even when plotting fails
-        write_text_atomic(written[0], json.dumps(result, indent=2))
+        files = {p.name: sha256_file(p) for p in written[2:]}
+        write_text_atomic(written[0], json.dumps({**result, "files": files}, indent=2))
+    for name in PLOT_FILES:
+        if present(out / name) and out / name not in written:
+            note(f"note: {out / name} is not from this run, nor a plot an earlier spot bench listed in its "
+                 "bench.json: left as it is")
     return written
+
+
+def recorded_report_files(bench_json: Path) -> dict:
+    """The plots a report's bench.json lists with their sha256 ({} for none, or an unreadable file)."""
+    try:
+        files = json.loads(bench_json.read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return files if isinstance(files, dict) else {}

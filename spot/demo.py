@@ -51,10 +51,17 @@ def embedded_export_stamp(name: str = DEFAULT_MODEL) -> str:
            f"{hashlib.sha256((src / 'drafter.json').read_bytes()).hexdigest()[:16]} {exporter.hexdigest()[:16]}"
 
 
+def embedded_export_stamp_path(name: str = DEFAULT_MODEL) -> Path:
+    """Where the stamp of the demo's export of `name` is kept: beside the folder, not in it (an exported folder holds
+    only what its manifest vouches for, spot.folder.replaceable.check_replaceable)."""
+    folder = embedded_export_dir(name)
+    return folder.parent / f".{folder.name}.stamp"
+
+
 def embedded_export_current(name: str = DEFAULT_MODEL) -> bool:
     """Whether the demo's export of `name` was made from this spot's embedded model and exporter (its stamp)."""
     try:
-        return (embedded_export_dir(name) / ".stamp").read_text() == embedded_export_stamp(name)
+        return embedded_export_stamp_path(name).read_text() == embedded_export_stamp(name)
     except OSError:
         return False
 
@@ -70,7 +77,7 @@ def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL
     def usable() -> bool:
         try:
             load_manifest(out)                      # hashes: a damaged cache is re-exported, never used
-            return (out / ".stamp").read_text() == stamp
+            return embedded_export_stamp_path(name).read_text() == stamp
         except (SpotError, OSError):
             return False
     if usable():
@@ -80,9 +87,10 @@ def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL
                         lambda: progress(f"waiting for another process exporting the {name} model to {out}")):
         if usable():
             return out
-        from spot.export.export import check_replaceable, export_checkpoint
+        from spot.export.export import export_checkpoint
         from spot.export.options import ExportOptions
         from spot.export.presets import resolve_source
+        from spot.folder.replaceable import check_replaceable
         if out.is_dir():
             progress(f"cached export at {out} is stale or damaged: exporting again")
             try:
@@ -95,7 +103,7 @@ def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL
                               lambda line: progress("\r" + line.strip()))
         finally:
             progress("\r")
-        write_text_atomic(out / ".stamp", stamp)
+        write_text_atomic(embedded_export_stamp_path(name), stamp)
     return out
 
 

@@ -37,6 +37,12 @@ def spot_cache() -> Path:
                         "set SPOT_CACHE (or HOME) to a writable folder") from None
 
 
+def present(path: str | Path) -> bool:
+    """Whether anything (a folder, a file, a link, even a dangling one) is at `path`."""
+    path = Path(path)
+    return path.exists() or path.is_symlink()
+
+
 def remove_tree(path: Path) -> None:
     """A folder with its contents, or a link (rmtree refuses links, silently with ignore_errors)."""
     if path.is_symlink() or path.is_file():
@@ -48,34 +54,6 @@ def remove_tree(path: Path) -> None:
 def folder_bytes(folder: Path) -> int:
     """The bytes of the files directly in `folder` (links not followed)."""
     return sum(f.stat().st_size for f in Path(folder).iterdir() if f.is_file() and not f.is_symlink())
-
-
-def beside(folder: Path, kind: str) -> Path:
-    """This process's hidden folder next to `folder` while it is built ("partial") or moved aside ("old")."""
-    return folder.parent / f".{folder.name}.{kind}-{os.getpid()}"
-
-
-def owner_gone(left: Path) -> bool:
-    """Whether the process that named `left` (beside(): the pid after the last "-") has ended."""
-    pid = left.name.rsplit("-", 1)[-1]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, OverflowError):      # another user's live process; not a pid
-        return False
-    return False
-
-
-def remove_stale_beside(folder: Path) -> None:
-    """The partial folders a killed run (SIGKILL, the OOM killer, power loss) left next to `folder`, and the
-    previous folders such runs had moved aside to swap in a new one: their process is gone."""
-    for kind in ("partial", "old"):
-        for left in folder.parent.glob(f".{folder.name}.{kind}-*"):
-            if owner_gone(left):
-                remove_tree(left)
 
 
 def folder_identity(folder: str | Path) -> tuple[int, int] | None:
@@ -104,35 +82,6 @@ def opened_whole(folder: str | Path, open_folder: Callable[[], T]) -> T:
             continue
         return opened
     raise AssertionError("unreachable")
-
-
-def swap_in_folder(new: Path, folder: Path, aside: Path) -> None:
-    """Put the finished folder `new` in place of the existing `folder` by two renames: `folder` to `aside`, `new` to
-    `folder`. If the second fails or is interrupted, `folder` is moved back (unless another process has put one
-    there meanwhile). Then `aside` is removed; an interrupt during that only leaves it, for the caller's next run to
-    name or clean. SpotError when a rename is refused (an immutable or busy folder); `new` is the caller's."""
-    try:
-        folder.rename(aside)
-    except OSError as e:
-        raise SpotError(f"could not move {folder} aside to put the new one in place: {e.strerror}",
-                        f"{folder} is unchanged; check that it and its parent can be renamed") from None
-    try:
-        new.rename(folder)
-    except BaseException as e:
-        if not folder.exists():
-            aside.rename(folder)
-        elif isinstance(e, OSError):        # another process put its folder there meanwhile: that one stays
-            remove_tree(aside)              # the folder both were replacing, nobody's any more
-            raise SpotError(f"another process replaced {folder} while this one was replacing it: {folder} now holds "
-                            "that process's", "run again if this run's output is the one wanted") from None
-        if isinstance(e, OSError):
-            raise SpotError(f"could not move the new folder to {folder}: {e.strerror}", f"{folder} is unchanged") \
-                from None
-        raise
-    try:
-        remove_tree(aside)
-    except (KeyboardInterrupt, SystemExit):
-        pass
 
 
 def publish(tmp: str | Path, path: str | Path) -> None:
@@ -192,25 +141,35 @@ def refuse_dangling_link(path: str | Path, what: str) -> Path:
     return path
 
 
-def check_output_path(path: str | Path, what: str, folder: bool = False) -> Path:
-    """Refuse now, not after the work, an output path that cannot be written: a link to nothing, a name too long,
-    a folder where a file goes (or a file where a folder goes, folder=True), a place where no file can be created
-    (probed in the nearest existing folder: nothing is left behind). Returns the path."""
+def check_output_path(path: str | Path, what: str, folder: bool = False, replaced: bool = False) -> Path:
+    """Refuse now, not after the work, an output path that cannot be written: "" (which would name the current
+    folder), a link to nothing, a name too long, a folder where a file goes (or a file where a folder goes,
+    folder=True), a file where the path needs a folder (`a-file/sub`), a place where no file can be created (probed
+    in the nearest existing folder: nothing is left behind). replaced: a folder swapped in whole by rename
+    (spot.replace), which needs a name of its own: not ".", "..", the current folder or a folder holding it.
+    Returns the path."""
+    if str(path) == "":
+        raise SpotError(f"{what} is empty (\"\"), expected a {'folder' if folder else 'file'} name",
+                        f"name the output, e.g. {what} {'NAME' if folder else 'out.json'}")
     path = Path(path)
+    if replaced:
+        check_own_name(path, what)
     try:
         existing = next(p for p in path.absolute().parents if p.exists())
         limit = os.pathconf(existing, "PC_NAME_MAX")
         if len(path.name.encode()) > limit:
             raise SpotError(f"{what} {path}: the name has {len(path.name.encode())} bytes, this file system allows "
                             f"{limit}", "choose a shorter name")
-        refuse_dangling_link(path, what)
+        for step in [*reversed(path.absolute().parents), path]:
+            refuse_dangling_link(step, what if step == path else f"{what} {path}: the folder")
+            if step != path and step.exists() and not step.is_dir():
+                raise SpotError(f"{what} {path}: {step} is a file, expected a folder (the path goes through it)",
+                                f"choose a path whose folders are folders, or move {step} away")
         if folder and path.exists() and not path.is_dir():
             raise SpotError(f"{what} {path} is a file, expected a folder", "choose another path")
         if not folder and path.is_dir():
             raise SpotError(f"{what} {path} is a folder, expected a file name", "add a file name to the path")
         where = path if folder and path.is_dir() else path.parent if path.parent.is_dir() else existing
-        if not where.is_dir():
-            raise SpotError(f"{what} {path}: {where} is a file, expected a folder", "choose another path")
         fd, probe = tempfile.mkstemp(dir=where, prefix=TEMP_PREFIX)
         os.close(fd)
         os.unlink(probe)
@@ -218,3 +177,17 @@ def check_output_path(path: str | Path, what: str, folder: bool = False) -> Path
         raise SpotError(f"cannot write {what} {path}: {e.strerror or e}",
                         "choose a path in a folder you can write to") from None
     return path
+
+
+def check_own_name(path: Path, what: str) -> None:
+    """SpotError unless `path` names a folder that can be renamed into place: not the current folder (".", "",
+    "sub/..") nor one holding it (".." or "/"), where a rename would move the folder the shell is in."""
+    here = Path(os.path.realpath(os.getcwd()))
+    real = Path(os.path.realpath(path))
+    if real == here:
+        raise SpotError(f"{what} {path} is the current folder: the output folder is built beside it and renamed "
+                        "into its place, which the folder a shell is in cannot be",
+                        f"name it from its parent: cd .. and pass {what} {real.name}, or name a new folder")
+    if real in here.parents:
+        raise SpotError(f"{what} {path} is {real}, which holds the current folder: replacing it would move the "
+                        "folder a shell is in", f"name a new folder, e.g. {what} NAME")

@@ -2,6 +2,7 @@
 error paths (one `error:` line, a hint, exit 2, no traceback)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -93,7 +94,7 @@ def test_concurrent_first_runs_export_the_demo_cache_once(tmp_path, monkeypatch)
         t.join()
     assert not errors and got == [embedded_export_dir()] * 3 and len(exports) == 1
     assert any("waiting for another process exporting" in line for line in said)      # said, not silent
-    assert (embedded_export_dir() / ".stamp").is_file()
+    assert (embedded_export_dir().parent / f".{embedded_export_dir().name}.stamp").is_file()
 
 
 def test_demo_shows_identical_outputs_and_caches_the_export(as_embedded, tmp_path):
@@ -351,7 +352,7 @@ def test_an_embedded_models_name_works_wherever_a_model_is_named(embedded, monke
     first_ort = run("generate", "--model", "arithmetic", "--backend", "ort", *gen)
     assert first_ort.exit_code == 0 and "exporting the arithmetic model" in first_ort.stderr, first_ort.output
     assert json.loads(first_ort.stdout)["token_ids"] == by_name["arithmetic"]
-    assert (tmp_path / "cache" / "arithmetic-fp32-onnx" / ".stamp").is_file()
+    assert (tmp_path / "cache" / ".arithmetic-fp32-onnx.stamp").is_file()
     exported = run("spot-export", "arithmetic", "--out", str(tmp_path / "arithmetic-onnx"), "--quiet")
     assert exported.exit_code == 0, exported.output
     assert ids("--model", str(tmp_path / "arithmetic-onnx"), "--backend", "ort") == by_name["arithmetic"]
@@ -378,7 +379,7 @@ def test_without_model_the_embedded_model_runs_on_ort_exported_once(as_embedded,
     assert json.loads(first.stdout)["backend"] == "ort"
     again = run(*args[:1], "--backend", "ort", *args[1:])
     assert again.exit_code == 0 and again.stderr == "", again.stderr           # the export is reused
-    stamp = tmp_path / "cache" / "code-fp32-onnx" / ".stamp"
+    stamp = tmp_path / "cache" / ".code-fp32-onnx.stamp"     # beside the folder: not in it
     stamp.write_text("made by an older spot")
     stale = run(*args)
     assert stale.exit_code == 0 and "stale or damaged: exporting again" in stale.stderr
@@ -398,10 +399,16 @@ def test_bench_plots_follow_matplotlib(as_embedded, tmp_path, monkeypatch):
     assert refused.exit_code == 2 and "--plots needs matplotlib" in refused.stderr
     assert "[1/1]" not in refused.stderr and not (tmp_path / "r1").exists()
     (tmp_path / "r2").mkdir()
-    (tmp_path / "r2" / "passes_and_speed.png").write_bytes(b"a previous run's plot")
+    plot = b"a previous run's plot"         # removed: the previous bench.json lists it with its sha256
+    (tmp_path / "r2" / "passes_and_speed.png").write_bytes(plot)
+    (tmp_path / "r2" / "bench.json").write_text(json.dumps(
+        {"files": {"passes_and_speed.png": hashlib.sha256(plot).hexdigest()}}))
+    (tmp_path / "r2" / "acceptance_by_depth.png").write_bytes(b"not listed: the user's")     # kept, said
     r = run(*args, "--report", str(tmp_path / "r2"))
     assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in (tmp_path / "r2").iterdir()) == ["bench.json", "bench.md"]
+    assert sorted(p.name for p in (tmp_path / "r2").iterdir()) == ["acceptance_by_depth.png", "bench.json",
+                                                                    "bench.md"]
+    assert "acceptance_by_depth.png is not from this run" in r.stderr
     assert "no plots: pip install 'spot-edge[plots]'" in r.stderr
     from spot.bench import write_report
     from spot.errors import SpotError

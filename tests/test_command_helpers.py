@@ -174,7 +174,17 @@ def test_train_drafter_output_is_refused_before_the_training(tmp_path):
     with pytest.raises(SpotError, match="already has a drafter") as e:
         drafter_out_folder(None, traces)
     assert "--overwrite" in e.value.hint
+    # --overwrite replaces only a pair spot wrote: drafter.json a spot drafter descriptor vouching for drafter.onnx
+    with pytest.raises(SpotError, match="are not a drafter spot wrote"):
+        drafter_out_folder(None, traces, overwrite=True)
+    import hashlib
+    import json
+    (tmp_path / "target" / "drafter.json").write_text(json.dumps(
+        {"format": "spot-drafter", "format_version": 1, "onnx_sha256": hashlib.sha256(b"").hexdigest()}))
     assert drafter_out_folder(None, traces, overwrite=True) == str(tmp_path / "target")
+    (tmp_path / "target" / "drafter.onnx").write_bytes(b"the user's")       # a changed drafter.onnx: not spot's
+    with pytest.raises(SpotError, match="are not a drafter spot wrote"):
+        drafter_out_folder(None, traces, overwrite=True)
     (tmp_path / "file").write_text("x")
     with pytest.raises(SpotError, match="is a file, expected a folder"):
         drafter_out_folder(tmp_path / "file" / "d", traces)

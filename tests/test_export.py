@@ -226,15 +226,13 @@ def test_partial_folder_of_a_killed_export_is_cleaned(ckpt, tmp_path):
     stale = tmp_path / ".k.partial-999999999"        # no such process
     stale.mkdir()
     (stale / DATA_FILE).write_bytes(b"half")
-    aside = tmp_path / ".k.old-999999998"           # a previous export a killed --overwrite had moved aside
-    aside.mkdir()
     other = tmp_path / ".int4.partial-999999996"     # a killed export to another --out: named, not removed
     other.mkdir()
     (other / DATA_FILE).write_bytes(b"x" * 4096)
     said = []
     export_checkpoint(resolve_source(str(ckpt)), tmp_path / "k", ExportOptions(dtype="fp32", validate=False),
                       progress=said.append)
-    assert not stale.exists() and not aside.exists() and _no_leftovers(tmp_path) == [other.name]
+    assert not stale.exists() and _no_leftovers(tmp_path) == [other.name]
     assert any(f"{other} (0.00 GiB) was left by a killed spot-export of another --out" in s for s in said), said
 
 
@@ -275,24 +273,26 @@ def test_a_folder_replaced_while_it_is_opened_is_opened_again(ckpt, tmp_path, mo
 
 
 def test_a_folder_put_in_place_by_another_process_mid_swap_stays_and_the_old_one_goes(tmp_path, monkeypatch):
-    """Two processes replacing one folder (concurrent --overwrite exports, or demo's cache): the one whose rename
-    lost said "{folder} is unchanged" — it held the other's folder — and left the old one aside, many GB."""
-    from spot.files import swap_in_folder
-    folder, new, aside = tmp_path / "out", tmp_path / ".out.partial-1", tmp_path / ".out.old-1"
+    """Two processes replacing one folder (concurrent --overwrite exports, or demo's cache) where the file system
+    cannot exchange folders: the one whose rename lost said "{folder} is unchanged" — it held the other's folder —
+    and left the old one aside, many GB."""
+    from spot import replace as replace_mod
+    folder, new = tmp_path / "out", tmp_path / ".out.partial-1"
     for d, name in ((folder, "old"), (new, "mine")):
         d.mkdir()
         (d / "who").write_text(name)
-    rename = Path.rename
+    rename = os.rename
 
-    def racing(self, target):
-        if self == new:         # the other process's folder lands first
-            Path(target).mkdir()
-            (Path(target) / "who").write_text("theirs")
-        return rename(self, target)
-    monkeypatch.setattr(Path, "rename", racing)
+    def racing(src, dst):
+        if Path(src) == new:         # the other process's folder lands first
+            Path(dst).mkdir()
+            (Path(dst) / "who").write_text("theirs")
+        return rename(src, dst)
+    monkeypatch.setattr(replace_mod, "exchange", lambda a, b: False)
+    monkeypatch.setattr(os, "rename", racing)
     with pytest.raises(SpotError, match="another process replaced .* now holds that process's"):
-        swap_in_folder(new, folder, aside)
-    assert (folder / "who").read_text() == "theirs" and not aside.exists()
+        replace_mod.swap_in_folder(new, folder)
+    assert (folder / "who").read_text() == "theirs" and _no_leftovers(tmp_path) == [new.name]
 
 
 def test_overwrite_through_a_link_replaces_what_it_points_to(ckpt, tmp_path):
@@ -300,45 +300,52 @@ def test_overwrite_through_a_link_replaces_what_it_points_to(ckpt, tmp_path):
     replaced, and the previous export left behind a hidden link no cleanup removed)."""
     real = tmp_path / "real"
     export(ckpt, real, validate=False)
-    (real / "drafter.json").write_text("the previous export's")
+    previous = (real / "manifest.json").stat().st_ino
     (tmp_path / "link").symlink_to(real)
     export(ckpt, tmp_path / "link", validate=False, overwrite=True)
     assert (tmp_path / "link").is_symlink() and (real / "manifest.json").is_file()
-    assert not (real / "drafter.json").exists() and _no_leftovers(tmp_path) == []
-    (tmp_path / ".k.old-999999997").symlink_to(real)     # a stale link left by an older version: removed, not followed
-    export(ckpt, tmp_path / "k", validate=False)
-    assert not (tmp_path / ".k.old-999999997").is_symlink() and (real / "manifest.json").is_file()
+    assert (real / "manifest.json").stat().st_ino != previous and _no_leftovers(tmp_path) == []
+    (tmp_path / ".k.old-999999997").symlink_to(real)     # a link an older version moved aside: put back, not followed
+    with pytest.raises(SpotError, match="already exists"):
+        export(ckpt, tmp_path / "k", validate=False)
+    assert os.readlink(tmp_path / "k") == str(real) and (real / "manifest.json").is_file()
 
 
-def test_an_overwrite_interrupted_at_the_swap_keeps_one_export_in_place(ckpt, tmp_path, monkeypatch):
-    """Ctrl-C between moving the old export aside and renaming the new one in puts the old one back; Ctrl-C while
-    the old one is being removed (the new one in place) ends the export normally, the rest left to the next one."""
-    import spot.export.export as ex
+@pytest.mark.parametrize("exchanges", [True, False])
+def test_an_overwrite_interrupted_at_the_swap_keeps_one_export_in_place(ckpt, tmp_path, monkeypatch, exchanges):
+    """Ctrl-C between moving the old export aside and renaming the new one in (a file system without an atomic
+    exchange) puts the old one back; Ctrl-C while the old one is being removed (the new one in place) ends the
+    export normally, the rest left to the next one."""
+    from spot import replace as replace_mod
+    if not exchanges:
+        monkeypatch.setattr(replace_mod, "exchange", lambda a, b: False)
     out = tmp_path / "o"
     export(ckpt, out, validate=False)
-    (out / "drafter.json").write_text("the previous export's")
-    real_rename = Path.rename
+    old = (out / "manifest.json").stat().st_ino
+    real_rename = os.rename
 
-    def interrupted_rename(self, target):
-        if ".partial-" in self.name and Path(target) == out:
+    def interrupted_rename(src, dst):
+        if ".partial-" in Path(src).name and Path(dst) == out:
             raise KeyboardInterrupt
-        return real_rename(self, target)
-    monkeypatch.setattr(Path, "rename", interrupted_rename)
-    with pytest.raises(KeyboardInterrupt):
-        export(ckpt, out, validate=False, overwrite=True)
-    assert (out / "drafter.json").exists() and _no_leftovers(tmp_path) == []
-    monkeypatch.setattr(Path, "rename", real_rename)
+        return real_rename(src, dst)
+    with monkeypatch.context() as m:
+        m.setattr(os, "rename", interrupted_rename)
+        m.setattr(replace_mod, "exchange", lambda a, b: (_ for _ in ()).throw(KeyboardInterrupt()))
+        with pytest.raises(KeyboardInterrupt):
+            export(ckpt, out, validate=False, overwrite=True)
+    assert (out / "manifest.json").stat().st_ino == old and _no_leftovers(tmp_path) == []
 
     real_rmtree = shutil.rmtree
+    replaced = ".partial-" if exchanges else ".old-"       # where the old folder is when it is removed
 
     def interrupted_rmtree(path, *a, **kw):
-        if ".old-" in Path(path).name:
+        if replaced in Path(path).name and (out / "manifest.json").stat().st_ino != old:
             raise KeyboardInterrupt
         return real_rmtree(path, *a, **kw)
-    monkeypatch.setattr(ex.shutil, "rmtree", interrupted_rmtree)
+    monkeypatch.setattr(shutil, "rmtree", interrupted_rmtree)
     export(ckpt, out, validate=False, overwrite=True)          # returns: the new export is in place
-    assert (out / "manifest.json").is_file() and not (out / "drafter.json").exists()
-    assert _no_leftovers(tmp_path) == [f".o.old-{os.getpid()}"]   # this process is alive: the next one removes it
+    assert load_manifest(out) and (out / "manifest.json").stat().st_ino != old
+    assert _no_leftovers(tmp_path) == [f".o{replaced}{os.getpid()}"]  # this process is alive: the next one removes it
 
 
 def test_existing_output_needs_overwrite(ckpt, tmp_path):
@@ -370,8 +377,8 @@ def test_overwrite_replaces_only_what_spot_wrote(ckpt, tmp_path):
     broken.mkdir()
     (broken / "manifest.json").write_text("{not json")
     cases = [(mine, "is not a spot export (no manifest.json; it holds notes.txt)"),
-             (export_with_notes, "holds what spot-export did not write: notes.txt"),
-             (sub, "holds what spot-export did not write: runs"),
+             (export_with_notes, "holds what spot did not write (or what changed since): notes.txt"),
+             (sub, "holds what spot did not write (or what changed since): runs"),
              (broken, "is not valid JSON")]
     for out, words in cases:
         before = sorted(p.relative_to(out) for p in out.rglob("*"))

@@ -47,12 +47,16 @@ def test_triton_repo_writes_a_tunable_decoupled_repository(embedded_export, tmp_
     assert again.exit_code == 2 and "already exists" in again.stderr and "--overwrite" in again.stderr
     assert CliRunner().invoke(main, ["triton-repo", str(folder), "--out", str(out), "--overwrite"]).exit_code == 0
     assert "count: 1 kind" in (out / "spot" / "config.pbtxt").read_text()
-    mine = tmp_path / "mine"
-    mine.mkdir()
+    mine = tmp_path / "mine"            # a repository with the user's files and another model: written beside them
+    (mine / "other" / "1").mkdir(parents=True)
     (mine / "notes.txt").write_text("keep")
-    refused = CliRunner().invoke(main, ["triton-repo", str(folder), "--out", str(mine), "--overwrite"])
-    assert refused.exit_code == 2 and "is not a repository spot triton-repo wrote" in refused.stderr
-    assert (mine / "notes.txt").read_text() == "keep"
+    (mine / "other" / "config.pbtxt").write_text("keep")
+    added = CliRunner().invoke(main, ["triton-repo", str(folder), "--out", str(mine), "--overwrite"])
+    assert added.exit_code == 0 and (mine / "spot" / "config.pbtxt").is_file()
+    refused = CliRunner().invoke(main, ["triton-repo", str(folder), "--out", str(mine), "--name", "other",
+                                        "--overwrite"])
+    assert refused.exit_code == 2 and "is not a model folder spot triton-repo wrote" in refused.stderr
+    assert (mine / "notes.txt").read_text() == "keep" and (mine / "other" / "config.pbtxt").read_text() == "keep"
     bad = CliRunner().invoke(main, ["triton-repo", str(tmp_path), "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "manifest" in bad.stderr and not (tmp_path / "x").exists()
 

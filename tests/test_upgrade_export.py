@@ -76,7 +76,7 @@ def test_upgrade_rewrites_the_graphs_and_keeps_the_weights(tmp_path):
     fresh = export_checkpoint(resolve_source(str(tmp_path / "ckpt")), tmp_path / "fresh",
                               ExportOptions(dtype="fp32", validate=False, epilogue_steps=2))
     assert (folder / "target.onnx").read_bytes() == (fresh / "target.onnx").read_bytes()
-    assert not any(p.name.startswith("old.") for p in tmp_path.iterdir())      # no leftovers
+    assert not any(p.name.startswith((".old.", "old.")) for p in tmp_path.iterdir())      # no leftovers
     terms = after["memory"]["verify_pass_terms"]
     assert terms["sampling_epilogue"] == int(9.5 * 4 * 4 * CFG.vocab_size * 8)
     # it decodes as the host sampler does, with the device KV cache and the device sampler in runs of 4 positions
@@ -89,43 +89,45 @@ def test_upgrade_rewrites_the_graphs_and_keeps_the_weights(tmp_path):
 
 def test_upgrade_refuses_what_it_cannot_do(tmp_path, monkeypatch):
     folder = _old_export(tmp_path)
+    from spot import replace as replace_mod
+
+    def leftovers():
+        return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".old."))
     with monkeypatch.context() as m:           # a filesystem without hard links: a clear error, nothing left over
         m.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(OSError(1, "Operation not permitted")))
         r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
         assert r.exit_code != 0 and "could not hard-link" in r.output and "Traceback" not in r.output
-        assert not (tmp_path / "old.upgrading").exists() and load_manifest(folder, "full", upgradable=True)
-    real_rename = Path.rename
-    for failing in ("old", "old.upgrading"):    # a folder that cannot be renamed (immutable, busy): rolled back
+        assert leftovers() == [] and load_manifest(folder, "full", upgradable=True)
+    real_rename = os.rename
+    refused = OSError(1, "Operation not permitted")
+    for failing in ("exchange", "old", ".old.partial"):   # a folder that cannot be renamed (immutable, busy)
         with monkeypatch.context() as m:
-            def rename(self, target, failing=failing):
-                if self.name == failing:
-                    raise OSError(1, "Operation not permitted")
-                return real_rename(self, target)
-            m.setattr(Path, "rename", rename)
+            def rename(src, dst, failing=failing):
+                if Path(src).name.startswith(failing):
+                    raise refused
+                return real_rename(src, dst)
+            m.setattr(replace_mod, "exchange", lambda a, b, failing=failing:
+                      (_ for _ in ()).throw(refused) if failing == "exchange" else False)
+            m.setattr(os, "rename", rename)
             r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
-        assert r.exit_code == 2 and "could not move" in r.output and "is unchanged" in r.output, r.output
-        assert not (tmp_path / "old.upgrading").exists() and not (tmp_path / "old.replaced").exists()
+        assert r.exit_code == 2 and "could not" in r.output and "is unchanged" in r.output, r.output
+        assert leftovers() == []
         assert "kv_append" not in load_manifest(folder, "full", upgradable=True).manifest["graphs"]   # intact
-    with monkeypatch.context() as m:            # Ctrl-C between the renames: the old folder back in place
-        def interrupted(self, target):
-            if self.name == "old.upgrading":
+    with monkeypatch.context() as m:            # Ctrl-C between the two renames: the old folder back in place
+        def interrupted(src, dst):
+            if Path(src).name.startswith(".old.partial"):
                 raise KeyboardInterrupt
-            return real_rename(self, target)
-        m.setattr(Path, "rename", interrupted)
+            return real_rename(src, dst)
+        m.setattr(replace_mod, "exchange", lambda a, b: False)
+        m.setattr(os, "rename", interrupted)
         r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
     assert isinstance(r.exception, KeyboardInterrupt) or r.exit_code != 0
-    assert not (tmp_path / "old.upgrading").exists() and not (tmp_path / "old.replaced").exists()
+    assert leftovers() == []
     assert "kv_append" not in load_manifest(folder, "full", upgradable=True).manifest["graphs"]
-    folder.rename(tmp_path / "old.replaced")    # what a SIGKILL between the renames leaves: named, with the way back
-    r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
-    assert r.exit_code == 2 and "but" in r.output and "rename" in r.output and "old.replaced back to" in r.output
-    (tmp_path / "old.replaced").rename(folder)
+    folder.rename(tmp_path / ".old.old-999999999")      # what a SIGKILL between the renames leaves: put back first
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-positions", "3"])
     assert r.exit_code != 0 and "must divide the block size 8, got 3" in r.output
-    (tmp_path / "old.upgrading").mkdir()
-    r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
-    assert r.exit_code != 0 and "old.upgrading exists" in r.output
-    os.rmdir(tmp_path / "old.upgrading")
+    assert leftovers() == [] and load_manifest(folder, "full", upgradable=True)
     r = CliRunner().invoke(cli, ["upgrade-export", str(tmp_path / "absent")])
     assert r.exit_code != 0 and "Traceback" not in r.output
     # --epilogue-steps 0 removes the epilogue
@@ -167,7 +169,7 @@ def test_upgrade_leaves_a_current_folder_alone_and_keeps_its_memory_plan(tmp_pat
     assert (folder / "manifest.json").read_bytes() == before and folder.stat().st_ino == inode
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-positions", "8"])
     assert r.exit_code == 2 and "would not fit" in r.output and "--epilogue-positions" in r.output, r.output
-    assert (folder / "manifest.json").read_bytes() == before and not (tmp_path / "planned.upgrading").exists()
+    assert (folder / "manifest.json").read_bytes() == before and not any(".planned." in p.name for p in tmp_path.iterdir())
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-steps", "1"])    # D changed: P = 8
     assert r.exit_code == 2 and "would not fit" in r.output, r.output
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-steps", "1", "--epilogue-positions", "2"])

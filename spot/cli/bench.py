@@ -81,7 +81,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         result["tune"] = tune_by_temperature(engine, prompts, cfg, TUNE_CANDIDATES, decoder, drafter,
                                              progress=echo_err, tokenizer=tokenizer, folder=folder)
     click.echo(f"{report_title(result)}\n\n{markdown_table(result)}")     # first: printed even if the report fails
-    paths = write_report(result, report_dir, plots)
+    paths = write_report(result, report_dir, plots, echo_err)
     if tune:       # after the report: what --budget auto then decodes with
         from spot.tuned import save_tunings, tuning_key
         record = save_tunings(tuning_key(engine, backend, folder, decoder, drafter),

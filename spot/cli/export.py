@@ -112,7 +112,7 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     from spot.engines.tensorrt_engine import build_after_export, check_before_export
     check_before_export(tensorrt_mode, ort_matmulnbits)
     tag = dtype if weights == "fp" else weights
-    folder = export_checkpoint(resolved, Path(out) if out else Path(f"{resolved.default_name}-{tag}-onnx"),
+    folder = export_checkpoint(resolved, out if out is not None else Path(f"{resolved.default_name}-{tag}-onnx"),
                                options, progress)
     build_after_export(folder, tensorrt_mode, progress)
 

@@ -46,7 +46,7 @@ def train_target_cmd(corpus, out, steps, seed, minutes, work_dir, init_from, no_
                         "optimizer steps of 8 x 256 tokens; leave it out for the embedded recipe (2800)")
     if out is None:
         out = model_folder_path(corpus)
-    check_output_path(out, "--out", folder=True)      # before the training, not after it
+    check_output_path(out, "--out", folder=True, replaced=True)      # before the training, not after it
     report = train_target(out, steps, seed=seed, minutes=minutes, progress=not quiet, work_dir=work_dir,
                           settings=RECIPES[corpus], final_eval=not no_eval, init_from=init_from)
     click.echo(f"wrote {out}: {report['parameters']} parameters, {report['steps_done']} steps, "

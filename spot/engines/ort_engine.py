@@ -193,7 +193,7 @@ class OrtEngine(Engine):
 
     def _open(self, model_dir, block_size, device, threads, verify, sampler, kv_cache) -> None:
         self.exported = load_manifest(model_dir, verify)
-        super().__init__(self.exported.config, block_size or self.exported.block_size)
+        super().__init__(self.exported.config, self.exported.block_size if block_size is None else block_size)
         self.device = device
         self.place = "cpu" if device == "cpu" else "cuda"    # where the target's outputs live (ORT device type)
         self.dtype = np.dtype(NP_DTYPES[self.exported.dtype])

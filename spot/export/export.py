@@ -20,7 +20,7 @@ import numpy as np
 from spot import __version__
 from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32, read_weight_map
 from spot.config import ModelConfig
-from spot.descriptors import load_descriptor, read_json
+from spot.descriptors import read_json
 from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
 from spot.export.epilogue import validate_epilogue, write_epilogue
@@ -31,10 +31,11 @@ from spot.export.presets import Source
 from spot.export.quantize import write_quantized
 from spot.export.target_file import DATA_FILE, TARGET_FILE, check_graph, make_model, plan_layout
 from spot.export.weight_spec import WeightSpec
-from spot.files import (TEMP_PREFIX, beside, folder_bytes, owner_gone, refuse_dangling_link, remove_stale_beside,
-                        remove_tree, swap_in_folder)
-from spot.folder.manifest import (DRAFTER_FILES, FORMAT, FORMAT_VERSION, MANIFEST_NAME, NP_DTYPES, add_files,
-                                  io_contract, write_manifest)
+from spot.files import folder_bytes, present
+from spot.folder.manifest import (DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPES, add_files, io_contract,
+                                  write_manifest)
+from spot.folder.replaceable import check_replaceable
+from spot.replace import building, output_folder, owner_gone, publish_folder, replaceable
 from spot.tokenizer import load_tokenizer
 
 EXPORTER_REVISION = 1
@@ -155,10 +156,9 @@ def _hf_config_json(ckpt_dir: Path, cfg: ModelConfig) -> str:
     return json.dumps(raw, indent=2) + "\n"
 
 
-def remove_stale_partials(out: Path, progress=lambda _: None) -> None:
-    """What killed exports of `out` left (spot.files.remove_stale_beside). A killed export to another name (retried
-    as another --out) is named, not removed: the folder may be someone else's."""
-    remove_stale_beside(out)
+def note_other_partials(out: Path, progress=lambda _: None) -> None:
+    """Name the partial folders a killed export to another name (retried as another --out) left beside `out`: they
+    may be someone else's, so they are named, not removed (those of `out` itself: spot.replace.recover_beside)."""
     for left in out.parent.glob(".*.partial-*"):
         try:        # another user's folder may not be readable: never a reason to stop this export
             if owner_gone(left) and left.is_dir() and not left.is_symlink() and (left / DATA_FILE).is_file():
@@ -166,46 +166,6 @@ def remove_stale_partials(out: Path, progress=lambda _: None) -> None:
                          "another --out; delete it to free the space")
         except OSError:
             continue
-
-
-# what spot writes into an exported folder besides the files its manifest lists: the manifest itself, the copied
-# checkpoint files (a drafter: also spot train-drafter / calibrate-drafter), the demo cache's stamp
-SPOT_WRITTEN = ("manifest.json", *COPIED_FILES, ".stamp")
-
-
-def check_replaceable(out: Path) -> None:
-    """SpotError unless `out` is a folder --overwrite may replace: empty, or an export holding only what spot writes
-    there. A folder of the user's files (--out ~/projects by mistake) was deleted with the old export."""
-    if not out.is_dir():
-        raise SpotError(f"--out {out} is a file, expected a folder", "choose another --out")
-    names = sorted(p.name for p in out.iterdir())
-    if not names:
-        return
-    hint = f"--overwrite replaces only an earlier spot export: move those out of {out}, or choose another --out"
-    if MANIFEST_NAME not in names:
-        raise SpotError(f"--out {out} is not a spot export (no {MANIFEST_NAME}; it holds {_some(names)})", hint)
-    manifest = load_descriptor(out / MANIFEST_NAME, FORMAT, FORMAT_VERSION, ("files",), hint)
-    files = manifest["files"] if isinstance(manifest["files"], dict) else {}
-    foreign = [n for n in names if n not in files and n not in SPOT_WRITTEN and not n.startswith(TEMP_PREFIX)
-               or (out / n).is_dir()]
-    if foreign:
-        raise SpotError(f"--out {out} holds what spot-export did not write: {_some(foreign)}", hint)
-
-
-def _some(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
-def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished folder into place; an existing output is replaced only with overwrite (swap_in_folder)."""
-    if not out.exists():
-        tmp.rename(out)
-        return
-    if not overwrite:
-        raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
-    check_replaceable(out)      # again: it may have changed during the export
-    # an old copy an interrupt leaves aside is removed by the next export (remove_stale_partials)
-    swap_in_folder(tmp, out, beside(out, "old"))
 
 
 def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, source: Source, ckpt: Checkpoint,
@@ -253,17 +213,14 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     """Export `source` into the folder `out`; nothing appears at `out` unless every step succeeds."""
     if source.checkpoint is None:
         raise SpotError(f"no checkpoint folder for {source.preset}", "pass --checkpoint DIR")
-    out = refuse_dangling_link(out, "--out")
-    if out.is_symlink():        # --out a link to a folder: replace what it points to, the link stays
-        out = Path(os.path.realpath(out))
+    out = output_folder(out, "--out")
     source_dir = Path(source.checkpoint).resolve()
     if out.resolve() == source_dir or out.resolve() in source_dir.parents:
         raise SpotError(f"--out {out} is the checkpoint folder {source.checkpoint} or holds it: replacing it would "
                         "delete the checkpoint", "choose another --out")
-    if out.exists() and not options.overwrite:
-        raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
-    if out.exists():
-        check_replaceable(out)      # before the work, not after it
+    owned = replaceable(options.overwrite, check_replaceable, "choose another --out")
+    if present(out):
+        owned(out)      # before the work, not after it
     check_dtype(options.dtype)
     cfg = effective_config(source.checkpoint_config(), source, options, progress)
     max_context = check_options(cfg, options)
@@ -274,12 +231,8 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
         from spot.export.memory_plan import check_plan_fits
         check_plan_fits(cfg, options, max_context, progress, source.preset or source.default_name)
     layout, total = plan_layout(graph.weights)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_partials(out, progress)
-    tmp = beside(out, "partial")
-    remove_tree(tmp)
-    tmp.mkdir()
-    try:
+    note_other_partials(out, progress)
+    with building(out) as tmp:
         progress(f"exporting {ckpt.dir} -> {out} ({options.dtype}{options.quant.summary()}, opset {graph.opset}, "
                  f"{len(graph.nodes)} nodes, {len(graph.weights)} tensors, {total / 2**30:.2f} GiB)")
         write_weights(ckpt, graph.weights, layout, total, tmp / DATA_FILE, progress)
@@ -314,10 +267,7 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
         add_files(tmp, manifest, [TARGET_FILE, DATA_FILE, "config.json", *extra_files,
                                   *(n for n in copied if n not in DRAFTER_FILES)])     # (drafter.json vouches)
         write_manifest(tmp, manifest)
-        _publish(tmp, out, options.overwrite)
-    except BaseException:
-        remove_tree(tmp)
-        raise
+        publish_folder(tmp, out, owned)     # checked again: it may have changed during the export
     progress(f"done: {out}")
     return out
 

@@ -61,8 +61,8 @@ class ExportOptions:
 # -- configuration -------------------------------------------------------------------------------------------------
 def effective_config(cfg: ModelConfig, source: Source, options: ExportOptions, progress: Progress) -> ModelConfig:
     """The config the export records: block size from --block-size, else the preset, else config.json."""
-    block = options.block_size or source.block_size or cfg.block_size
-    if source.block_size and not options.block_size and cfg.block_size != source.block_size:
+    block = options.block_size if options.block_size is not None else source.block_size or cfg.block_size
+    if source.block_size and options.block_size is None and cfg.block_size != source.block_size:
         progress(f"note: preset {source.preset} decodes blocks of {source.block_size}; config.json says "
                  f"{cfg.block_size}, using {source.block_size}")
     check_block_size(block, cfg.max_position_embeddings)

@@ -10,8 +10,8 @@ initializer keeps its offset in target.onnx.data, and the new graph is checked a
 CPU provider (validation cases of spot.export.validate, within the export's tolerances; the first 2 layers of models
 above 300M parameters, both graphs built by the same code over the same bytes). The upgrade builds a sibling folder
 of hard links (no copy of the weights), writes the new graphs there as new files, checks them (the small graphs bit
-for bit, as spot-export does) and swaps the folders by renames, so the folder is either the old one or the new one,
-never half of each. A folder that is already current is left as it is, and a memory plan recorded at export
+for bit, as spot-export does) and swaps the folders (spot.replace: one atomic exchange where the OS has it), so the
+folder is either the old one or the new one, never half of each. A folder that is already current is left as it is, and a memory plan recorded at export
 (`--plan`) is recomputed for the new graphs: an upgrade that would no longer fit that device is refused before
 anything is written.
 """
@@ -25,7 +25,6 @@ from typing import Callable
 
 from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
-from spot.files import swap_in_folder
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
 from spot.export.memory_plan import GIB, plan_for_options, plan_record, verify_pass_bytes
@@ -33,6 +32,7 @@ from spot.export.options import ExportOptions, check_options
 from spot.export.quantize import QuantScheme
 from spot.folder.epilogue import EpilogueCall
 from spot.folder.manifest import FORMAT_VERSION, add_files, load_manifest, write_manifest
+from spot.replace import building, output_folder, swap_in_folder
 
 
 def upgrade_export(folder: str | Path, future_steps: int | None = None, positions: int | None = None,
@@ -41,17 +41,11 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     --epilogue-steps 0 — else, for a folder from before epilogues, spot-export's; 0 removes it;
     P = positions, default: the folder's own at its D, else spot-export's) and kv_append graphs. Returns (the
     folder's manifest, whether it changed)."""
-    folder = Path(folder)
-    moved = folder.with_name(folder.name + ".replaced")
-    if not folder.exists() and moved.is_dir():
-        raise SpotError(f"{folder} does not exist, but {moved} does (an upgrade killed while it swapped folders)",
-                        f"rename {moved} back to {folder} and run the upgrade again")
+    folder = output_folder(folder, "FOLDER")      # an upgrade killed while it swapped folders: recovered here
     exported = load_manifest(folder, upgradable=True)      # sizes checked: a damaged folder is refused here
-    cfg, b = exported.config.with_block_size(exported.block_size), exported.block_size
-    manifest = dict(exported.manifest)
-    graphs = dict(manifest["graphs"])
-    old = graphs.get("epilogue") or {}
-    if future_steps is None and not old and "kv_append" in graphs:
+    cfg, manifest = exported.config.with_block_size(exported.block_size), exported.manifest
+    old = manifest["graphs"].get("epilogue") or {}
+    if future_steps is None and not old and "kv_append" in manifest["graphs"]:
         future_steps = 0    # exported (or upgraded) by a version with epilogues, without one: --epilogue-steps 0
     # the options spot-export would take for this folder: its checks and defaults (--epilogue-steps/-positions)
     options = ExportOptions(dtype=exported.dtype, max_nodes=int(manifest["max_nodes"]),
@@ -62,74 +56,69 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     check_options(cfg, options)
     epilogue = options.epilogue_call(cfg)
     plan = _replanned(manifest, cfg, options)      # refused here when it no longer fits
-    tmp, previous = folder.with_name(folder.name + ".upgrading"), folder.with_name(folder.name + ".replaced")
-    for leftover in (tmp, previous):
-        if leftover.exists():
-            raise SpotError(f"{leftover} exists (an interrupted upgrade?)",
-                            f"if {folder} opens, remove {leftover}; else rename {leftover} back to {folder.name}")
     # the steps are a progress bar's updates ("\r", spot.export.options.Progress): a current folder says only that
     progress(f"checking {folder}'s format, sampling epilogue, kv_append graph and TensorRT profile against this "
              "version")
-    progress(f"\r  linking {folder} -> {tmp} (hard links: the weights are not copied)")
-    try:
-        tmp.mkdir()       # exclusive: a concurrent upgrade of the same folder stops here, not in the other's files
-    except FileExistsError:
-        raise SpotError(f"{tmp} appeared meanwhile: another upgrade of {folder} is running",
-                        "wait for it to finish") from None
-    try:
-        shutil.copytree(folder, tmp, copy_function=os.link, dirs_exist_ok=True)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise SpotError(f"could not hard-link {folder} into {tmp}: {e}",
-                        "the upgrade needs write access beside the folder on a filesystem with hard links; "
-                        "else export again with spot-export") from None
-    try:
-        names = []
-        if epilogue is not None:
-            d, p = epilogue.future_steps, epilogue.positions
-            progress(f"\r  sampling epilogue: D = {d} future steps, {p} of {b} positions per call")
-            name, entry = write_epilogue(tmp, cfg.vocab_size, b, d, positions=p)
-            entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, b, d)
-            graphs["epilogue"], names = entry, [name]
-        else:
-            graphs.pop("epilogue", None)
-            (tmp / "epilogue.onnx").unlink(missing_ok=True)
-            manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "epilogue.onnx"}
-        if manifest["format_version"] != FORMAT_VERSION:
-            progress(f"target graph: format {manifest['format_version']} -> {FORMAT_VERSION} (the cached prefix read "
-                     "once per pass; the weights stay where they are)")
-            graphs["target"] = {**graphs["target"], **upgrade_target(tmp, exported, progress)}
-            manifest["format_version"] = FORMAT_VERSION
-            names.append(graphs["target"]["file"])
-        progress("\r  kv_append graph (the device KV cache)")
-        heads, dim, dtype = cfg.num_key_value_heads, cfg.head_dim, exported.dtype
-        name, entry = write_kv_append(tmp, heads, dim, dtype)
-        entry["validation"] = validate_kv_append(tmp, heads, dim, dtype)
-        graphs["kv_append"] = entry
-        progress("\r  TensorRT shape profile for --device trt")
-        graphs["target"] = {**graphs["target"], "tensorrt_profile": dynamic_trt_profile(
-            cfg, int(manifest["max_nodes"]), int(manifest["max_context"])).to_dict()}
-        manifest["graphs"] = graphs
-        manifest = add_files(tmp, manifest, [*names, name])
-        _refresh_memory_terms(manifest, cfg, dtype, epilogue, plan)
-        if _same_graphs(exported.manifest, manifest):
-            shutil.rmtree(tmp)
+    with building(folder) as tmp:
+        progress(f"\r  linking {folder} -> {tmp} (hard links: the weights are not copied)")
+        try:
+            shutil.copytree(folder, tmp, copy_function=os.link, dirs_exist_ok=True)
+        except OSError as e:
+            raise SpotError(f"could not hard-link {folder} into {tmp}: {e}",
+                            "the upgrade needs write access beside the folder on a filesystem with hard links; "
+                            "else export again with spot-export") from None
+        try:
+            manifest = upgraded_manifest(tmp, exported, epilogue, plan, progress)
+        finally:
             progress("\r")
+        if manifest is None:
             return exported.manifest, False
-        write_manifest(tmp, manifest)
-        load_manifest(tmp)                                 # the new manifest reads back, every file there
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        progress("\r")
-        raise
-    progress("\r")
-    try:      # an old copy an interrupt leaves aside is named by the next upgrade's check
-        swap_in_folder(tmp, folder, previous)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        # (every file of the folder is in the new one, hard-linked: swapping deletes nothing)
+        swap_in_folder(tmp, folder)
     progress(f"upgraded {folder}")
     return manifest, True
+
+
+def upgraded_manifest(tmp: Path, exported, epilogue: EpilogueCall | None, plan: dict | None,
+                      progress: Callable[[str], None]) -> dict | None:
+    """Write the new graphs into `tmp` (the folder's hard-linked copy) and its new manifest; None when they are
+    what the folder holds already (nothing to swap)."""
+    cfg, b = exported.config.with_block_size(exported.block_size), exported.block_size
+    manifest = dict(exported.manifest)
+    graphs = dict(manifest["graphs"])
+    names = []
+    if epilogue is not None:
+        d, p = epilogue.future_steps, epilogue.positions
+        progress(f"\r  sampling epilogue: D = {d} future steps, {p} of {b} positions per call")
+        name, entry = write_epilogue(tmp, cfg.vocab_size, b, d, positions=p)
+        entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, b, d)
+        graphs["epilogue"], names = entry, [name]
+    else:
+        graphs.pop("epilogue", None)
+        (tmp / "epilogue.onnx").unlink(missing_ok=True)
+        manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "epilogue.onnx"}
+    if manifest["format_version"] != FORMAT_VERSION:
+        progress(f"target graph: format {manifest['format_version']} -> {FORMAT_VERSION} (the cached prefix read "
+                 "once per pass; the weights stay where they are)")
+        graphs["target"] = {**graphs["target"], **upgrade_target(tmp, exported, progress)}
+        manifest["format_version"] = FORMAT_VERSION
+        names.append(graphs["target"]["file"])
+    progress("\r  kv_append graph (the device KV cache)")
+    heads, dim, dtype = cfg.num_key_value_heads, cfg.head_dim, exported.dtype
+    name, entry = write_kv_append(tmp, heads, dim, dtype)
+    entry["validation"] = validate_kv_append(tmp, heads, dim, dtype)
+    graphs["kv_append"] = entry
+    progress("\r  TensorRT shape profile for --device trt")
+    graphs["target"] = {**graphs["target"], "tensorrt_profile": dynamic_trt_profile(
+        cfg, int(manifest["max_nodes"]), int(manifest["max_context"])).to_dict()}
+    manifest["graphs"] = graphs
+    manifest = add_files(tmp, manifest, [*names, name])
+    _refresh_memory_terms(manifest, cfg, dtype, epilogue, plan)
+    if _same_graphs(exported.manifest, manifest):
+        return None
+    write_manifest(tmp, manifest)
+    load_manifest(tmp)                                 # the new manifest reads back, every file there
+    return manifest
 
 
 def upgrade_target(folder: Path, exported, progress: Callable[[str], None]) -> dict:

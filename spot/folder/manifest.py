@@ -25,6 +25,7 @@ from spot.config import ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError
 from spot.files import opened_whole, plain_file_name
+from spot.replace import interrupted_replacement
 from spot.runtime.drafter import DRAFTER_JSON, DRAFTER_ONNX
 
 # The model dtypes an exported folder may have (manifest "dtype") as numpy dtypes: here, not in spot.export.graph,
@@ -151,21 +152,28 @@ def verify_files(folder: Path, files: dict[str, dict], level: str = "quick") -> 
     for name, rec in files.items():
         if name in DRAFTER_FILES:
             continue
-        path = folder / name
-        if not path.is_file():
+        change = file_change(folder / name, rec, level)
+        if change == "missing":
             raise SpotError(f"{name} is missing from the exported folder {folder}", hint)
-        if level == "none":
-            continue
-        size = path.stat().st_size
-        if size != rec["bytes"]:
-            raise SpotError(f"{name} in {folder} changed since export: {size} bytes, manifest says {rec['bytes']}",
-                            hint)
-        if level == "full" or size <= QUICK_FULL_LIMIT:
-            ok, what = sha256_file(path) == rec["sha256"], "sha256"
-        else:
-            ok, what = sample_sha256(path) == rec["sample_sha256"], "sampled sha256"
-        if not ok:
-            raise SpotError(f"{name} in {folder} changed since export: its {what} differs from the manifest", hint)
+        if change is not None:
+            raise SpotError(f"{name} in {folder} changed since export: {change}", hint)
+
+
+def file_change(path: Path, rec: dict, level: str = "quick") -> str | None:
+    """How the file at `path` differs from its manifest record — "missing", its size, or its (sampled) sha256 — or
+    None when it matches at `level` (the module's docstring)."""
+    if not path.is_file():
+        return "missing"
+    if level == "none":
+        return None
+    size = path.stat().st_size
+    if size != rec["bytes"]:
+        return f"{size} bytes, manifest says {rec['bytes']}"
+    if level == "full" or size <= QUICK_FULL_LIMIT:
+        ok, what = sha256_file(path) == rec["sha256"], "sha256"
+    else:
+        ok, what = sample_sha256(path) == rec["sample_sha256"], "sampled sha256"
+    return None if ok else f"its {what} differs from the manifest"
 
 
 @dataclass(frozen=True)
@@ -245,6 +253,11 @@ def _format_version(path: Path):
 def _load_manifest_once(folder: str | Path, verify: str, upgradable: bool = False) -> ExportedModel:
     folder = Path(folder)
     if not folder.is_dir():
+        aside = interrupted_replacement(folder)
+        if aside is not None:       # the two-rename fallback of spot.replace, killed in its window
+            raise SpotError(f"exported model folder {folder} does not exist: a run replacing it was killed, and the "
+                            f"previous one is at {aside}", f"rename {aside} to {folder} (the next spot-export or "
+                            "spot upgrade-export of it does that first)")
         what = "is a file" if folder.exists() else "does not exist"
         raise SpotError(f"exported model folder {folder} {what}", "pass the folder spot-export wrote, or export "
                         "one with `spot-export`")

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from spot.config import ModelConfig
+from spot.config import ModelConfig, check_block_size
 from spot.errors import SpotError, integer_arg
 from spot.runtime.outputs import host_outputs
 
@@ -54,7 +54,9 @@ class Engine(ABC):
 
     def __init__(self, config: ModelConfig, block_size: int | None = None):
         self.config = config
-        self.block_size = int(block_size or config.block_size)
+        # every engine, every command: one check (spot-export makes the same), and 0 is refused, not the default
+        self.block_size = int(config.block_size) if block_size is None else integer_arg(block_size, "block_size")
+        check_block_size(self.block_size, config.max_position_embeddings)
         self.cached_len = 0
         # held by generate() for a whole request: the engine has ONE KV cache, and a second request (another
         # thread, or a decode started inside on_block) would reset it under the first

@@ -31,7 +31,8 @@ from torch import nn
 
 from spot.descriptors import sha256_file
 from spot.errors import SpotError
-from spot.files import atomic_output, check_output_path
+from spot.files import atomic_output, check_output_path, present
+from spot.owned import DRAFTER_PAIR, drafter_pair_vouched
 from spot.runtime.drafter import (BASELINE_INPUTS, DRAFTER_JSON, DRAFTER_ONNX, FORMAT, FORMAT_VERSION, INPUT_NAMES,
                                   MAX_BLOCK, MAX_STALENESS, OUTPUT_NAMES, drafter_inputs)
 from spot.runtime.stale import TOPK_FEATURES
@@ -557,10 +558,16 @@ def drafter_out_folder(out: str | Path | None, traces: Traces, overwrite: bool =
         out = traces.meta.get("model_dir")
         if not out:
             raise SpotError("the traces do not name their target folder", "pass --out FOLDER")
-    if (Path(out) / DRAFTER_ONNX).exists() and not overwrite:
-        raise SpotError(f"{out} already has a drafter ({DRAFTER_ONNX})",
-                        "pass --overwrite to replace it, or --out FOLDER")
     check_output_path(out, "--out", folder=True)
+    there = [name for name in DRAFTER_PAIR if present(Path(out) / name)]
+    if there and not overwrite:
+        raise SpotError(f"{out} already has a drafter ({', '.join(there)})",
+                        "pass --overwrite to replace it, or --out FOLDER")
+    if there and not drafter_pair_vouched(Path(out)):
+        raise SpotError(f"{out}'s {' and '.join(there)} are not a drafter spot wrote ({DRAFTER_JSON} is not a spot "
+                        f"drafter descriptor whose onnx_sha256 is {DRAFTER_ONNX}'s), and --overwrite replaces only "
+                        "spot's", f"move them out of {out} (or delete them: a `spot train-drafter` killed between "
+                        "the two files leaves such a pair), or choose another --out")
     return out
 
 

@@ -20,8 +20,10 @@ import torch
 
 from spot.config import TRAINING_CORPUS_KEY, ModelConfig
 from spot.errors import SpotError
-from spot.files import (atomic_output, beside, folder_bytes, remove_stale_beside, remove_tree, swap_in_folder,
-                        write_text_atomic)
+from spot.descriptors import read_json, sha256_file
+from spot.files import atomic_output, folder_bytes, present, write_text_atomic
+from spot.owned import recorded_file_matches, refuse_unproven
+from spot.replace import building, output_folder, publish_folder, swap_in_folder
 from spot.reference.model import SDARModel
 from spot.training import bpe, corpus
 from spot.training.objective import diffusion_bias, diffusion_loss, heldout_loss
@@ -267,6 +269,8 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
     base = settings or TrainSettings()
     s = replace(base, steps=base.steps if steps is None else steps, seed=seed)
     out_dir = Path(out_dir)
+    if present(checked := output_folder(out_dir, "--out")):
+        check_target_replaceable(checked)          # before the training, not after it
     work = Path(work_dir) if work_dir is not None else out_dir.parent / f".train_{out_dir.name}"
     work.mkdir(parents=True, exist_ok=True)
     log_file = work / "train.log"
@@ -397,11 +401,8 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
     model.eval()
     # built beside out_dir and swapped in when complete: an interrupt during the minutes of final evaluation left
     # the new weights beside the previous training_report.json. A link's target is what is replaced (the link stays)
-    out_dir = Path(os.path.realpath(out_dir))
-    remove_stale_beside(out_dir)
-    partial = beside(out_dir, "partial")
-    remove_tree(partial)
-    try:
+    out_dir = output_folder(out_dir, "--out")
+    with building(out_dir) as partial:
         write_folder(model, data, partial, n_prompts=n_prompts, seed=s.seed)
         report = {
             "parameters": n_params, "settings": asdict(s), "steps_done": steps_done, "stopped_early": stopped_early,
@@ -417,11 +418,10 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
         if final_eval:
             from spot.training.evaluate import evaluate_folder
             report["evaluation"] = evaluate_folder(partial, data, s, log=lambda m: _log(m, log_file, progress))
-        write_text_atomic(partial / "training_report.json", json.dumps(report, indent=2))
-        publish_folder(partial, out_dir)
-    except BaseException:
-        remove_tree(partial)
-        raise
+        # what this run wrote, by hash: a later run replaces these files only while they are unchanged
+        report["files"] = {p.name: sha256_file(p) for p in sorted(partial.iterdir()) if p.name != REPORT_NAME}
+        write_text_atomic(partial / REPORT_NAME, json.dumps(report, indent=2))
+        publish_target_folder(partial, out_dir)
     _log(f"wrote {out_dir} ({folder_bytes(out_dir) / 1e6:.1f} MB)", log_file, progress)
     return report
 
@@ -462,12 +462,14 @@ def _folder_identity(folder: Path) -> dict:
     return {"folder": str(folder), "model_sha1": hashlib.sha1((folder / "model.safetensors").read_bytes()).hexdigest()}
 
 
-def publish_folder(new: Path, folder: Path) -> None:
+def publish_target_folder(new: Path, folder: Path) -> None:
     """Put the finished folder `new` at `folder`; what an existing `folder` holds that `new` lacks (a drafter trained
-    for the model, an export in a subfolder) is carried over — hard links where the file system allows."""
-    if not folder.exists():
-        new.rename(folder)
+    for the model, an export in a subfolder, the user's files) is carried over — hard links where the file system
+    allows — so the swap deletes only the files this command wrote before (check_target_replaceable)."""
+    if not present(folder):
+        publish_folder(new, folder, appeared)
         return
+    check_target_replaceable(folder, sorted(p.name for p in new.iterdir()))     # again: it may have changed
     for f in folder.iterdir():
         if (new / f.name).exists() or (new / f.name).is_symlink():
             continue
@@ -475,7 +477,39 @@ def publish_folder(new: Path, folder: Path) -> None:
             shutil.copytree(f, new / f.name, symlinks=True, copy_function=_link_or_copy)
         else:
             _link_or_copy(f, new / f.name)
-    swap_in_folder(new, folder, beside(folder, "old"))
+    swap_in_folder(new, folder)
+
+
+def appeared(folder: Path) -> None:
+    """A folder put at --out while the training ran: not replaced (its files were never checked)."""
+    raise SpotError(f"{folder} appeared while the training ran, and is left as it is",
+                    "move it away and run again (the run resumes from its checkpoint), or choose another --out")
+
+
+def check_target_replaceable(folder: Path, replaced: list[str] | tuple[str, ...] = ()) -> None:
+    """SpotError unless every file of `folder` that a new training replaces (`replaced`, default TARGET_FILES) is one
+    spot wrote: listed with its sha256 in the folder's training_report.json, or shipped in the package (an embedded
+    model's folder, trained before reports listed their files). A checkpoint's config.json or a file the user edited
+    is not replaced: --out an SDAR checkpoint by mistake lost its config.json and weights."""
+    from spot.assets import MODELS, model_folder_path
+    if not folder.is_dir():
+        raise SpotError(f"--out {folder} is a file, expected a folder", "choose another --out")
+    if Path(os.path.realpath(folder)) in {Path(os.path.realpath(model_folder_path(m))) for m in MODELS}:
+        return
+    try:
+        report = read_json(folder / REPORT_NAME, "")
+    except (OSError, SpotError):
+        report = None
+    files = report.get("files") if isinstance(report, dict) else None
+    files = files if isinstance(files, dict) else {}
+    replaced = [name for name in replaced or TARGET_FILES if present(folder / name)]
+    unproven = [name for name in replaced
+                if name != REPORT_NAME and not recorded_file_matches(folder / name, files.get(name))]
+    if REPORT_NAME in replaced and not files:
+        unproven.append(REPORT_NAME)
+    refuse_unproven(folder, "--out", unproven,
+                    f"spot train-target replaces only the files of an earlier training there (its {REPORT_NAME} "
+                    f"lists them): move those out of {folder}, or choose another --out")
 
 
 def _link_or_copy(src, dst) -> None:
@@ -486,6 +520,12 @@ def _link_or_copy(src, dst) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+REPORT_NAME = "training_report.json"
+# what write_folder and train_target write into the output folder (everything else there is carried over)
+TARGET_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                "heldout_prompts.jsonl", REPORT_NAME)
 
 
 def write_folder(model: SDARModel, data, out_dir: Path, n_prompts: int, seed: int) -> None:

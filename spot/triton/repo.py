@@ -1,15 +1,17 @@
 """`spot triton-repo EXPORT --out REPO`: a Triton model repository that serves an exported folder with the spot runtime.
 
-    REPO/
-      .spot-triton-repo          what wrote it (spot's version, the export's manifest hash): --overwrite replaces
-                                 only a folder that has it
+    REPO/                        a Triton model repository: its other models are left as they are
       NAME/config.pbtxt          Python backend, decoupled (a response per finished block), one engine per instance;
                                  the requests' defaults and the engine options as parameters — edit them to tune
       NAME/1/model.py            imports spot.triton.backend (the spot installed beside tritonserver decodes)
       NAME/1/export/             the exported folder, hard-linked where the file system allows, else copied
                                  (--reference: left where it is, named by its absolute path)
+      NAME/.spot-triton-model    what wrote the model folder (spot's version, the export's manifest hash) and the
+                                 sha256 of each file it wrote: --overwrite replaces only a model folder whose files
+                                 are all vouched for by it (the export by its own manifest), never an edited one
 
-The repository is built beside REPO and renamed into place: a failed or interrupted run leaves nothing at REPO.
+The model folder is built beside NAME, in REPO, and swapped in (spot.replace): a failed or interrupted run leaves
+NAME as it was.
 """
 from __future__ import annotations
 
@@ -17,12 +19,15 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from spot.descriptors import read_json, sha256_file
 from spot.errors import SpotError
-from spot.files import beside, remove_stale_beside, remove_tree, swap_in_folder
+from spot.files import check_output_path, present
+from spot.owned import recorded_file_matches, refuse_unproven, some
+from spot.replace import building, output_folder, publish_folder, replaceable
 
-MARKER = ".spot-triton-repo"
+MARKER = ".spot-triton-model"
 MODEL_PY = '''"""Triton Python-backend model written by `spot triton-repo`: the spot runtime on ./export
 (spot.triton.backend). It needs spot (pip install spot-edge) in the Python environment of Triton's Python backend."""
 from spot.triton.backend import TritonPythonModel  # noqa: F401
@@ -113,42 +118,85 @@ def link_or_copy(src: str, dst: str) -> str:
 
 def write_triton_repo(export: str | Path, out: str | Path, options: TritonRepoOptions,
                       progress=lambda line: None) -> Path:
-    """Write the repository for the exported folder `export` at `out` (see the module's docstring)."""
+    """Write the model folder `options.name` serving the exported folder `export` into the repository `out` (see
+    the module's docstring). Returns the repository."""
     from spot import __version__
+    from spot.folder.replaceable import sort_export
     from spot.folder.manifest import load_manifest
     from spot.serve.model import manifest_sha256
     options.check()
-    export, out = Path(export).resolve(), Path(out)
-    load_manifest(export)           # an exported folder whose files match its manifest, or a clear error
-    if out.exists() and not (out / MARKER).is_file():
-        raise SpotError(f"{out} exists and is not a repository spot triton-repo wrote",
-                        "choose another --out (spot replaces only its own repositories, with --overwrite)")
-    if out.exists() and not options.overwrite:
-        raise SpotError(f"{out} already exists", "pass --overwrite to replace it, or choose another --out")
-    if out.resolve() == export or out.resolve() in export.parents:
-        raise SpotError(f"--out {out} is the exported folder or holds it", "choose another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_beside(out)
-    tmp = beside(out, "partial")
-    remove_tree(tmp)
-    try:
-        version_dir = tmp / options.name / "1"
-        version_dir.mkdir(parents=True)
+    repo = check_output_path(out, "--out", folder=True)
+    export = Path(export).resolve()
+    exported = load_manifest(export)    # an exported folder whose files match its manifest, or a clear error
+    model = output_folder(repo / options.name, "--out")
+    inside = Path(os.path.realpath(repo))
+    if model == export or model in export.parents or inside == export or export in inside.parents:
+        raise SpotError(f"--out {out} is the exported folder {export}, inside it, or would hold it in the model "
+                        f"folder {model}", "choose an --out outside the exported folder")
+    owned = replaceable(options.overwrite, check_model_replaceable, "choose another --name")
+    if present(model):
+        owned(model)                # before the work, not after it
+    with building(model) as tmp:
+        version_dir = tmp / "1"
+        version_dir.mkdir()
         if options.reference:
             where = str(export)
         else:
             progress(f"linking (or copying) {export} into the repository")
-            shutil.copytree(export, version_dir / "export", copy_function=link_or_copy)
+            (version_dir / "export").mkdir()
+            for name in sort_export(export, exported.manifest)[0]:     # the export's own files, not others there
+                link_or_copy(export / name, version_dir / "export" / name)
             where = "export"
-        (version_dir / "model.py").write_text(MODEL_PY)
-        (tmp / options.name / "config.pbtxt").write_text(config_pbtxt(options, where, __version__))
-        (tmp / MARKER).write_text(json.dumps({"spot": __version__, "export": str(export),
-                                              "manifest_sha256": manifest_sha256(export)}) + "\n")
-        if out.exists():
-            swap_in_folder(tmp, out, beside(out, "old"))
+        written = {"config.pbtxt": config_pbtxt(options, where, __version__), "1/model.py": MODEL_PY}
+        for name, text in written.items():
+            (tmp / name).write_text(text)
+        (tmp / MARKER).write_text(json.dumps({
+            "spot": __version__, "export": str(export), "manifest_sha256": manifest_sha256(export),
+            "files": {name: sha256_file(tmp / name) for name in written}}, indent=2) + "\n")
+        publish_folder(tmp, model, owned)       # checked again: it may have changed meanwhile
+    return repo
+
+
+def check_model_replaceable(model: Path) -> None:
+    """SpotError unless `model` is empty or a model folder spot triton-repo wrote, every file in it vouched for by
+    its marker's sha256 (the export in 1/export by its manifest: spot.export.export.check_replaceable): another
+    model of the repository, or a config.pbtxt tuned by hand, is not replaced."""
+    from spot.folder.replaceable import check_replaceable
+    hint = f"--overwrite replaces only a model folder spot triton-repo wrote: move those out of {model}, or " \
+           "choose another --name"
+    if not model.is_dir():
+        raise SpotError(f"{model} is a file, expected a model folder", "choose another --out or --name")
+    names = sorted(p.name for p in model.iterdir())
+    if not names:
+        return
+    if not (model / MARKER).is_file():
+        raise SpotError(f"{model} is not a model folder spot triton-repo wrote (no {MARKER}; it holds "
+                        f"{some(names)})", hint)
+    record = read_json(model / MARKER, hint)
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict):
+        raise SpotError(f"{model / MARKER} lists no files, expected the ones spot triton-repo wrote", hint)
+    export = model / "1" / "export"
+    if export.is_dir() and not export.is_symlink():
+        check_replaceable(export, "the model's export")
+    recorded_dirs = {p.as_posix() for f in files for p in PurePosixPath(f).parents if p.as_posix() != "."}
+    unproven = []
+    for path in entries(model, skip=export):
+        rel = path.relative_to(model).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            vouched = rel in recorded_dirs
         else:
-            tmp.rename(out)
-    except BaseException:
-        remove_tree(tmp)
-        raise
-    return out
+            vouched = rel == MARKER or recorded_file_matches(path, files.get(rel))
+        if not vouched:
+            unproven.append(rel)
+    refuse_unproven(model, "the model folder", unproven, hint)
+
+
+def entries(folder: Path, skip: Path) -> list[Path]:
+    """Every folder, file and link below `folder` (links not followed), `skip` and what it holds left out."""
+    found = []
+    for top, dirs, files in os.walk(folder):
+        here = Path(top)
+        dirs[:] = [d for d in dirs if here / d != skip]
+        found += [here / name for name in dirs + files]
+    return sorted(found)
