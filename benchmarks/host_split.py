@@ -21,8 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spot.assets import embedded_model_dir  # noqa: E402
-from spot.prompts import load_prompts  # noqa: E402
+from spot.prompts import heldout_prompts_path, load_prompts  # noqa: E402
 from spot.engines.factory import open_engine  # noqa: E402
 from spot.runtime import drafter as drafter_module  # noqa: E402
 from spot.runtime import stale as stale_module  # noqa: E402
@@ -78,14 +77,14 @@ def main() -> None:
                     help="runner-up weights to compare, e.g. 0,0.17 (default: the drafter's own)")
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--depth", type=int, default=8)
-    ap.add_argument("--prompts", type=int, default=4, help="first N held-out prompts of the embedded model")
+    ap.add_argument("--prompts", type=int, default=4, help="first N held-out prompts of --model (its heldout_prompts.jsonl)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args()
 
     instrument()
     engine = open_engine("ort", args.model)
     drafter = drafter_module.load_drafter(args.drafter or args.model)
-    prompts = load_prompts(Path(embedded_model_dir()) / "heldout_prompts.jsonl", load_tokenizer(args.model),
+    prompts = load_prompts(heldout_prompts_path(args.model), load_tokenizer(args.model),
                            limit=args.prompts, max_tokens=200)
     weights = [float(w) for w in args.runner_up_weights.split(",")] if args.runner_up_weights else \
         [drafter.runner_up_weight]

@@ -22,8 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spot.assets import embedded_model_dir  # noqa: E402
-from spot.prompts import load_prompts  # noqa: E402
+from spot.prompts import heldout_prompts_path, load_prompts  # noqa: E402
 from spot.engines.factory import open_engine  # noqa: E402
 from spot.runtime.decode import generate  # noqa: E402
 from spot.runtime.noise import gumbel_rows  # noqa: E402
@@ -60,13 +59,13 @@ def committed_ranks(engine, ids: list[int], temperature: float, staleness: int, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, type=Path, help="exported folder (spot-export / spot demo's cache)")
-    ap.add_argument("--prompts", type=int, default=6, help="first N held-out prompts of the embedded model")
+    ap.add_argument("--prompts", type=int, default=6, help="first N held-out prompts of --model (its heldout_prompts.jsonl)")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--staleness", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args()
     engine = open_engine("ort", args.model)
-    prompts = load_prompts(Path(embedded_model_dir()) / "heldout_prompts.jsonl", load_tokenizer(args.model),
+    prompts = load_prompts(heldout_prompts_path(args.model), load_tokenizer(args.model),
                            limit=args.prompts, max_tokens=200)
     for temperature in (float(t) for t in args.temperatures.split(",")):
         ranks, by_gap = defaultdict(Counter), defaultdict(Counter)

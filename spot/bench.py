@@ -108,12 +108,10 @@ def bench_prompts(path, folder, tokenizer, limit: int, prompt_tokens: int, engin
     """The first `limit` prompts of the JSONL file `path` — default: the model's own held-out prompts (a spot-export
     copies them), else the code model's — each cut to its last prompt_tokens tokens, and the file they came from.
     A prompt the engine cannot decode max_new_tokens after is named now, not when the loop reaches it."""
-    from spot.prompts import load_prompts
+    from spot.prompts import heldout_prompts_path, load_prompts
     from spot.runtime.decode import check_request
     if path is None:
-        from spot.assets import embedded_model_dir
-        own = Path(folder) / "heldout_prompts.jsonl"
-        path = own if own.is_file() else Path(embedded_model_dir()) / "heldout_prompts.jsonl"
+        path = heldout_prompts_path(folder)
     prompts = [replace(p, ids=p.ids[-prompt_tokens:]) for p in load_prompts(path, tokenizer, limit, None)]
     for p in prompts:
         try:

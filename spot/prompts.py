@@ -5,10 +5,19 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from spot.assets import embedded_model_dir
 from spot.descriptors import utf8_text
 from spot.errors import SpotError, os_error_hint
 
 PROMPT_FILE_LIMIT = 64 * 2**20     # far beyond any context; a device or a wrong file is refused before it fills memory
+HELDOUT_PROMPTS = "heldout_prompts.jsonl"
+
+
+def heldout_prompts_path(folder) -> Path:
+    """The held-out prompts of the model in `folder` (an embedded model's folder holds them and spot-export copies
+    them); the default model's for a folder without any (a real SDAR export)."""
+    own = Path(folder) / HELDOUT_PROMPTS
+    return own if own.is_file() else embedded_model_dir() / HELDOUT_PROMPTS
 
 
 def read_prompt_file(path: str) -> str:

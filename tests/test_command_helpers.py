@@ -208,3 +208,21 @@ def test_every_command_that_opens_a_model_picks_its_backend_from_the_model():
                 if param.name == "backend"}
     assert {"generate", "bench", "tune", "traces", "calibrate-drafter"} <= set(defaults)
     assert {name: d for name, d in defaults.items() if d is not None} == {"serve": "ort", "triton-repo": "ort"}
+
+
+def test_benchmarks_read_the_held_out_prompts_of_the_model_they_are_given(tmp_path):
+    """A folder's own heldout_prompts.jsonl (the arithmetic model's problems), the default model's only for a folder
+    without any; and no benchmark or command builds that path from the default model on its own
+    (benchmarks/stale_token_rank.py read the code model's prompts whatever --model said)."""
+    import re
+    from pathlib import Path
+
+    from spot.assets import embedded_model_dir
+    from spot.prompts import HELDOUT_PROMPTS, heldout_prompts_path
+    assert heldout_prompts_path(embedded_model_dir("arithmetic")) == embedded_model_dir("arithmetic") / HELDOUT_PROMPTS
+    assert heldout_prompts_path(tmp_path) == embedded_model_dir() / HELDOUT_PROMPTS
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"embedded_model_dir\(\)\)?\s*/\s*\"heldout_prompts\.jsonl\"")
+    found = [str(p.relative_to(root)) for folder in ("spot", "benchmarks", "scripts")
+             for p in sorted((root / folder).rglob("*.py")) if pattern.search(p.read_text())]
+    assert found == [], found
