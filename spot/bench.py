@@ -19,6 +19,7 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.descriptors import sha256_file
+from spot.ceilings import CEILING_NOTE, row_label
 from spot.files import check_output_path, present, write_text_atomic
 from spot.gsm8k import is_correct
 from spot.owned import recorded_file_matches
@@ -506,16 +507,6 @@ def identical_cell(row: dict) -> str:
         return ""
     same, total = cases
     return "100%" if same == total else f"{math.floor(1000 * same / total) / 10:.1f}% ({same}/{total})"
-
-
-CEILING_NOTE = ("(ceiling): oracle and order-oracle read the answer, the standard decoding's trajectory, which they "
-                "decode first and leave out of their passes and times: bounds on what a drafter could reach, not "
-                "decoders to deploy.")
-
-
-def row_label(row: dict) -> str:
-    """A row's name in tables and plots: its variant, marked when it is a ceiling (CEILING_NOTE)."""
-    return row["variant"] + (" (ceiling)" if row.get("decoder") in CEILING_DECODERS else "")
 
 
 def markdown_table(result: dict) -> str:

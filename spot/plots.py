@@ -50,7 +50,7 @@ def plot_report(result: dict, out: Path) -> list[Path]:
     plt = _pyplot()
     rows = result["rows"]
     temps = sorted({r["temperature"] for r in rows})
-    from spot.bench import CEILING_NOTE, row_label
+    from spot.ceilings import CEILING_NOTE, row_label
     from spot.runtime.decoders import BASELINE_DECODERS
     variants = sorted({r["variant"] for r in rows}, key=lambda v: (v.split("@")[0] not in BASELINE_DECODERS, v))
     labels = {r["variant"]: row_label(r) for r in rows}

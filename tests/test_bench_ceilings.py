@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spot.bench import CEILING_NOTE, markdown_table, row_label
+from spot.bench import markdown_table
+from spot.ceilings import CEILING_NOTE, row_label
 from spot.runtime.decoders import CEILING_DECODERS, DECODERS
 
 
