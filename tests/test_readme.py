@@ -63,3 +63,21 @@ def test_the_index_install_pattern():
     for fine in ("pip install -e '.[serve]'", "pip install dist/spot_edge-0.1.0-*.whl", "a venv with `spot-edge[triton]`",
                  "pip install 'spot-edge[plots]'"):
         assert not INDEX_INSTALL.search(fine), fine
+
+
+def readme_test_command() -> str:
+    """The command of the README's second line, the one that runs the tests."""
+    lines = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("pip install")]
+    assert lines[1].endswith("# the tests"), lines[1]
+    return lines[1].split("#")[0].split("&&")[-1].strip()
+
+
+def test_ci_runs_the_readmes_test_command_in_full():
+    """CI runs the README's test command with the flag the README documents as the full run; the slow tests are not
+    left out of CI."""
+    command = readme_test_command()
+    assert command == "python3 -m pytest -q"
+    full = command + " --full"
+    assert f"`{full}`" in (ROOT / "README.md").read_text()
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert full in ci and command not in ci
