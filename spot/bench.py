@@ -182,6 +182,23 @@ def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
     return [Variant(d, d) for d in BASELINE_DECODERS if d in wanted] + out
 
 
+def runnable_config(engine, cfg: BenchConfig) -> BenchConfig:
+    """cfg as `engine` runs it: no independent-noise rows where it samples on the device (that noise is drawn from
+    host logits, which a device-sampling engine never hands over)."""
+    if engine.sampler_depth is not None and cfg.independent_noise_ablation:
+        return replace(cfg, independent_noise_ablation=False)
+    return cfg
+
+
+def bench_size(engine, prompts: int, cfg: BenchConfig, other_drafters=()) -> str:
+    """The line `spot bench` says before its first decode: how many decodes the run is, and why."""
+    cfg = runnable_config(engine, cfg)
+    rows = len(variants(cfg, tuple(other_drafters)))
+    return (f"{prompts * len(cfg.seeds) * len(cfg.temperatures) * rows} decodes: {prompts} prompt(s) x "
+            f"{len(cfg.seeds)} seed(s) x {len(cfg.temperatures)} temperature(s) x {rows} rows (fewer: --limit, "
+            "--temperatures, --decoders, --budgets)")
+
+
 def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
               progress: Callable[[str], None] | None = None, other_drafters: dict | None = None,
               tokenizer=None) -> dict:
@@ -196,21 +213,15 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                         "pass --drafter, or drop them with --decoders standard,chain,tree,oracle,order-oracle")
     for budget in cfg.budgets:          # before any decoding: a budget the engine cannot verify ends the run
         budget.check(engine)
-    if engine.sampler_depth is not None and cfg.independent_noise_ablation:
-        # independent drafting noise is drawn from host logits, which a device-sampling engine never hands over
-        cfg = replace(cfg, independent_noise_ablation=False)
+    if runnable_config(engine, cfg) != cfg:
+        cfg = runnable_config(engine, cfg)
         if progress:
             progress("the engine samples on the device: no independent-noise rows (they need --sampler host)")
     runs: dict[tuple[str, float], list] = {}
     identical: dict[tuple[str, float], list[bool]] = {}
     right: dict[tuple[str, float], list[bool]] = {}     # prompts with a true answer: is the decoded one right
     plan = {v.label: v for v in variants(cfg, tuple(other_drafters))}
-    groups = len(prompts) * len(cfg.seeds) * len(cfg.temperatures)
-    if progress:
-        progress(f"{groups * len(plan)} decodes: {len(prompts)} prompt(s) x {len(cfg.seeds)} seed(s) x "
-                 f"{len(cfg.temperatures)} temperature(s) x {len(plan)} rows (fewer: --limit, --temperatures, "
-                 "--decoders, --budgets)")
-    decodes = Progress(groups * len(plan), progress)
+    decodes = Progress(len(prompts) * len(cfg.seeds) * len(cfg.temperatures) * len(plan), progress)
     for prompt in prompts:
         for seed in cfg.seeds:
             for temp in cfg.temperatures:

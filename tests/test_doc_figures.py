@@ -28,7 +28,8 @@ PRINTED_LARGEST = re.compile(r"largest context that fits: (\d+ tokens) at")
 PROSE_CLAIMS = [
     ("docs/benchmarks.md", "71 ms for one\nstate at 2048 tokens, 557 ms for 16 and 2228 ms for 64",
      "sdar-8b-b32 --weights int4 --plan orin-nx-16gb --max-context 2048 --max-nodes 64",
-     ("1 |    7.3 GB   0.52 TF      71 ms", "16 |   20.7 GB   8.38 TF     557 ms", "64 |   63.5 GB  33.51 TF    2228 ms")),
+     ("1 |    7.3 GB   0.52 TF      71 ms", "16 |   20.7 GB   8.38 TF     557 ms",
+      "64 |   63.5 GB  33.51 TF    2228 ms")),
 ]
 
 

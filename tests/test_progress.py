@@ -57,17 +57,19 @@ def test_a_line_says_done_elapsed_and_left():
 
 
 def test_bench_says_its_decodes_up_front_and_its_progress_with_the_time_left():
-    """One line with the number of decodes before the first (a run of an hour says so at once), then progress by
-    decode, not only after a whole (prompt, seed, temperature) group of every row."""
+    """The number of decodes is said before the first (a run of an hour says so at once), then progress by decode,
+    not only after a whole (prompt, seed, temperature) group of every row."""
     from test_spot import engine_for
 
-    from spot.bench import BenchConfig, run_bench
+    from spot.bench import BenchConfig, bench_size, run_bench
     from spot.prompts import Prompt
     from spot.runtime.spot import TreeBudget
     engine = engine_for(4, 3)
     lines = []
     cfg = BenchConfig(("standard", "tree"), (0.0, 1.0), (0,), (TreeBudget(4, 2),), 8,
                       independent_noise_ablation=False)
+    assert bench_size(engine, 1, cfg).startswith("4 decodes: 1 prompt(s) x 1 seed(s) x 2 temperature(s) x 2 rows")
+    assert bench_size(engine, 10, BenchConfig()).startswith(
+        "360 decodes: 10 prompt(s) x 1 seed(s) x 3 temperature(s) x 12 rows")     # the defaults, as --help says
     run_bench(engine, [Prompt("p", np.arange(1, 6).tolist())], cfg, progress=lines.append)
-    assert lines[0].startswith("4 decodes: 1 prompt(s) x 1 seed(s) x 2 temperature(s) x 2 rows")
     assert lines[-1].startswith("[4/4] prompt p seed 0 T=1 tree@4x2: ") and lines[-1].endswith("done")

@@ -58,10 +58,11 @@ def test_no_doc_installs_spot_from_a_package_index():
 
 
 def test_the_index_install_pattern():
-    for bad in ("pip install spot-edge", "pip install --no-deps spot-edge and", "pip install spot-edge && tritonserver"):
+    for bad in ("pip install spot-edge", "pip install --no-deps spot-edge and",
+                "pip install spot-edge && tritonserver"):
         assert INDEX_INSTALL.search(bad), bad
-    for fine in ("pip install -e '.[serve]'", "pip install dist/spot_edge-0.1.0-*.whl", "a venv with `spot-edge[triton]`",
-                 "pip install 'spot-edge[plots]'"):
+    for fine in ("pip install -e '.[serve]'", "pip install dist/spot_edge-0.1.0-*.whl",
+                 "a venv with `spot-edge[triton]`", "pip install 'spot-edge[plots]'"):
         assert not INDEX_INSTALL.search(fine), fine
 
 

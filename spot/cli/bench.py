@@ -66,17 +66,17 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     """Every decoder side by side on a prompt set: passes per token, steps per verify, tokens/s, speed-up,
     identical-output share, acceptance by depth. Writes bench.json, bench.md and PNG plots to --report. It runs
     prompts x seeds x temperatures x rows decodes (said first; then progress with the time left): the defaults,
-    10 x 1 x 3 x 12, take tens of minutes on a 2-core CPU.
+    10 x 1 x 3 x 12, take 10-15 minutes on a 2-core CPU.
 
     \b
     Examples:
       spot bench --limit 2 --temperatures 0 --budgets 16x8,64x16
       spot bench --model out/code-fp32-onnx --backend ort --tune --report runs/ort
     """
-    from spot.bench import (TUNE_CANDIDATES, BenchConfig, bench_prompts, check_report_dir, check_report_files,
-                            default_budgets, markdown_table, parse_compare_drafters, parse_decoders,
-                            parse_sampling_grid, record_bench_inputs, report_title, run_bench, tune_by_temperature,
-                            write_report)
+    from spot.bench import (TUNE_CANDIDATES, BenchConfig, bench_prompts, bench_size, check_report_dir,
+                            check_report_files, default_budgets, markdown_table, parse_compare_drafters,
+                            parse_decoders, parse_sampling_grid, record_bench_inputs, report_title, run_bench,
+                            tune_by_temperature, write_report)
     from spot.budgets import parse_tree_budgets
     from spot.models import find_drafter, resolve_backend
     from spot.plots import plot_choice
@@ -99,6 +99,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     drafter = find_drafter(drafter_path, folder) if drafting else None
     others = {name: find_drafter(path, folder) for name, path in compare.items()}
     cfg = BenchConfig(names, temps, seed_list, given_budgets or default_budgets(engine), max_new_tokens, tau)
+    echo_err(bench_size(engine, len(prompts), cfg, others))
     result = run_bench(engine, prompts, cfg, drafter, progress=echo_err, other_drafters=others, tokenizer=tokenizer)
     record_bench_inputs(result, folder, prompts_path, prompt_tokens)
     if tune:
