@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -20,15 +19,18 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.descriptors import sha256_file
+from spot.ceilings import CEILING_NOTE, row_label
 from spot.files import check_output_path, present, write_text_atomic
 from spot.gsm8k import is_correct
 from spot.owned import recorded_file_matches
 from spot.prompts import Prompt
-from spot.runtime.decoders import BASELINE_DECODERS, DecodeRequest, rule_for, run_decoder
+from spot.runtime.decoders import BASELINE_DECODERS, CEILING_DECODERS, DecodeRequest, rule_for, run_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import DEFAULT_DEPTH, TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
-from spot.runtime.tuning import PassProfile, choose_budget, decode_timed, measure_latency_curve
+from spot.progress import Progress
+from spot.runtime.tuning import (Noise, PassProfile, choose_budget, decode_timed, latency_curve, latency_spreads,
+                                 measure_latency_samples, spread)
 from spot.tuned import number_name
 
 @dataclass
@@ -178,6 +180,23 @@ def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
     return [Variant(d, d) for d in BASELINE_DECODERS if d in wanted] + out
 
 
+def runnable_config(engine, cfg: BenchConfig) -> BenchConfig:
+    """cfg as `engine` runs it: no independent-noise rows where it samples on the device (that noise is drawn from
+    host logits, which a device-sampling engine never hands over)."""
+    if engine.sampler_depth is not None and cfg.independent_noise_ablation:
+        return replace(cfg, independent_noise_ablation=False)
+    return cfg
+
+
+def bench_size(engine, prompts: int, cfg: BenchConfig, other_drafters=()) -> str:
+    """The line `spot bench` says before its first decode: how many decodes the run is, and why."""
+    cfg = runnable_config(engine, cfg)
+    rows = len(variants(cfg, tuple(other_drafters)))
+    return (f"{prompts * len(cfg.seeds) * len(cfg.temperatures) * rows} decodes: {prompts} prompt(s) x "
+            f"{len(cfg.seeds)} seed(s) x {len(cfg.temperatures)} temperature(s) x {rows} rows (fewer: --limit, "
+            "--temperatures, --decoders, --budgets)")
+
+
 def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
               progress: Callable[[str], None] | None = None, other_drafters: dict | None = None,
               tokenizer=None) -> dict:
@@ -192,18 +211,15 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                         "pass --drafter, or drop them with --decoders standard,chain,tree,oracle,order-oracle")
     for budget in cfg.budgets:          # before any decoding: a budget the engine cannot verify ends the run
         budget.check(engine)
-    if engine.sampler_depth is not None and cfg.independent_noise_ablation:
-        # independent drafting noise is drawn from host logits, which a device-sampling engine never hands over
-        cfg = replace(cfg, independent_noise_ablation=False)
+    if runnable_config(engine, cfg) != cfg:
+        cfg = runnable_config(engine, cfg)
         if progress:
             progress("the engine samples on the device: no independent-noise rows (they need --sampler host)")
     runs: dict[tuple[str, float], list] = {}
     identical: dict[tuple[str, float], list[bool]] = {}
     right: dict[tuple[str, float], list[bool]] = {}     # prompts with a true answer: is the decoded one right
     plan = {v.label: v for v in variants(cfg, tuple(other_drafters))}
-    total = len(prompts) * len(cfg.seeds) * len(cfg.temperatures)
-    done = 0
-    t_start = time.perf_counter()
+    decodes = Progress(len(prompts) * len(cfg.seeds) * len(cfg.temperatures) * len(plan), progress)
     for prompt in prompts:
         for seed in cfg.seeds:
             for temp in cfg.temperatures:
@@ -222,10 +238,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                     base = outputs.get(v.baseline)
                     if base is not None:
                         identical.setdefault((v.label, temp), []).append(gen.token_ids == base.token_ids)
-                done += 1
-                if progress:
-                    eta = (time.perf_counter() - t_start) / done * (total - done)
-                    progress(f"[{done}/{total}] prompt {prompt.id} seed {seed} T={temp}  eta {eta:.0f}s")
+                    decodes.step(f"prompt {prompt.id} seed {seed} T={temp:g} {v.label}")
     rows = []
     for (label, temp), gens in runs.items():
         v = plan[label]
@@ -234,6 +247,8 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                **summarize(gens, depth=depth)}
         if v.drafter:
             row["drafter"] = v.drafter
+        if v.decoder in CEILING_DECODERS:
+            row["ceiling"] = True
         base = summarize(runs[(v.baseline, temp)]) if (v.baseline, temp) in runs else None
         if base:
             row["passes_reduction"] = base["passes_per_token"] / row["passes_per_token"]
@@ -332,16 +347,24 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
     threshold decoding, a static one with standard decoding."""
     candidates = [b for b in candidates if b.fits(engine)]   # deeper than the block or the device epilogue: none
     node_counts = [n for n in node_counts if n <= engine.max_nodes]     # an export with --max-nodes 16: up to 16
+    spreads = {}
     if curve is None:
-        curve = measure_latency_curve(engine, np.asarray(prompts[0].ids), sorted(set(node_counts) | {1}))
+        samples = measure_latency_samples(engine, np.asarray(prompts[0].ids), sorted(set(node_counts) | {1}))
+        curve, spreads = latency_curve(samples), latency_spreads(samples)
         if progress:
             progress("latency ms by nodes: " + ", ".join(f"{n}:{ms:.1f}" for n, ms in curve.items()))
     rule = rule or rule_for(decoder, DecodeRequest())
     request = DecodeRequest(TUNE_NEW_TOKENS, mode=rule.kind, tau=rule.tau, sampling=Sampling(temperature))
     baseline = "threshold" if rule.kind == THRESHOLD else "standard"
+    decodes = Progress(len(candidates) * TUNE_REPEATS * 2 * len(prompts), progress)
 
-    def profile(name: str, req: DecodeRequest, d=None) -> tuple[PassProfile, list]:
-        runs = [decode_timed(engine, lambda p=p: run_decoder(name, engine, p.ids, req, d)) for p in prompts]
+    def profile(name: str, req: DecodeRequest, d=None, budget: TreeBudget | None = None
+                ) -> tuple[PassProfile, list]:
+        runs = []
+        for p in prompts:
+            runs.append(decode_timed(engine, lambda p=p: run_decoder(name, engine, p.ids, req, d)))
+            if budget is not None:
+                decodes.step(f"tuning decodes at {budget.nodes}x{budget.depth}")
         gens = [g for g, _, _ in runs]
         return PassProfile.of(gens, sum(h for _, h, _ in runs), sum(t for _, _, t in runs)), gens
 
@@ -352,9 +375,17 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
     for budget in candidates:
         key = (budget.nodes, budget.depth)
         beside = measured = None
+        ms_per_step = {baseline: [], decoder: []}
         for _ in range(TUNE_REPEATS):   # alternating with standard decoding: drift hits both alike; noise only
-            beside = fastest(beside, profile(baseline, request))        # adds time, so each keeps its fastest
-            measured = fastest(measured, profile(decoder, replace(request, budget=budget), drafter))
+            for name, req, d in ((baseline, request, None), (decoder, replace(request, budget=budget), drafter)):
+                run = profile(name, req, d, budget)        # adds time, so each keeps its fastest
+                ms_per_step[name].append(1.0 / max(run[0].steps_per_ms(), 1e-12))
+                if name == baseline:
+                    beside = fastest(beside, run)
+                else:
+                    measured = fastest(measured, run)
+        spreads.update({f"decodes of {name}" + ("" if name == baseline else f" {budget.nodes}x{budget.depth}"):
+                        spread(ms) for name, ms in ms_per_step.items()})
         standard_best = fastest(standard_best, beside)
         profiles[key], gens = measured
         spv[key] = summarize(gens).get("steps_per_verify", 1.0)
@@ -362,8 +393,10 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
         by_curve[key] = (profiles[key].steps / profiles[key].curve_ms(curve)) / (
             beside[0].steps / beside[0].curve_ms(curve))
         if progress:
-            progress(f"budget {budget.nodes}x{budget.depth}: {spv[key]:.2f} steps/verify, {speedups[key]:.2f}x "
-                     f"standard decoding's steps/s (the latency curve predicts {by_curve[key]:.2f}x)")
+            progress(f"budget {budget.nodes}x{budget.depth}: {spv[key]:.2f} steps/verify; measured "
+                     f"{speedups[key]:.2f}x {baseline} decoding's steps/s (the choice goes by this), "
+                     f"{by_curve[key]:.2f}x predicted from the latency curve (an explanation; far apart when the "
+                     "machine is busy)")
     choice = choose_budget(speedups)
     standard_profile = (standard_best or profile(baseline, request))[0]     # (no candidate fits: one run)
 
@@ -378,7 +411,8 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
             "host_ms_per_step": by_budget({k: host_per_step(p) for k, p in profiles.items()}),
             "measured_speedup": by_budget(speedups), "curve_speedup": by_budget(by_curve),
             "choice": {"nodes": choice.nodes, "depth": choice.depth,
-                       "expected_speedup": choice.expected_speedup}}
+                       "expected_speedup": choice.expected_speedup},
+            "noise": Noise.of(spreads).to_dict()}
 
 
 def check_tuned_budget(engine, prompts: list[Prompt], tune: dict, cfg: BenchConfig, decoder: str, drafter=None,
@@ -471,7 +505,8 @@ def tune_by_temperature(engine, prompts: list[Prompt], cfg: BenchConfig, candida
         tuned["at_choice"] = check_tuned_budget(engine, prompts, tuned, cfg, decoder, drafter, progress)
         by_t[number_name(t)] = tuned
     return {"latency_ms": curve, "decoder": decoder, "tuning_prompts": source, "by_temperature": by_t,
-            "within_5_percent": all(v["at_choice"]["within_5_percent"] for v in by_t.values())}
+            "within_5_percent": all(v["at_choice"]["within_5_percent"] for v in by_t.values()),
+            "quiet": all(v["noise"]["quiet"] for v in by_t.values())}
 
 
 def identical_cell(row: dict) -> str:
@@ -503,6 +538,9 @@ def markdown_table(result: dict) -> str:
                 cells.append(f"{host:.1f} / {tgt:.1f}" if tgt else "")
                 continue
             v = row.get(key)
+            if key == "variant":
+                cells.append(row_label(row))
+                continue
             if key == "answers_right":
                 cells.append(f"{v[0]}/{v[1]}" if v else "")
                 continue
@@ -510,6 +548,8 @@ def markdown_table(result: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("\nRatios: static-rule rows against `standard`, threshold-rule rows (threshold, spot-sets, "
                  "chain-sets, tree-sets) against `threshold`, same temperature; a baseline row is 1.00x by definition.")
+    if any(row.get("decoder") in CEILING_DECODERS for row in result["rows"]):
+        lines.append("\n" + CEILING_NOTE)
     host = result.get("host")
     if host:
         lines.append("\nMeasured on " + ", ".join(f"{k} {v}" for k, v in host.items()))

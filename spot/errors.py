@@ -1,4 +1,5 @@
-"""User-facing errors: one clear line saying what is wrong, plus a hint on how to fix it."""
+"""User-facing errors: a message saying what is wrong and a hint on how to fix it (the CLI prints them as two lines,
+`error: ...` and `  hint: ...`)."""
 
 import operator
 

@@ -50,8 +50,11 @@ def plot_report(result: dict, out: Path) -> list[Path]:
     plt = _pyplot()
     rows = result["rows"]
     temps = sorted({r["temperature"] for r in rows})
+    from spot.ceilings import CEILING_NOTE, row_label
     from spot.runtime.decoders import BASELINE_DECODERS
     variants = sorted({r["variant"] for r in rows}, key=lambda v: (v.split("@")[0] not in BASELINE_DECODERS, v))
+    labels = {r["variant"]: row_label(r) for r in rows}
+    ceilings = {r["variant"] for r in rows if row_label(r) != r["variant"]}
     written = []
 
     # one shared variant axis: the labels sit left of the first panel only, the legend below both
@@ -61,14 +64,22 @@ def plot_report(result: dict, out: Path) -> list[Path]:
                            (axes[1], "tokens_per_s", "tokens/s end to end (higher is better)")):
         for j, t in enumerate(temps):
             vals = [next((r[key] for r in rows if r["variant"] == v and r["temperature"] == t), 0) for v in variants]
-            ax.barh([i + j * width for i in range(len(variants))], vals, height=width, label=f"T={t:g}")
+            bars = ax.barh([i + j * width for i in range(len(variants))], vals, height=width, label=f"T={t:g}")
+            for bar, v in zip(bars, variants):
+                if v in ceilings:       # a ceiling reads the answer: hatched, apart from what a user can run
+                    bar.set_hatch("//")
+                    bar.set_alpha(0.5)
         ax.set_title(title)
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks([i + 0.4 - width / 2 for i in range(len(variants))], variants)
+    axes[0].set_yticks([i + 0.4 - width / 2 for i in range(len(variants))], [labels[v] for v in variants])
     axes[0].invert_yaxis()
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(temps), bbox_to_anchor=(0.5, -0.02))
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    handles, temp_labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, temp_labels, loc="lower center", ncol=len(temps), bbox_to_anchor=(0.5, -0.02))
+    bottom = 0.04
+    if ceilings:
+        fig.text(0.5, 0.06, "hatched " + CEILING_NOTE, ha="center", va="bottom", fontsize=8, wrap=True)
+        bottom = 0.1
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     written.append(_save(fig, out / PLOT_FILES[0]))
     plt.close(fig)
 
@@ -76,7 +87,8 @@ def plot_report(result: dict, out: Path) -> list[Path]:
     for r in rows:
         acc = r.get("acceptance_by_depth")
         if acc and r["temperature"] == temps[-1] and "+indep" not in r["variant"]:
-            ax.plot(range(1, len(acc) + 1), acc, marker="o", label=r["variant"])
+            ax.plot(range(1, len(acc) + 1), acc, marker="o", label=row_label(r),
+                    ls="--" if r["variant"] in ceilings else "-")
     ax.set_xlabel("depth d")
     ax.set_ylabel("P(accepted depth >= d)")
     ax.set_title(f"acceptance by depth (T={temps[-1]:g})")

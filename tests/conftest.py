@@ -1,8 +1,37 @@
-"""Suite-wide settings: one torch thread (tiny models run ~40x faster than with 2 contended threads), and a spot
-cache of the session's own."""
+"""Suite-wide settings: the slow tests left out unless --full, one torch thread (tiny models run ~40x faster than with
+2 contended threads), and a spot cache of the session's own."""
 import os
 
 import pytest
+
+FULL = "--full"
+SLOW_KEY = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser):
+    parser.addoption(FULL, action="store_true",
+                     help="also run the tests marked slow (the C++ host's build and conformance, the HTTP servers, "
+                          "Triton): the full run, as CI runs it")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without --full the tests marked slow are deselected (a newcomer's run stays within minutes); the summary says
+    how many and how to run them."""
+    if config.getoption(FULL):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+        config.hook.pytest_deselected(items=slow)
+    config.stash[SLOW_KEY] = len(slow)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left_out = config.stash.get(SLOW_KEY, 0)
+    if left_out:
+        terminalreporter.write_line(
+            f"{left_out} slow tests not run (the C++ host, the HTTP servers, Triton): `python3 -m pytest {FULL}` "
+            "runs everything, as CI does (README.md)")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -224,7 +224,8 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
     pytest.importorskip("matplotlib")
     report = tmp_path / "report"
     r = run("bench", "--limit", "3", "--temperatures", "0,1", "--budgets", "6x3", "--max-new-tokens", "8",
-            "--tune", "--report", str(report), "--compare-drafter", f"again={as_embedded / 'drafter.onnx'}")
+            "--tune", "--record-noisy", "--report", str(report),
+            "--compare-drafter", f"again={as_embedded / 'drafter.onnx'}")
     assert r.exit_code == 0, r.output
     result = json.loads((report / "bench.json").read_text())
     variants = {row["variant"] for row in result["rows"]}
@@ -631,6 +632,31 @@ def test_every_command_has_help_with_examples():
         assert r.exit_code == 0 and "Example" in r.output, name
 
 
+def test_tune_on_a_busy_machine_prints_and_records_nothing(as_embedded, tmp_path, monkeypatch):
+    """A busy machine's curve (2 nodes at 22x 1 node's time) was recorded for --budget auto: now spot tune prints it
+    with the noise, says why it records nothing and exits 1; --record-noisy records it with a warning. spot bench
+    --tune writes its report and records nothing either."""
+    import spot.bench as bench
+    monkeypatch.setattr(bench, "latency_spreads", lambda samples: {"latency from 1 to 2 nodes": 9.88})
+    busy = run("tune", "--temperature", "1", "--limit", "1")
+    assert busy.exit_code == 1, busy.output
+    assert json.loads(busy.stdout)["noise"] == {"largest_spread": 9.88, "where": "latency from 1 to 2 nodes",
+                                                "limit": 0.5, "quiet": False}
+    assert "not recorded: the machine was busy while it was measured: the latency from 1 to 2 nodes spread 988% " \
+           "(more than 50%)" in busy.stderr and "--record-noisy" in busy.stderr
+    assert not (tmp_path / "cache" / "tuning").exists() or not list((tmp_path / "cache" / "tuning").glob("*.json"))
+    kept = run("tune", "--temperature", "1", "--limit", "1", "--record-noisy")
+    assert kept.exit_code == 0 and "warning: the machine was busy" in kept.stderr and "recorded" in kept.stderr
+    assert len(list((tmp_path / "cache" / "tuning").glob("*.json"))) == 1
+    shutil.rmtree(tmp_path / "cache" / "tuning")
+    report = tmp_path / "report"
+    r = run("bench", "--decoders", "standard,spot", "--limit", "1", "--temperatures", "1", "--budgets", "4x2",
+            "--max-new-tokens", "4", "--tune", "--no-plots", "--report", str(report))
+    assert r.exit_code == 0 and "not recorded: the machine was busy" in r.stderr, r.output
+    assert json.loads((report / "bench.json").read_text())["tune"]["quiet"] is False
+    assert not list((tmp_path / "cache" / "tuning").glob("*.json"))
+
+
 def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embedded, tmp_path):
     """`spot tune` records its choice per model, engine, decoder and machine; `spot generate --budget auto` decodes
     with the one tuned at the nearest temperature (same tokens as standard decoding), and says how to make one."""
@@ -640,7 +666,8 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     # (without --model: the embedded model on ONNX Runtime, the default where onnxruntime is installed)
     assert "run `spot tune --backend ort --device cpu --decoder spot --temperature 0.9` first" in missing.stderr
 
-    tuned = run("tune", "--temperature", "1", "--limit", "1")
+    # (--record-noisy: a busy test machine's curve is recorded all the same; test_tune_on_a_busy_machine_... below)
+    tuned = run("tune", "--temperature", "1", "--limit", "1", "--record-noisy")
     assert tuned.exit_code == 0, tuned.output
     choice = json.loads(tuned.stdout)["choice"]
     assert "recorded" in tuned.stderr and "used by --budget auto" in tuned.stderr
@@ -657,7 +684,7 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     assert run("tune", "--temperature", "0", "--limit", "1", "--no-save").exit_code == 0
     again = json.loads(run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0.2").stdout)
     assert again["budget"]["tuned"]["temperature"] == 1.0
-    assert run("tune", "--temperature", "0", "--limit", "1").exit_code == 0
+    assert run("tune", "--temperature", "0", "--limit", "1", "--record-noisy").exit_code == 0
     record = json.loads((tmp_path / "cache" / "tuning").joinpath(Path(again["budget"]["tuned"]["record"]).name)
                         .read_text())
     assert set(record["by_temperature"]) == {"0", "1"} and record["key"]["decoder"] == "spot"
@@ -673,7 +700,7 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
         r = run(*gen, *args, "--budget", "auto")
         assert r.exit_code == 2 and says in r.stderr and "Traceback" not in r.output, (args, r.output)
     assert run(*gen, "--budget", "auto").exit_code == 0          # standard decoding: no tree to size
-    sets = run("tune", "--decoder", "spot-sets", "--tau", "0.5", "--limit", "1")     # against threshold decoding
+    sets = run("tune", "--decoder", "spot-sets", "--tau", "0.5", "--limit", "1", "--record-noisy")   # vs threshold
     assert sets.exit_code == 0, sets.output
     sets_auto = json.loads(run(*gen, "--decoder", "spot-sets", "--tau", "0.5", "--budget", "auto").stdout)
     threshold = json.loads(run(*gen, "--decoder", "threshold", "--tau", "0.5").stdout)
@@ -686,7 +713,8 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     # the threshold rule of spot / tree is its own key, and the hint's command makes it (with the drafter given)
     threshold = run(*gen, "--decoder", "tree", "--mode", "threshold", "--tau", "0.5", "--budget", "auto")
     assert "--decoder tree --temperature 0 --mode threshold --tau 0.5` first" in threshold.stderr, threshold.stderr
-    assert run("tune", "--decoder", "tree", "--mode", "threshold", "--tau", "0.5", "--limit", "1").exit_code == 0
+    assert run("tune", "--decoder", "tree", "--mode", "threshold", "--tau", "0.5", "--limit", "1",
+               "--record-noisy").exit_code == 0
     assert run(*gen, "--decoder", "tree", "--mode", "threshold", "--tau", "0.5", "--budget", "auto").exit_code == 0
     given = run(*gen, "--decoder", "spot", "--drafter", str(as_embedded), "--budget", "auto", "--temperature", "0.5",
                 "--block-size", "8")
@@ -708,7 +736,7 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
     assert old.exit_code == 2 and "has format_version 1, this spot reads 2" in old.stderr
     assert "run `spot tune` again" in old.stderr
     path.write_text("{")
-    retuned = run("tune", "--temperature", "0", "--limit", "1")
+    retuned = run("tune", "--temperature", "0", "--limit", "1", "--record-noisy")
     assert retuned.exit_code == 0 and "replacing an unreadable tuning record" in retuned.stderr
     assert json.loads(path.read_text())["by_temperature"].keys() == {"0"}
 

@@ -38,6 +38,9 @@ from tinymodels import (CONTRADICTIONS, RUNNER_UPS, contradicting_copy, make_for
                         without_kv_append)
 from tree_cases import TREE_CASES, input_lines, python_answer  # noqa: E402
 
+# a C++ build and minutes of decoding: the full run's (python3 -m pytest --full, as CI), not the default one's
+pytestmark = pytest.mark.slow
+
 # spot_status codes of cpp/include/spot/spot.h
 INVALID_ARGUMENT, NOT_FOUND, CORRUPT, INCOMPATIBLE, UNSUPPORTED, RUNTIME = 1, 2, 3, 4, 5, 6
 

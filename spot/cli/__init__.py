@@ -1,6 +1,7 @@
 """Command line: `spot` (generate, bench, demo, training, engines) and `spot-export`.
 
-User errors (SpotError, bad arguments) print one line plus a hint and exit 2; `--debug` keeps the traceback.
+User errors (SpotError, bad arguments) print two lines, `error: ...` and `  hint: ...`, and exit 2; `--debug` keeps
+the traceback.
 This module holds the group, its error handling and the entry points; the commands live beside it (generate.py,
 bench.py, export.py, training.py, serve.py), each a thin shell over library functions: parse, call, print.
 """
@@ -33,8 +34,8 @@ def terminate(signum, frame) -> None:
 
 
 class SpotGroup(click.Group):
-    """Turns SpotError, click's usage errors and a missing optional package into one clear line + hint (exit 2)
-    unless --debug."""
+    """Turns SpotError, click's usage errors and a missing optional package into an error line and a hint line
+    (exit 2) unless --debug."""
 
     def make_context(self, info_name, args, parent=None, **extra):
         try:        # the group's own options: `spot --nope`

@@ -9,6 +9,27 @@ from spot.errors import SpotError
 from spot.tuned import TUNABLE_DECODERS
 
 
+record_noisy_option = click.option(
+    "--record-noisy", is_flag=True,
+    help="Record the tuned budget even when the machine was busy while it was measured (repeated measurements "
+         "spread more than 50%: by default it is then printed, not recorded).")
+
+
+def recordable(tune_results: list[dict], save: bool, record_noisy: bool, say) -> bool:
+    """Whether tune results (spot.bench.tune_budget's) are to be recorded: each measured on a quiet machine, or
+    --record-noisy. Says why not (or warns, with --record-noisy or nothing to save)."""
+    from spot.runtime.tuning import busy_machine_note
+    noisy = [r["noise"] for r in tune_results if not r["noise"]["quiet"]]
+    if not noisy:
+        return save
+    note = busy_machine_note(noisy[0])
+    if save and not record_noisy:
+        say(f"not recorded: {note}; run it again on a quiet machine (or pass --record-noisy)")
+        return False
+    say(f"warning: {note}")
+    return save
+
+
 @click.command()
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Checkpoint or exported folder. Default: the embedded model (--backend ort: spot demo's export "
@@ -34,24 +55,28 @@ from spot.tuned import TUNABLE_DECODERS
               help="Also run spot/spot-sets with this drafter (labelled spot[NAME]), e.g. one recalibrated on a "
                    "quantized target. Repeatable.")
 @click.option("--tune/--no-tune", default=False, help="Also measure latency(N) and pick the tokens/s-optimal budget.")
+@record_noisy_option
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default="bench-report", show_default=True)
 @click.option("--plots/--no-plots", default=None,
               help="PNG plots beside the report. Default: when matplotlib is installed (the plots extra).")
 @placement_options
 def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_tokens, decoders, temperatures, seeds,
-          budgets, max_new_tokens, tau, drafter_path, compare_drafters, tune, report_dir, plots, sampler, kv_cache):
+          budgets, max_new_tokens, tau, drafter_path, compare_drafters, tune, record_noisy, report_dir, plots, sampler,
+          kv_cache):
     """Every decoder side by side on a prompt set: passes per token, steps per verify, tokens/s, speed-up,
-    identical-output share, acceptance by depth. Writes bench.json, bench.md and PNG plots to --report.
+    identical-output share, acceptance by depth. Writes bench.json, bench.md and PNG plots to --report. It runs
+    prompts x seeds x temperatures x rows decodes (said first; then progress with the time left): the defaults,
+    10 x 1 x 3 x 12, take 10-15 minutes on a 2-core CPU.
 
     \b
     Examples:
-      spot bench --limit 5 --budgets 16x8,64x16
+      spot bench --limit 2 --temperatures 0 --budgets 16x8,64x16
       spot bench --model out/code-fp32-onnx --backend ort --tune --report runs/ort
     """
-    from spot.bench import (TUNE_CANDIDATES, BenchConfig, bench_prompts, check_report_dir, check_report_files,
-                            default_budgets, markdown_table, parse_compare_drafters, parse_decoders,
-                            parse_sampling_grid, record_bench_inputs, report_title, run_bench, tune_by_temperature,
-                            write_report)
+    from spot.bench import (TUNE_CANDIDATES, BenchConfig, bench_prompts, bench_size, check_report_dir,
+                            check_report_files, default_budgets, markdown_table, parse_compare_drafters,
+                            parse_decoders, parse_sampling_grid, record_bench_inputs, report_title, run_bench,
+                            tune_by_temperature, write_report)
     from spot.budgets import parse_tree_budgets
     from spot.models import find_drafter, resolve_backend
     from spot.plots import plot_choice
@@ -74,6 +99,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     drafter = find_drafter(drafter_path, folder) if drafting else None
     others = {name: find_drafter(path, folder) for name, path in compare.items()}
     cfg = BenchConfig(names, temps, seed_list, given_budgets or default_budgets(engine), max_new_tokens, tau)
+    echo_err(bench_size(engine, len(prompts), cfg, others))
     result = run_bench(engine, prompts, cfg, drafter, progress=echo_err, other_drafters=others, tokenizer=tokenizer)
     record_bench_inputs(result, folder, prompts_path, prompt_tokens)
     if tune:
@@ -82,10 +108,10 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
                                              progress=echo_err, tokenizer=tokenizer, folder=folder)
     click.echo(f"{report_title(result)}\n\n{markdown_table(result)}")     # first: printed even if the report fails
     paths = write_report(result, report_dir, plots, echo_err)
-    if tune:       # after the report: what --budget auto then decodes with
+    tuned = list(result["tune"]["by_temperature"].values()) if tune else []
+    if tune and recordable(tuned, True, record_noisy, echo_err):   # after the report: what --budget auto decodes with
         from spot.tuned import save_tunings, tuning_key
-        record = save_tunings(tuning_key(engine, backend, folder, decoder, drafter),
-                              result["tune"]["by_temperature"].values(), warn=echo_err)
+        record = save_tunings(tuning_key(engine, backend, folder, decoder, drafter), tuned, warn=echo_err)
         echo_err(f"recorded the tuned budgets in {record} (used by --budget auto)")
     echo_err("wrote " + ", ".join(str(p) for p in paths)
              + (" (no plots: pip install 'spot-edge[plots]' adds them)" if no_matplotlib else ""))
@@ -113,11 +139,13 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
 @click.option("--save/--no-save", default=True, show_default=True,
               help="Record the choice for `--budget auto` (in $SPOT_CACHE/tuning, for this model, engine, decoder "
                    "and machine).")
+@record_noisy_option
 @placement_options
 def tune(model_dir, backend, device, block_size, temperature, limit, drafter_path, decoder, mode, tau, save,
-         sampler, kv_cache):
+         record_noisy, sampler, kv_cache):
     """Measure verify latency vs node count on this engine and pick the tokens/s-optimal tree budget; `spot generate
-    --budget auto` then decodes with it.
+    --budget auto` then decodes with it. A few minutes on a 2-core CPU, with progress and the time left. On a busy
+    machine (repeated measurements more than 50% apart) it prints the result, records nothing and exits 1.
 
     \b
     Examples:
@@ -126,6 +154,7 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
           --prompt "import os"
     """
     import json
+    import sys
 
     from spot.bench import TUNE_CANDIDATES, engine_facts, tune_budget, tuning_drafter, tuning_prompts, tuning_room
     from spot.models import resolve_backend
@@ -154,7 +183,10 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
     out["decoder"], out["rule"] = decoder, {"kind": rule.kind, "tau": rule.tau}
     out["engine"] = engine_facts(engine)      # what the latencies are of: backend, device, placement
     click.echo(json.dumps(out, indent=2))       # first: the measurement is printed even if recording fails
-    if save:
+    record = recordable([out], save, record_noisy, echo_err)
+    if save and not record:
+        sys.exit(1)             # measured, not recorded: `spot tune && spot generate --budget auto` stops here
+    if record:
         path = save_tuning(tuning_key(engine, backend, folder, decoder, drafter, rule), out, warn=echo_err)
         echo_err(f"recorded {out['choice']['nodes']}x{out['choice']['depth']} at temperature "
                  f"{number_name(temperature)} in {path} (used by --budget auto)")

@@ -121,8 +121,10 @@ def triton_repo(export_dir, out, name, instances, backend, device, sampler, kv_c
     \b
     Examples:
       spot triton-repo sdar-8b-fp16-onnx --out triton-repo --instances 2 --device trt
-      docker run --rm -p 8000:8000 -v $PWD/triton-repo:/models nvcr.io/nvidia/tritonserver:24.10-py3 \\
-          bash -c "pip install spot-edge && tritonserver --model-repository /models"
+      python3 -m pip wheel --no-deps -w dist .      # spot's wheel, from this checkout
+      docker run --rm -p 8000:8000 -v $PWD/triton-repo:/models -v $PWD/dist:/wheels \\
+          nvcr.io/nvidia/tritonserver:24.10-py3 \\
+          bash -c "pip install /wheels/spot_edge-*.whl && tritonserver --model-repository /models"
     """
     from spot.budgets import budget_nodes
     from spot.runtime.decoders import DecodeRequest

@@ -27,6 +27,7 @@ from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 DECODERS = ("standard", "threshold", "chain", "tree", "oracle", "order-oracle", "spot", "spot-sets")
 BASELINE_DECODERS = ("standard", "threshold")      # one target pass per commit step: no tree
 TREE_DECODERS = tuple(d for d in DECODERS if d not in BASELINE_DECODERS)   # verify rounds: --budget / --depth size
+CEILING_DECODERS = ("oracle", "order-oracle")     # read the true trajectory: bounds for a drafter, not decoders to use
 TREE_BRANCH = 4
 
 
@@ -118,7 +119,7 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
         proposer = ConfidenceOrderProposer(branch=1)
     elif name == "tree":
         proposer = ConfidenceOrderProposer(branch=TREE_BRANCH)
-    elif name in ("oracle", "order-oracle"):
+    elif name in CEILING_DECODERS:
         trajectories: dict[int, list[np.ndarray]] = {}
         generate(engine, prompt_ids, block_decoder=standard_block, observer=record_trajectories(trajectories),
                  **common)

@@ -103,8 +103,8 @@ def backend() -> str:
         return "numpy"
     warnings.warn("spot: numpy's float64 log/exp differ from the C library's on this CPU and the spot.runtime._libm "
                   "extension is not built, so exact sampling uses a slow per-element path; reinstall spot with a C "
-                  "compiler available to build it (pip install --force-reinstall --no-deps --no-binary spot-edge "
-                  "spot-edge; from a checkout: pip install -e .)", RuntimeWarning, stacklevel=2)
+                  "compiler available to build it (in its checkout: pip install --force-reinstall --no-deps -e .)",
+                  RuntimeWarning, stacklevel=2)
     return "python"
 
 

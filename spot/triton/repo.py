@@ -29,7 +29,8 @@ from spot.replace import building, output_folder, publish_folder, replaceable
 
 MARKER = ".spot-triton-model"
 MODEL_PY = '''"""Triton Python-backend model written by `spot triton-repo`: the spot runtime on ./export
-(spot.triton.backend). It needs spot (pip install spot-edge) in the Python environment of Triton's Python backend."""
+(spot.triton.backend). It needs spot (its wheel, docs/deployment.md) in the Python environment of Triton's Python
+backend."""
 from spot.triton.backend import TritonPythonModel  # noqa: F401
 '''
 
