@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from spot.config import TRAINING_CORPUS_KEY, ModelConfig
+from spot.descriptors import parse_json
 from spot.errors import SpotError
 from spot.files import (atomic_output, beside, folder_bytes, remove_stale_beside, remove_tree, swap_in_folder,
                         write_text_atomic)
@@ -157,7 +158,7 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     remedy = f"delete {path} to start the run over"
     try:
         with safe_open(str(path), "pt") as f:
-            meta = json.loads((f.metadata() or {}).get("spot", "null"))
+            meta = parse_json((f.metadata() or {}).get("spot", "null"), f"{path}'s metadata", remedy)
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise SpotError(f"{path} is not a readable training checkpoint ({e})", remedy) from None
