@@ -690,6 +690,66 @@ def test_the_binary_interface_is_versioned_and_installs_and_failures_leave_zeros
     assert installed.returncode == 0 and json.loads(installed.stdout)["abi_version"] == abi, installed.stderr
 
 
+def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, tiny):
+    """spot_generate copied n_prompt ids by pointer arithmetic that wrapped: n_prompt = 2**62 with a 3-id buffer
+    returned SPOT_OK and decoded an empty prompt, 2**61 + 3 decoded 3 ids, n_stop_ids = 2**61 + 1 returned OK and
+    SIZE_MAX ran out of memory (INTERNAL). A size past the model's context (or past SPOT_MAX_STOP_IDS stop ids) is
+    SPOT_ERR_INVALID_ARGUMENT before anything is read or allocated, and spot_output_capacity is 0 exactly for the
+    sizes spot_generate refuses."""
+    import ctypes
+    lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
+
+    class Error(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 1024)]
+
+    class Options(ctypes.Structure):      # spot_generate_options
+        _fields_ = [("decoder", ctypes.c_int), ("temperature", ctypes.c_double), ("seed", ctypes.c_uint32),
+                    ("tau", ctypes.c_double), ("max_new_tokens", ctypes.c_int), ("budget", ctypes.c_int),
+                    ("depth", ctypes.c_int), ("mode", ctypes.c_int), ("top_k", ctypes.c_int),
+                    ("top_p", ctypes.c_double), ("stop_ids", ctypes.POINTER(ctypes.c_int64)),
+                    ("n_stop_ids", ctypes.c_size_t)]
+    lib.spot_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
+    lib.spot_close.argtypes = [ctypes.c_void_p]
+    lib.spot_output_capacity.restype = ctypes.c_size_t
+    lib.spot_output_capacity.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lib.spot_generate.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
+                                  ctypes.POINTER(Options), ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
+                                  ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.POINTER(Error)]
+    model, err = ctypes.c_void_p(), Error()
+    assert lib.spot_open(str(tiny[0]).encode(), None, ctypes.byref(model), ctypes.byref(err)) == 0, err.message
+    context = TINY.max_position_embeddings
+    prompt = (ctypes.c_int64 * (context + 1))(*([1] * (context + 1)))
+    stops = (ctypes.c_int64 * 1024)(*([298] * 1024))
+    out = (ctypes.c_int64 * 64)()
+
+    def generate(n_prompt: int, max_new_tokens: int = 4, n_stop_ids: int | None = None) -> tuple[int, str, int]:
+        options, n, e = Options(), ctypes.c_size_t(7), Error()
+        lib.spot_generate_options_init(ctypes.byref(options))
+        options.max_new_tokens = max_new_tokens
+        if n_stop_ids is not None:
+            options.stop_ids, options.n_stop_ids = ctypes.cast(stops, ctypes.POINTER(ctypes.c_int64)), n_stop_ids
+        status = lib.spot_generate(model, prompt, n_prompt, ctypes.byref(options), out, 64, ctypes.byref(n), None,
+                                   ctypes.byref(e))
+        return status, e.message.decode(), n.value
+    try:
+        for n_prompt in (2**62, 2**61 + 3, 2**64 - 1, context + 1):
+            status, message, n = generate(n_prompt)
+            assert (status, n) == (INVALID_ARGUMENT, 0) and "exceeds the model's context of 512" in message, message
+            assert lib.spot_output_capacity(model, n_prompt, 4) == 0
+        for n_stop_ids in (2**61 + 1, 2**64 - 1, 1025):
+            status, message, n = generate(3, n_stop_ids=n_stop_ids)
+            assert (status, n) == (INVALID_ARGUMENT, 0) and "exceeds SPOT_MAX_STOP_IDS (1024)" in message, message
+        assert generate(3, n_stop_ids=1024)[0] == 0
+        for n_prompt in (0, 3, context - 9, context - 8, context - 4, context - 1, context):
+            for max_new in (1, 4, 8, 9, 2**31 - 1):
+                status, message, n = generate(n_prompt, max_new)
+                capacity = lib.spot_output_capacity(model, n_prompt, max_new)
+                assert (status == 0) == (capacity > 0), (n_prompt, max_new, capacity, message)
+                assert status in (0, INVALID_ARGUMENT) and n <= capacity
+    finally:
+        lib.spot_close(model)
+
+
 def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):
     """spot_generate called back from on_block on the same handle is refused (SPOT_ERR_INVALID_ARGUMENT), as
     Python's request lock refuses it; before, both calls returned 0 and the outer request's tokens changed. The
