@@ -98,3 +98,31 @@ def test_a_path_of_bytes_that_are_not_utf8_is_named(tmp_path):
     # what needs neither reads it, and prints the path as the bytes it is (printing it was a UnicodeEncodeError)
     result = CliRunner().invoke(main, ["verify", str(folder)])
     assert result.exit_code == 0 and result.stdout_bytes.startswith(b"ok: " + bytes(folder) + b": "), result.output
+
+
+# -- hostile input: one line and a hint, never a traceback; a closed pipe ends quietly -----------------------------
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory) -> Path:
+    from spot.export.export import export_checkpoint
+    from spot.export.options import ExportOptions
+    from spot.export.presets import resolve_source
+    from tinymodels import save_tiny_model
+    tmp = tmp_path_factory.mktemp("hostile")
+    return export_checkpoint(resolve_source(str(save_tiny_model(tmp / "m"))), tmp / "onnx",
+                             ExportOptions(dtype="fp32", validate=False))
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "--model", "MODEL", "--prompt-ids", "1,2,3", "--max-new-tokens", "48", "--stream"],
+    ["generate", "--model", "MODEL", "--prompt-ids", "1,2,3", "--max-new-tokens", "8", "--json"],
+    ["verify", "MODEL"], ["--help"]], ids=["generate --stream", "generate --json", "verify", "--help"])
+def test_a_closed_output_pipe_ends_quietly(tiny_export, args):
+    """`spot generate --stream ... | head -1`: the reader closing the pipe ended in `error: Broken pipe` with a hint
+    about paths and disk space (exit 2). Now every command that prints ends quietly: nothing on stderr, exit 141 (a
+    shell's for SIGPIPE). The reader here is gone before the first line, so that the write surely meets it."""
+    args = [str(tiny_export) if a == "MODEL" else a for a in args]
+    proc = subprocess.Popen([sys.executable, "-m", "spot", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 141 and err == "", err
