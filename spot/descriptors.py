@@ -82,13 +82,14 @@ def _too_deep_or_foreign(value, strings: bool) -> str | None:
     stack = [(value, 0)]
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, str):
+        if isinstance(v, str) and strings:
             if "\0" in v:
                 return "NUL (\\u0000) in a string"
             try:
                 v.encode("utf-8")
             except UnicodeEncodeError:
                 return "a lone surrogate (\\ud800..\\udfff) in a string"
+        if not isinstance(v, (list, dict)):
             continue
         if depth >= MAX_JSON_DEPTH:
             return f"nesting deeper than {MAX_JSON_DEPTH}"
@@ -98,27 +99,32 @@ def _too_deep_or_foreign(value, strings: bool) -> str | None:
     return None
 
 
-def parse_json(text: str, what: str, remedy: str):
+def parse_json(text: str, what: str, remedy: str, strict: bool = False):
     """The JSON value of `text` (the contents of `what`, a file or a line of one); SpotError naming `what` when it is
-    not JSON or not JSON both hosts read alike (_too_deep_or_foreign, duplicate keys, a number beyond double's range).
-    Every reader of a JSON file spot is handed goes through here: a file of 100,000 `[` was a RecursionError."""
+    not JSON or nests deeper than MAX_JSON_DEPTH. Every reader of a JSON file spot is handed goes through here: a
+    file of 100,000 `[` was a RecursionError traceback. strict: one of spot's own formats (manifest.json and
+    drafter.json, which the C++ host reads too; tuning records, prompt files, trace meta), read as the C++ host's
+    reader reads JSON: duplicate keys, a NUL or a lone surrogate in a string and a number beyond double's range are
+    refused, an integer beyond 64 bits is a double. Other files (a checkpoint's config.json and tokenizer, a training
+    checkpoint's generator states of 128-bit integers) keep Python's exact reading."""
+    hooks = {"object_pairs_hook": _object, "parse_float": _float, "parse_int": _int} if strict else {}
     try:
-        value = json.loads(text, object_pairs_hook=_object, parse_float=_float, parse_int=_int)
+        value = json.loads(text, **hooks)
     except RecursionError:
         raise SpotError(f"{what} is not valid JSON (nesting deeper than {MAX_JSON_DEPTH})", remedy) from None
-    except ValueError as e:     # JSONDecodeError, _NotPortable
+    except ValueError as e:     # JSONDecodeError, _NotPortable, an integer of more than 4300 digits
         raise SpotError(f"{what} is not valid JSON ({e})", remedy) from None
-    problem = _too_deep_or_foreign(value, _ESCAPE.search(text) is not None) if isinstance(value, (list, dict)) \
-        else _too_deep_or_foreign([value], True)
+    strings = strict and _ESCAPE.search(text) is not None
+    problem = _too_deep_or_foreign(value, strings)
     if problem:
         raise SpotError(f"{what} is not valid JSON ({problem})", remedy)
     return value
 
 
-def read_json(path: str | Path, remedy: str):
+def read_json(path: str | Path, remedy: str, strict: bool = False):
     """The JSON value in the UTF-8 file at `path` (parse_json); SpotError naming the file when it is not UTF-8 or not
     JSON."""
-    return parse_json(read_text(path, remedy), str(path), remedy)
+    return parse_json(read_text(path, remedy), str(path), remedy, strict)
 
 
 def _same_integer(value, want: int) -> bool:
@@ -126,10 +132,11 @@ def _same_integer(value, want: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value == want
 
 
-def load_descriptor(path: Path, fmt: str, version: int, required: tuple[str, ...], remedy: str) -> dict:
+def load_descriptor(path: Path, fmt: str, version: int, required: tuple[str, ...], remedy: str,
+                    strict: bool = False) -> dict:
     """The JSON object at `path`, refused unless its "format" is fmt, its "format_version" is version and it has
     every key of `required`; `remedy` is the hint (e.g. "re-export the model with spot-export")."""
-    data = read_json(path, remedy)
+    data = read_json(path, remedy, strict)
     if not isinstance(data, dict) or data.get("format") != fmt:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise SpotError(f"{path} has format {got!r}, expected {fmt!r}", remedy)

@@ -68,7 +68,7 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max
         line = line.removesuffix("\r")
         if not line.strip():
             continue
-        rec = parse_json(line, f"{path}:{n + 1}", HINT)
+        rec = parse_json(line, f"{path}:{n + 1}", HINT, strict=True)     # spot's own format: read strictly
         if not isinstance(rec, dict):
             rec = {"ids": rec}
         try:

@@ -147,7 +147,7 @@ RECORD = Record({"key": Record({}), "by_temperature": MapOf(Text(), ENTRY)}, ("k
 
 
 def load_record(path: Path) -> dict:
-    data = load_descriptor(path, FORMAT, FORMAT_VERSION, ("key", "by_temperature"), REMEDY)
+    data = load_descriptor(path, FORMAT, FORMAT_VERSION, ("key", "by_temperature"), REMEDY, strict=True)
     return checked(data, RECORD, str(path), REMEDY)
 
 

@@ -299,7 +299,7 @@ def load_manifest(folder: str | Path, verify: str = "quick", upgradable: bool = 
 
 def _format_version(path: Path):
     try:
-        data = read_json(path, "")
+        data = read_json(path, "", strict=True)
     except (OSError, SpotError):
         return None
     version = data.get("format_version") if isinstance(data, dict) and data.get("format") == FORMAT else None
@@ -326,7 +326,7 @@ def _load_manifest_once(folder: str | Path, verify: str, upgradable: bool = Fals
                         f"run `spot upgrade-export {folder}` (seconds: the graph is rewritten, the weights stay)")
     manifest = load_descriptor(path, FORMAT, version if version in UPGRADABLE_VERSIONS else FORMAT_VERSION,
                                ("model", "dtype", "block_size", "max_nodes", "max_context", "graphs", "files"),
-                               remedy)
+                               remedy, strict=True)
     check_manifest_fields(path, manifest, remedy)
     config = ModelConfig.from_dict(manifest["model"], f"{path}: model", remedy)
     if manifest["graphs"].get("epilogue", ...) is None:     # null: no epilogue, as if absent

@@ -242,7 +242,8 @@ class Drafter:
     def load(path: str | Path, threads: int | None = None) -> "Drafter":
         onnx_path, json_path = resolve_paths(path)
         manifest = load_descriptor(json_path, FORMAT, FORMAT_VERSION, ("block_size", "target", "onnx_sha256"),
-                                   "pass a drafter folder written by this version's `spot train-drafter`")
+                                   "pass a drafter folder written by this version's `spot train-drafter`",
+                                   strict=True)
         checked(manifest, DRAFTER_FILE, f"drafter {json_path}", "re-export it with `spot train-drafter`, or fix the "
                 "field (`spot calibrate-drafter` writes the tree settings)")
         digest = sha256_file(onnx_path)

@@ -206,7 +206,7 @@ class Traces:
                 shapes = _array_shapes(z)
             with np.load(path, allow_pickle=False) as z:
                 meta = parse_json(str(z["meta"]) if shapes.get("meta", ((0,),))[0] == () else "",
-                                  f"{path}'s meta", remedy)
+                                  f"{path}'s meta", remedy, strict=True)
                 if not isinstance(meta, dict) or (meta.get("format"), meta.get("format_version")) != (
                         TRACE_FORMAT, TRACE_VERSION):
                     got = (meta.get("format"), meta.get("format_version")) if isinstance(meta, dict) else meta
