@@ -26,7 +26,8 @@ def shown(value) -> str:
 
 class Mismatch(Exception):
     """A value that is not what its field expects. where: the field's path in the file ("model.vocab_size",
-    "files.config.json.bytes", "[3]"); missing: the field is absent."""
+    "files.config.json.bytes", "[3]"); missing: the field is absent; key: the value is a key of a map (a file name
+    of "files") that its key field refuses."""
 
     def __init__(self, where: str, value, expected: str, missing: bool = False, key: bool = False):
         super().__init__(where)
