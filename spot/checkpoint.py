@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from spot.config import ModelConfig, load_config
-from spot.descriptors import read_json
+from spot.descriptors import parse_json, read_json
 from spot.errors import SpotError
 from spot.files import plain_file_name
 
@@ -54,7 +54,10 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
             (hlen,) = struct.unpack("<Q", head)
             if hlen > size - 8 or hlen > 100_000_000:
                 raise ValueError(f"header length {hlen} exceeds the file size {size}")
-            header = json.loads(f.read(hlen))
+            try:
+                header = parse_json(f.read(hlen).decode("utf-8"), "its header", refetch)
+            except SpotError as e:
+                raise ValueError(e.message) from None
         if not isinstance(header, dict):
             raise ValueError(f"its header is a JSON {type(header).__name__}, expected an object")
     except FileNotFoundError:

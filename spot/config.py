@@ -1,18 +1,65 @@
 """SDAR model configuration read from a Hugging Face `config.json`, with SDAR's defaults and quirks."""
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from spot.descriptors import read_json
 from spot.errors import SpotError
+from spot.schema import Boolean, Integer, ListOf, Mismatch, Number, Record, Text, checked, rule, shown
 
 DEFAULT_BLOCK_SIZE = 4          # SDAR's default when config.json has no block_size (docs/spec.md §1)
 DEFAULT_MASK_TOKEN_ID = 151669  # <|MASK|> of the Qwen3 vocabulary
 DEFAULT_STOP_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|> of the chat models
 SUPPORTED_MODEL_TYPES = ("sdar",)
+
+# Bounds of a model's numbers wherever they are read (config.json, an export's manifest.json "model", a drafter's
+# "target"): far beyond any SDAR checkpoint (the largest: vocabulary 151936, 48 layers, hidden size 4096) and checked
+# before anything is sized by them: "num_hidden_layers": 1000000000 made both hosts allocate without end. The C++
+# host's are the same (cpp/src/bounds.h); docs/exported-folder.md lists them.
+MAX_VOCAB = 1 << 24
+MAX_HIDDEN = 1 << 16
+MAX_INTERMEDIATE = 1 << 18
+MAX_LAYERS = 1024
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_POSITIONS = 1 << 24
+MAX_BLOCK_SIZE = 256
+MAX_STOP_IDS = 1024
+
+TOKEN_ID = Integer(0, MAX_VOCAB - 1)
+MODEL_FIELDS = {
+    "vocab_size": Integer(1, MAX_VOCAB),
+    "hidden_size": Integer(1, MAX_HIDDEN),
+    "intermediate_size": Integer(1, MAX_INTERMEDIATE),
+    "num_hidden_layers": Integer(1, MAX_LAYERS),
+    "num_attention_heads": Integer(1, MAX_HEADS),
+    "num_key_value_heads": Integer(1, MAX_HEADS),
+    "head_dim": Integer(1, MAX_HEAD_DIM),
+    "max_position_embeddings": Integer(1, MAX_POSITIONS),
+    "rms_norm_eps": Number(0, lo_open=True),
+    "rope_theta": Number(0, lo_open=True),
+    "block_size": Integer(1, MAX_BLOCK_SIZE),
+    "mask_token_id": TOKEN_ID,
+    "stop_ids": ListOf(TOKEN_ID, MAX_STOP_IDS),
+    "tie_word_embeddings": Boolean(),
+    "torch_dtype": Text(),
+    "model_type": Text(SUPPORTED_MODEL_TYPES),
+}
+MODEL_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "max_position_embeddings")
+# an export's manifest "model" (ModelConfig.to_dict): every key known, the first eight present
+MODEL_SECTION = Record(MODEL_FIELDS, MODEL_REQUIRED, others=None, what="an object of model facts")
+
+
+def check_model_rules(facts: dict) -> None:
+    """The rules across a model's fields (facts: each field checked by MODEL_FIELDS, defaults filled in); Mismatch
+    naming the field that breaks one."""
+    heads, kv = facts["num_attention_heads"], facts["num_key_value_heads"]
+    rule(heads % kv == 0, "num_key_value_heads", kv, f"a divisor of num_attention_heads ({heads})")
+    rule(facts["head_dim"] % 2 == 0, "head_dim", facts["head_dim"], "an even integer (rotate-half RoPE)")
+    rule(facts["mask_token_id"] < facts["vocab_size"], "mask_token_id", facts["mask_token_id"],
+         f"an id inside the vocabulary, 0..{facts['vocab_size'] - 1}")
 
 
 @dataclass(frozen=True)
@@ -37,19 +84,12 @@ class ModelConfig:
     model_type: str = "sdar"
 
     def __post_init__(self):
-        checks = [
-            (self.vocab_size > 0, f"vocab_size must be positive, got {self.vocab_size}"),
-            (self.num_attention_heads % max(self.num_key_value_heads, 1) == 0,
-             f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
-             f"({self.num_key_value_heads})"),
-            (self.head_dim % 2 == 0, f"head_dim must be even for rotate-half RoPE, got {self.head_dim}"),
-            (0 <= self.mask_token_id < self.vocab_size,
-             f"mask_token_id {self.mask_token_id} is outside the vocabulary (size {self.vocab_size})"),
-            (self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise SpotError(f"invalid model config: {msg}", "check config.json of the checkpoint")
+        facts = {**asdict(self), "stop_ids": list(self.stop_ids)}
+        try:
+            MODEL_SECTION.check(facts)
+            check_model_rules(facts)
+        except Mismatch as e:
+            raise SpotError(e.message("invalid model config"), "check config.json of the checkpoint") from None
 
     @property
     def kv_groups(self) -> int:
@@ -65,9 +105,16 @@ class ModelConfig:
         return d
 
     @staticmethod
-    def from_dict(d: dict) -> "ModelConfig":
-        d = dict(d)
-        d["stop_ids"] = tuple(d.get("stop_ids", DEFAULT_STOP_IDS))
+    def from_dict(d: dict, what: str = "model config", remedy: str = "check config.json of the checkpoint"
+                  ) -> "ModelConfig":
+        """The config of a manifest's "model" object (to_dict's), checked field by field (MODEL_SECTION) and across
+        fields; SpotError naming `what` and the field otherwise."""
+        checked(d, MODEL_SECTION, what, remedy)
+        d = {**d, "stop_ids": tuple(d.get("stop_ids", DEFAULT_STOP_IDS))}
+        try:
+            check_model_rules({"block_size": DEFAULT_BLOCK_SIZE, "mask_token_id": DEFAULT_MASK_TOKEN_ID, **d})
+        except Mismatch as e:
+            raise SpotError(e.message(what), remedy) from None
         return ModelConfig(**d)
 
     def expected_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -107,8 +154,8 @@ class ModelConfig:
 
 
 def check_block_size(block_size: int, max_positions: int | None = None) -> None:
-    if not isinstance(block_size, int) or block_size < 1 or block_size > 256:
-        raise SpotError(f"block size must be an integer in 1..256, got {block_size!r}",
+    if not isinstance(block_size, int) or block_size < 1 or block_size > MAX_BLOCK_SIZE:
+        raise SpotError(f"block size must be an integer in 1..{MAX_BLOCK_SIZE}, got {block_size!r}",
                         "SDAR checkpoints are trained for 4, 8, 16, 32 or 64")
     if max_positions is not None and max_positions % block_size != 0:
         raise SpotError(f"block size {block_size} does not divide max_position_embeddings {max_positions}",
@@ -131,8 +178,13 @@ def _stop_ids_from(model_dir: Path, raw: dict) -> tuple[int, ...]:
     if eos is None:
         return DEFAULT_STOP_IDS
     ids = [eos] if not isinstance(eos, list) else eos
-    if not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
-        raise SpotError(f"{source}: eos_token_id is {eos!r}, expected a token id or a list of token ids",
+    try:
+        MODEL_FIELDS["stop_ids"].check(ids)
+    except Mismatch:
+        ids = []
+    if not ids:
+        raise SpotError(f"{source}: eos_token_id is {shown(eos)}, expected a token id or a list of at most "
+                        f"{MAX_STOP_IDS} token ids (each in 0..{MAX_VOCAB - 1})",
                         "restore the file from the checkpoint")
     if source.name == "config.json" and set(ids) <= set(DEFAULT_STOP_IDS):
         ids = [*ids, *(i for i in DEFAULT_STOP_IDS if i not in ids)]
@@ -175,44 +227,35 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         raise SpotError("attention_bias=true is not supported: SDAR has no attention biases")
     if raw.get("rope_scaling"):
         raise SpotError(f"rope_scaling {raw['rope_scaling']!r} is not supported, expected null")
-    def integer(key: str, default=None, minimum: int = 1) -> int:
-        """raw[key] as an int (a JSON integer; null or absent: default), else SpotError naming key and value."""
-        value = raw.get(key)
-        if value is None:
-            value = default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
-            raise SpotError(f"{path}: {key} is {raw.get(key)!r}, expected an integer >= {minimum}",
-                            "restore config.json from the checkpoint")
-        return int(value)
+    remedy = "restore config.json from the checkpoint"
 
-    def number(key: str, default: float) -> float:
-        value = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise SpotError(f"{path}: {key} is {value!r}, expected a positive number",
-                            "restore config.json from the checkpoint")
-        return float(value)
+    def value(key: str, default=None):
+        """raw[key] (null or absent: default), checked by MODEL_FIELDS[key]; SpotError naming key and value."""
+        got = raw.get(key)
+        try:
+            return MODEL_FIELDS[key].check(default if got is None else got)
+        except Mismatch as e:
+            raise SpotError(f"{path}: {key} is {shown(got)}, expected {e.expected}", remedy) from None
 
-    n_heads = integer("num_attention_heads")
-    hidden = integer("hidden_size")
-    head_dim = integer("head_dim", hidden // n_heads)
-    block_size = integer("block_size", DEFAULT_BLOCK_SIZE)
-    cfg = ModelConfig(
-        vocab_size=integer("vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=integer("intermediate_size"),
-        num_hidden_layers=integer("num_hidden_layers"),
-        num_attention_heads=n_heads,
-        num_key_value_heads=integer("num_key_value_heads", n_heads),
-        head_dim=head_dim,
-        max_position_embeddings=integer("max_position_embeddings", 32768),
-        rms_norm_eps=number("rms_norm_eps", 1e-6),
-        rope_theta=number("rope_theta", 1e6),
-        block_size=block_size,
-        mask_token_id=integer("mask_token_id", DEFAULT_MASK_TOKEN_ID, minimum=0),
-        stop_ids=_stop_ids_from(model_dir, raw),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        torch_dtype=str(raw.get("torch_dtype", "bfloat16")),
-    )
+    n_heads, hidden = value("num_attention_heads"), value("hidden_size")
+    facts = {
+        "vocab_size": value("vocab_size"),
+        "hidden_size": hidden,
+        "intermediate_size": value("intermediate_size"),
+        "num_hidden_layers": value("num_hidden_layers"),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": value("num_key_value_heads", n_heads),
+        "head_dim": value("head_dim", hidden // n_heads),
+        "max_position_embeddings": value("max_position_embeddings", 32768),
+        "rms_norm_eps": float(value("rms_norm_eps", 1e-6)),
+        "rope_theta": float(value("rope_theta", 1e6)),
+        "block_size": value("block_size", DEFAULT_BLOCK_SIZE),
+        "mask_token_id": value("mask_token_id", DEFAULT_MASK_TOKEN_ID),
+        "stop_ids": list(_stop_ids_from(model_dir, raw)),
+        "tie_word_embeddings": value("tie_word_embeddings", False),
+        "torch_dtype": value("torch_dtype", "bfloat16"),
+    }
+    cfg = ModelConfig.from_dict(facts, str(path), remedy)
     check_block_size(cfg.block_size)
     return cfg
 
@@ -225,8 +268,8 @@ def training_corpus(model_dir: str | Path) -> str:
     `spot_training_corpus` key `spot train-target` writes into config.json ("code" or "arithmetic"); "code" (the
     Python standard library, which any tokenizer can encode) for every other checkpoint or export."""
     try:
-        raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = read_json(Path(model_dir) / "config.json", "")
+    except (OSError, SpotError):
         return "code"
     corpus = raw.get(TRAINING_CORPUS_KEY) if isinstance(raw, dict) else None
     return corpus if corpus in ("code", "arithmetic") else "code"

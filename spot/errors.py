@@ -36,15 +36,37 @@ def os_error_hint(e: OSError) -> str:
         e.errno, "check the path, its permissions, and free disk space")
 
 
+# the status a command whose output pipe closed ends with: a shell's for a command SIGPIPE ended (128 + 13)
+CLOSED_PIPE_STATUS = 141
+
+
+def exit_on_closed_pipe():
+    """End the process quietly because the reader of its output went away (`spot generate --stream ... | head -1`):
+    no `error:` line and no hint (nothing is wrong, and no reader is left to see one), and no "Exception ignored"
+    when Python flushes the dead stdout at exit (it is pointed at /dev/null first). Exit status CLOSED_PIPE_STATUS."""
+    import os
+    import sys
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError, AttributeError):     # a stream without a file descriptor: nothing to flush there
+        pass
+    sys.exit(CLOSED_PIPE_STATUS)
+
+
 def run_script(main) -> None:
     """Entry point of the scripts under benchmarks/ and scripts/: exit with main()'s status; a SpotError becomes one
-    `error:` line (and its hint) with exit status 2, as in the CLI."""
+    `error:` line (and its hint) with exit status 2, as in the CLI; a closed output pipe ends quietly
+    (exit_on_closed_pipe)."""
     import sys
     try:
         sys.exit(main())
     except SpotError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:
+        exit_on_closed_pipe()
 
 
 def integer_arg(value, what: str) -> int:

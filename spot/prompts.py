@@ -1,13 +1,14 @@
 """Prompt sets for benchmarks, traces and tuning: JSONL files of text or token ids, with optional true answers."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from spot.assets import embedded_model_dir
-from spot.descriptors import utf8_text
+from spot.config import MAX_POSITIONS, TOKEN_ID
+from spot.descriptors import parse_json, utf8_text
 from spot.errors import SpotError, os_error_hint
+from spot.schema import AnyOf, Integer, ListOf, Mismatch, Nullable, Record, Text
 
 PROMPT_FILE_LIMIT = 64 * 2**20     # far beyond any context; a device or a wrong file is refused before it fills memory
 HELDOUT_PROMPTS = "heldout_prompts.jsonl"
@@ -41,6 +42,14 @@ def read_prompt_file(path: str) -> str:
 
 
 ID_KEYS = ("ids", "prompt_ids", "token_ids")
+# a line's fields (its others, such as "file" or "solution", are the prompt set's own): token ids as a model reads
+# them, no more than any context holds; an answer within 64 bits
+IDS = ListOf(TOKEN_ID, MAX_POSITIONS)
+INT64 = Integer(-2**63, 2**63 - 1)
+PROMPT_LINE = Record({**{k: IDS for k in ID_KEYS}, "text": Text(), "id": AnyOf((Text(), INT64)),
+                      "answer": Nullable(INT64)},
+                     what='an object with "ids" (a list of token ids) or "text"')
+HINT = "write one {\"text\": ...} or {\"ids\": [...]} per line"
 
 
 @dataclass
@@ -68,12 +77,13 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max
         line = line.removesuffix("\r")
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpotError(f"{path}:{n + 1} is not valid JSON ({e})") from None
+        rec = parse_json(line, f"{path}:{n + 1}", HINT, strict=True)     # spot's own format: read strictly
         if not isinstance(rec, dict):
             rec = {"ids": rec}
+        try:
+            PROMPT_LINE.check(rec)
+        except Mismatch as e:
+            raise SpotError(e.message(f"{path}:{n + 1}"), HINT) from None
         ids = next((rec[k] for k in ID_KEYS if k in rec), None)
         if ids is not None and "text" in rec:
             raise SpotError(f"{path}:{n + 1} holds both token ids and text",
@@ -83,11 +93,9 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, max
                 raise SpotError(f"{path}:{n + 1} holds text but the model has no tokenizer",
                                 "give token ids in the JSONL ({\"ids\": [...]}) or use a model with tokenizer files")
             ids = tokenizer.encode(rec["text"])
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise SpotError(f"{path}:{n + 1}: expected an object with \"ids\" (a list of ints) or \"text\"")
+        if ids is None:
+            raise SpotError(f"{path}:{n + 1}: expected an object with \"ids\" (a list of ints) or \"text\"", HINT)
         answer = rec.get("answer")
-        if answer is not None and (not isinstance(answer, int) or isinstance(answer, bool)):
-            raise SpotError(f"{path}:{n + 1}: \"answer\" must be an integer (the true final answer), got {answer!r}")
         if max_tokens:
             ids = ids[:max_tokens]
         prompts.append(Prompt(str(rec.get("id", n)), ids, rec.get("text"), answer))

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import platform
 import time
 from pathlib import Path
 
+from spot.config import MAX_BLOCK_SIZE
 from spot.descriptors import load_descriptor
 from spot.errors import SpotError
+from spot.schema import Integer, MapOf, Number, Record, Text, checked
+from spot.folder.manifest import MAX_NODES
 from spot.files import check_output_path, exclusive_lock, spot_cache, write_text_atomic
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import THRESHOLD
@@ -137,11 +139,16 @@ def record_path(key: dict) -> Path:
 REMEDY = "delete the file and run `spot tune` again"
 
 
+# an entry of a record: what `spot tune` writes (its other fields, such as "measured", are a report); nodes within
+# spot-export's --max-nodes range, depth within a block
+ENTRY = Record({"temperature": Number(), "nodes": Integer(1, MAX_NODES), "depth": Integer(1, MAX_BLOCK_SIZE)},
+               ("temperature", "nodes", "depth"), what="a tuned budget {\"temperature\", \"nodes\", \"depth\"}")
+RECORD = Record({"key": Record({}), "by_temperature": MapOf(Text(), ENTRY)}, ("key", "by_temperature"))
+
+
 def load_record(path: Path) -> dict:
-    data = load_descriptor(path, FORMAT, FORMAT_VERSION, ("key", "by_temperature"), REMEDY)
-    if not isinstance(data["by_temperature"], dict):
-        raise SpotError(f"{path}: by_temperature is not an object", REMEDY)
-    return data
+    data = load_descriptor(path, FORMAT, FORMAT_VERSION, ("key", "by_temperature"), REMEDY, strict=True)
+    return checked(data, RECORD, str(path), REMEDY)
 
 
 def save_tuning(key: dict, tune_result: dict, warn=None) -> Path:
@@ -172,17 +179,6 @@ def save_tunings(key: dict, tune_results, warn=None) -> Path | None:
     return path
 
 
-def _entry(entry) -> tuple[float, TreeBudget] | None:
-    """(temperature, budget) of a record entry, or None unless every value is what spot tune writes."""
-    if not isinstance(entry, dict):
-        return None
-    t, n, d = entry.get("temperature"), entry.get("nodes"), entry.get("depth")
-    numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (n, d))
-    if not (numbers and isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)):
-        return None
-    return float(t), TreeBudget(n, d)
-
-
 def tuned_budget(key: dict, temperature: float, tune_command: str, engine=None) -> tuple[TreeBudget, float, Path]:
     """The budget tuned under `key` at the temperature nearest `temperature` (acceptance, and so the choice, moves
     with it): (budget, the temperature it was tuned at, the record's path), checked against `engine` when given.
@@ -192,9 +188,10 @@ def tuned_budget(key: dict, temperature: float, tune_command: str, engine=None) 
     if not path.is_file():
         raise SpotError(f"no tuned budget for this model, engine, decoder and machine (looked for {path})",
                         f"run `{tune_command}` first, or pass --budget N --depth D")
-    entries = [_entry(e) for e in load_record(path)["by_temperature"].values()]
-    if not entries or None in entries:
-        raise SpotError(f"{path} holds an entry that is not a tuned budget", REMEDY)
+    entries = [(float(e["temperature"]), TreeBudget(e["nodes"], e["depth"]))
+               for e in load_record(path)["by_temperature"].values()]
+    if not entries:
+        raise SpotError(f"{path} holds no tuned budget", REMEDY)
     tuned_at, budget = min(entries, key=lambda tb: (abs(tb[0] - temperature), tb[0]))
     if engine is not None:
         try:

@@ -161,18 +161,26 @@ def test_a_malformed_eos_token_id_is_named(tmp_path, eos):
 
 
 @pytest.mark.parametrize("key, value, words", [
-    ("num_hidden_layers", "two", "num_hidden_layers is 'two', expected an integer >= 1"),
+    ("num_hidden_layers", "two", "num_hidden_layers is 'two', expected an integer in 1..1024"),
     ("num_key_value_heads", "2", "num_key_value_heads is '2'"),
     ("hidden_size", 2.5, "hidden_size is 2.5"),
     ("vocab_size", True, "vocab_size is True"),
     ("intermediate_size", 0, "intermediate_size is 0"),
-    ("mask_token_id", -1, "mask_token_id is -1, expected an integer >= 0"),
-    ("rope_theta", "1e6", "rope_theta is '1e6', expected a positive number"),
+    ("mask_token_id", -1, "mask_token_id is -1, expected an integer in 0..16777215"),
+    ("rope_theta", "1e6", "rope_theta is '1e6', expected a number > 0"),
     ("rms_norm_eps", float("nan"), "rms_norm_eps is nan"),
+    # bounded before anything is sized by them, and integers written as integers (both hosts read 2048.0 alike)
+    ("num_hidden_layers", 1_000_000_000, "num_hidden_layers is 1000000000, expected an integer in 1..1024"),
+    ("num_hidden_layers", -3, "num_hidden_layers is -3, expected an integer in 1..1024"),
+    ("vocab_size", 2048.5, "vocab_size is 2048.5, expected an integer in 1..16777216"),
+    ("vocab_size", 2048.0, "vocab_size is 2048.0, expected an integer"),
+    ("max_position_embeddings", 2**40, "max_position_embeddings is 1099511627776, expected an integer in 1..16777216"),
+    ("head_dim", 7, "head_dim is 7, expected an even integer"),
+    ("tie_word_embeddings", "yes", "tie_word_embeddings is 'yes', expected true or false"),
 ])
 def test_config_values_of_the_wrong_type_are_named(tmp_path, key, value, words):
     """A config.json value of the wrong type or range: one SpotError naming the key and the value (it was a
-    ValueError / TypeError traceback)."""
+    ValueError / TypeError traceback, or for a huge number an allocation without end)."""
     (tmp_path / "config.json").write_text(json.dumps(hf_config(**{key: value})))
     assert words in error_of(load_config, tmp_path)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -426,7 +427,9 @@ def test_device_sampler_over_runs_of_positions(spot_cli, tiny, tmp_path):
     manifest["graphs"]["epilogue"]["positions_per_call"] = 3
     (runs / "manifest.json").write_text(json.dumps(manifest))
     _fails(cli(spot_cli, "generate", "--model", runs, "--sampler", "device", "--verify", "none", "--prompt-ids",
-               "1,2"), CORRUPT, "positions_per_call must divide the block size 8, got 3")
+               "1,2"), CORRUPT, "positions_per_call is 3, expected a divisor of the block size 8")
+    with pytest.raises(SpotError, match="positions_per_call is 3, expected a divisor of the block size 8"):
+        OrtEngine(runs, sampler="device")
 
 
 def test_device_sampler_refusals(spot_cli, tiny, tmp_path):
@@ -690,6 +693,66 @@ def test_the_binary_interface_is_versioned_and_installs_and_failures_leave_zeros
     assert installed.returncode == 0 and json.loads(installed.stdout)["abi_version"] == abi, installed.stderr
 
 
+def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, tiny):
+    """spot_generate copied n_prompt ids by pointer arithmetic that wrapped: n_prompt = 2**62 with a 3-id buffer
+    returned SPOT_OK and decoded an empty prompt, 2**61 + 3 decoded 3 ids, n_stop_ids = 2**61 + 1 returned OK and
+    SIZE_MAX ran out of memory (INTERNAL). A size past the model's context (or past SPOT_MAX_STOP_IDS stop ids) is
+    SPOT_ERR_INVALID_ARGUMENT before anything is read or allocated, and spot_output_capacity is 0 exactly for the
+    sizes spot_generate refuses."""
+    import ctypes
+    lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
+
+    class Error(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 1024)]
+
+    class Options(ctypes.Structure):      # spot_generate_options
+        _fields_ = [("decoder", ctypes.c_int), ("temperature", ctypes.c_double), ("seed", ctypes.c_uint32),
+                    ("tau", ctypes.c_double), ("max_new_tokens", ctypes.c_int), ("budget", ctypes.c_int),
+                    ("depth", ctypes.c_int), ("mode", ctypes.c_int), ("top_k", ctypes.c_int),
+                    ("top_p", ctypes.c_double), ("stop_ids", ctypes.POINTER(ctypes.c_int64)),
+                    ("n_stop_ids", ctypes.c_size_t)]
+    lib.spot_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
+    lib.spot_close.argtypes = [ctypes.c_void_p]
+    lib.spot_output_capacity.restype = ctypes.c_size_t
+    lib.spot_output_capacity.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lib.spot_generate.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
+                                  ctypes.POINTER(Options), ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
+                                  ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.POINTER(Error)]
+    model, err = ctypes.c_void_p(), Error()
+    assert lib.spot_open(str(tiny[0]).encode(), None, ctypes.byref(model), ctypes.byref(err)) == 0, err.message
+    context = TINY.max_position_embeddings
+    prompt = (ctypes.c_int64 * (context + 1))(*([1] * (context + 1)))
+    stops = (ctypes.c_int64 * 1024)(*([298] * 1024))
+    out = (ctypes.c_int64 * 64)()
+
+    def generate(n_prompt: int, max_new_tokens: int = 4, n_stop_ids: int | None = None) -> tuple[int, str, int]:
+        options, n, e = Options(), ctypes.c_size_t(7), Error()
+        lib.spot_generate_options_init(ctypes.byref(options))
+        options.max_new_tokens = max_new_tokens
+        if n_stop_ids is not None:
+            options.stop_ids, options.n_stop_ids = ctypes.cast(stops, ctypes.POINTER(ctypes.c_int64)), n_stop_ids
+        status = lib.spot_generate(model, prompt, n_prompt, ctypes.byref(options), out, 64, ctypes.byref(n), None,
+                                   ctypes.byref(e))
+        return status, e.message.decode(), n.value
+    try:
+        for n_prompt in (2**62, 2**61 + 3, 2**64 - 1, context + 1):
+            status, message, n = generate(n_prompt)
+            assert (status, n) == (INVALID_ARGUMENT, 0) and "exceeds the model's context of 512" in message, message
+            assert lib.spot_output_capacity(model, n_prompt, 4) == 0
+        for n_stop_ids in (2**61 + 1, 2**64 - 1, 1025):
+            status, message, n = generate(3, n_stop_ids=n_stop_ids)
+            assert (status, n) == (INVALID_ARGUMENT, 0) and "exceeds SPOT_MAX_STOP_IDS (1024)" in message, message
+        assert generate(3, n_stop_ids=1024)[0] == 0
+        for n_prompt in (0, 3, context - 9, context - 8, context - 4, context - 1, context):
+            for max_new in (1, 4, 8, 9, 2**31 - 1):
+                status, message, n = generate(n_prompt, max_new)
+                capacity = lib.spot_output_capacity(model, n_prompt, max_new)
+                assert (status == 0) == (capacity > 0), (n_prompt, max_new, capacity, message)
+                assert status in (0, INVALID_ARGUMENT) and n <= capacity
+    finally:
+        lib.spot_close(model)
+
+
 def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):
     """spot_generate called back from on_block on the same handle is refused (SPOT_ERR_INVALID_ARGUMENT), as
     Python's request lock refuses it; before, both calls returned 0 and the outer request's tokens changed. The
@@ -849,9 +912,19 @@ def test_manifests_are_read_as_pythons_json_writes_them(spot_cli, tiny, tmp_path
             ("glued", lambda m: json.dumps(m)[:-1] + ', "x": [NaN1]}', "not valid JSON"),
             ("trailing", lambda m: json.dumps(m) + " {}", "not valid JSON"),
             ("deep", lambda m: json.dumps({**m, "x": "@"}).replace('"@"', "[" * 300 + "]" * 300),
-             "nesting deeper than 256")):
-        _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", drafter_with(name, text_of), *ids),
-               CORRUPT, "drafter.json", says)
+             "nesting deeper than 256"),
+            # what Python's json module reads but nlohmann/json does not (or reads otherwise): both hosts refuse it
+            ("deeper", lambda m: json.dumps({**m, "x": "@"}).replace('"@"', "[" * 100_000 + "]" * 100_000),
+             "nesting deeper than 256"),
+            ("twice", lambda m: json.dumps(m)[:-1] + ', "tau": 0.5}', "duplicate key 'tau'"),
+            ("huge", lambda m: json.dumps({**m, "x": "@"}).replace('"@"', "1e999"), "number overflow"),
+            ("nul", lambda m: json.dumps({**m, "x": "a\0b"}), r"NUL (\u0000) in a string"),
+            ("surrogate", lambda m: json.dumps({**m, "x": "\ud800"}), "surrogate")):
+        bad = drafter_with(name, text_of)
+        _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", bad, *ids), CORRUPT, "drafter.json", says)
+        with pytest.raises(SpotError, match="drafter.json") as e:
+            load_drafter(bad)
+        assert says in e.value.message, e.value.message
 
 
 @pytest.mark.parametrize("field,value,graph", CONTRADICTIONS)
@@ -904,20 +977,21 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
     manifest["graphs"]["epilogue"]["future_steps"] = 2**31
     (epilogue / "manifest.json").write_text(json.dumps(manifest))
     _fails(cli(spot_cli, "generate", "--model", epilogue, "--sampler", "device", *ids), CORRUPT,
-           "future_steps is 2147483648, expected 1..")
-    with pytest.raises(SpotError, match="future_steps is 2147483648, expected 1.."):
+           "future_steps is 2147483648, expected an integer in 1..")
+    with pytest.raises(SpotError, match="future_steps is 2147483648, expected an integer in 1.."):
         OrtEngine(epilogue, sampler="device")
     manifest["graphs"]["epilogue"]["future_steps"] = 2
     manifest["graphs"]["epilogue"]["file"] = "../../etc/passwd"       # a graph outside the folder
     (epilogue / "manifest.json").write_text(json.dumps(manifest))
-    _fails(cli(spot_cli, "generate", "--model", epilogue, *ids), CORRUPT, "names graph file '../../etc/passwd'")
-    with pytest.raises(SpotError, match="names graph file '../../etc/passwd', expected a file name"):
+    outside = "graphs.epilogue.file is '../../etc/passwd', expected the name of a file in the exported folder itself"
+    _fails(cli(spot_cli, "generate", "--model", epilogue, *ids), CORRUPT, outside)
+    with pytest.raises(SpotError, match=re.escape(outside)):
         OrtEngine(epilogue, sampler="device")
     # a graph no hash vouches for (a file of the folder the files record leaves out), and a NUL that would cut the
     # name at C's boundary ("epilogue.onnx\0x" opened epilogue.onnx in both hosts)
     for name, host_error, python_error in (
-            ("config.json.bak", "which its files record does not list", "which its files record does not list"),
-            ("epilogue.onnx\0x", r"NUL (\u0000) in a string", r"names graph file 'epilogue.onnx\\x00x', expected")):
+            ("config.json.bak", "expected a file the files record lists", "expected a file the files record lists"),
+            ("epilogue.onnx\0x", r"NUL (\u0000) in a string", r"NUL \(\\u0000\) in a string")):
         manifest["graphs"]["epilogue"]["file"] = name
         (epilogue / "manifest.json").write_text(json.dumps(manifest))
         _fails(cli(spot_cli, "generate", "--model", epilogue, *ids), CORRUPT, host_error)
@@ -928,10 +1002,10 @@ def test_mismatched_drafters_are_refused(spot_cli, tiny, tmp_path):
            "names no target vocab_size")
     bad_weight = edited("weight", lambda m: m.update(runner_up_weight=1.5))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", bad_weight, *ids), CORRUPT,
-           "runner_up_weight is 1.5", "expected a number in [0, 1]")
+           "runner_up_weight is 1.5", "expected null or a number in [0, 1]")
     bad_flips = edited("flips", lambda m: m.update(set_flip_weight=-1))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", bad_flips, *ids), CORRUPT,
-           "set_flip_weight is -1", "expected a number in [0, 1]")
+           "set_flip_weight is -1", "expected null or a number in [0, 1]")
     swapped = edited("swapped", lambda m: m.update(onnx_sha256="0" * 64))
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", swapped, *ids), CORRUPT, "does not match")
     _fails(cli(spot_cli, "generate", "--model", folder, "--drafter", tmp_path / "none", *ids), NOT_FOUND)
@@ -995,12 +1069,20 @@ def test_tensorrt_needs_the_recorded_shape_profile(spot_cli, tiny, tmp_path, mon
     proc = cli(spot_cli, "generate", "--model", old, "--device", "trt", "--prompt-ids", "1,2")
     _fails(proc, INCOMPATIBLE, "without a TensorRT shape profile", "spot upgrade-export", "or use device cuda")
     assert not (tmp_path / "cache").exists()
-    manifest["graphs"]["target"]["tensorrt_profile"] = {"max": {"input_ids": [1, 8]}}     # damaged
+    # damaged: refused when the manifest is read (every field is checked then, in both hosts), on every device
+    manifest["graphs"]["target"]["tensorrt_profile"] = {"max": {"input_ids": [1, 8]}}
     (old / "manifest.json").write_text(json.dumps(manifest))
-    proc = cli(spot_cli, "generate", "--model", old, "--device", "trt", "--prompt-ids", "1,2")
-    _fails(proc, CORRUPT, "tensorrt_profile is malformed", "spot upgrade-export")
-    # read only for device trt, as in Python: the CPU provider decodes this folder
+    for device in ("trt", "cpu"):
+        proc = cli(spot_cli, "generate", "--model", old, "--device", device, "--prompt-ids", "1,2")
+        _fails(proc, CORRUPT, "lacks field 'graphs.target.tensorrt_profile.min'")
+    with pytest.raises(SpotError, match="lacks field 'graphs.target.tensorrt_profile.min'"):
+        OrtEngine(old)
+    # a null profile is none: the CPU provider decodes this folder, device trt names the fix
+    manifest["graphs"]["target"]["tensorrt_profile"] = None
+    (old / "manifest.json").write_text(json.dumps(manifest))
     assert cli(spot_cli, "generate", "--model", old, "--prompt-ids", "1,2", "--max-new-tokens", "4").returncode == 0
+    _fails(cli(spot_cli, "generate", "--model", old, "--device", "trt", "--prompt-ids", "1,2"), INCOMPATIBLE,
+           "without a TensorRT shape profile")
 
 
 def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny, tmp_path):

@@ -176,7 +176,7 @@ def test_a_manifest_that_misstates_the_epilogue_positions_is_refused(folders, tm
     import shutil
 
     from spot.folder.manifest import load_manifest, write_manifest
-    for p, message in ((3, "positions_per_call must divide the block size 8, got 3"),
+    for p, message in ((3, "positions_per_call is 3, expected a divisor of the block size 8"),
                        (4, "positions_per_call is 4, the graph's logits take 2 positions"),
                        (None, "records no positions_per_call for its epilogue")):
         folder = tmp_path / f"p{p}"

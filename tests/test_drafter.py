@@ -18,7 +18,8 @@ from spot.errors import SpotError
 from spot.reference.model import random_model
 from spot.runtime.decode import generate
 from spot.runtime.decoders import DecodeRequest, run_decoder
-from spot.runtime.drafter import (BASELINE_INPUTS, DRAFTER_JSON, DRAFTER_ONNX, INPUT_NAMES, MAX_STALENESS, Drafter,
+from spot.runtime.drafter import (BASELINE_INPUTS, DEFAULT_RUNNER_UP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT, DRAFTER_JSON,
+                                  DRAFTER_ONNX, INPUT_NAMES, MAX_STALENESS, Drafter,
                                   DrafterProposer, drafter_inputs, node_inputs, target_identity)
 from spot.runtime.noise import NoiseCache, gumbel_rows, noise_bins
 from spot.runtime.proposers import RoundInputs
@@ -584,9 +585,16 @@ def test_order_temperature_divides_the_order_logits(drafter_dir):
 
 
 @pytest.mark.parametrize("field, value, expected", [
-    *(("order_temperature", v, "expected a number > 0") for v in (0, -1.0, "warm", None, float("nan"))),
-    *(("runner_up_weight", v, r"expected a number in \[0, 1\]") for v in (-0.1, 1.5, "many", None, float("nan"))),
-    *(("set_flip_weight", v, r"expected a number in \[0, 1\]") for v in (-1, 2.0, "some", None))])
+    *(("order_temperature", v, "expected null or a number > 0") for v in (0, -1.0, "warm", float("nan"))),
+    *(("runner_up_weight", v, r"expected null or a number in \[0, 1\]") for v in (-0.1, 1.5, "many", float("nan"))),
+    *(("set_flip_weight", v, r"expected null or a number in \[0, 1\]") for v in (-1, 2.0, "some")),
+    # every field the hosts read is typed and bounded when drafter.json is read (null: an optional one's default)
+    ("block_size", 2**40, "expected an integer in 1..64"), ("block_size", 4.0, "expected an integer in 1..64"),
+    ("max_staleness", 10**9, r"expected null or an integer in 1..32"),
+    ("member_threshold", 1, r"expected null or a number in \(0, 1\)"),
+    ("tau", [0.9], r"expected null or a number in \[0, 1\)"),
+    ("target", [], "expected an object of the target's facts"),
+    ("onnx_sha256", 7, "expected a sha256")])
 def test_bad_tree_settings_are_clear_errors(drafter_dir, tmp_path, field, value, expected):
     for name in (DRAFTER_ONNX, DRAFTER_JSON):
         (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
@@ -595,6 +603,19 @@ def test_bad_tree_settings_are_clear_errors(drafter_dir, tmp_path, field, value,
     (tmp_path / DRAFTER_JSON).write_text(json.dumps(manifest))
     with pytest.raises(SpotError, match=f"{field} is .*{expected}"):
         Drafter.load(tmp_path)
+
+
+def test_a_null_setting_is_its_default(drafter_dir, tmp_path):
+    """null in an optional field of drafter.json is its default, as the C++ host reads it (Python read
+    member_threshold null as float(None): a TypeError traceback; order_temperature null: refused)."""
+    for name in (DRAFTER_ONNX, DRAFTER_JSON):
+        (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
+    manifest = json.loads((tmp_path / DRAFTER_JSON).read_text())
+    fields = ("member_threshold", "max_staleness", "tau", "order_temperature", "runner_up_weight", "set_flip_weight")
+    (tmp_path / DRAFTER_JSON).write_text(json.dumps({**manifest, **dict.fromkeys(fields)}))
+    d = Drafter.load(tmp_path)
+    assert (d.member_threshold, d.max_staleness, d.tau, d.order_temperature, d.runner_up_weight,
+            d.set_flip_weight) == (0.5, MAX_STALENESS, None, 1.0, DEFAULT_RUNNER_UP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT)
 
 
 def test_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp_path):

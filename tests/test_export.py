@@ -445,8 +445,9 @@ def test_quick_check_samples_large_files_and_full_check_reads_all(exported, tmp_
     (lambda m: {**m, "format": "onnx-zoo"}, "has format 'onnx-zoo', expected 'spot-exported-model'"),
     (lambda m: {**m, "format_version": 99}, "has format_version 99, this spot reads 2"),
     (lambda m: {k: v for k, v in m.items() if k != "max_nodes"}, "lacks field 'max_nodes'"),
-    (lambda m: {**m, "model": {"vocab_size": "many"}}, "invalid model config"),
-    (lambda m: {**m, "max_nodes": "64"}, "max_nodes is '64', expected an integer >= 1"),
+    (lambda m: {**m, "model": {"vocab_size": "many"}}, "lacks field 'model.hidden_size'"),
+    (lambda m: {**m, "model": {**m["model"], "vocab_size": "many"}}, "model.vocab_size is 'many', expected an integer"),
+    (lambda m: {**m, "max_nodes": "64"}, "max_nodes is '64', expected an integer in 1..4096"),
     (lambda m: {**m, "max_context": 1e9}, "max_context is 1000000000.0, expected an integer"),
     (lambda m: {**m, "dtype": "int8"}, "dtype is 'int8', expected one of fp32, fp16"),
     (lambda m: {**m, "stop_ids": [12]}, r"stop_ids is \[12\] but model.stop_ids is"),
@@ -454,11 +455,12 @@ def test_quick_check_samples_large_files_and_full_check_reads_all(exported, tmp_
     # a files entry outside the folder was stat'ed there (its size printed by `spot verify`); one of another shape
     # was a TypeError
     (lambda m: {**m, "files": {**m["files"], "/etc/passwd": m["files"]["config.json"]}},
-     "lists file '/etc/passwd', expected the name of a file in the exported folder itself"),
-    (lambda m: {**m, "files": {**m["files"], "../ckpt/config.json": m["files"]["config.json"]}}, "lists file '../"),
-    (lambda m: {**m, "files": {**m["files"], "config.json": {"bytes": "12"}}}, "the record of 'config.json' is"),
-    (lambda m: {**m, "files": {**m["files"], "config.json": 7}}, "the record of 'config.json' is 7"),
-    (lambda m: {**m, "files": ["config.json"]}, "files and graphs must be JSON objects"),
+     "files lists '/etc/passwd', expected the name of a file in the exported folder itself"),
+    (lambda m: {**m, "files": {**m["files"], "../ckpt/config.json": m["files"]["config.json"]}}, "files lists '../"),
+    (lambda m: {**m, "files": {**m["files"], "config.json": {**m["files"]["config.json"], "bytes": "12"}}},
+     "files.config.json.bytes is '12'"),
+    (lambda m: {**m, "files": {**m["files"], "config.json": 7}}, "files.config.json is 7, expected {\"bytes\""),
+    (lambda m: {**m, "files": ["config.json"]}, "files is \\['config.json'\\], expected an object"),
     (lambda m: {**m, "graphs": {**m["graphs"], "target": "target.onnx"}}, "graphs.target is 'target.onnx'"),
 ])
 def test_a_foreign_or_damaged_manifest_is_refused(exported, tmp_path, edit, message):

@@ -364,9 +364,14 @@ def test_tensorrt_needs_the_recorded_profile_and_its_block_size(tmp_path):
     with pytest.raises(SpotError, match="without a TensorRT shape profile") as e:
         OrtEngine(folder, device="trt")
     assert "spot upgrade-export" in e.value.hint and "--device cuda" in e.value.hint
-    manifest["graphs"]["target"]["tensorrt_profile"] = {"max": {"input_ids": [1, 4]}}       # damaged
+    # damaged: refused when the manifest is read, on every device (every field is checked then, in both hosts)
+    manifest["graphs"]["target"]["tensorrt_profile"] = {"max": {"input_ids": [1, 4]}}
     write_manifest(folder, manifest)
-    with pytest.raises(SpotError, match="tensorrt_profile is malformed") as e:
+    for device in ("trt", "cpu"):
+        with pytest.raises(SpotError, match="lacks field 'graphs.target.tensorrt_profile.min'"):
+            OrtEngine(folder, device=device)
+    manifest["graphs"]["target"]["tensorrt_profile"] = None      # null: none, as absent
+    write_manifest(folder, manifest)
+    OrtEngine(folder)
+    with pytest.raises(SpotError, match="without a TensorRT shape profile"):
         OrtEngine(folder, device="trt")
-    assert "spot upgrade-export" in e.value.hint
-    OrtEngine(folder)         # read only for --device trt

@@ -97,6 +97,9 @@ def test_pass_counts_from_a_bench_json(tmp_path):
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(SpotError, match="not a bench.json"):
         counts_from_bench(tmp_path / "other.json")
+    (tmp_path / "deep.json").write_text("[" * 100_000)         # a RecursionError traceback before
+    with pytest.raises(SpotError, match="is not valid JSON \\(nesting deeper than 256\\)"):
+        counts_from_bench(tmp_path / "deep.json")
     with pytest.raises(SpotError, match="no chain / tree / spot / spot-sets row"):
         counts_from_bench(_bench(tmp_path, [row("standard", "standard", {"block": 4})]))
 

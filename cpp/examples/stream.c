@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   go.max_new_tokens = 48;
 
   size_t cap = spot_output_capacity(model, n_prompt, go.max_new_tokens), n = 0;
-  int64_t* out = malloc(cap * sizeof *out);
+  int64_t* out = malloc((cap > 0 ? cap : 1) * sizeof *out);   /* 0: a request spot_generate refuses (its error) */
   stream_state state = {(long)stop_after, 0};
   spot_stats stats;
   spot_status st = spot_generate_stream(model, prompt, n_prompt, &go, on_block, &state, out, cap, &n, &stats, &err);

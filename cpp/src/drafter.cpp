@@ -5,13 +5,39 @@
 #include <limits>
 #include <map>
 
+#include "bounds.h"
 #include "errors.h"
 #include "paths.h"
 #include "proposers.h"
+#include "schema.h"
 #include "sha256.h"
 
 namespace spot {
 namespace {
+
+// drafter.json's fields the host reads, as spot.runtime.drafter.DRAFTER_FILE checks them
+const schema::Field& drafter_fields() {
+  using namespace schema;
+  static const Field kField = [] {
+    std::vector<std::pair<std::string, Field>> target = {
+        {"vocab_size", integer(1, kMaxVocab)},         {"hidden_size", integer(1, kMaxHidden)},
+        {"intermediate_size", integer(1, kMaxIntermediate)}, {"num_hidden_layers", integer(1, kMaxLayers)},
+        {"num_attention_heads", integer(1, kMaxHeads)}, {"num_key_value_heads", integer(1, kMaxHeads)},
+        {"head_dim", integer(1, kMaxHeadDim)},          {"mask_token_id", integer(0, kMaxVocab - 1)}};
+    const Field unit = number(0, 1);
+    return record({{"block_size", integer(1, kMaxDrafterBlock)},
+                   {"target", record(target, {}, "an object of the target's facts")},
+                   {"onnx_sha256", sha256()},
+                   {"member_threshold", nullable(number(0, 1, true, true))},
+                   {"max_staleness", nullable(integer(1, kMaxStaleness))},
+                   {"tau", nullable(number(0, 1, false, true))},
+                   {"order_temperature", nullable(number(0, HUGE_VAL, true))},
+                   {"runner_up_weight", nullable(unit)},
+                   {"set_flip_weight", nullable(unit)}},
+                  {"block_size", "target", "onnx_sha256"}, "an object");
+  }();
+  return kField;
+}
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr float kMemberSharpness = 32.0f;                 // drafter.MEMBER_SHARPNESS
@@ -70,53 +96,36 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
   if (fmt == nullptr || !fmt->is_string() || fmt->str() != "spot-drafter")
     fail(SPOT_ERR_CORRUPT, json_path + " is not a spot drafter manifest (format is not 'spot-drafter')");
   const Json* ver = m.find("format_version");
-  if (ver == nullptr || !ver->is_number() || ver->integer() != 1)
+  if (ver == nullptr || !ver->is_integer() || ver->integer() != 1)
     fail(SPOT_ERR_INCOMPATIBLE, json_path + " has a format_version this host does not read (expected 1)");
   for (const char* key : {"block_size", "target", "onnx_sha256"})
     if (!m.has(key))
       fail(SPOT_ERR_CORRUPT, json_path + " lacks '" + key + "': re-export the drafter with `spot train-drafter`");
-  try {
-    d->block_size = m.at("block_size").integer();
-    d->target = m.at("target");
-    d->target.members();
-    if (const Json* t = m.find("member_threshold"); t && !t->is_null()) d->member_threshold = t->number();
-    if (!(d->member_threshold > 0 && d->member_threshold < 1))   // drafter.check_member_threshold
-      fail(SPOT_ERR_CORRUPT, "member_threshold is " + number_text(d->member_threshold) +
-                                 ", expected a number in (0, 1)");
-    if (const Json* t = m.find("max_staleness"); t && !t->is_null()) d->max_staleness = t->integer();
-    if (d->max_staleness < 1)
-      fail(SPOT_ERR_CORRUPT, "max_staleness is " + std::to_string(d->max_staleness) + ", expected an integer >= 1");
-    if (const Json* t = m.find("tau"); t && !t->is_null()) d->tau = t->number();
-    if (const Json* t = m.find("order_temperature"); t && !t->is_null()) {
-      d->order_temperature = t->number();
-      if (!std::isfinite(d->order_temperature) || d->order_temperature <= 0)
-        fail(SPOT_ERR_CORRUPT, "order_temperature is " + number_text(d->order_temperature) +
-                                   ", expected a number > 0 (1 = the order model's own logits)");
-    }
-    if (const Json* t = m.find("runner_up_weight"); t && !t->is_null()) {
-      d->runner_up_weight = t->number();
-      if (!(d->runner_up_weight >= 0 && d->runner_up_weight <= 1))
-        fail(SPOT_ERR_CORRUPT, "runner_up_weight is " + number_text(d->runner_up_weight) +
-                                   ", expected a number in [0, 1] (0 = no runner-up children)");
-    }
-    if (const Json* t = m.find("set_flip_weight"); t && !t->is_null()) {
-      d->set_flip_weight = t->number();
-      if (!(d->set_flip_weight >= 0 && d->set_flip_weight <= 1))
-        fail(SPOT_ERR_CORRUPT, "set_flip_weight is " + number_text(d->set_flip_weight) +
-                                   ", expected a number in [0, 1] (0 = no flip variants)");
-    }
-    const std::string digest = sha256_file(onnx_path);
-    if (digest != m.at("onnx_sha256").str())
-      fail(SPOT_ERR_CORRUPT, onnx_path + " does not match its manifest (sha256 " + digest.substr(0, 12) +
-                                 "...): drafter.onnx and drafter.json are not one pair (a file changed or truncated, "
-                                 "or a `spot train-drafter` interrupted between them): run it again, or copy the "
-                                 "pair again");
-  } catch (const SpotException& e) {
-    if (e.code() != SPOT_ERR_CORRUPT) throw;
-    std::string what = e.what();
-    if (what.rfind(onnx_path, 0) == 0) throw;
-    fail(SPOT_ERR_CORRUPT, json_path + ": " + what);
+  try {   // every field the host reads, its type and range (drafter.DRAFTER_FILE); null: an optional one's default
+    drafter_fields().check(m);
+  } catch (const schema::Mismatch& e) {
+    fail(SPOT_ERR_CORRUPT, e.message("drafter " + json_path) + " (re-export it with `spot train-drafter`, or fix the "
+                                                                "field: `spot calibrate-drafter` writes the tree "
+                                                                "settings)");
   }
+  auto setting = [&](const char* key, double fallback) {
+    const Json* t = m.find(key);
+    return t && !t->is_null() ? t->number() : fallback;
+  };
+  d->block_size = m.at("block_size").integer();
+  d->target = m.at("target");
+  d->member_threshold = setting("member_threshold", 0.5);
+  if (const Json* t = m.find("max_staleness"); t && !t->is_null()) d->max_staleness = t->integer();
+  if (const Json* t = m.find("tau"); t && !t->is_null()) d->tau = t->number();
+  d->order_temperature = setting("order_temperature", 1.0);
+  d->runner_up_weight = setting("runner_up_weight", d->runner_up_weight);
+  d->set_flip_weight = setting("set_flip_weight", d->set_flip_weight);
+  const std::string digest = sha256_file(onnx_path);
+  if (digest != m.at("onnx_sha256").str())
+    fail(SPOT_ERR_CORRUPT, onnx_path + " does not match its manifest (sha256 " + digest.substr(0, 12) +
+                               "...): drafter.onnx and drafter.json are not one pair (a file changed or truncated, "
+                               "or a `spot train-drafter` interrupted between them): run it again, or copy the "
+                               "pair again");
   const double p = std::min(std::max(d->member_threshold, 1e-6), 1 - 1e-6);
   d->member_offset = std::log(p) - std::log1p(-p);   // drafter.logit
   SessionConfig sc;

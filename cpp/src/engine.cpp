@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "bounds.h"
 #include "errors.h"
 #include "paths.h"
+#include "schema.h"
 #include "sha256.h"
 
 namespace spot {
@@ -42,9 +44,7 @@ void verify_files(const std::string& folder, const Json& files, spot_verify leve
     // the drafter pair is verified by drafter.json's onnx_sha256 when it loads (manifest.DRAFTER_FILES): train-drafter
     // and calibrate-drafter replace it in place; manifests written before still list it
     if (name == "drafter.onnx" || name == "drafter.json") continue;
-    // names come from the manifest: refuse anything that could leave the folder
-    if (name.empty() || name[0] == '/' || name.find("..") != std::string::npos)
-      fail(SPOT_ERR_CORRUPT, "manifest.json in " + folder + " lists a file outside the folder: " + name);
+    // (names and records were checked when the manifest was read: files of the folder itself, kManifestFields)
     std::string path = join(folder, name);
     uint64_t size = 0;
     if (!is_file(path, &size))
@@ -63,7 +63,108 @@ void verify_files(const std::string& folder, const Json& files, spot_verify leve
   }
 }
 
-ModelFacts parse_model(const Json& m) {
+// -- manifest.json's fields, as spot.folder.manifest.MANIFEST and spot.config.MODEL_SECTION check them ----------
+// A name of a file in the exported folder itself (manifest.folder_file_name): never a path that leaves it.
+bool folder_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\\') == std::string::npos && name.find('\0') == std::string::npos;
+}
+
+const schema::Field& manifest_fields() {
+  using namespace schema;
+  static const Field kField = [] {
+    const Field token_id = integer(0, kMaxVocab - 1);
+    const Field stop_ids = list_of(token_id, kMaxStopIds);
+    const Field model = record({{"vocab_size", integer(1, kMaxVocab)},
+                                {"hidden_size", integer(1, kMaxHidden)},
+                                {"intermediate_size", integer(1, kMaxIntermediate)},
+                                {"num_hidden_layers", integer(1, kMaxLayers)},
+                                {"num_attention_heads", integer(1, kMaxHeads)},
+                                {"num_key_value_heads", integer(1, kMaxHeads)},
+                                {"head_dim", integer(1, kMaxHeadDim)},
+                                {"max_position_embeddings", integer(1, kMaxPositions)},
+                                {"rms_norm_eps", number(0, HUGE_VAL, true)},
+                                {"rope_theta", number(0, HUGE_VAL, true)},
+                                {"block_size", integer(1, kMaxBlockSize)},
+                                {"mask_token_id", token_id},
+                                {"stop_ids", stop_ids},
+                                {"tie_word_embeddings", boolean()},
+                                {"torch_dtype", text()},
+                                {"model_type", text({"sdar"})}},
+                               {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"},
+                               "an object of model facts", true);
+    const Field file_name = satisfies(folder_file_name, "the name of a file in the exported folder itself");
+    const Field file_record = record({{"bytes", integer(0, kMaxFileBytes)}, {"sha256", sha256()},
+                                      {"sample_sha256", sha256()}},
+                                     {"bytes", "sha256", "sample_sha256"},
+                                     "{\"bytes\": N, \"sha256\": ..., \"sample_sha256\": ...}");
+    const Field graph = record({{"file", file_name}}, {"file"}, "an object with a \"file\" name");
+    const Field shapes = map_of(text(), list_of(integer(0, kMaxPositions), kMaxDims), "an object of input: [dims]");
+    const Field profile = record({{"min", shapes}, {"opt", shapes}, {"max", shapes}}, {"min", "opt", "max"},
+                                 "{\"min\"|\"opt\"|\"max\": {input: [dims]}}");
+    const Field target =
+        record({{"file", file_name}, {"tensorrt_profile", nullable(profile)}}, {"file"}, graph.expected);
+    const Field epilogue = record({{"file", file_name}, {"future_steps", integer(1, kMaxBlockSize)},
+                                   {"positions_per_call", nullable(integer(1, kMaxBlockSize))}},
+                                  {"file", "future_steps"}, "an object with a \"file\" name and \"future_steps\"");
+    return record({{"model", model},
+                   {"dtype", text({"fp32", "fp16"})},
+                   {"block_size", integer(1, kMaxBlockSize)},
+                   {"max_nodes", integer(1, kMaxNodes)},
+                   {"max_context", integer(1, kMaxPositions)},
+                   {"mask_token_id", token_id},
+                   {"stop_ids", stop_ids},
+                   {"graphs", record({{"target", target}, {"epilogue", nullable(epilogue)}}, {"target"}, "an object",
+                                     false, graph)},
+                   {"files", map_of(file_name, file_record)},
+                   {"ort_session_config", nullable(map_of(text(), text()))}},
+                  {"model", "dtype", "block_size", "max_nodes", "max_context", "graphs", "files"}, "an object");
+  }();
+  return kField;
+}
+
+int64_t integer_or(const Json& obj, const char* key, int64_t fallback) {
+  const Json* v = obj.find(key);
+  return v ? v->integer() : fallback;
+}
+
+// manifest.check_manifest_rules (and config.check_model_rules): the rules across fields, on a manifest whose fields
+// manifest_fields() took
+void check_manifest_rules(const Json& m) {
+  using schema::rule;
+  const Json& model = m.at("model");
+  const int64_t heads = model.at("num_attention_heads").integer(), kv = model.at("num_key_value_heads").integer();
+  const int64_t vocab = model.at("vocab_size").integer(), head_dim = model.at("head_dim").integer();
+  const int64_t mask = integer_or(model, "mask_token_id", 151669);
+  rule(heads % kv == 0, "model.num_key_value_heads", std::to_string(kv),
+       "a divisor of num_attention_heads (" + std::to_string(heads) + ")");
+  rule(head_dim % 2 == 0, "model.head_dim", std::to_string(head_dim), "an even integer (rotate-half RoPE)");
+  rule(mask < vocab, "model.mask_token_id", std::to_string(mask),
+       "an id inside the vocabulary, 0.." + std::to_string(vocab - 1));
+  const int64_t block = m.at("block_size").integer(), context = m.at("max_context").integer();
+  const int64_t positions = model.at("max_position_embeddings").integer();
+  rule(block <= context && context <= positions, "max_context", std::to_string(context),
+       "an integer in " + std::to_string(block) + ".." + std::to_string(positions) +
+           " (block_size..model.max_position_embeddings)");
+  const Json& graphs = m.at("graphs");
+  if (const Json* epi = graphs.find("epilogue"); epi && !epi->is_null()) {
+    const int64_t steps = epi->at("future_steps").integer();
+    rule(steps <= block, "graphs.epilogue.future_steps", std::to_string(steps),
+         "an integer in 1.." + std::to_string(block) + " (the block size)");
+    if (const Json* p = epi->find("positions_per_call"); p && !p->is_null())
+      rule(p->integer() <= block && block % p->integer() == 0, "graphs.epilogue.positions_per_call",
+           std::to_string(p->integer()), "a divisor of the block size " + std::to_string(block));
+  }
+  for (const auto& [name, graph] : graphs.members()) {
+    if (name == "drafter" || graph.is_null()) continue;   // (drafter.json hashes the drafter's graph)
+    const std::string& file = graph.at("file").str();
+    rule(m.at("files").has(file), "graphs." + name + ".file", "'" + file + "'",
+         "a file the files record lists (no hash vouches for it otherwise)");
+  }
+}
+
+ModelFacts parse_model(const Json& m) {   // a "model" section manifest_fields() and check_manifest_rules took
   ModelFacts c;
   c.vocab_size = m.at("vocab_size").integer();
   c.hidden_size = m.at("hidden_size").integer();
@@ -73,18 +174,13 @@ ModelFacts parse_model(const Json& m) {
   c.num_key_value_heads = m.at("num_key_value_heads").integer();
   c.head_dim = m.at("head_dim").integer();
   c.max_position_embeddings = m.at("max_position_embeddings").integer();
-  c.block_size = m.has("block_size") ? m.at("block_size").integer() : 4;
-  c.mask_token_id = m.has("mask_token_id") ? m.at("mask_token_id").integer() : 151669;
+  c.block_size = integer_or(m, "block_size", 4);
+  c.mask_token_id = integer_or(m, "mask_token_id", 151669);
   if (m.has("stop_ids")) {
     for (const Json& s : m.at("stop_ids").items()) c.stop_ids.push_back(s.integer());
   } else {
     c.stop_ids = {151645, 151643};
   }
-  if (c.vocab_size <= 0 || c.num_hidden_layers <= 0 || c.num_key_value_heads <= 0 || c.head_dim <= 0 ||
-      c.block_size < 1 || c.mask_token_id < 0 || c.mask_token_id >= c.vocab_size)
-    fail(SPOT_ERR_CORRUPT, "invalid model config in the manifest (vocab " + std::to_string(c.vocab_size) +
-                               ", mask id " + std::to_string(c.mask_token_id) + ", block " +
-                               std::to_string(c.block_size) + ")");
   return c;
 }
 
@@ -121,68 +217,54 @@ ExportedFolder load_exported_folder(const std::string& folder, spot_verify verif
   if (fmt == nullptr || !fmt->is_string() || fmt->str() != kFormat)
     fail(SPOT_ERR_CORRUPT, mpath + " is not a spot export manifest (format is not '" + kFormat + "')");
   const Json* ver = m.find("format_version");
-  if (ver != nullptr && ver->is_number() && ver->integer() == 1)
+  if (ver != nullptr && ver->is_integer() && ver->integer() == 1)
     fail(SPOT_ERR_INCOMPATIBLE, mpath + " has format_version 1, this host reads 2 (its target graph takes each "
                                         "layer's cache as its own input): run `spot upgrade-export " + folder +
                                         "` (seconds: the graph is rewritten, the weights stay)");
-  if (ver == nullptr || !ver->is_number() || ver->integer() != kFormatVersion)
+  if (ver == nullptr || !ver->is_integer() || ver->integer() != kFormatVersion)
     fail(SPOT_ERR_INCOMPATIBLE, mpath + " has a format_version this host does not read (expected 2): re-export "
                                         "the model with this version of spot-export");
-  try {
-    ef.config = parse_model(m.at("model"));
-    ef.dtype = m.at("dtype").str();
-    ef.block_size = m.at("block_size").integer();
-    ef.max_nodes = m.at("max_nodes").integer();
-    ef.max_context = m.at("max_context").integer();
-    // a graph is a file of the folder itself (as verify_files' names): never a path that leaves it, and one the
-    // files record hashes (else nothing vouches for what is loaded)
-    const Json& files = m.at("files");
-    auto graph_file = [&](const Json& entry) {
-      const std::string name = entry.at("file").str();
-      if (name.empty() || name.find('/') != std::string::npos || name.find('\\') != std::string::npos ||
-          name == "." || name == "..")
-        fail(SPOT_ERR_CORRUPT, mpath + " names graph file '" + name + "', expected a file name in its own folder");
-      if (files.find(name) == nullptr)
-        fail(SPOT_ERR_CORRUPT, mpath + " names graph file '" + name + "', which its files record does not list "
-                                       "(no hash vouches for it): re-export the model");
-      return join(folder, name);
-    };
-    const Json& target = m.at("graphs").at("target");
-    ef.target_graph = graph_file(target);
-    if (const Json* epi = m.at("graphs").find("epilogue"); epi && !epi->is_null()) {
-      ef.epilogue_graph = graph_file(*epi);
-      ef.epilogue_steps = epi->at("future_steps").integer();
-      if (const Json* p = epi->find("positions_per_call"); p && !p->is_null()) ef.epilogue_positions = p->integer();
-    }
-    // spot-export and spot upgrade-export write it into every format 2 folder (manifest.load_manifest)
-    const Json* kv = m.at("graphs").find("kv_append");
-    if (!kv || kv->is_null())
-      fail(SPOT_ERR_INCOMPATIBLE, mpath + " lists no kv_append graph, expected one in every format " +
-                                      std::to_string(kFormatVersion) + " folder: run `spot upgrade-export " + folder +
-                                      "` (seconds: the graph is written, the weights stay)");
-    ef.kv_append_graph = graph_file(*kv);
-    // the decoding defaults copied from the model config (spot.folder.manifest.check_manifest_fields): the
-    // manifest is not hashed, so an edit is refused rather than half used
-    bool same = ef.block_size == ef.config.block_size;
-    if (const Json* mask = m.find("mask_token_id")) same = same && mask->integer() == ef.config.mask_token_id;
-    if (const Json* stops = m.find("stop_ids")) {
-      std::vector<int64_t> ids;
-      for (const Json& t : stops->items()) ids.push_back(t.integer());
-      same = same && ids == ef.config.stop_ids;
-    }
-    if (!same)
-      fail(SPOT_ERR_CORRUPT, "block_size / mask_token_id / stop_ids differ from model.* (edited?)");
-    if (const Json* sc = m.find("ort_session_config"); sc && !sc->is_null())
-      for (const auto& [key, value] : sc->members()) ef.ort_session_config.emplace_back(key, value.str());
-    m.at("files").members();
-  } catch (const SpotException& e) {
-    if (e.code() != SPOT_ERR_CORRUPT) throw;
-    fail(SPOT_ERR_CORRUPT, mpath + ": " + e.what() + " (re-export the model with spot-export)");
+  const std::string remedy = " (re-export the model with spot-export)";
+  for (const char* key : {"model", "dtype", "block_size", "max_nodes", "max_context", "graphs", "files"})
+    if (!m.has(key)) fail(SPOT_ERR_CORRUPT, mpath + " lacks field '" + key + "'" + remedy);
+  try {   // every field the host reads, its type and range, before anything is sized by one
+    manifest_fields().check(m);
+    check_manifest_rules(m);
+  } catch (const schema::Mismatch& e) {
+    fail(SPOT_ERR_CORRUPT, e.message(mpath) + remedy);
   }
-  if (ef.dtype != "fp32" && ef.dtype != "fp16")
-    fail(SPOT_ERR_UNSUPPORTED, mpath + " has dtype " + ef.dtype + ", the C++ host reads fp32 and fp16 exports");
-  if (ef.block_size < 1 || ef.max_nodes < 1 || ef.max_context < ef.block_size)
-    fail(SPOT_ERR_CORRUPT, mpath + " has an invalid block_size / max_nodes / max_context");
+  ef.config = parse_model(m.at("model"));
+  ef.dtype = m.at("dtype").str();
+  ef.block_size = m.at("block_size").integer();
+  ef.max_nodes = m.at("max_nodes").integer();
+  ef.max_context = m.at("max_context").integer();
+  const Json& graphs = m.at("graphs");
+  ef.target_graph = join(folder, graphs.at("target").at("file").str());
+  if (const Json* epi = graphs.find("epilogue"); epi && !epi->is_null()) {
+    ef.epilogue_graph = join(folder, epi->at("file").str());
+    ef.epilogue_steps = epi->at("future_steps").integer();
+    if (const Json* p = epi->find("positions_per_call"); p && !p->is_null()) ef.epilogue_positions = p->integer();
+  }
+  // the decoding defaults copied from the model config (spot.folder.manifest.check_manifest_fields): the
+  // manifest is not hashed, so an edit is refused rather than half used
+  bool same = ef.block_size == ef.config.block_size;
+  if (const Json* mask = m.find("mask_token_id")) same = same && mask->integer() == ef.config.mask_token_id;
+  if (const Json* stops = m.find("stop_ids")) {
+    std::vector<int64_t> ids;
+    for (const Json& t : stops->items()) ids.push_back(t.integer());
+    same = same && ids == ef.config.stop_ids;
+  }
+  if (!same)
+    fail(SPOT_ERR_CORRUPT, mpath + ": block_size / mask_token_id / stop_ids differ from model.* (edited?)" + remedy);
+  // spot-export and spot upgrade-export write it into every format 2 folder (manifest.load_manifest)
+  const Json* kv = graphs.find("kv_append");
+  if (!kv || kv->is_null())
+    fail(SPOT_ERR_INCOMPATIBLE, mpath + " lists no kv_append graph, expected one in every format " +
+                                    std::to_string(kFormatVersion) + " folder: run `spot upgrade-export " + folder +
+                                    "` (seconds: the graph is written, the weights stay)");
+  ef.kv_append_graph = join(folder, kv->at("file").str());
+  if (const Json* sc = m.find("ort_session_config"); sc && !sc->is_null())
+    for (const auto& [key, value] : sc->members()) ef.ort_session_config.emplace_back(key, value.str());
   verify_files(folder, m.at("files"), verify);
   return ef;
 }
@@ -286,8 +368,6 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
     past_names_.push_back("past_k_" + std::to_string(layer));
     past_names_.push_back("past_v_" + std::to_string(layer));
   }
-  k_.assign(static_cast<size_t>(cfg_.num_hidden_layers), {});
-  v_.assign(static_cast<size_t>(cfg_.num_hidden_layers), {});
   // the per-layer cache inputs are check_graph_io's below: one missing contradicts model.num_hidden_layers
   for (const auto& want : kInputs)
     if (std::find(session_->input_names().begin(), session_->input_names().end(), want) ==
@@ -306,6 +386,8 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
   expected.insert(expected.end(), {{"logits", f32, {-1, -1, cfg_.vocab_size}}, {"new_k", kv_type_, {L, -1, H, -1, D}},
                                    {"new_v", kv_type_, {L, -1, H, -1, D}}});
   check_graph_io(f, f.target_graph, *session_, expected);
+  k_.assign(static_cast<size_t>(L), {});   // per-layer state once the graph agrees with the manifest's layers
+  v_.assign(static_cast<size_t>(L), {});
   open_epilogue(f, threads, device, sampler);
   open_kv_append(f, threads, device, kv_cache);
 }

@@ -7,15 +7,18 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
+#include "bounds.h"
 #include "errors.h"
 
 namespace spot {
 namespace {
 
-[[noreturn]] void invalid(const std::string& what) { fail(SPOT_ERR_CORRUPT, "invalid JSON: " + what); }
+// (the readers say "<file> is not valid JSON (<what>)", as spot.descriptors.parse_json does)
+[[noreturn]] void invalid(const std::string& what) { fail(SPOT_ERR_CORRUPT, what); }
 
 bool delimits(const std::string& text, size_t i) {   // a value may end / begin next to position i
   return i >= text.size() || std::strchr(" \t\n\r,:[]{}", text[i]) != nullptr;
@@ -68,7 +71,6 @@ std::string with_python_literals_replaced(const std::string& text, std::map<size
 // nlohmann/json's SAX events -> a Json tree (objects keep their key order; the first of duplicate keys is found)
 class JsonParser {
  public:
-  static constexpr size_t kMaxDepth = 256;   // deeper nesting is refused
 
   explicit JsonParser(std::map<size_t, double> nonfinite) : nonfinite_(std::move(nonfinite)) {}
 
@@ -101,6 +103,8 @@ class JsonParser {
   bool start_object(size_t /*elements*/) { return open(Json::Kind::Object); }
   bool key(std::string& k) {
     refuse_nul(k);
+    // Python's json module keeps the last of duplicate keys, this reader the first: neither is read
+    if (!seen_.back().insert(k).second) invalid("duplicate key '" + k.substr(0, 60) + "'");
     keys_.back() = std::move(k);
     return true;
   }
@@ -111,7 +115,7 @@ class JsonParser {
   bool parse_error(size_t byte, const std::string& /*last_token*/, const Exception& e) {
     std::string what = e.what();   // "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
     const size_t tag = what.find("] ");
-    fail(SPOT_ERR_CORRUPT, "invalid JSON at byte " + std::to_string(byte) + ": " +
+    fail(SPOT_ERR_CORRUPT, "at byte " + std::to_string(byte) + ": " +
                                (tag == std::string::npos ? what : what.substr(tag + 2)));
   }
 
@@ -132,11 +136,12 @@ class JsonParser {
   }
 
   bool open(Json::Kind kind) {
-    if (open_.size() >= kMaxDepth) invalid("nesting deeper than 256");
+    if (open_.size() >= kMaxJsonDepth) invalid("nesting deeper than " + std::to_string(kMaxJsonDepth));
     Json v;
     v.kind_ = kind;
     open_.push_back(std::move(v));
     keys_.emplace_back();
+    seen_.emplace_back();
     return true;
   }
 
@@ -144,6 +149,7 @@ class JsonParser {
     Json v = std::move(open_.back());
     open_.pop_back();
     keys_.pop_back();
+    seen_.pop_back();
     return put(std::move(v));
   }
 
@@ -162,6 +168,7 @@ class JsonParser {
   size_t numbers_ = 0;
   std::vector<Json> open_;               // the arrays and objects being read, outermost first
   std::vector<std::string> keys_;        // per open object, the key its next value goes under
+  std::vector<std::unordered_set<std::string>> seen_;   // per open object, its keys so far
   Json root_;
 };
 
@@ -204,11 +211,16 @@ double Json::number() const {
   return num_;
 }
 
+Json Json::string_value(std::string s) {
+  Json v;
+  v.kind_ = Kind::String;
+  v.str_ = std::move(s);
+  return v;
+}
+
 int64_t Json::integer() const {
-  if (kind_ != Kind::Number) fail(SPOT_ERR_CORRUPT, "expected an integer");
-  if (num_is_int_) return int_;
-  if (std::isfinite(num_) && std::floor(num_) == num_ && std::fabs(num_) < 9.0e15) return static_cast<int64_t>(num_);
-  fail(SPOT_ERR_CORRUPT, "expected an integer");
+  if (!is_integer()) fail(SPOT_ERR_CORRUPT, "expected an integer");
+  return int_;
 }
 
 bool Json::boolean() const {

@@ -1,5 +1,7 @@
 // JSON values of manifest.json and drafter.json, read with nlohmann/json (RFC 8259, plus the NaN / Infinity
-// Python's json module writes; objects keep their key order).
+// Python's json module writes; objects keep their key order). What it refuses, spot.descriptors.parse_json refuses
+// too (nesting deeper than kMaxJsonDepth, duplicate keys, NUL or a lone surrogate in a string, a number beyond
+// double's range), so that both hosts read the same files alike.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +21,11 @@ class Json {
   static Json parse(const std::string& text);   // throws SpotException(SPOT_ERR_CORRUPT) on malformed input
 
   Kind kind() const { return kind_; }
+  static Json string_value(std::string s);           // a JSON string holding s
+
   bool is_null() const { return kind_ == Kind::Null; }
   bool is_number() const { return kind_ == Kind::Number; }
+  bool is_integer() const { return kind_ == Kind::Number && num_is_int_; }   // written without fraction or exponent
   bool is_string() const { return kind_ == Kind::String; }
   bool is_array() const { return kind_ == Kind::Array; }
   bool is_object() const { return kind_ == Kind::Object; }
@@ -32,7 +37,7 @@ class Json {
   const std::vector<std::pair<std::string, Json>>& members() const;  // object members in file order
 
   double number() const;
-  int64_t integer() const;                           // a number that is an exact integer
+  int64_t integer() const;                           // is_integer()'s value (Python's json reads 4.0 as a float)
   bool boolean() const;
   const std::string& str() const;
 

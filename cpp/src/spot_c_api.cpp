@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "bounds.h"
 #include "decode.h"
 #include "drafter.h"
 #include "engine.h"
@@ -15,6 +16,8 @@
 #include "paths.h"
 #include "spot/spot.h"
 #include "step.h"
+
+static_assert(SPOT_MAX_STOP_IDS == spot::kMaxStopIds, "the header's bound is the manifest's (bounds.h)");
 
 struct spot_model {
   spot::ExportedFolder folder;
@@ -210,13 +213,24 @@ spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, 
   return ok(err);
 }
 
+namespace {
+
+// Whether prompt + max_new_tokens fit the model's context, as run_decoder counts them (whole blocks), with no size
+// arithmetic that can overflow: n_prompt is a caller's size_t (2**62 times 8 bytes wrapped to an empty prompt when
+// the ids were copied), so it is compared with the context before anything is added to it or multiplied.
+bool request_fits(const spot_model* model, size_t n_prompt, int max_new_tokens) {
+  const int64_t context = model->engine->max_context(), b = model->engine->block_size();
+  if (max_new_tokens < 1 || n_prompt > static_cast<size_t>(context)) return false;
+  const int64_t blocks = (static_cast<int64_t>(n_prompt) + max_new_tokens + b - 1) / b;   // < 2**25 + 2**31
+  return blocks * b <= context;
+}
+
+}  // namespace
+
 size_t spot_output_capacity(const spot_model* model, size_t n_prompt, int max_new_tokens) {
-  if (model == nullptr || max_new_tokens < 1) return 0;
-  const size_t wanted = static_cast<size_t>(max_new_tokens);     // the most returned (decode.cpp)
-  // never more than the context leaves after the prompt: a huge max_new_tokens is refused by spot_generate, and a
-  // caller sizing its buffer by this must not allocate gigabytes first
-  const size_t context = static_cast<size_t>(model->engine->max_context());
-  return std::min(wanted, context > n_prompt ? context - n_prompt : size_t(0));
+  // 0 for a request spot_generate refuses for its sizes: a caller sizing its buffer by this never allocates for one
+  if (model == nullptr || !request_fits(model, n_prompt, max_new_tokens)) return 0;
+  return static_cast<size_t>(max_new_tokens);     // the most returned (decode.cpp)
 }
 
 spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_prompt,
@@ -254,7 +268,18 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: unknown mode");
   if (o.stop_ids == nullptr && o.n_stop_ids > 0)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: stop_ids is NULL but n_stop_ids > 0");
-  if (o.max_new_tokens >= 1 && out_capacity < spot_output_capacity(model, n_prompt, o.max_new_tokens))
+  // sizes before anything is sized by them (a prompt past the context can never decode; SPOT_MAX_STOP_IDS, as the
+  // manifest's stop_ids): 2**62 ids wrapped to none, SIZE_MAX ran out of memory
+  if (n_prompt > static_cast<size_t>(model->engine->max_context()))
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
+                     "spot_generate: n_prompt " + std::to_string(n_prompt) + " exceeds the model's context of " +
+                         std::to_string(model->engine->max_context()) + " tokens");
+  if (o.n_stop_ids > static_cast<size_t>(SPOT_MAX_STOP_IDS))
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
+                     "spot_generate: n_stop_ids " + std::to_string(o.n_stop_ids) + " exceeds SPOT_MAX_STOP_IDS (" +
+                         std::to_string(SPOT_MAX_STOP_IDS) + ")");
+  if (o.max_new_tokens >= 1 && request_fits(model, n_prompt, o.max_new_tokens) &&
+      out_capacity < spot_output_capacity(model, n_prompt, o.max_new_tokens))
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
                      "spot_generate: out_capacity " + std::to_string(out_capacity) + " is below the " +
                          std::to_string(spot_output_capacity(model, n_prompt, o.max_new_tokens)) +

@@ -16,7 +16,7 @@ import click
 
 from spot import __version__
 from spot.cli import bench, export, generate, serve, training
-from spot.errors import INTERRUPTED_LINE, TERMINATED_LINE, SpotError, os_error_hint
+from spot.errors import INTERRUPTED_LINE, TERMINATED_LINE, SpotError, exit_on_closed_pipe, os_error_hint
 
 # Optional packages -> the extra that installs them: the runtime (generate/bench/tune/verify on an exported folder with
 # --backend ort) needs none of them; export, training, the torch backend, plots and `spot serve` do.
@@ -42,10 +42,14 @@ class SpotGroup(click.Group):
             return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as e:
             self._fail(e.ctx, *usage_error(e, "spot"))
+        except BrokenPipeError:     # `spot --help | head -1`
+            exit_on_closed_pipe()
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:     # `spot generate --stream ... | head -1`: the reader is gone, nothing is wrong
+            exit_on_closed_pipe()
         except click.ClickException as e:       # a bad value, an unknown option or command, a missing argument
             if ctx.meta.get("spot.debug"):
                 raise

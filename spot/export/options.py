@@ -11,6 +11,7 @@ from spot.export.graph import check_dtype, check_opset
 from spot.export.presets import Source
 from spot.export.quantize import QuantScheme
 from spot.folder.epilogue import DEFAULT_FUTURE_STEPS, EpilogueCall, check_positions, default_epilogue_positions
+from spot.folder.manifest import MAX_NODES
 
 # Progress lines; one starting with "\r" updates the line before (a progress bar: spot.cli.shared.stderr_progress
 # rewrites it in place on a terminal), and "\r" alone ends the bar.
@@ -73,8 +74,8 @@ def check_options(cfg: ModelConfig, options: ExportOptions) -> int:
     """Validate dtype/opset/max-nodes/max-context; return the max context."""
     check_dtype(options.dtype)
     check_opset(options.opset)
-    if not 1 <= options.max_nodes <= 4096:
-        raise SpotError(f"--max-nodes must be in 1..4096, got {options.max_nodes}",
+    if not 1 <= options.max_nodes <= MAX_NODES:
+        raise SpotError(f"--max-nodes must be in 1..{MAX_NODES}, got {options.max_nodes}",
                         "it bounds the candidate states of one verify pass (TensorRT optimization profiles)")
     ctx = cfg.max_position_embeddings if options.max_context is None else options.max_context
     if not (cfg.block_size <= ctx <= cfg.max_position_embeddings) or ctx % cfg.block_size:

@@ -18,12 +18,12 @@ commit per step plus a store pass per block), every pass priced at t(NODES) (an 
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from spot.config import ModelConfig
+from spot.descriptors import read_json
 from spot.errors import SpotError
 
 SHORT_CONTEXT = 2048                       # the projection's short context (beside the plan's)
@@ -102,11 +102,14 @@ def counts_from_bench(path: str | Path) -> list[tuple[PassCounts, PassCounts]]:
     """(baseline, speculative) pass counts per row of a `spot bench` bench.json: every chain / tree / spot /
     spot-sets row with the row of the decoder it is measured against at the same temperature."""
     path = Path(path)
+    remedy = "pass the bench.json that `spot bench --out DIR` wrote"
     try:
-        rows = json.loads(path.read_text())["rows"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        rows = read_json(path, remedy)["rows"]
+    except SpotError as e:
+        raise SpotError(f"--plan-bench {e.message}", remedy) from None
+    except (OSError, KeyError, TypeError) as e:
         raise SpotError(f"--plan-bench {path}: not a bench.json of `spot bench` ({type(e).__name__}: {e})",
-                        "pass the bench.json that `spot bench --out DIR` wrote") from None
+                        remedy) from None
 
     def counts(row: dict) -> PassCounts:
         kinds, tokens = row["passes_by_kind"], row["tokens"]
@@ -122,7 +125,7 @@ def counts_from_bench(path: str | Path) -> list[tuple[PassCounts, PassCounts]]:
             baseline = base.get(("threshold" if r.get("rule") == "threshold" else "standard", r["temperature"]))
             if baseline is not None:
                 out.append((counts(baseline), counts(r)))
-    except (KeyError, TypeError, ZeroDivisionError) as e:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise SpotError(f"--plan-bench {path}: a row lacks pass counts ({type(e).__name__}: {e})",
                         "pass a bench.json written by this version's `spot bench`") from None
     if not out:

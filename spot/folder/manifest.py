@@ -21,12 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from spot.config import ModelConfig
-from spot.descriptors import load_descriptor, sha256_file
+from spot.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MASK_TOKEN_ID, DEFAULT_STOP_IDS, MAX_BLOCK_SIZE, MAX_POSITIONS,
+                         MODEL_FIELDS, MODEL_SECTION, TOKEN_ID, ModelConfig, check_model_rules)
+from spot.descriptors import load_descriptor, read_json, sha256_file
 from spot.errors import SpotError
 from spot.files import opened_whole, plain_file_name
 from spot.replace import interrupted_replacement
 from spot.runtime.drafter import DRAFTER_JSON, DRAFTER_ONNX
+from spot.schema import SHA256, Integer, ListOf, MapOf, Mismatch, Nullable, Record, Satisfies, Text, rule
 
 # The model dtypes an exported folder may have (manifest "dtype") as numpy dtypes: here, not in spot.export.graph,
 # because the runtime opens folders without onnx installed.
@@ -48,6 +50,67 @@ VERIFY_LEVELS = ("quick", "full", "none")
 # hashes would be refused after every retraining (or, interrupted between the two writes, for good). Manifests
 # written before list them under `files`; opening skips those entries.
 DRAFTER_FILES = (DRAFTER_ONNX, DRAFTER_JSON)
+
+
+# -- the manifest's fields (spot.schema; the C++ host checks the same: cpp/src/engine.cpp, cpp/src/bounds.h) ------
+MAX_NODES = 4096                # spot-export's --max-nodes range
+MAX_FILE_BYTES = 2**63 - 1      # a file's size as the C++ host holds it (int64)
+MAX_DIMS = 8                    # dims of one input in a TensorRT shape profile
+
+
+def folder_file_name(name: str) -> bool:
+    """A name of a file in the exported folder itself: never a path that leaves it (nor a backslash, a separator
+    on Windows), as both hosts read it."""
+    return plain_file_name(name) and "\\" not in name
+
+
+FILE_NAME = Satisfies(folder_file_name, "the name of a file in the exported folder itself")
+FILE_RECORD = Record({"bytes": Integer(0, MAX_FILE_BYTES), "sha256": SHA256, "sample_sha256": SHA256},
+                     ("bytes", "sha256", "sample_sha256"), what='{"bytes": N, "sha256": ..., "sample_sha256": ...}')
+GRAPH = Record({"file": FILE_NAME}, ("file",), what='an object with a "file" name')
+SHAPES = MapOf(Text(), ListOf(Integer(0, MAX_POSITIONS), MAX_DIMS), what="an object of input: [dims]")
+TRT_PROFILE = Record({end: SHAPES for end in ("min", "opt", "max")}, ("min", "opt", "max"),
+                     what='{"min"|"opt"|"max": {input: [dims]}}')
+TARGET = Record({"file": FILE_NAME, "tensorrt_profile": Nullable(TRT_PROFILE)}, ("file",), what=GRAPH.what)
+EPILOGUE = Record({"file": FILE_NAME, "future_steps": Integer(1, MAX_BLOCK_SIZE),
+                   "positions_per_call": Nullable(Integer(1, MAX_BLOCK_SIZE))}, ("file", "future_steps"),
+                  what='an object with a "file" name and "future_steps"')
+MANIFEST = Record({
+    "model": MODEL_SECTION,
+    "dtype": Text(tuple(NP_DTYPES)),
+    "block_size": Integer(1, MAX_BLOCK_SIZE),
+    "max_nodes": Integer(1, MAX_NODES),
+    "max_context": Integer(1, MAX_POSITIONS),
+    "mask_token_id": TOKEN_ID,
+    "stop_ids": MODEL_FIELDS["stop_ids"],
+    "graphs": Record({"target": TARGET, "epilogue": Nullable(EPILOGUE)}, ("target",), others=GRAPH),
+    "files": MapOf(FILE_NAME, FILE_RECORD),
+    "ort_session_config": Nullable(MapOf(Text(), Text())),
+}, ("model", "dtype", "block_size", "max_nodes", "max_context", "graphs", "files"))
+
+
+def check_manifest_rules(manifest: dict) -> None:
+    """The rules across a manifest's fields (each field checked by MANIFEST): the model's own, max_context within
+    the model's positions, the epilogue's numbers within the block, each graph a file the files record hashes (the
+    drafter's: drafter.json hashes it); Mismatch naming the field that breaks one."""
+    model = {"block_size": DEFAULT_BLOCK_SIZE, "mask_token_id": DEFAULT_MASK_TOKEN_ID, **manifest["model"]}
+    try:
+        check_model_rules(model)
+    except Mismatch as e:
+        raise e.inside("model") from None
+    block, positions = manifest["block_size"], model["max_position_embeddings"]
+    rule(block <= manifest["max_context"] <= positions, "max_context", manifest["max_context"],
+         f"an integer in {block}..{positions} (block_size..model.max_position_embeddings)")
+    epilogue = manifest["graphs"].get("epilogue")
+    if epilogue is not None:
+        rule(epilogue["future_steps"] <= block, "graphs.epilogue.future_steps", epilogue["future_steps"],
+             f"an integer in 1..{block} (the block size)")
+        per_call = epilogue.get("positions_per_call")
+        rule(per_call is None or (per_call <= block and block % per_call == 0), "graphs.epilogue.positions_per_call",
+             per_call, f"a divisor of the block size {block}")
+    for name, graph in manifest["graphs"].items():
+        rule(name == "drafter" or graph is None or graph["file"] in manifest["files"], f"graphs.{name}.file",
+             graph and graph["file"], "a file the files record lists (no hash vouches for it otherwise)")
 
 
 def past_input_names(layers: int) -> list[tuple[str, str]]:
@@ -206,7 +269,7 @@ class ExportedModel:
             raise SpotError(f"the exported folder {self.folder} has no {name!r} graph "
                             f"(it has: {', '.join(graphs) or 'none'})", "re-export it with a newer spot-export")
         file = str(graphs[name]["file"])
-        if not plain_file_name(file):     # never a path that leaves the folder
+        if not folder_file_name(file):     # never a path that leaves the folder (checked when read, too)
             raise SpotError(f"{self.folder}/manifest.json names graph file {file!r}, expected a file name in its "
                             "own folder", "re-export it with spot-export")
         if file not in self.manifest.get("files", {}) and name != "drafter":    # (drafter.json hashes its graph)
@@ -244,10 +307,11 @@ def load_manifest(folder: str | Path, verify: str = "quick", upgradable: bool = 
 
 def _format_version(path: Path):
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(path, "", strict=True)
+    except (OSError, SpotError):
         return None
-    return data.get("format_version") if isinstance(data, dict) and data.get("format") == FORMAT else None
+    version = data.get("format_version") if isinstance(data, dict) and data.get("format") == FORMAT else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
 def _load_manifest_once(folder: str | Path, verify: str, upgradable: bool = False) -> ExportedModel:
@@ -275,12 +339,11 @@ def _load_manifest_once(folder: str | Path, verify: str, upgradable: bool = Fals
                         f"run `spot upgrade-export {folder}` (seconds: the graph is rewritten, the weights stay)")
     manifest = load_descriptor(path, FORMAT, version if version in UPGRADABLE_VERSIONS else FORMAT_VERSION,
                                ("model", "dtype", "block_size", "max_nodes", "max_context", "graphs", "files"),
-                               remedy)
-    try:
-        config = ModelConfig.from_dict(manifest["model"])
-    except (KeyError, TypeError) as e:
-        raise SpotError(f"{path} has an invalid model config ({e})", remedy) from None
-    check_manifest_fields(path, manifest, config, remedy)
+                               remedy, strict=True)
+    check_manifest_fields(path, manifest, remedy)
+    config = ModelConfig.from_dict(manifest["model"], f"{path}: model", remedy)
+    if manifest["graphs"].get("epilogue", ...) is None:     # null: no epilogue, as if absent
+        del manifest["graphs"]["epilogue"]
     if version == FORMAT_VERSION and "kv_append" not in manifest["graphs"] and not upgradable:
         # spot-export and spot upgrade-export write it into every format 2 folder: one without it is older
         raise SpotError(f"{path} lists no kv_append graph, expected one in every format {FORMAT_VERSION} folder",
@@ -289,40 +352,20 @@ def _load_manifest_once(folder: str | Path, verify: str, upgradable: bool = Fals
     return ExportedModel(folder, manifest, config)
 
 
-def check_manifest_fields(path: Path, manifest: dict, config: ModelConfig, remedy: str) -> None:
-    """The manifest is not hashed: its numbers are checked for type, and its decoding defaults against the model
-    config they were copied from (the hosts decode with model.*), so an edited manifest is refused, not half-used."""
-    for key in ("block_size", "max_nodes", "max_context"):
-        value = manifest[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SpotError(f"{path}: {key} is {value!r}, expected an integer >= 1", remedy)
-    if manifest["dtype"] not in NP_DTYPES:
-        raise SpotError(f"{path}: dtype is {manifest['dtype']!r}, expected one of {', '.join(NP_DTYPES)}", remedy)
-    check_file_records(path, manifest, remedy)
-    model = {"block_size": config.block_size, "mask_token_id": config.mask_token_id,
-             "stop_ids": list(config.stop_ids)}
+def check_manifest_fields(path: Path, manifest: dict, remedy: str) -> None:
+    """The manifest is not hashed: every field the hosts read is checked for type and range (MANIFEST), across
+    fields (check_manifest_rules), and its decoding defaults against the model config they were copied from (the
+    hosts decode with model.*), so an edited manifest is refused, not half-used — and never sizes an allocation."""
+    try:
+        MANIFEST.check(manifest)
+        check_manifest_rules(manifest)
+    except Mismatch as e:
+        raise SpotError(e.message(str(path)), remedy) from None
+    section = manifest["model"]
+    model = {"block_size": section.get("block_size", DEFAULT_BLOCK_SIZE),
+             "mask_token_id": section.get("mask_token_id", DEFAULT_MASK_TOKEN_ID),
+             "stop_ids": list(section.get("stop_ids", DEFAULT_STOP_IDS))}
     for key, want in model.items():
         if key in manifest and manifest[key] != want:
             raise SpotError(f"{path}: {key} is {manifest[key]!r} but model.{key} is {want!r} (edited?)",
                             f"decoding uses model.{key}: edit both, or {remedy}")
-
-
-def check_file_records(path: Path, manifest: dict, remedy: str) -> None:
-    """`files` maps names of files in the folder itself to {bytes, sha256, sample_sha256}, and `graphs` names each
-    graph's file: an entry such as "/etc/passwd" or "../x" was stat'ed (and its size printed) outside the folder, and
-    a record of another shape ended in a TypeError (the C++ host refuses both too)."""
-    files, graphs = manifest["files"], manifest["graphs"]
-    if not isinstance(files, dict) or not isinstance(graphs, dict):
-        raise SpotError(f"{path}: files and graphs must be JSON objects", remedy)
-    for name, rec in files.items():
-        if not plain_file_name(name):
-            raise SpotError(f"{path} lists file {name!r}, expected the name of a file in the exported folder itself",
-                            remedy)
-        size = rec.get("bytes") if isinstance(rec, dict) else None
-        if (isinstance(size, bool) or not isinstance(size, int) or size < 0
-                or not all(isinstance(rec.get(k), str) for k in ("sha256", "sample_sha256"))):
-            raise SpotError(f"{path}: the record of {name!r} is {rec!r}, expected {{\"bytes\": N, \"sha256\": ..., "
-                            "\"sample_sha256\": ...}", remedy)
-    for name, entry in graphs.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
-            raise SpotError(f"{path}: graphs.{name} is {entry!r}, expected an object with a \"file\" name", remedy)

@@ -6,6 +6,7 @@ once per target pass; SPOT (spot.runtime.spot) plugs in the same way.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -13,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from spot.config import MAX_STOP_IDS
 from spot.errors import SpotError, integer_arg
 from spot.runtime.engine import Engine, id_array
 from spot.runtime.noise import NoiseCache
@@ -80,7 +82,10 @@ def stop_id_tuple(stop_ids) -> tuple[int, ...] | None:
         return None
     if isinstance(stop_ids, (str, bytes)) or not hasattr(stop_ids, "__iter__"):
         raise SpotError(f"stop_ids must be a sequence of token ids, got {stop_ids!r}")
-    return tuple(integer_arg(i, "a stop id") for i in stop_ids)
+    ids = tuple(integer_arg(i, "a stop id") for i in itertools.islice(stop_ids, MAX_STOP_IDS + 1))
+    if len(ids) > MAX_STOP_IDS:     # as a manifest's stop_ids and the C API's SPOT_MAX_STOP_IDS
+        raise SpotError(f"stop_ids name more than {MAX_STOP_IDS} token ids", "pass the few ids that end a reply")
+    return ids
 
 
 def check_max_new_tokens(max_new_tokens: int) -> None:

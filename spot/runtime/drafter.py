@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from spot.config import ModelConfig
+from spot.config import MODEL_FIELDS, ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError, path_arg
+from spot.schema import SHA256, Integer, Nullable, Number, Record, checked
 from spot.runtime import libm
 from spot.runtime.engine import check_threads
 from spot.runtime.proposers import RoundInputs, position_candidates, runner_up_alternatives, set_candidates
@@ -67,6 +68,20 @@ MEMBER_SHARPNESS = 32.0   # stale-confidence membership when the rule's tau is n
 # target's (block size is checked separately, against the engine's block size).
 IDENTITY_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                    "num_key_value_heads", "head_dim", "mask_token_id")
+# drafter.json's fields the hosts read (spot.schema; the C++ host checks the same, cpp/src/drafter.cpp): null is the
+# default of an optional one; the others (accuracy, architecture, ...) are a report, read by neither host
+UNIT = Number(0, 1)
+DRAFTER_FILE = Record({
+    "block_size": Integer(1, MAX_BLOCK),
+    "target": Record({f: MODEL_FIELDS[f] for f in IDENTITY_FIELDS}, what="an object of the target's facts"),
+    "onnx_sha256": SHA256,
+    "member_threshold": Nullable(Number(0, 1, lo_open=True, hi_open=True)),
+    "max_staleness": Nullable(Integer(1, MAX_STALENESS)),
+    "tau": Nullable(Number(0, 1, hi_open=True)),
+    ORDER_TEMPERATURE: Nullable(Number(0, lo_open=True)),
+    RUNNER_UP_WEIGHT: Nullable(UNIT),
+    SET_FLIP_WEIGHT: Nullable(UNIT),
+}, ("block_size", "target", "onnx_sha256"))
 
 
 # -- features ------------------------------------------------------------------------------------------------------
@@ -210,29 +225,27 @@ class Drafter:
                             "re-export it with `spot train-drafter`")
         self.input_names = names
         self.reads_topk = "topk" in names      # else the top-32 features are never computed
-        self.block_size = int(manifest["block_size"])
+
+        def setting(key: str, default):
+            return default if manifest.get(key) is None else manifest[key]
+        self.block_size = manifest["block_size"]
         self.target = dict(manifest["target"])
-        self.member_threshold = float(manifest.get("member_threshold", 0.5))
-        if not 0 < self.member_threshold < 1:
-            raise SpotError(f"{self.path}: member_threshold is {self.member_threshold}, expected a number in (0, 1)",
-                            "re-export it with `spot train-drafter`")
+        self.member_threshold = float(setting("member_threshold", 0.5))
         self.member_offset = logit(self.member_threshold)
-        self.max_staleness = int(manifest.get("max_staleness", MAX_STALENESS))
-        if self.max_staleness < 1:
-            raise SpotError(f"{self.path}: max_staleness is {self.max_staleness}, expected an integer >= 1",
-                            "re-export it with `spot train-drafter`")
+        self.max_staleness = setting("max_staleness", MAX_STALENESS)
         self.tau = manifest.get("tau")     # the threshold rule's tau the membership head learned
-        self.order_temperature = check_order_temperature(manifest.get(ORDER_TEMPERATURE, 1.0), self.path)
-        self.runner_up_weight = check_runner_up_weight(manifest.get(RUNNER_UP_WEIGHT, DEFAULT_RUNNER_UP_WEIGHT),
-                                                       self.path)
-        self.set_flip_weight = check_set_flip_weight(manifest.get(SET_FLIP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT),
-                                                     self.path)
+        self.order_temperature = float(setting(ORDER_TEMPERATURE, 1.0))
+        self.runner_up_weight = float(setting(RUNNER_UP_WEIGHT, DEFAULT_RUNNER_UP_WEIGHT))
+        self.set_flip_weight = float(setting(SET_FLIP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT))
 
     @staticmethod
     def load(path: str | Path, threads: int | None = None) -> "Drafter":
         onnx_path, json_path = resolve_paths(path)
         manifest = load_descriptor(json_path, FORMAT, FORMAT_VERSION, ("block_size", "target", "onnx_sha256"),
-                                   "pass a drafter folder written by this version's `spot train-drafter`")
+                                   "pass a drafter folder written by this version's `spot train-drafter`",
+                                   strict=True)
+        checked(manifest, DRAFTER_FILE, f"drafter {json_path}", "re-export it with `spot train-drafter`, or fix the "
+                "field (`spot calibrate-drafter` writes the tree settings)")
         digest = sha256_file(onnx_path)
         if digest != manifest["onnx_sha256"]:
             raise SpotError(f"{onnx_path} does not match its manifest (sha256 {digest[:12]}..., expected "

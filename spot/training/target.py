@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from spot.config import TRAINING_CORPUS_KEY, ModelConfig
+from spot.descriptors import parse_json
 from spot.errors import SpotError
 from spot.descriptors import read_json, sha256_file
 from spot.files import atomic_output, folder_bytes, present, write_text_atomic
@@ -206,7 +207,7 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     remedy = f"delete {path} to start the run over"
     try:
         with safe_open(str(path), "pt") as f:
-            meta = json.loads((f.metadata() or {}).get("spot", "null"))
+            meta = parse_json((f.metadata() or {}).get("spot", "null"), f"{path}'s metadata", remedy)
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise SpotError(f"{path} is not a readable training checkpoint ({e})", remedy) from None

@@ -21,6 +21,7 @@ that its labels reproduce the committed set.
 from __future__ import annotations
 
 import json
+import math
 import time
 import zipfile
 from dataclasses import dataclass, field, replace
@@ -29,14 +30,17 @@ from typing import Callable
 
 import numpy as np
 
+from spot.config import MAX_BLOCK_SIZE, MODEL_FIELDS, TOKEN_ID
+from spot.descriptors import parse_json
 from spot.errors import SpotError
 from spot.files import atomic_output
 from spot.runtime.decode import generate
-from spot.runtime.drafter import target_identity
+from spot.runtime.drafter import IDENTITY_FIELDS, target_identity
 from spot.runtime.engine import Engine
 from spot.runtime.noise import NoiseCache
 from spot.runtime.stale import TOPK_FEATURES, topk_logprobs
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling, sample_positions, select_commits
+from spot.schema import Integer, ListOf, Mismatch, Number, Record, Text, rule
 
 TRACE_FORMAT = "spot-traces"
 TRACE_VERSION = 1
@@ -96,6 +100,64 @@ TRACE_DTYPES = {"temperature": np.float32, "rule": np.int8, "tau": np.float32, "
                 "prompt_len": np.int32, "generated": np.int32}
 
 
+# the meta fields training reads (spot.schema); the others (engine, seconds, ...) are a report
+TRACE_META = Record({
+    "format": Text((TRACE_FORMAT,)), "format_version": Integer(TRACE_VERSION, TRACE_VERSION),
+    "block_size": Integer(1, MAX_BLOCK_SIZE), "mask_token_id": TOKEN_ID, "depth": Integer(1, MAX_BLOCK_SIZE),
+    "target": Record({f: MODEL_FIELDS[f] for f in IDENTITY_FIELDS}, what="an object of the target's facts"),
+    "temperatures": ListOf(Number(0), 1024), "rules": ListOf(Text((STATIC, THRESHOLD)), 2),
+}, ("format", "format_version", "block_size", "mask_token_id", "depth", "target", "temperatures", "rules"))
+
+
+def _array_shapes(z: zipfile.ZipFile) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """name -> (shape, dtype) of each array of an .npz, read from the .npy headers alone; ValueError unless each
+    member holds exactly the bytes its header declares (np.load allocates an array by its header before reading)."""
+    out = {}
+    for info in z.infolist():
+        if not info.filename.endswith(".npy"):
+            raise ValueError(f"member {info.filename!r} is not an array")
+        with z.open(info) as f:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            if version not in read:
+                raise ValueError(f"{info.filename}: .npy format version {version}")
+            shape, _, dtype = read[version](f)
+            declared = f.tell() + math.prod(shape) * dtype.itemsize
+        if declared != info.file_size:
+            raise ValueError(f"{info.filename} declares {declared} bytes, holds {info.file_size}")
+        out[info.filename.removesuffix(".npy")] = (shape, dtype)
+    return out
+
+
+def check_trace_arrays(shapes: dict, meta: dict) -> None:
+    """Mismatch unless each array has the dtype and shape its meta implies: rows [R, ...] and traces [T] of one
+    R and T, each row's B = block_size positions and D = depth future steps (ROW_DTYPES, TRACE_DTYPES)."""
+    b, d = meta["block_size"], meta["depth"]
+
+    def length(name: str) -> tuple[int]:       # R or T: the first dim of a 1-d array (-1, which no shape has, else)
+        shape = shapes.get(name, (None,))[0]
+        return shape if shape is not None and len(shape) == 1 else (-1,)
+    rows, traces = length("row_trace"), length("trace_rule")
+    tails = {"state": (b,), "committed": (b,), "fresh_conf": (b,), "topk": (b, TOPK_FEATURES), "future_conf": (d, b)}
+    want = {"meta": ((), None)}
+    want.update({f"row_{f}": (rows + tails.get(f, ()), np.dtype(t)) for f, t in ROW_DTYPES.items()})
+    want.update({f"trace_{f}": (traces, np.dtype(t)) for f, t in TRACE_DTYPES.items()})
+    for name, (shape, dtype) in want.items():
+        got_shape, got_dtype = shapes.get(name, (None, None))
+        ok = got_shape == shape and (dtype == got_dtype if dtype is not None else got_dtype.kind == "U")
+        rule(ok, name, f"{got_dtype} {list(got_shape)}" if got_shape is not None else "missing",
+             f"{dtype or 'text'} {list(shape)}")
+
+
+def check_trace_values(rows: dict, traces: dict, meta: dict) -> None:
+    """Mismatch unless the values training indexes by are in range: each row's trace id among the traces, its best
+    position within the block."""
+    n, b = len(traces["rule"]), meta["block_size"]
+    for name, values, top in (("row_trace", rows["trace"], n), ("row_best", rows["best"], b)):
+        if values.size and not (0 <= values.min() and values.max() < top):
+            rule(False, name, f"values {values.min()}..{values.max()}", f"values in 0..{top - 1}")
+
+
 @dataclass
 class Traces:
     """Rows (one per standard step) and per-trace facts (one per decoded request), plus file-level meta."""
@@ -138,17 +200,28 @@ class Traces:
         path = Path(path)
         if not path.is_file():
             raise SpotError(f"trace file {path} does not exist", "collect traces with `spot traces`")
+        remedy = "collect traces with `spot traces`"
         try:
+            with zipfile.ZipFile(path) as z:
+                shapes = _array_shapes(z)
             with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(str(z["meta"]))
+                meta = parse_json(str(z["meta"]) if shapes.get("meta", ((0,),))[0] == () else "",
+                                  f"{path}'s meta", remedy, strict=True)
+                if not isinstance(meta, dict) or (meta.get("format"), meta.get("format_version")) != (
+                        TRACE_FORMAT, TRACE_VERSION):
+                    got = (meta.get("format"), meta.get("format_version")) if isinstance(meta, dict) else meta
+                    raise SpotError(f"{path} has format {got!r}, expected {TRACE_FORMAT!r} v{TRACE_VERSION}",
+                                    "collect traces again with `spot traces`")
+                TRACE_META.check(meta)
+                check_trace_arrays(shapes, meta)     # before a byte of the arrays is allocated
                 rows = {f: z[f"row_{f}"] for f in ROW_FIELDS}
                 traces = {f: z[f"trace_{f}"] for f in TRACE_FIELDS}
+            check_trace_values(rows, traces, meta)
+        except Mismatch as e:
+            raise SpotError(e.message(str(path)), remedy) from None
         except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
             raise SpotError(f"{path} is not a trace file written by `spot traces` ({type(e).__name__}: {e})",
-                            "collect traces with `spot traces`") from None
-        if meta.get("format") != TRACE_FORMAT or meta.get("format_version") != TRACE_VERSION:
-            raise SpotError(f"{path} has format {meta.get('format')!r} v{meta.get('format_version')}, expected "
-                            f"{TRACE_FORMAT!r} v{TRACE_VERSION}", "collect traces again with `spot traces`")
+                            remedy) from None
         return Traces(meta, rows, traces)
 
 

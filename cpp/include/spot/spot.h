@@ -23,6 +23,8 @@ extern "C" {
  * from here). An application checks spot_abi_version() == SPOT_ABI_VERSION before its first call: a library
  * built from another header would read and write structs of another size. */
 #define SPOT_ABI_VERSION 1
+/* The most stop ids a request may name (spot_generate_options.n_stop_ids), as a manifest's stop_ids. */
+#define SPOT_MAX_STOP_IDS 1024
 
 #if defined(_WIN32)
 #define SPOT_API __declspec(dllexport)
@@ -116,7 +118,7 @@ typedef struct spot_generate_options {
   double top_p;            /* in (0, 1]; 1 disables top-p filtering (T > 0 only, after top-k) */
   const int64_t* stop_ids; /* NULL: the manifest's stop ids; otherwise n_stop_ids ids (0: none — a non-NULL
                               pointer: an empty std::vector's data() may be NULL) */
-  size_t n_stop_ids;
+  size_t n_stop_ids;       /* at most SPOT_MAX_STOP_IDS (more: SPOT_ERR_INVALID_ARGUMENT) */
 } spot_generate_options;
 
 typedef struct spot_stats {
@@ -166,12 +168,13 @@ SPOT_API void spot_close(spot_model* model);
 
 SPOT_API spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, spot_error* err);
 
-/* Largest number of ids spot_generate may write for this request: max_new_tokens, at most the context left after
-   the prompt (a request beyond the context is refused by spot_generate). */
+/* Largest number of ids spot_generate may write for this request: max_new_tokens; 0 when spot_generate refuses the
+   request for its sizes (max_new_tokens < 1, n_prompt beyond the model's context, or prompt + max_new_tokens, in
+   whole blocks, beyond it: spot_model_info.max_context). */
 SPOT_API size_t spot_output_capacity(const spot_model* model, size_t n_prompt, int max_new_tokens);
 
-/* Decode `prompt` (n_prompt ids). Writes the generated ids after the prompt, cut before the first stop id and at
- * max_new_tokens, to
+/* Decode `prompt` (n_prompt ids; more than the model's context: SPOT_ERR_INVALID_ARGUMENT). Writes the generated
+ * ids after the prompt, cut before the first stop id and at max_new_tokens, to
  * out_ids (capacity out_capacity >= spot_output_capacity(...)) and their number to *out_len. `options` may be NULL
  * (defaults); `stats` may be NULL. On failure *out_len is 0 and *stats all zero. */
 SPOT_API spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_prompt,
