@@ -67,6 +67,7 @@ def folder_file_name(name: str) -> bool:
 FILE_NAME = Satisfies(folder_file_name, "the name of a file in the exported folder itself")
 FILE_RECORD = Record({"bytes": Integer(0, MAX_FILE_BYTES), "sha256": SHA256, "sample_sha256": SHA256},
                      ("bytes", "sha256", "sample_sha256"), what='{"bytes": N, "sha256": ..., "sample_sha256": ...}')
+FILE_RECORDS = MapOf(FILE_NAME, FILE_RECORD)      # manifest["files"]
 GRAPH = Record({"file": FILE_NAME}, ("file",), what='an object with a "file" name')
 SHAPES = MapOf(Text(), ListOf(Integer(0, MAX_POSITIONS), MAX_DIMS), what="an object of input: [dims]")
 TRT_PROFILE = Record({end: SHAPES for end in ("min", "opt", "max")}, ("min", "opt", "max"),
@@ -84,7 +85,7 @@ MANIFEST = Record({
     "mask_token_id": TOKEN_ID,
     "stop_ids": MODEL_FIELDS["stop_ids"],
     "graphs": Record({"target": TARGET, "epilogue": Nullable(EPILOGUE)}, ("target",), others=GRAPH),
-    "files": MapOf(FILE_NAME, FILE_RECORD),
+    "files": FILE_RECORDS,
     "ort_session_config": Nullable(MapOf(Text(), Text())),
 }, ("model", "dtype", "block_size", "max_nodes", "max_context", "graphs", "files"))
 

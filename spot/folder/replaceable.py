@@ -7,8 +7,9 @@ from pathlib import Path
 
 from spot.descriptors import read_json
 from spot.errors import SpotError
-from spot.folder.manifest import DRAFTER_FILES, FORMAT, MANIFEST_NAME, check_file_records, file_change
+from spot.folder.manifest import DRAFTER_FILES, FILE_RECORDS, FORMAT, MANIFEST_NAME, file_change
 from spot.owned import drafter_pair_vouched, refuse_unproven, some
+from spot.schema import checked
 
 REPLACE_HINT = "--overwrite replaces only an earlier spot export: move those out of {out}, or choose another --out"
 
@@ -29,7 +30,7 @@ def check_replaceable(out: Path, what: str = "--out") -> None:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or "files" not in manifest:
         raise SpotError(f"{what} {out}: {MANIFEST_NAME} is not a spot export's manifest (format {FORMAT!r} with "
                         "files)", hint)
-    check_file_records(out / MANIFEST_NAME, {"graphs": {}, **manifest}, hint)
+    checked(manifest["files"], FILE_RECORDS, f"{out / MANIFEST_NAME}: files", hint)
     refuse_unproven(out, what, sort_export(out, manifest)[1], hint)
 
 
