@@ -266,12 +266,11 @@ def demo_summary(results: list[dict]) -> str:
         lines.append("outputs DIFFERENT: a bug, please report it")
     slower = [r for r in results if round(r["speedup"], 2) < 1.0 and r["spot"]["verify_passes"] > 0]
     if slower:
-        costs = "; ".join(f"{r['model']}: {r['verify_cost']:.1f} in the target + {r['host_cost']:.1f} on the host"
-                          for r in slower)
         lines += ["why the wall clock: on this CPU (ONNX Runtime) a pass is compute-bound, so one verify pass over a "
                   "tree",
-                  f"  costs the time of several standard passes ({costs}),",
-                  "  more than the passes it saves.",
+                  "  costs the time of several standard passes, more than the passes it saves:",
+                  *(f"    {r['model']}: {r['verify_cost']:.1f} standard passes' time in the target + "
+                    f"{r['host_cost']:.1f} on the host" for r in slower),
                   "  Where a pass is memory-bound (GPUs, Jetson Orin) a verify pass costs about one pass, and fewer "
                   "passes",
                   "  become speed: `spot-export sdar-8b-b32 --plan orin-nx-16gb` projects it, `spot tune` measures "

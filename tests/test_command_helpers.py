@@ -101,7 +101,8 @@ def test_demo_text_shows_the_prompt_the_output_and_the_passes():
                                                        answer_right=True)])
     assert "code        identical  -       40 -> 20" in summary and "arithmetic  identical  right" in summary
     assert "why the wall clock" in summary and "arithmetic: 3.0" not in summary
-    assert "the time of several standard passes (code: 3.0 in the target + 0.5 on the host)" in summary
+    assert "\n    code: 3.0 standard passes' time in the target + 0.5 on the host" in summary
+    assert max(len(line) for line in summary.splitlines()) <= 120
     counted = demo_model_text(demo_result("arithmetic", true_answer=4, answer=4, answer_right=True,
                                           heldout_answers={"right": 270, "problems": 300}))
     assert "--- answer 4: right (the model answers 270 of its 300 held-out problems right, 90%: greedy" in counted
