@@ -4,7 +4,8 @@ The folder is opened by its manifest (hashes checked). One session runs the targ
 over N candidate states and store passes; the graph returns only the new tokens' K/V, appended to the cache, one
 [Hkv,C,D] array per layer and per K / V in the model dtype, each fed to the graph as its own input (no copy of the
 cache per pass): numpy arrays on the host (CPU), or OrtValues where the target runs (spot.engines.device_kv: on GPU
-providers, so the cache does not cross to the device on every pass).
+providers, so the cache does not cross to the device on every pass). The sessions are opened by
+spot.engines.ort_sessions, once for all the engines of a process (OrtEngine.over): the cache is each engine's own.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import numpy as np
 
 from spot.engines.buckets import Profile, trt_shape_option
 from spot.errors import SpotError
-from spot.files import opened_whole, spot_cache
-from spot.folder.manifest import NP_DTYPES, check_graph_io, load_manifest, past_input_names
+from spot.files import spot_cache
+from spot.folder.manifest import check_graph_io, past_input_names
 from spot.ortlib import load_onnxruntime
 from spot.runtime.engine import Engine, check_threads
 
@@ -182,81 +183,46 @@ def on_device(choice: str, what: str, device: str, available: bool) -> bool:
 
 class OrtEngine(Engine):
     """Engine over an exported folder. device: cpu | cuda | trt; threads: intra-op threads (None: ORT default);
-    sampler, kv_cache: auto | host | device (see on_device)."""
+    sampler, kv_cache: auto | host | device (see on_device). `OrtEngine.over(sessions)`: an engine over sessions
+    other engines use as well (spot.engines.ort_sessions: the weights once, a KV cache per engine)."""
 
     name = "ort"
 
     def __init__(self, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",
                  threads: int | None = None, verify: str = "quick", sampler: str = "auto", kv_cache: str = "auto"):
-        # the manifest, its checks and the sessions read one folder (spot.files.opened_whole; spot_open as well)
-        opened_whole(model_dir, lambda: self._open(model_dir, block_size, device, threads, verify, sampler, kv_cache))
+        from spot.engines.ort_sessions import open_sessions
+        self._attach(open_sessions(model_dir, block_size, device, threads, verify, sampler, kv_cache))
 
-    def _open(self, model_dir, block_size, device, threads, verify, sampler, kv_cache) -> None:
-        self.exported = load_manifest(model_dir, verify)
-        super().__init__(self.exported.config, block_size or self.exported.block_size)
-        self.device = device
-        self.place = "cpu" if device == "cpu" else "cuda"    # where the target's outputs live (ORT device type)
-        self.dtype = np.dtype(NP_DTYPES[self.exported.dtype])
-        self.trt_profile = self._trt_profile() if device == "trt" else None
-        self.session = target_session(self.exported, device, threads, self.trt_profile)
+    @classmethod
+    def over(cls, sessions) -> "OrtEngine":
+        """An engine over an opened folder's shared sessions (spot.engines.ort_sessions.OrtSessions), with its own
+        KV cache: engines over the same sessions may decode at the same time, one request each."""
+        engine = cls.__new__(cls)
+        engine._attach(sessions)
+        return engine
+
+    def _attach(self, sessions) -> None:
+        self.sessions = sessions
+        self.exported = sessions.exported
+        super().__init__(self.exported.config, sessions.block_size)
+        self.device, self.place, self.dtype = sessions.device, sessions.place, sessions.dtype
+        self.trt_profile = sessions.trt_profile
+        self.session = sessions.target
         cfg = self.config
         self._empty = np.zeros((cfg.num_key_value_heads, 0, cfg.head_dim), self.dtype)
         self._past = past_input_names(cfg.num_hidden_layers)
         self._reset_host_cache()
-        self.device_kv = self._open_device_kv(kv_cache, threads)    # None: the numpy cache self._k / self._v
-        self.epilogue, self._future_steps = self._open_epilogue(sampler, threads)
-
-    def _trt_profile(self) -> Profile:
-        if self.block_size != self.exported.block_size:
-            raise SpotError(f"--device trt runs the TensorRT profile recorded for blocks of "
-                            f"{self.exported.block_size}, the engine decodes blocks of {self.block_size}",
-                            "use the export's block size, or --device cuda")
-        return recorded_trt_profile(self.exported)
+        self.device_kv = None               # None: the numpy cache self._k / self._v
+        if sessions.kv_append is not None:
+            from spot.engines.device_kv import DeviceKVCache
+            self.device_kv = DeviceKVCache(sessions.kv_append, self.place, self._empty, cfg.num_hidden_layers)
+        self.epilogue, self._future_steps = sessions.epilogue, sessions.future_steps
+        self._epilogue_positions = sessions.epilogue_positions
 
     @staticmethod
     def from_dir(model_dir, block_size: int | None = None, device: str = "cpu", threads: int | None = None,
                  sampler: str = "auto", kv_cache: str = "auto"):
         return OrtEngine(model_dir, block_size, device, threads, sampler=sampler, kv_cache=kv_cache)
-
-    def _open_device_kv(self, kv_cache: str, threads: int | None):
-        from spot.engines.device_kv import DeviceKVCache
-        if not on_device(kv_cache, "KV cache place", self.device, True):     # every folder has kv_append
-            return None
-        # a Concat with a new shape at every stored block: the CUDA provider, also under --device trt (a TensorRT
-        # engine per shape would cost more than the copy), its arena grown by what is asked (the cache grows by one
-        # block per store), not to the next power of two
-        session = checked(make_session(self.exported.graph_path("kv_append"), self.place, self.exported.dtype,
-                                       threads, cuda_options={"arena_extend_strategy": "kSameAsRequested"}),
-                          self.exported, "kv_append")
-        return DeviceKVCache(session, self.place, self._empty, self.config.num_hidden_layers)
-
-    def _open_epilogue(self, sampler: str, threads: int | None):
-        graphs = self.exported.manifest["graphs"]
-        usable = "epilogue" in graphs
-        if sampler == "auto":      # not an epilogue built for another block size (--block-size overrides the export's)
-            usable = usable and self.block_size == self.exported.block_size
-        if not on_device(sampler, "sampler", self.device, usable):
-            return None, None
-        if "epilogue" not in graphs:
-            raise SpotError(f"{self.exported.folder} has no sampling epilogue graph (needed by --sampler device)",
-                            f"add one with `spot upgrade-export {self.exported.folder}` (--epilogue-steps N, "
-                            "N > 0; the weights stay), or use --sampler host")
-        if self.block_size != self.exported.block_size:
-            raise SpotError(f"the epilogue graph is built for blocks of {self.exported.block_size}, the engine "
-                            f"decodes blocks of {self.block_size}", "use the export's block size or --sampler host")
-        # TensorRT has neither float64 nor uint32 arithmetic: on --device trt the epilogue runs on the CUDA EP,
-        # on the same GPU, reading the target's logits where they are (docs/gpu-path.md)
-        # spot-export's bound, before the graph is compared with it (as in the C++ host): an out-of-range
-        # future_steps is named as such, not as a contradiction of the graph
-        steps = int(graphs["epilogue"]["future_steps"])
-        if not 1 <= steps <= self.block_size:
-            raise SpotError(f"{self.exported.folder}/manifest.json: the epilogue's future_steps is {steps}, "
-                            f"expected 1..{self.block_size} (the block size)", "re-export the folder with spot-export")
-        session = make_session(self.exported.graph_path("epilogue"), self.place, self.exported.dtype, threads)
-        check_epilogue_io(session, self.exported)
-        checked(session, self.exported, "epilogue")
-        self._epilogue_positions = epilogue_positions(session, self.exported, self.block_size)
-        return session, steps
 
     @property
     def sampler_depth(self) -> int | None:
@@ -264,7 +230,7 @@ class OrtEngine(Engine):
 
     def _release(self) -> None:
         self._placement_at_close = self._placement()      # what it ran as (the sessions below are gone)
-        self.session = self.device_kv = self.epilogue = None
+        self.sessions = self.session = self.device_kv = self.epilogue = None
         self._reset_host_cache()
 
     @property
