@@ -91,13 +91,15 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=str),
               help="Folder of the Triton model repository to write (atomically).")
 @click.option("--name", default="spot", show_default=True, help="The model's name in Triton.")
+@click.option("--engines", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Engines of an instance: requests it decodes at once, over one copy of the weights.")
 @click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Model instances, each a process with one engine: requests decoded at once.")
+              help="Model instances (instance_group count), each a process with its own copy of the weights.")
 @click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="ort: cpu, cuda, trt; tensorrt: cuda.")
 @placement_options
 @click.option("--threads", type=click.IntRange(min=0), default=None,
-              help="ort: ONNX Runtime threads per instance. Default: the machine's cores / --instances.")
+              help="ort: ONNX Runtime threads per engine. Default: the machine's cores / (--engines x --instances).")
 @click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
               help="Decoder of the requests that name none.")
 @click.option("--budget", default="16", show_default=True, help="Tree nodes (or auto) of the requests that name none.")
@@ -112,15 +114,15 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
               help="Name EXPORT by its absolute path instead of putting it (hard-linked, else copied) in the "
                    "repository.")
 @click.option("--overwrite", is_flag=True, help="Replace a repository spot triton-repo wrote at --out.")
-def triton_repo(export_dir, out, name, instances, backend, device, sampler, kv_cache, threads, decoder, budget, depth,
+def triton_repo(export_dir, out, name, engines, instances, backend, device, sampler, kv_cache, threads, decoder, budget, depth,
                 mode, tau, temperature, max_tokens, reference, overwrite):
     """Write a Triton Inference Server model repository that serves the exported folder EXPORT with the spot
-    runtime: a Python-backend model, decoupled (one response per finished block), one engine per instance, and a
-    config.pbtxt to tune (docs/deployment.md).
+    runtime: a Python-backend model, decoupled (one response per finished block), --engines engines per instance
+    over one copy of the weights, and a config.pbtxt to tune (docs/deployment.md).
 
     \b
     Examples:
-      spot triton-repo sdar-8b-fp16-onnx --out triton-repo --instances 2 --device trt
+      spot triton-repo sdar-8b-fp16-onnx --out triton-repo --engines 2 --device trt
       docker run --rm -p 8000:8000 -v $PWD/triton-repo:/models nvcr.io/nvidia/tritonserver:24.10-py3 \\
           bash -c "pip install spot-edge && tritonserver --model-repository /models"
     """
@@ -133,7 +135,8 @@ def triton_repo(export_dir, out, name, instances, backend, device, sampler, kv_c
     DecodeRequest(mode=mode, tau=tau, sampling=Sampling(temperature))
     check_output_path(out, "--out", folder=True)
     options = TritonRepoOptions(name, instances, backend, device, sampler, kv_cache, threads, decoder, budget, depth,
-                                mode, tau, temperature, max_tokens, reference, overwrite)
+                                mode, tau, temperature, max_tokens, reference, overwrite, engines=engines)
     repo = write_triton_repo(export_dir, out, options, echo_err)
-    click.echo(f"wrote {repo}: model {name!r}, {instances} instance{'s' * (instances > 1)}; serve it with "
+    click.echo(f"wrote {repo}: model {name!r}, {instances} instance{'s' * (instances > 1)} of {engines} "
+               f"engine{'s' * (engines > 1)}; serve it with "
                f"`tritonserver --model-repository {repo}` where spot is installed (docs/deployment.md)")
