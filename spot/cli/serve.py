@@ -6,6 +6,7 @@ import click
 
 from spot.cli.shared import echo_err, model_folder, placement_options
 from spot.engines.factory import BACKENDS
+from spot.errors import SpotError
 from spot.files import check_output_path
 from spot.runtime.decoders import DECODERS
 
@@ -26,6 +27,10 @@ from spot.runtime.decoders import DECODERS
               help="Engines, each decoding one request at a time (each holds its own KV cache).")
 @click.option("--threads", type=click.IntRange(min=0), default=None,
               help="ort: ONNX Runtime threads per engine. Default: the machine's cores / --engines.")
+@click.option("--plan", "plan_device", default=None, metavar="DEVICE",
+              help="Check the memory plan of --engines engines over the export first (spot-export --plan's devices: "
+                   "orin-nx-16gb, ..., <N>GB, host = this machine's CPU): printed, and the server refuses to start "
+                   "when it does not fit.")
 @click.option("--queue-size", type=click.IntRange(min=0), default=16, show_default=True,
               help="Requests that may wait for a free engine; one more is answered 429.")
 @click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
@@ -51,7 +56,8 @@ from spot.runtime.decoders import DECODERS
               help="Seconds a shutdown waits for running requests. Default: until they finish.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="warning",
               show_default=True, help="uvicorn's log level (info: one line per request).")
-def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_path, engines, threads, queue_size,
+def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_path, engines, threads, plan_device,
+          queue_size,
           decoder, budget, depth, mode, tau, chat_template, chat_max_tokens, served_model_name, host, port, api_key,
           graceful_timeout, log_level):
     """Serve the model over HTTP, OpenAI-compatible (/v1/completions, /v1/chat/completions, /v1/models), with
@@ -76,6 +82,8 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
     DecodeRequest(mode=mode, tau=tau)
     folder = Path(model_folder(backend, model_dir))
     check_model_folder(backend, folder)
+    if plan_device is not None:         # before the weights load: a configuration that does not fit never starts
+        check_serving_plan(backend, folder, plan_device, engines)
     tokenizer = served_tokenizer(folder, chat_template)
     model = ServedModel(served_model_name or folder.resolve().name, folder, backend, device, sampler, kv_cache,
                         block_size, model_dir, drafter_path,
@@ -84,6 +92,18 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
     options = ServeOptions(host, port, engines, threads, queue_size, api_key, chat_max_tokens, graceful_timeout,
                            log_level)
     run_server(model, options, echo_err)
+
+
+def check_serving_plan(backend: str, folder, device: str, engines: int) -> None:
+    """`spot serve --plan DEVICE`: the export's memory plan with `engines` engines, printed; SpotError (naming what
+    fits) unless it fits."""
+    from spot.engines.factory import EXPORTED_BACKENDS
+    from spot.export.memory_plan import check_serving_fits
+    from spot.folder.manifest import load_manifest
+    if backend not in EXPORTED_BACKENDS:
+        raise SpotError(f"--plan sizes an exported folder, got --backend {backend}",
+                        "use --backend ort (or tensorrt) with an export, or leave out --plan")
+    check_serving_fits(load_manifest(folder), device, engines, echo_err)
 
 
 @click.command("triton-repo")
