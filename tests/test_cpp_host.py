@@ -768,7 +768,9 @@ def _peak_rss_kib(cmd: list, stdin: str) -> tuple[int, str]:
 
 def test_contexts_hold_the_weights_once(spot_cli, tmp_path):
     """Four decoders over one opened model (a 34M-parameter export whose 134 MB of weights dwarf its KV caches)
-    peak within a fraction of the weights of one decoder: the sessions, and so the weights, exist once."""
+    peak within half the weights of one decoder (measured: +34 MiB, three more threads' passes and malloc arenas;
+    a copy of the weights per decoder would add three times 130 MiB): the sessions, and so the weights, exist
+    once."""
     cfg = ModelConfig(vocab_size=65536, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
                       block_size=4, mask_token_id=65535, stop_ids=(65534,))
@@ -784,7 +786,7 @@ def test_contexts_hold_the_weights_once(spot_cli, tmp_path):
     for n in (1, 4):
         peak[n], out = _peak_rss_kib([spot_cli, "batch", "--model", folder, "--contexts", n], lines)
         assert len([json.loads(line)["token_ids"] for line in out.splitlines()]) == 4
-    assert (peak[4] - peak[1]) * 1024 < weights / 4, (peak, weights)
+    assert (peak[4] - peak[1]) * 1024 < weights / 2, (peak, weights)
 
 
 def test_a_context_is_a_decoder_of_its_own_over_the_models_weights(spot_cli, tiny):
