@@ -293,8 +293,8 @@ def test_one_instance_decodes_its_engines_requests_at_once_over_one_copy_of_the_
     try:
         (first, _), (second, _) = model.slots
         assert second.session is first.session and second._k is not first._k
-        cases = [(list(range(100 + 9 * i, 130 + 9 * i)), ("standard", "spot", "tree", "threshold")[i], (0.0, 0.7)[i % 2],
-                  i + 1, 12) for i in range(4)]
+        decoders = ("standard", "spot", "tree", "threshold")
+        cases = [(list(range(100 + 9 * i, 130 + 9 * i)), decoders[i], (0.0, 0.7)[i % 2], i + 1, 12) for i in range(4)]
         requests = [FakeRequest(prompt_ids=prompt, decoder=[d.encode()], temperature=[t], seed=[seed],
                                 max_tokens=[n]) for prompt, d, t, seed, n in cases]
         bad = FakeRequest(prompt_ids=[1, 2], decoder=[b"fastest"])

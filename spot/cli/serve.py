@@ -134,8 +134,8 @@ def check_serving_plan(backend: str, folder, device: str, engines: int) -> None:
               help="Name EXPORT by its absolute path instead of putting it (hard-linked, else copied) in the "
                    "repository.")
 @click.option("--overwrite", is_flag=True, help="Replace a repository spot triton-repo wrote at --out.")
-def triton_repo(export_dir, out, name, engines, instances, backend, device, sampler, kv_cache, threads, decoder, budget, depth,
-                mode, tau, temperature, max_tokens, reference, overwrite):
+def triton_repo(export_dir, out, name, engines, instances, backend, device, sampler, kv_cache, threads, decoder, budget,
+                depth, mode, tau, temperature, max_tokens, reference, overwrite):
     """Write a Triton Inference Server model repository that serves the exported folder EXPORT with the spot
     runtime: a Python-backend model, decoupled (one response per finished block), --engines engines per instance
     over one copy of the weights, and a config.pbtxt to tune (docs/deployment.md).

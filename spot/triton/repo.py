@@ -81,7 +81,8 @@ def config_pbtxt(options: TritonRepoOptions, export: str, version: str) -> str:
     def tensors(specs, optional: bool) -> str:
         return ",\n".join(f'  {{ name: "{n}" data_type: {t} dims: {d}{" optional: true" if optional else ""} }}'
                           for n, t, d in specs)
-    params = {"export": export, "engines": str(options.engines), "backend": options.backend, "device": options.device, "sampler": options.sampler,
+    params = {"export": export, "engines": str(options.engines), "backend": options.backend,
+              "device": options.device, "sampler": options.sampler,
               "kv_cache": options.kv_cache, "threads": "" if options.threads is None else str(options.threads),
               "decoder": options.decoder, "budget": options.budget,
               "depth": "" if options.depth is None else str(options.depth), "mode": options.mode,
