@@ -53,7 +53,7 @@ RUNTIME_GIB = 0.9      # CUDA context (~0.3-0.5 GB with cuBLAS/cuDNN/TensorRT lo
 OS_GIB = 1.0           # carve-outs (the 8 GB Orin Nano shows ~7.4 GiB to Linux) + headless L4T services
 MIN_HINT_CONTEXT = 512       # tokens at one node a smaller model named by a hint must hold (a prompt and an answer)
 # `--plan host`: the serving process without its weights on ONNX Runtime's CPU provider (Python, numpy, onnxruntime,
-# FastAPI / uvicorn) plus what the CPU arena and malloc keep once passes have run: 0.08 GiB (fp32 export) to 0.2 GiB
+# FastAPI / uvicorn) plus what the CPU arena and malloc keep once passes have run: 0.08 GiB (fp32 export) to 0.23 GiB
 # (fp16) measured by benchmarks/serve_memory.py on a 0.23B-parameter model with 1 and 4 engines (benchmarks/results.md)
 CPU_RUNTIME_GIB = 0.15
 # the host sampler's float64 [B, V] rows alive at once per engine (a state's scaled logits, their exponentials,
@@ -360,6 +360,7 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+_CPU_FP16 = " (fp16 MatMul weights in float32 on ORT CPU)"
 # the verify-pass terms render names
 _NAMED = ("logits", "attention_scores", "layer_append", "sampling_epilogue", "host_sampler", "cache_fp32_copy")
 
@@ -377,7 +378,7 @@ def render(plan: MemoryPlan, block_size: int, counts=None) -> str:
     lines = [
         f"memory plan: {plan.model} ({plan.parameters / 1e9:.2f}B parameters) on {plan.device.name} "
         f"({plan.device.memory_gib:.3g} GiB {'of memory' if host else 'unified memory'}), {engines}",
-        f"  weights      {plan.weights}{' (fp16 MatMul weights in float32 on ORT CPU)' if host and plan.dtype == 'fp16' else ''}: "
+        f"  weights      {plan.weights}{_CPU_FP16 if host and plan.dtype == 'fp16' else ''}: "
         f"{_gib(plan.weight_bytes)} (once: the engines share them)",
         f"  KV cache     {plan.kv_per_token / 1024:.1f} KiB/token x {plan.context} tokens ({plan.dtype}){each}: "
         f"{_gib(plan.kv_bytes)}",
@@ -426,7 +427,9 @@ def what_fits(plan: MemoryPlan, context_remedy: str) -> str:
                        f"engine{'s' * (plan.engines > 1)})")
     elif plan.max_context_one_node:
         options.append(f"{context_remedy} {plan.max_context_one_node} with --max-nodes 1")
-    return " or ".join(options) if options else "lower --max-nodes or --engines, or use smaller weights (--weights int4)"
+    if not options:
+        return "lower --max-nodes or --engines, or use smaller weights (--weights int4)"
+    return " or ".join(options)
 
 
 def check_plan_fits(cfg: ModelConfig, options, context: int, progress, model: str = "model") -> MemoryPlan:
