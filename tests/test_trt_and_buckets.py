@@ -97,7 +97,7 @@ def test_ort_tensorrt_provider_options(tmp_path, monkeypatch):
     import onnxruntime as ort
 
     from spot.engines.buckets import dynamic_trt_profile
-    from spot.engines.ort_engine import providers_for
+    from spot.engines.ort_sessions import providers_for
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
@@ -201,7 +201,7 @@ def test_static_capacity_gives_the_dynamic_logits(exported):
 
 
 def test_static_engine_applies_a_quantized_exports_session_config(tmp_path):
-    """The static engine opens the target as OrtEngine does (ort_engine.target_session): a weight-only int8 export's
+    """The static engine opens the target as OrtEngine does (ort_sessions.target_session): a weight-only int8 export's
     session config keeps ORT's fused MatMulNBits on float32 activations, so both engines agree within 1e-5 (int8
     activations would differ by ~1e-2)."""
     torch = pytest.importorskip("torch")

@@ -260,7 +260,7 @@ TargetGraphs::TargetGraphs(const ExportedFolder& f, int threads, Device device, 
   SessionConfig sc = session_config(threads, device);
   sc.config_entries = f.ort_session_config;
   if (device == Device::kTensorRT) {
-    // the shape ranges spot-export recorded (spot.engines.ort_engine.recorded_trt_profile)
+    // the shape ranges spot-export recorded (spot.engines.ort_sessions.recorded_trt_profile)
     const Json* prof = f.manifest.at("graphs").at("target").find("tensorrt_profile");
     if (prof == nullptr || prof->is_null())
       fail(SPOT_ERR_INCOMPATIBLE, f.folder + " was exported without a TensorRT shape profile, which device trt needs "
@@ -326,7 +326,7 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
 
 namespace {
 
-// spot.engines.ort_engine.on_device: device when asked, or on auto on a GPU provider when the graph is there
+// spot.engines.ort_sessions.on_device: device when asked, or on auto on a GPU provider when the graph is there
 bool on_device(Placement choice, Device device, bool available) {
   return choice == Placement::kDevice || (choice == Placement::kAuto && device != Device::kCpu && available);
 }
@@ -369,7 +369,7 @@ void TargetGraphs::open_epilogue(const ExportedFolder& f, int threads, Device de
   // TensorRT has neither float64 nor uint32 arithmetic: the epilogue runs on the CUDA provider (as in Python)
   SessionConfig sc = session_config(threads, device == Device::kTensorRT ? Device::kCuda : device);
   epilogue = std::make_unique<OrtSessionHandle>(f.epilogue_graph, sc);
-  // ort_engine.check_epilogue_io: every input and output this host binds; an epilogue exported before runner-ups
+  // ort_sessions.check_epilogue_io: every input and output this host binds; an epilogue exported before runner-ups
   // (future_runner_up, future_gap) or position runs (first_position) lacks some, and `spot upgrade-export` rewrites it
   std::vector<std::string> missing;
   auto lacks = [&](const std::vector<std::string>& have, const std::vector<std::string>& want) {
@@ -388,7 +388,7 @@ void TargetGraphs::open_epilogue(const ExportedFolder& f, int threads, Device de
                   {"future_tokens", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {-1, f.epilogue_steps, -1}}});
   epilogue_steps = f.epilogue_steps;
   epilogue_graph_path = f.epilogue_graph;
-  // positions per call: the manifest's (ort_engine.epilogue_positions)
+  // positions per call: the manifest's (ort_sessions.epilogue_positions)
   if (f.epilogue_positions == 0)
     fail(SPOT_ERR_INCOMPATIBLE, join(f.folder, kManifest) + " records no positions_per_call for its epilogue (an "
                                                             "epilogue exported before position runs): run `spot "

@@ -39,7 +39,7 @@ struct ExportedFolder {
   std::vector<std::pair<std::string, std::string>> ort_session_config;
 };
 
-// Where F's sampling runs and where the KV cache lives (spot.engines.ort_engine.on_device). Sampling: host = the
+// Where F's sampling runs and where the KV cache lives (spot.engines.ort_sessions.on_device). Sampling: host = the
 // logits come to the host loop; device = the export's sampling epilogue runs next to the target and only its
 // samples come back. KV cache: host = host memory, sent with every pass; device = OrtValues where the target runs,
 // appended there by kv_append.onnx. auto = device on a GPU provider when the folder has that graph.
@@ -73,7 +73,7 @@ struct EpilogueResult {
 // Open and verify a folder (SpotException naming the file when absent, foreign or changed).
 ExportedFolder load_exported_folder(const std::string& folder, spot_verify verify);
 
-// TensorRT engine cache of a folder, as spot.engines.ort_engine.trt_cache_dir: $SPOT_CACHE (default
+// TensorRT engine cache of a folder, as spot.engines.ort_sessions.trt_cache_dir: $SPOT_CACHE (default
 // ~/.cache/spot)/trt/<first 16 hex of the manifest's sha256>, outside the (possibly read-only) exported folder;
 // the session creates it once the TensorRT provider is there.
 std::string trt_cache_dir(const ExportedFolder& folder);

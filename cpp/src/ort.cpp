@@ -82,7 +82,7 @@ void append_cuda(OrtSessionOptions* so, const SessionConfig& cfg) {
   check_provider(st, "CUDAExecutionProvider");
 }
 
-// The Python runtime's TensorRT options (ort_engine.trt_options): engine and timing caches outside the exported
+// The Python runtime's TensorRT options (ort_sessions.trt_options): engine and timing caches outside the exported
 // folder, fp16 for an fp16 export, the export's shape profile (one engine build for every pass).
 void append_tensorrt(OrtSessionOptions* so, const SessionConfig& cfg) {
   const OrtApi& api = ort_api();

@@ -15,7 +15,7 @@ namespace spot {
 const OrtApi& ort_api();                 // throws SPOT_ERR_RUNTIME when the library lacks this API version
 std::string ort_version();
 
-// Where a session runs, as spot.engines.ort_engine.providers_for: the CPU execution provider, CUDA, or TensorRT
+// Where a session runs, as spot.engines.ort_sessions.providers_for: the CPU execution provider, CUDA, or TensorRT
 // with CUDA for the nodes TensorRT does not take (the CPU provider serves what neither takes).
 enum class Device { kCpu, kCuda, kTensorRT };
 

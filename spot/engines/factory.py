@@ -16,7 +16,7 @@ def open_engine(backend: str, model_dir: str | Path, block_size: int | None = No
     """An engine over the checkpoint in `model_dir` decoding blocks of `block_size` (default: the config's).
 
     ort and tensorrt: sampler, where F's sampling runs, and kv_cache, where the KV cache lives — auto | host |
-    device (spot.engines.ort_engine.on_device; tensorrt keeps the KV cache on the GPU). threads (ort): ONNX
+    device (spot.engines.ort_sessions.on_device; tensorrt keeps the KV cache on the GPU). threads (ort): ONNX
     Runtime's intra-op threads of this engine's sessions (None: its default, every core)."""
     return open_engines(backend, model_dir, 1, block_size, device, sampler, kv_cache, threads)[0]
 

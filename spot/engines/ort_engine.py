@@ -9,199 +9,38 @@ spot.engines.ort_sessions, once for all the engines of a process (OrtEngine.over
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from spot.engines.buckets import Profile, trt_shape_option
+from spot.engines.ort_sessions import OrtSessions, open_sessions
 from spot.errors import SpotError
-from spot.files import spot_cache
-from spot.folder.manifest import check_graph_io, past_input_names
-from spot.ortlib import load_onnxruntime
-from spot.runtime.engine import Engine, check_threads
-
-DEVICES = ("cpu", "cuda", "trt")
-PLACES = ("auto", "host", "device")      # the choices of --sampler and --kv-cache
-_GPU_HINT = ("install onnxruntime-gpu in place of onnxruntime (x86_64: `pip uninstall -y onnxruntime && pip install "
-             "onnxruntime-gpu`: side by side the CPU build wins; Jetson/aarch64: the JetPack wheel from NVIDIA's "
-             "Jetson AI Lab index, PyPI has none), or use --device cpu")
-
-
-def trt_cache_dir(folder: Path) -> Path:
-    """TensorRT engine cache outside the (possibly read-only) exported folder, keyed by the folder's manifest."""
-    key = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()[:16]
-    return spot_cache() / "trt" / key
-
-
-def trt_options(cache: Path, fp16: bool, profile: Profile | None) -> dict:
-    """ONNX Runtime TensorRT EP options: engine and timing caches under `cache`, fp16 kernels for an fp16 export and,
-    given a profile, its explicit min / opt / max shapes (one engine build for every pass it spans:
-    spot.engines.buckets.dynamic_trt_profile)."""
-    opts = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
-            "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache), "trt_fp16_enable": fp16}
-    if profile is not None:
-        for i, end in enumerate(("min", "opt", "max")):
-            opts[f"trt_profile_{end}_shapes"] = trt_shape_option({k: v[i] for k, v in profile.shapes.items()})
-    return opts
-
-
-def providers_for(device: str, folder: Path, dtype: str, cuda_options: dict | None = None,
-                  trt_profile: Profile | None = None) -> list:
-    """Execution providers for --device, checked against what the installed onnxruntime offers; cuda_options: extra
-    CUDA provider options; trt_profile: the TensorRT shape profile of the graph (--device trt)."""
-    ort = load_onnxruntime()
-    if not isinstance(device, str) or device not in DEVICES:
-        raise SpotError(f"unknown device {device!r} for the ort backend, expected one of {', '.join(DEVICES)}",
-                        "--device cpu runs anywhere; cuda and trt (TensorRT) need an onnxruntime-gpu build and an "
-                        "NVIDIA GPU")
-    available = ort.get_available_providers()
-    if device == "cpu":
-        return ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" not in available:
-        raise SpotError(f"--device {device} needs onnxruntime's CUDAExecutionProvider; the installed onnxruntime "
-                        f"{ort.__version__} offers {', '.join(available)}", _GPU_HINT)
-    cuda = ("CUDAExecutionProvider", dict(cuda_options or {}))
-    if device == "cuda":
-        return [cuda, "CPUExecutionProvider"]
-    if "TensorrtExecutionProvider" not in available:
-        raise SpotError(f"--device trt needs onnxruntime's TensorrtExecutionProvider; the installed onnxruntime "
-                        f"{ort.__version__} offers {', '.join(available)}",
-                        "use an onnxruntime-gpu build with TensorRT (and TensorRT's libraries), or --device cuda")
-    cache = trt_cache_dir(folder)
-    cache.mkdir(parents=True, exist_ok=True)
-    return [("TensorrtExecutionProvider", trt_options(cache, dtype == "fp16", trt_profile)), cuda,
-            "CPUExecutionProvider"]
-
-
-def make_session(graph: Path, device: str, dtype: str, threads: int | None = None, config: dict | None = None,
-                 cuda_options: dict | None = None, trt_profile: Profile | None = None):
-    """An InferenceSession on the requested provider; SpotError when the provider did not actually load."""
-    ort = load_onnxruntime()
-    threads = check_threads(threads)
-    providers = providers_for(device, graph.parent, dtype, cuda_options, trt_profile)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3          # warnings about unused initializers etc. are not the user's business
-    for key, value in (config or {}).items():   # e.g. a quantized export's ort_session_config (manifest)
-        so.add_session_config_entry(key, str(value))
-    if threads:
-        so.intra_op_num_threads = int(threads)
-        so.inter_op_num_threads = 1
-    try:
-        session = ort.InferenceSession(str(graph), so, providers=providers)
-    except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, RuntimeException)
-        raise SpotError(f"onnxruntime could not load {graph} on {device}: {str(e).splitlines()[0][:300]}",
-                        "check that the folder was exported for this onnxruntime (opset) and device") from None
-    wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
-    if session.get_providers()[0] != wanted:
-        raise SpotError(f"onnxruntime fell back from {wanted} to {session.get_providers()[0]}: the provider's "
-                        "libraries (CUDA, cuDNN, TensorRT) did not load", _GPU_HINT)
-    return session
-
-
-# ONNX Runtime's names of the tensor types the graphs use, as the manifest writes them
-ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-              "tensor(int64)": "int64"}
-
-
-def checked(session, exported, name: str):
-    """`session` of the folder's graph `name`, once its declared inputs and outputs agree with the manifest's model
-    section (spot.folder.manifest.check_graph_io)."""
-    declared = {a.name: (ORT_DTYPES.get(a.type, a.type), list(a.shape))
-                for a in [*session.get_inputs(), *session.get_outputs()]}
-    check_graph_io(exported, name, declared)
-    return session
-
-
-def target_session(exported, device: str, threads: int | None = None, trt_profile: Profile | None = None):
-    """The session of an exported folder's target graph, with the manifest's session config (a quantized export
-    keeps float32 activations in ONNX Runtime's fused MatMulNBits: docs/quantization.md)."""
-    return checked(make_session(exported.graph_path("target"), device, exported.dtype, threads,
-                                exported.manifest.get("ort_session_config"), trt_profile=trt_profile),
-                   exported, "target")
-
-
-def recorded_trt_profile(exported) -> Profile:
-    """The TensorRT shape profile spot-export recorded for the dynamic-shape engines (--device trt)."""
-    entry = exported.manifest["graphs"]["target"].get("tensorrt_profile")
-    if entry is None:
-        raise SpotError(f"{exported.folder} was exported without a TensorRT shape profile, which --device trt needs "
-                        "(without one, ONNX Runtime's TensorRT provider builds its engine again whenever the KV "
-                        "cache outgrows the shapes it has seen)",
-                        f"run `spot upgrade-export {exported.folder}` (seconds, the weights stay), or use "
-                        "--device cuda")
-    try:
-        return Profile.from_dict(f"{exported.folder}'s tensorrt_profile", entry)
-    except SpotError as e:
-        raise SpotError(e.message, f"run `spot upgrade-export {exported.folder}` to write it again") from None
-
-
-def check_epilogue_io(session, exported) -> None:
-    """SpotError unless the folder's epilogue graph takes every input and gives every output this host binds
-    (spot.folder.epilogue.INPUTS, OUTPUTS), checked once when it is opened: an epilogue exported before runner-ups
-    (future_runner_up, future_gap) or position runs (first_position) lacks some, and `spot upgrade-export` writes
-    the current one."""
-    from spot.folder.epilogue import INPUTS, OUTPUTS
-    takes, gives = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
-    missing = [n for n in INPUTS if n not in takes] + [n for n in OUTPUTS if n not in gives]
-    if missing:
-        raise SpotError(f"{exported.graph_path('epilogue')} is an older sampling epilogue: got no "
-                        f"{', '.join(missing)}, expected inputs {', '.join(INPUTS)} and outputs {', '.join(OUTPUTS)}",
-                        f"run `spot upgrade-export {exported.folder}` (seconds: the epilogue is rewritten, the weights "
-                        "stay), or decode with --sampler host")
-
-
-def epilogue_positions(session, exported, block_size: int) -> int:
-    """Positions of a state per epilogue call: the manifest's positions_per_call, a divisor of the block size and
-    the graph's static logits dim."""
-    from spot.folder.epilogue import check_positions, graph_positions
-    p = exported.manifest["graphs"]["epilogue"].get("positions_per_call")
-    if p is None:
-        raise SpotError(f"{exported.folder}/manifest.json records no positions_per_call for its epilogue (an epilogue "
-                        "exported before position runs)", f"run `spot upgrade-export {exported.folder}`")
-    p, remedy = int(p), "re-export the folder with spot-export (or spot upgrade-export it)"
-    check_positions(p, block_size, "the manifest's epilogue positions_per_call", remedy)
-    if graph_positions(session) not in (p, None):
-        raise SpotError(f"the manifest's epilogue positions_per_call is {p}, the graph's logits take "
-                        f"{graph_positions(session)} positions", remedy)
-    return p
-
-
-def on_device(choice: str, what: str, device: str, available: bool) -> bool:
-    """--sampler and --kv-cache (`what` names which, for the error): device = on the target's device, through the
-    export's graph for it (required; the epilogue samples next to the target, kv_append grows the cache there);
-    host = numpy on the host; auto = device on GPU providers when that graph is `available`. On a CPU auto is host:
-    the epilogue's exact float64 softmax over V costs more than the numpy step, and both caches are host memory
-    there (the numpy one skips the IOBinding bookkeeping)."""
-    if not isinstance(choice, str) or choice not in PLACES:
-        raise SpotError(f"unknown {what} {choice!r}, expected one of {', '.join(PLACES)}")
-    return choice == "device" or (choice == "auto" and device != "cpu" and available)
-
+from spot.folder.manifest import past_input_names
+from spot.runtime.engine import Engine
 
 class OrtEngine(Engine):
     """Engine over an exported folder. device: cpu | cuda | trt; threads: intra-op threads (None: ORT default);
-    sampler, kv_cache: auto | host | device (see on_device). `OrtEngine.over(sessions)`: an engine over sessions
-    other engines use as well (spot.engines.ort_sessions: the weights once, a KV cache per engine)."""
+    sampler, kv_cache: auto | host | device (spot.engines.ort_sessions.on_device). `OrtEngine.over(sessions)`: an
+    engine over sessions other engines use as well (spot.engines.ort_sessions: the weights once, a KV cache per
+    engine)."""
 
     name = "ort"
 
     def __init__(self, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",
                  threads: int | None = None, verify: str = "quick", sampler: str = "auto", kv_cache: str = "auto"):
-        from spot.engines.ort_sessions import open_sessions
         self._attach(open_sessions(model_dir, block_size, device, threads, verify, sampler, kv_cache))
 
     @classmethod
-    def over(cls, sessions) -> "OrtEngine":
+    def over(cls, sessions: OrtSessions) -> "OrtEngine":
         """An engine over an opened folder's shared sessions (spot.engines.ort_sessions.OrtSessions), with its own
         KV cache: engines over the same sessions may decode at the same time, one request each."""
         engine = cls.__new__(cls)
         engine._attach(sessions)
         return engine
 
-    def _attach(self, sessions) -> None:
+    def _attach(self, sessions: OrtSessions) -> None:
         self.sessions = sessions
         self.exported = sessions.exported
         super().__init__(self.exported.config, sessions.block_size)

@@ -22,7 +22,7 @@ class StaticOrtEngine(PlannedCacheLimits, Engine):
 
     def __init__(self, model_dir: str | Path, plan: BucketPlan | None = None, device: str = "cpu",
                  threads: int | None = None):
-        from spot.engines.ort_engine import target_session
+        from spot.engines.ort_sessions import target_session
         from spot.folder.manifest import NP_DTYPES
         from spot.folder.manifest import load_manifest
         self.exported = load_manifest(model_dir)

@@ -1,5 +1,5 @@
 """TensorRT engines for the exported target graph (ONNX Runtime's TensorRT execution provider, the simpler path, is
-`--device trt` of the ORT engines: spot.engines.ort_engine.providers_for).
+`--device trt` of the ORT engines: spot.engines.ort_sessions.providers_for).
 
 STATUS: written to the documented TensorRT 10.x / 11.x Python API (name-based tensors, execute_async_v3,
 optimisation profiles, timing cache) and NEVER RUN on this project's CI, which has no GPU and no TensorRT.
