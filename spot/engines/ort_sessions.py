@@ -213,6 +213,7 @@ def shared_threads(per_engine: int | None, engines: int) -> int | None:
     threads ran N callers and N x (T - 1) pool threads, and so does one session of N x (T - 1) + 1 (its pool has one
     thread fewer than its count), so N busy engines keep the threads they had, and one busy engine may borrow the
     idle engines' (T = 1: no pool, each pass on its engine's thread, as before)."""
+    per_engine = check_threads(per_engine)
     if not per_engine:
         return per_engine
     return engines * (per_engine - 1) + 1
