@@ -6,6 +6,7 @@ a few tens of MB whatever the model size. Weights are normal(0, 0.02), norm weig
 
     python scripts/make_random_checkpoint.py --shape sdar-1.7b --out /tmp/sdar-1.7b-random
     python scripts/make_random_checkpoint.py --shape tiny --out /tmp/tiny          # seconds, for smoke tests
+    python scripts/make_random_checkpoint.py --layers 4 --vocab-size 8192 --out /tmp/m   # 0.23B, weights in layers
 """
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="sdar-1.7b", choices=["tiny", "sdar-1.7b", "sdar-4b", "sdar-8b"])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--layers", type=int, default=None, help="override the number of layers")
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="override the vocabulary (its last ids become the mask and stop ids)")
     ap.add_argument("--dtype", default="BF16", choices=list(DTYPES))
     ap.add_argument("--shard-gb", type=float, default=2.0, help="shard size limit in GB")
     ap.add_argument("--seed", type=int, default=0)
@@ -82,6 +85,11 @@ def main(argv=None) -> int:
     cfg = TINY if args.shape == "tiny" else PRESETS[args.shape].config()
     if args.layers:
         cfg = replace(cfg, num_hidden_layers=args.layers)
+    if args.vocab_size:
+        if args.vocab_size < 3:
+            ap.error("--vocab-size must be >= 3 (a mask id, a stop id and a token)")
+        cfg = replace(cfg, vocab_size=args.vocab_size, mask_token_id=args.vocab_size - 1,
+                      stop_ids=(args.vocab_size - 2,))
     shapes = cfg.expected_tensor_shapes()
     shards = plan_shards(shapes, args.dtype, int(args.shard_gb * 1e9))
     args.out.mkdir(parents=True, exist_ok=True)

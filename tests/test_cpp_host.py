@@ -803,6 +803,117 @@ def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):
         lib.spot_close(model)
 
 
+@pytest.mark.parametrize("placement", [(), ("--sampler", "device", "--kv-cache", "device")])
+def test_decoders_over_one_opened_model_decode_at_once_as_python_does(spot_cli, tiny, placement):
+    """`spot_cli batch --contexts 3`: the model handle and two spot_contexts over it (one set of sessions) decode the
+    requests on three threads at once, each with its own KV cache (host, or device OrtValues appended by the shared
+    kv_append session) and the shared epilogue: every decoder's tokens and passes are the Python runtime's."""
+    folder, drafter_dir, host_engine, drafter = tiny
+    engine = OrtEngine(folder, sampler="device", kv_cache="device") if placement else host_engine
+    prompts = random_prompts(4, seed=21)
+    cases = golden_cases(engine, drafter, prompts, max_new_tokens=24, budget=10, depth=5, seeds_t1=(3,))
+    results = run_batch(spot_cli, folder, drafter_dir, cases, "--contexts", "3", *placement)
+    bad = mismatches(cases, results)
+    assert not bad, f"{len(bad)} of {len(cases)} cases differ:\n" + "\n".join(bad[:20])
+    assert {c["decoder"] for c in cases} == {"standard", "threshold", "chain", "tree", "spot", "spot-sets"}
+
+
+def _peak_rss_kib(cmd: list, stdin: str) -> tuple[int, str]:
+    """(the peak resident memory of `cmd`, in KiB, from wait4: this child alone; its stdout). stdin and stdout are a
+    few lines: written and read whole without a deadlock."""
+    proc = subprocess.Popen([str(c) for c in cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.stdin.write(stdin)
+    proc.stdin.close()
+    out = proc.stdout.read()
+    proc.stdout.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, out
+    return usage.ru_maxrss, out
+
+
+def test_contexts_hold_the_weights_once(spot_cli, tmp_path):
+    """Four decoders over one opened model (a 34M-parameter export whose 134 MB of weights dwarf its KV caches)
+    peak within half the weights of one decoder (measured: +34 MiB, three more threads' passes and malloc arenas;
+    a copy of the weights per decoder would add three times 130 MiB): the sessions, and so the weights, exist
+    once."""
+    cfg = ModelConfig(vocab_size=65536, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+                      block_size=4, mask_token_id=65535, stop_ids=(65534,))
+    torch.manual_seed(0)
+    random_model(cfg, seed=1).save_pretrained(tmp_path / "ckpt")
+    folder = export_checkpoint(resolve_source(str(tmp_path / "ckpt")), tmp_path / "onnx",
+                               ExportOptions(dtype="fp32", max_nodes=4, max_context=64, validate=False,
+                                             epilogue_steps=0), lambda _: None)
+    weights = (folder / "target.onnx.data").stat().st_size
+    lines = "\n".join(f"--decoder tree --budget 4 --depth 2 --max-new-tokens 8 --seed {i} --temperature 1.0 "
+                      f"--prompt-ids {i + 1},{i + 2},{i + 3}" for i in range(4)) + "\n"
+    peak = {}
+    for n in (1, 4):
+        peak[n], out = _peak_rss_kib([spot_cli, "batch", "--model", folder, "--contexts", n], lines)
+        assert len([json.loads(line)["token_ids"] for line in out.splitlines()]) == 4
+    assert (peak[4] - peak[1]) * 1024 < weights / 2, (peak, weights)
+
+
+def test_a_context_is_a_decoder_of_its_own_over_the_models_weights(spot_cli, tiny):
+    """The C API's contexts: one request at a time each (a second call from its on_block is refused), a request on
+    another decoder of the model from on_block runs, the model handle closes before its contexts (which keep
+    decoding) and NULL arguments are refused."""
+    import ctypes
+    lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
+
+    class Error(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 1024)]
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p)
+    lib.spot_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
+    lib.spot_close.argtypes = [ctypes.c_void_p]
+    lib.spot_context_open.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
+    lib.spot_context_close.argtypes = [ctypes.c_void_p]
+    lib.spot_output_capacity.restype = ctypes.c_size_t
+    lib.spot_output_capacity.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    head = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p]
+    tail = [ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
+            ctypes.POINTER(Error)]
+    lib.spot_generate.argtypes = head + tail
+    lib.spot_context_generate.argtypes = head + tail
+    lib.spot_context_generate_stream.argtypes = head + [callback_type, ctypes.c_void_p] + tail
+    model, err = ctypes.c_void_p(), Error()
+    assert lib.spot_open(str(tiny[0]).encode(), None, ctypes.byref(model), ctypes.byref(err)) == 0, err.message
+    prompt = (ctypes.c_int64 * 3)(1, 2, 3)
+    capacity = lib.spot_output_capacity(model, 3, 64)
+
+    def run(call, handle, *callback) -> tuple[int, bytes, list[int]]:
+        out, n, e = (ctypes.c_int64 * capacity)(), ctypes.c_size_t(), Error()
+        status = call(handle, prompt, 3, None, *callback, out, capacity, ctypes.byref(n), None, ctypes.byref(e))
+        return status, e.message, list(out[:n.value])
+    contexts = [ctypes.c_void_p(), ctypes.c_void_p()]
+    try:
+        for c in contexts:
+            assert lib.spot_context_open(model, ctypes.byref(c), ctypes.byref(err)) == 0, err.message
+        reference = run(lib.spot_generate, model)
+        assert reference[0] == 0 and reference[2]
+        inner = []
+        on_block = callback_type(lambda ids, n, user: inner.append((run(lib.spot_context_generate, contexts[0]),
+                                                                    run(lib.spot_context_generate, contexts[1])))
+                                 or 0)
+        outer = run(lib.spot_context_generate_stream, contexts[0], on_block, None)
+        assert outer == reference and inner
+        for same, other in inner:   # its own decoder is busy; another decoder of the model decodes
+            assert same[0] == 1 and b"already decoding a request" in same[1]
+            assert other == reference
+        lib.spot_close(model)       # the handle first: the contexts keep the sessions
+        model = None
+        assert run(lib.spot_context_generate, contexts[1]) == reference
+        refused = Error()
+        assert lib.spot_context_open(None, ctypes.byref(ctypes.c_void_p()), ctypes.byref(refused)) == 1
+        assert b"model is NULL" in refused.message
+        assert run(lib.spot_context_generate, None)[0] == 1
+    finally:
+        for c in contexts:
+            lib.spot_context_close(c)
+        lib.spot_close(model)
+
+
 def test_a_broken_drafter_beside_the_model_stops_only_the_decoders_that_need_it(spot_cli, tiny, tmp_path):
     """The folder's own drafter.onnx, found rather than named: garbled or for another block size, spot_open failed
     and no decoder could run, while `spot generate` decodes standard / chain / tree without it. Now both hosts do,

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from spot.config import ModelConfig
-from spot.engines.ort_engine import OrtEngine, on_device
+from spot.engines.ort_engine import OrtEngine
+from spot.engines.ort_sessions import on_device
 from spot.errors import SpotError
 from spot.export.export import export_checkpoint
 from spot.export.options import ExportOptions
@@ -121,7 +122,7 @@ def test_the_append_session_grows_its_cuda_arena_by_what_it_asks(folder, tmp_pat
     one block per store); the provider list is built without a GPU by faking what onnxruntime offers."""
     import onnxruntime as ort
 
-    from spot.engines.ort_engine import providers_for
+    from spot.engines.ort_sessions import providers_for
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path))

@@ -254,8 +254,8 @@ def test_a_folder_replaced_while_it_is_opened_is_opened_again(ckpt, tmp_path, mo
     assert load_manifest(live).dtype == "fp16" and swaps
     monkeypatch.setattr(manifest_mod, "verify_files", verify)
     # the same while ONNX Runtime loads the graphs (a wider window than the checks): the engine opens it again
-    from spot.engines import ort_engine
-    make_session, swaps = ort_engine.make_session, []
+    from spot.engines import ort_engine, ort_sessions
+    make_session, swaps = ort_sessions.make_session, []
 
     def swapped_while_loading(graph, *args, **kwargs):
         if not swaps:
@@ -263,10 +263,10 @@ def test_a_folder_replaced_while_it_is_opened_is_opened_again(ckpt, tmp_path, mo
             live.rename(tmp_path / "aside2")
             (tmp_path / "aside").rename(live)           # the fp32 export again
         return make_session(graph, *args, **kwargs)
-    monkeypatch.setattr(ort_engine, "make_session", swapped_while_loading)
+    monkeypatch.setattr(ort_sessions, "make_session", swapped_while_loading)
     engine = ort_engine.OrtEngine(live)
     assert swaps and engine.exported.dtype == "fp32" and engine.dtype == np.float32
-    monkeypatch.setattr(ort_engine, "make_session", make_session)
+    monkeypatch.setattr(ort_sessions, "make_session", make_session)
     (live / DATA_FILE).write_bytes(b"changed")          # a folder really changed is still refused
     with pytest.raises(SpotError, match="changed since export"):
         load_manifest(live)

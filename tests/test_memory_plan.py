@@ -3,10 +3,13 @@ from SDAR-8B's real config.json, the largest context, impossible plans, the CLI 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
 
 from spot.cli import main as cli
 from spot.config import ModelConfig, load_config
@@ -272,3 +275,102 @@ def test_cli_plan_with_out_names_the_model(tmp_path):
                                  str(tmp_path / "out")])
     assert r.exit_code == 2 and "error: tinyckpt does not fit" in r.stderr, r.output
     assert not (tmp_path / "out").exists()
+
+
+# -- engines: the weights once, a KV cache and a pass per engine ------------------------------------------------------
+SMALL = ModelConfig(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, max_position_embeddings=8192, block_size=4, mask_token_id=4095,
+                    stop_ids=(4094,))
+
+
+@settings(max_examples=30, deadline=None)
+@given(engines=st.integers(1, 8), nodes=st.integers(1, 32), blocks=st.integers(1, 512),
+       room=st.floats(0.05, 1.5), host=st.booleans())
+def test_a_plan_holds_the_weights_once_and_each_engines_cache_and_pass(engines, nodes, blocks, room, host):
+    """N engines: the weights, runtime and OS share once, N x (KV cache + verify pass); the most engines that fit
+    do and one more does not; the largest context at N engines fits them and one block more does not."""
+    from spot.export.memory_plan import host_device
+    dev = replace(host_device(), memory_gib=1.9 + room, os_gib=1.5) if host else resolve_device(f"{1.9 + room:.4f}GB")
+    context, b = blocks * SMALL.block_size, SMALL.block_size
+
+    def plan(n, c=context):
+        return make_plan(SMALL, "fp32", QuantScheme(), c, nodes, dev, engines=n)
+    one, many = plan(1), plan(engines)
+    assert many.kv_bytes == one.kv_bytes and many.activations == one.activations
+    assert many.total == (many.weight_bytes + engines * (many.kv_bytes + many.activation_bytes) + many.runtime_bytes
+                          + many.os_bytes)
+    assert many.total - one.total == (engines - 1) * one.engine_bytes
+    assert many.process_bytes == many.total - many.os_bytes
+    most = many.max_engines
+    assert most == one.max_engines and (most == 0 or plan(most).fits) and not plan(most + 1).fits
+    assert many.fits == (engines <= most)
+    best = many.max_context
+    assert best % b == 0 and best <= SMALL.max_position_embeddings
+    if best:
+        assert plan(engines, best).fits
+    if best < SMALL.max_position_embeddings:
+        assert not plan(engines, best + b).fits
+    assert ("host_sampler" in many.activations) == host
+
+
+def test_host_plans_sample_on_the_host(tmp_path):
+    """`--plan host`: this machine's memory from /proc/meminfo (the OS share: what is not available now), the CPU
+    process's runtime; F samples on the host: no epilogue term, the host loop's rows instead."""
+    from spot.export.memory_plan import CPU_RUNTIME_GIB, HOST_SAMPLER_ROWS, host_device
+    from spot.folder.epilogue import EpilogueCall
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16777216 kB\nMemFree:         1000 kB\nMemAvailable:   12582912 kB\n")
+    dev = host_device(meminfo)
+    assert dev.memory_gib == 16 and dev.os_gib == 4 and dev.runtime_gib == CPU_RUNTIME_GIB and dev.cpu
+    plan = make_plan(SMALL, "fp16", QuantScheme(), 512, 16, dev, epilogue=EpilogueCall(4, 4), engines=3)
+    assert "sampling_epilogue" not in plan.activations
+    assert plan.activations["host_sampler"] == HOST_SAMPLER_ROWS * SMALL.block_size * SMALL.vocab_size * 8
+    assert "host sampler" in render(plan, 4) and "3 engines" in render(plan, 4)
+    # ORT CPU holds an fp16 export's MatMul weights in float32, the embedding (a Gather) and norms as exported
+    assert plan.weight_bytes == weight_bytes(SMALL, "fp32") - SMALL.vocab_size * SMALL.hidden_size * 2
+    assert make_plan(SMALL, "fp32", QuantScheme(), 512, 16, dev).weight_bytes == weight_bytes(SMALL, "fp32")
+    meminfo.write_text("nothing here\n")
+    with pytest.raises(SpotError, match="--plan host reads the machine's memory") as e:
+        host_device(meminfo)
+    assert "--plan 16GB" in e.value.hint
+    assert resolve_device("host").cpu          # this machine (Linux)
+
+
+def test_cli_plan_counts_engines_and_refuses_naming_the_engines_that_fit(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    args = ["export", "sdar-1.7b", "--plan", "orin-nano-8gb", "--max-context", "4096", "--max-nodes", "16"]
+    r = CliRunner().invoke(cli, args + ["--engines", "3"])
+    assert r.exit_code == 0, r.output
+    assert "3 engines" in r.output and "3 x (KV cache + verify pass)" in r.output
+    assert "most engines that fit" in r.output
+    alone = CliRunner().invoke(cli, ["export", "sdar-1.7b", "--engines", "2"])
+    assert alone.exit_code == 2 and "--engines sizes a memory plan: it needs --plan DEVICE" in alone.stderr
+    pytest.importorskip("torch")
+    from tinymodels import save_tiny_model, save_tiny_tokenizer
+    ckpt = tmp_path / "tinyckpt"
+    save_tiny_model(ckpt)
+    save_tiny_tokenizer(ckpt)
+    refused = CliRunner().invoke(cli, ["export", str(ckpt), "--dtype", "fp32", "--plan", "2GB", "--engines", "100000",
+                                       "--out", str(tmp_path / "out")])
+    assert refused.exit_code == 2 and "--engines 100000" in refused.stderr, refused.output
+    assert re.search(r"hint: serve with --engines \d+ \(the most that fit at \d+ tokens\)", refused.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+def test_serve_plan_refuses_what_does_not_fit_and_names_the_engines_that_do(embedded_export):
+    """`spot serve --plan DEVICE --engines N`: the plan of N engines over the export, before any weights load; one
+    engine more than fit is refused naming how many do."""
+    from spot.export.memory_plan import plan_for_export
+    from spot.folder.manifest import load_manifest
+    pytest.importorskip("uvicorn", reason="spot serve needs the serve extra")
+    folder = embedded_export[1]
+    big = plan_for_export(load_manifest(folder), resolve_device("64GB"), 1)
+    # a device with room for the weights, the runtime and OS share, and two and a half engines
+    size = f"{(big.weight_bytes + big.runtime_bytes + big.os_bytes + 2.5 * big.engine_bytes) / 2 ** 30:.6f}GB"
+    most = plan_for_export(load_manifest(folder), resolve_device(size), 1).max_engines
+    assert most == 2
+    r = CliRunner().invoke(cli, ["serve", "--model", str(folder), "--plan", size, "--engines", str(most + 1)])
+    assert r.exit_code == 2 and f"serve with --engines {most} (the most that fit" in r.stderr, r.output
+    assert f"{most + 1} engines" in r.stderr and "does NOT fit" in r.stderr
+    torch = CliRunner().invoke(cli, ["serve", "--backend", "torch", "--model", str(folder), "--plan", "8GB"])
+    assert torch.exit_code == 2 and "--plan sizes an exported folder, got --backend torch" in torch.stderr

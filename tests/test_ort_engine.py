@@ -332,7 +332,7 @@ def test_every_pass_under_tensorrt_lies_inside_the_recorded_profile(tmp_path, de
     against 0..max_context - B cached tokens. Simulated on the CPU provider — the engine set up as on trt (the
     profile; prefill one block per pass): every input shape of a long prompt's prefill, block steps, verify passes
     of the tree decoder and stores lies between the profile's min and max, and the tokens equal the CPU engine's."""
-    from spot.engines.ort_engine import recorded_trt_profile
+    from spot.engines.ort_sessions import recorded_trt_profile
     from spot.runtime.decoders import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     _, folder = _export(TINY, tmp_path, "fp32", validate=False, max_nodes=8, max_context=128)

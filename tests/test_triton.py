@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from serving import Reference
 from spot.cli import main
+from spot.errors import SpotError
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_NOTE = ("no PyTriton environment: make one with `scripts/triton_env.sh VENV` (PyTriton pins numpy < 2) and set "
@@ -31,11 +32,12 @@ def test_triton_repo_writes_a_tunable_decoupled_repository(embedded_export, tmp_
     _, folder = embedded_export
     out = tmp_path / "repo"
     r = CliRunner().invoke(main, ["triton-repo", str(folder), "--out", str(out), "--instances", "3",
-                                  "--decoder", "spot", "--temperature", "0.7"])
+                                  "--engines", "4", "--decoder", "spot", "--temperature", "0.7"])
     assert r.exit_code == 0, r.output
     config = (out / "spot" / "config.pbtxt").read_text()
     assert 'backend: "python"' in config and "model_transaction_policy { decoupled: true }" in config
     assert "instance_group [ { count: 3 kind: KIND_CPU } ]" in config
+    assert 'key: "engines" value: { string_value: "4" }' in config and "own copy of the weights" in config
     assert 'key: "decoder" value: { string_value: "spot" }' in config
     assert 'key: "temperature" value: { string_value: "0.7" }' in config
     assert 'name: "temperature" data_type: TYPE_FP64' in config      # 0.7 reaches the sampler as 0.7
@@ -158,7 +160,7 @@ def tritonserver(embedded_export, tmp_path_factory):
     python = triton_venv()
     cache, folder = embedded_export
     from spot.triton.repo import TritonRepoOptions, write_triton_repo
-    repo = write_triton_repo(folder, tmp_path_factory.mktemp("triton") / "repo", TritonRepoOptions(instances=2))
+    repo = write_triton_repo(folder, tmp_path_factory.mktemp("triton") / "repo", TritonRepoOptions(engines=2))
     port = free_port()
     log = tmp_path_factory.mktemp("triton-log") / "tritonserver.log"
     with open(log, "w") as out:
@@ -201,7 +203,7 @@ def test_tritonserver_streams_run_decoders_tokens_block_by_block(tritonserver, e
                 **({"text_input": prompt} if isinstance(prompt, str) else {"prompt_ids": prompt})}
         with tritonserver.stream("POST", "/v2/models/spot/generate_stream", json=body) as r:
             answers[i] = events(r)
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(cases))]    # 2 instances, 4 requests
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(cases))]    # 2 engines, 4 requests
     for t in threads:
         t.start()
     for t in threads:
@@ -220,3 +222,102 @@ def test_tritonserver_streams_run_decoders_tokens_block_by_block(tritonserver, e
                              json={"text_input": "x", "decoder": "fastest"}) as r:
         said = events(r)
     assert re.search(r"unknown decoder 'fastest'", json.dumps(said)), said
+
+
+class FakeTriton:
+    """The part of Triton's Python-backend module (triton_python_backend_utils) spot's model uses, in this process:
+    requests with input tensors and response senders that record what they were sent, from which thread."""
+
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+    class TritonModelException(Exception):
+        pass
+
+    class TritonError:
+        def __init__(self, message):
+            self.message = message
+
+    class Tensor:
+        def __init__(self, name, array):
+            self.name, self.array = name, array
+
+        def as_numpy(self):
+            return self.array
+
+    class InferenceResponse:
+        def __init__(self, output_tensors=None, error=None):
+            self.tensors, self.error = list(output_tensors or []), error
+
+        def output_tensors(self):
+            return self.tensors
+
+    @staticmethod
+    def using_decoupled_model_transaction_policy(config):
+        return config["model_transaction_policy"]["decoupled"]
+
+    @staticmethod
+    def get_input_tensor_by_name(request, name):
+        return request.inputs.get(name)
+
+
+class Sender:
+    def __init__(self):
+        self.responses, self.threads, self.done = [], set(), threading.Event()
+
+    def send(self, response, flags=0):
+        self.responses.append(response)
+        self.threads.add(threading.current_thread().name)
+        if flags == FakeTriton.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.done.set()
+
+    def token_ids(self) -> list[int]:
+        return [int(i) for r in self.responses for t in r.tensors if t.name == "token_ids" for i in t.array]
+
+
+class FakeRequest:
+    def __init__(self, **inputs):
+        import numpy as np
+        self.inputs = {k: FakeTriton.Tensor(k, np.asarray(v, dtype=object if isinstance(v[0], bytes) else None))
+                       for k, v in inputs.items()}
+        self.sender = Sender()
+
+    def get_response_sender(self):
+        return self.sender
+
+
+def test_one_instance_decodes_its_engines_requests_at_once_over_one_copy_of_the_weights(embedded_export,
+                                                                                         monkeypatch):
+    """The model of a repository written with --engines 2, run by a stand-in for Triton's Python backend: one
+    instance opens two engines over one set of sessions; execute() only queues (a bad request is answered at once)
+    and both engines' threads answer the requests, each with run_decoder's tokens block by block."""
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", FakeTriton)
+    from spot.triton.backend import TritonPythonModel
+    folder = embedded_export[1]
+    reference = Reference(folder)
+    config = {"name": "spot", "model_transaction_policy": {"decoupled": True}, "instance_group": [{"count": 1}],
+              "parameters": {"export": {"string_value": str(folder)}, "engines": {"string_value": "2"},
+                             "decoder": {"string_value": "standard"}}}
+    model = TritonPythonModel()
+    model.initialize({"model_config": json.dumps(config), "model_repository": str(folder.parent),
+                      "model_version": "1"})
+    try:
+        (first, _), (second, _) = model.slots
+        assert second.session is first.session and second._k is not first._k
+        decoders = ("standard", "spot", "tree", "threshold")
+        cases = [(list(range(100 + 9 * i, 130 + 9 * i)), decoders[i], (0.0, 0.7)[i % 2], i + 1, 12) for i in range(4)]
+        requests = [FakeRequest(prompt_ids=prompt, decoder=[d.encode()], temperature=[t], seed=[seed],
+                                max_tokens=[n]) for prompt, d, t, seed, n in cases]
+        bad = FakeRequest(prompt_ids=[1, 2], decoder=[b"fastest"])
+        assert model.execute(requests + [bad]) is None
+        assert bad.sender.done.is_set() and "unknown decoder 'fastest'" in bad.sender.responses[0].error.message
+        for request, (prompt, decoder, temperature, seed, n) in zip(requests, cases):
+            assert request.sender.done.wait(300), decoder
+            assert request.sender.token_ids() == reference(prompt, decoder, temperature, seed, n), decoder
+        answered_by = set().union(*(r.sender.threads for r in requests))
+        assert answered_by == {"spot-engine-0", "spot-engine-1"}
+    finally:
+        model.finalize()
+    assert first.closed and second.closed
+    with pytest.raises(SpotError, match="engines parameter must be an integer >= 1"):
+        from spot.triton.backend import engine_count
+        engine_count({"engines": "0"})

@@ -97,7 +97,7 @@ def test_ort_tensorrt_provider_options(tmp_path, monkeypatch):
     import onnxruntime as ort
 
     from spot.engines.buckets import dynamic_trt_profile
-    from spot.engines.ort_engine import providers_for
+    from spot.engines.ort_sessions import providers_for
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
@@ -201,7 +201,7 @@ def test_static_capacity_gives_the_dynamic_logits(exported):
 
 
 def test_static_engine_applies_a_quantized_exports_session_config(tmp_path):
-    """The static engine opens the target as OrtEngine does (ort_engine.target_session): a weight-only int8 export's
+    """The static engine opens the target as OrtEngine does (ort_sessions.target_session): a weight-only int8 export's
     session config keeps ORT's fused MatMulNBits on float32 activations, so both engines agree within 1e-5 (int8
     activations would differ by ~1e-2)."""
     torch = pytest.importorskip("torch")
@@ -222,6 +222,26 @@ def test_static_engine_applies_a_quantized_exports_session_config(tmp_path):
     static.prefill(ids)
     st = _states(rng, 3)
     assert np.abs(dyn.block_logits(st) - static.block_logits(st)).max() < 1e-5
+
+
+def test_a_static_engines_sibling_shares_its_session_and_keeps_its_own_cache(exported):
+    """StaticOrtEngine.sibling(): the same session (the weights once) and bucket plan, its own StaticKVCache; the
+    two decode different prefixes side by side with the logits each gives alone."""
+    from spot.engines.static_ort import StaticOrtEngine
+    one = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16))
+    two = one.sibling()
+    assert two.session is one.session and two.plan is one.plan and two.cache is not one.cache
+    rng = np.random.default_rng(4)
+    a, b = rng.integers(0, 120, 8), rng.integers(0, 120, 12)
+    st = _states(rng, 3)
+    one.prefill(a)
+    want_a = one.block_logits(st)
+    one.prefill(b)
+    want_b = one.block_logits(st)
+    one.prefill(a)
+    two.prefill(b)
+    assert np.array_equal(one.block_logits(st), want_a) and np.array_equal(two.block_logits(st), want_b)
+    assert two.cached_len == 12 and one.cached_len == 8
 
 
 def test_the_tuner_sweeps_only_the_node_counts_an_export_takes(exported):
@@ -307,8 +327,10 @@ needs_no_trt = pytest.mark.skipif(HAS_TRT, reason="tensorrt is installed here")
 def test_every_tensorrt_entry_point_says_what_to_install(exported, tmp_path):
     from spot.engines import tensorrt_engine as te
     from spot.engines.factory import open_engine
+    from spot.engines.factory import open_engines
     calls = [te.trt_version, te.trt_major, lambda: te.build_engine(exported), lambda: te.TrtRunner(tmp_path / "x"),
-             lambda: te.TrtEngine(exported), lambda: open_engine("tensorrt", exported, device="cuda")]
+             lambda: te.TrtEngine(exported), lambda: open_engine("tensorrt", exported, device="cuda"),
+             lambda: te.load_trt_model(exported), lambda: open_engines("tensorrt", exported, 2, device="cuda")]
     for call in calls:
         with pytest.raises(SpotError) as err:
             call()

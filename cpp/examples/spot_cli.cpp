@@ -6,9 +6,12 @@
 //                     [--device cpu|cuda|trt] [--sampler auto|host|device] [--kv-cache auto|host|device]
 //       -> one JSON line: token ids, pass counts by kind, steps, host milliseconds
 //   spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] [--sampler ...]
-//                  [--kv-cache ...] < requests
+//                  [--kv-cache ...] [--contexts N] < requests
 //       -> one JSON line per stdin line; a line holds the generate flags of one request (no --model / --drafter);
-//          the model is opened once. A failed request prints {"error": {...}} and the batch goes on.
+//          the model is opened once. A failed request prints {"error": {...}} and the batch goes on. --contexts N:
+//          N decoders over the one opened model (the handle and N - 1 spot_contexts: the weights once) decode the
+//          requests at the same time, request i on decoder i mod N, each on its own thread; the lines keep the
+//          requests' order.
 //   spot_cli info --model DIR [--drafter DIR]
 //   spot_cli noise < lines "seed block step position token"  -> "a b u g" (hex words, C99 hex floats)
 //
@@ -19,6 +22,8 @@
 // 64 for a usage error.
 #include <cerrno>
 #include <cinttypes>
+#include <functional>
+#include <thread>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -45,7 +50,7 @@ const char* kUsage =
     "                         [--sampler auto|host|device] [--kv-cache auto|host|device]\n"
     "                         [--stream N]   (JSON line per final block; N > 0: stop after N blocks)\n"
     "       spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] [--sampler ...]\n"
-    "                      [--kv-cache ...] < requests (one per line; blank lines are skipped)\n"
+    "                      [--kv-cache ...] [--contexts N] < requests (one per line; blank lines are skipped)\n"
     "       spot_cli info --model DIR [--drafter DIR] [--device ...] [--sampler ...] [--kv-cache ...]\n"
     "       spot_cli noise < lines 'seed block step position token'\n";
 
@@ -134,6 +139,22 @@ std::vector<int64_t> parse_ids(const std::string& flag, const std::string& v) {
 struct OpenArgs {
   std::string model, drafter;
   spot_open_options options;
+  int64_t contexts = 1;   // batch --contexts: decoders over the opened model
+};
+
+// Where a request's output lines go: stdout at once (one decoder), or its own buffer, printed in the requests'
+// order once every decoder is done (--contexts N).
+using Sink = std::function<void(const std::string&)>;
+
+void print_line(const std::string& line) {
+  std::fputs(line.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+// One decoder of the opened model: the handle itself, or a context over it.
+struct Decoder {
+  spot_model* model;
+  spot_context* context;   // null: the model handle's own
 };
 
 constexpr int kDefaultMaxNewTokens = 128;   // spot generate's default (the C API's is DecodeRequest's 64)
@@ -154,15 +175,16 @@ struct Request {
 // The streaming callback of --stream: one JSON line per finished block, and the request's block limit (a user
 // interface would stop here when its user asks it to).
 struct StreamState {
-  int64_t limit, seen = 0;
+  int64_t limit;
+  const Sink* out;
+  int64_t seen = 0;
 };
 
 int print_block(const int64_t* ids, size_t n, void* user) {
   auto* state = static_cast<StreamState*>(user);
   std::string line = "{\"block_ids\": [";
   for (size_t i = 0; i < n; ++i) line += (i ? ", " : "") + std::to_string(ids[i]);
-  std::printf("%s]}\n", line.c_str());
-  std::fflush(stdout);
+  (*state->out)(line + "]}\n");
   return state->limit > 0 && ++state->seen >= state->limit;
 }
 
@@ -174,6 +196,10 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
     if (i + 1 >= args.size()) throw UsageError{flag + " needs a value"};
     const std::string& v = args[++i];
     if (open && flag == "--model") open->model = v;
+    else if (open && flag == "--contexts") {
+      open->contexts = parse_int(flag, v);
+      if (open->contexts < 1 || open->contexts > 256) throw UsageError{"--contexts expects 1..256, got " + v};
+    }
     else if (open && flag == "--drafter") open->drafter = v;
     else if (open && flag == "--threads") open->options.threads = parse_int32(flag, v);
     else if (open && flag == "--verify") {
@@ -234,12 +260,14 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
   }
 }
 
-void print_error_json(spot_status st, const char* message) {
-  std::printf("{\"error\": {\"code\": %d, \"name\": \"%s\", \"message\": \"%s\"}}\n", static_cast<int>(st),
-              status_name(st), json_escape(message).c_str());
+std::string error_json(spot_status st, const char* message) {
+  return "{\"error\": {\"code\": " + std::to_string(static_cast<int>(st)) + ", \"name\": \"" + status_name(st) +
+         "\", \"message\": \"" + json_escape(message) + "\"}}\n";
 }
 
-void print_result_json(const spot_generate_options& o, const std::vector<int64_t>& ids, const spot_stats& s) {
+void print_error_json(spot_status st, const char* message) { print_line(error_json(st, message)); }
+
+std::string result_json(const spot_generate_options& o, const std::vector<int64_t>& ids, const spot_stats& s) {
   std::string out = "{\"decoder\": \"";
   out += spot_decoder_name(o.decoder);
   out += "\", \"token_ids\": [";
@@ -259,14 +287,15 @@ void print_result_json(const spot_generate_options& o, const std::vector<int64_t
                 s.store_passes, s.steps, s.blocks, s.seconds, s.draft_ms, s.walk_ms, s.target_ms, s.epilogue_states,
                 s.epilogue_ms);
   out += buf;
-  std::printf("%s\n", out.c_str());
+  return out + "\n";
 }
 
 void require_prompt(const Request& req) {
   if (!req.has_prompt) throw UsageError{"--prompt-ids is required (--prompt-ids '' for an empty prompt)"};
 }
 
-spot_status run_request(spot_model* model, Request& req) {
+spot_status run_request(const Decoder& decoder, Request& req, const Sink& out) {
+  spot_model* model = decoder.model;
   if (req.has_stop_ids) {
     // none: a pointer with n_stop_ids 0 — an empty vector's data() may be NULL, which means "the manifest's"
     static const int64_t kNoStopIds = 0;
@@ -274,11 +303,11 @@ spot_status run_request(spot_model* model, Request& req) {
     req.options.n_stop_ids = req.stop_ids.size();
   }
   size_t cap = spot_output_capacity(model, req.prompt.size(), req.options.max_new_tokens);
-  std::vector<int64_t> out(cap > 0 ? cap : 1);
+  std::vector<int64_t> ids(cap > 0 ? cap : 1);
   size_t n = 0;
   spot_stats stats;
   spot_error err;
-  StreamState stream{req.stream};
+  StreamState stream{req.stream, &out};
   const spot_decoder d = req.options.decoder;
   if (req.depth_zero && d != SPOT_DECODER_STANDARD && d != SPOT_DECODER_THRESHOLD) {
     // refused as the C API refuses any other depth out of range (and as Python refuses 0); the baseline decoders
@@ -286,21 +315,25 @@ spot_status run_request(spot_model* model, Request& req) {
     spot_model_info info;
     spot_model_get_info(model, &info, nullptr);
     const std::string message = "depth must be in 1.." + std::to_string(info.block_size) + " (the block size), got 0";
-    print_error_json(SPOT_ERR_INVALID_ARGUMENT, message.c_str());
+    out(error_json(SPOT_ERR_INVALID_ARGUMENT, message.c_str()));
     std::fprintf(stderr, "spot_cli: error (code %d, %s): %s\n", static_cast<int>(SPOT_ERR_INVALID_ARGUMENT),
                  status_name(SPOT_ERR_INVALID_ARGUMENT), message.c_str());
     return SPOT_ERR_INVALID_ARGUMENT;
   }
-  spot_status st = spot_generate_stream(model, req.prompt.data(), req.prompt.size(), &req.options,
-                                        req.stream >= 0 ? print_block : nullptr, &stream, out.data(), out.size(), &n,
-                                        &stats, &err);
+  spot_block_callback on_block = req.stream >= 0 ? print_block : nullptr;
+  spot_status st =
+      decoder.context != nullptr
+          ? spot_context_generate_stream(decoder.context, req.prompt.data(), req.prompt.size(), &req.options,
+                                         on_block, &stream, ids.data(), ids.size(), &n, &stats, &err)
+          : spot_generate_stream(model, req.prompt.data(), req.prompt.size(), &req.options, on_block, &stream,
+                                 ids.data(), ids.size(), &n, &stats, &err);
   if (st != SPOT_OK) {
-    print_error_json(st, err.message);
+    out(error_json(st, err.message));
     std::fprintf(stderr, "spot_cli: error (code %d, %s): %s\n", static_cast<int>(st), status_name(st), err.message);
     return st;
   }
-  out.resize(n);
-  print_result_json(req.options, out, stats);
+  ids.resize(n);
+  out(result_json(req.options, ids, stats));
   return SPOT_OK;
 }
 
@@ -366,6 +399,75 @@ int cmd_noise() {
   return 0;
 }
 
+// A batch line's request; false (its error printed through `out`) when the line is not one.
+bool parse_request(const std::string& line, Request* req, const Sink& out) {
+  try {
+    parse_flags(split_ws(line), 0, nullptr, req);
+    require_prompt(*req);
+  } catch (const UsageError& e) {
+    out(error_json(SPOT_ERR_INVALID_ARGUMENT, e.message.c_str()));
+    return false;
+  }
+  return true;
+}
+
+// The requests of stdin in turn on the model handle, each line printed when it is decoded; the exit status.
+int cmd_batch(spot_model* model) {
+  int first_failure = 0;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (split_ws(line).empty()) continue;
+    Request req;
+    if (!parse_request(line, &req, print_line)) {
+      if (!first_failure) first_failure = kUsageExit;
+      continue;
+    }
+    const spot_status st = run_request({model, nullptr}, req, print_line);
+    if (st != SPOT_OK && !first_failure) first_failure = st;
+  }
+  return first_failure;
+}
+
+// --contexts N: the requests of stdin on N decoders at once (the handle and N - 1 contexts over it), request i on
+// decoder i mod N; each request's lines are kept and printed in the requests' order at the end; the exit status.
+int cmd_batch_concurrent(spot_model* model, int64_t contexts) {
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(std::cin, line))
+    if (!split_ws(line).empty()) lines.push_back(line);
+  std::vector<Decoder> decoders = {{model, nullptr}};
+  for (int64_t i = 1; i < contexts; ++i) {
+    spot_context* context = nullptr;
+    spot_error err;
+    const spot_status st = spot_context_open(model, &context, &err);
+    if (st != SPOT_OK) {
+      print_error_json(st, err.message);
+      for (const Decoder& d : decoders) spot_context_close(d.context);
+      return st;
+    }
+    decoders.push_back({model, context});
+  }
+  std::vector<std::string> outputs(lines.size());
+  std::vector<int> statuses(lines.size(), 0);
+  std::vector<std::thread> threads;
+  for (size_t d = 0; d < decoders.size(); ++d)
+    threads.emplace_back([&, d]() {
+      for (size_t i = d; i < lines.size(); i += decoders.size()) {
+        const Sink out = [&outputs, i](const std::string& text) { outputs[i] += text; };
+        Request req;
+        statuses[i] = parse_request(lines[i], &req, out) ? run_request(decoders[d], req, out) : kUsageExit;
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const Decoder& d : decoders) spot_context_close(d.context);
+  int first_failure = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    print_line(outputs[i]);
+    if (statuses[i] != 0 && !first_failure) first_failure = statuses[i];
+  }
+  return first_failure;
+}
+
 int run(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   if (args.size() < 2) throw UsageError{"a command is required"};
@@ -384,7 +486,7 @@ int run(int argc, char** argv) {
     spot_status st;
     spot_model* model = open_model(oa, &st);
     if (model == nullptr) return st;
-    st = run_request(model, req);
+    st = run_request({model, nullptr}, req, print_line);
     spot_close(model);
     return st;
   }
@@ -393,24 +495,7 @@ int run(int argc, char** argv) {
     spot_status st;
     spot_model* model = open_model(oa, &st);
     if (model == nullptr) return st;
-    int first_failure = 0;
-    std::string line;
-    while (std::getline(std::cin, line)) {
-      std::vector<std::string> words = split_ws(line);
-      if (words.empty()) continue;
-      Request req;
-      try {
-        parse_flags(words, 0, nullptr, &req);
-        require_prompt(req);
-      } catch (const UsageError& e) {
-        print_error_json(SPOT_ERR_INVALID_ARGUMENT, e.message.c_str());
-        if (!first_failure) first_failure = kUsageExit;
-        continue;
-      }
-      st = run_request(model, req);
-      if (st != SPOT_OK && !first_failure) first_failure = st;
-      std::fflush(stdout);
-    }
+    const int first_failure = oa.contexts > 1 ? cmd_batch_concurrent(model, oa.contexts) : cmd_batch(model);
     spot_close(model);
     return first_failure;
   }

@@ -331,18 +331,18 @@ std::string trt_cache_dir(const ExportedFolder& f) {
   return join(join(base, "trt"), sha256_file(join(f.folder, kManifest)).substr(0, 16));
 }
 
-TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, Placement sampler,
+TargetGraphs::TargetGraphs(const ExportedFolder& f, int threads, Device device, Placement sampler,
                            Placement kv_cache)
-    : cfg_(f.config),
-      b_(f.block_size),
-      max_context_(std::min(f.max_context, f.config.max_position_embeddings)),
-      max_nodes_(f.max_nodes),
-      elem_(f.dtype == "fp16" ? 2 : 4),
-      kv_type_(f.dtype == "fp16" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    : cfg(f.config),
+      b(f.block_size),
+      max_context(std::min(f.max_context, f.config.max_position_embeddings)),
+      max_nodes(f.max_nodes),
+      elem(f.dtype == "fp16" ? 2 : 4),
+      kv_type(f.dtype == "fp16" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
   SessionConfig sc = session_config(threads, device);
   sc.config_entries = f.ort_session_config;
   if (device == Device::kTensorRT) {
-    // the shape ranges spot-export recorded (spot.engines.ort_engine.recorded_trt_profile)
+    // the shape ranges spot-export recorded (spot.engines.ort_sessions.recorded_trt_profile)
     const Json* prof = f.manifest.at("graphs").at("target").find("tensorrt_profile");
     if (prof == nullptr || prof->is_null())
       fail(SPOT_ERR_INCOMPATIBLE, f.folder + " was exported without a TensorRT shape profile, which device trt needs "
@@ -355,7 +355,7 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
       sc.trt_profile_max = trt_shape_option(prof->at("max"));
       const auto& tokens = prof->at("max").at("position_ids").items();
       if (tokens.size() != 1) fail(SPOT_ERR_CORRUPT, "position_ids must have one dimension");
-      prefill_chunk_ = tokens[0].integer();   // the profile's longest pass: one block
+      prefill_chunk = tokens[0].integer();   // the profile's longest pass: one block
     } catch (const SpotException& e) {
       fail(SPOT_ERR_CORRUPT, f.folder + "/manifest.json: tensorrt_profile is malformed (" + e.what() +
                                  "): run `spot upgrade-export " + f.folder + "`");
@@ -363,68 +363,81 @@ TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, 
     sc.trt_cache_dir = trt_cache_dir(f);
     sc.trt_fp16 = f.dtype == "fp16";
   }
-  session_ = std::make_unique<OrtSessionHandle>(f.target_graph, sc);
-  for (int64_t layer = 0; layer < cfg_.num_hidden_layers; ++layer) {   // spot.folder.manifest.past_input_names
-    past_names_.push_back("past_k_" + std::to_string(layer));
-    past_names_.push_back("past_v_" + std::to_string(layer));
+  session = std::make_unique<OrtSessionHandle>(f.target_graph, sc);
+  for (int64_t layer = 0; layer < cfg.num_hidden_layers; ++layer) {   // spot.folder.manifest.past_input_names
+    past_names.push_back("past_k_" + std::to_string(layer));
+    past_names.push_back("past_v_" + std::to_string(layer));
   }
   // the per-layer cache inputs are check_graph_io's below: one missing contradicts model.num_hidden_layers
   for (const auto& want : kInputs)
-    if (std::find(session_->input_names().begin(), session_->input_names().end(), want) ==
-        session_->input_names().end())
+    if (std::find(session->input_names().begin(), session->input_names().end(), want) ==
+        session->input_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no input '" + want + "': not a spot target graph");
   for (const auto& want : kOutputs)
-    if (std::find(session_->output_names().begin(), session_->output_names().end(), want) ==
-        session_->output_names().end())
+    if (std::find(session->output_names().begin(), session->output_names().end(), want) ==
+        session->output_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.target_graph + " has no output '" + want + "': not a spot target graph");
-  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  const int64_t L = cfg.num_hidden_layers, H = cfg.num_key_value_heads, D = cfg.head_dim;
   const ONNXTensorElementDataType i64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, f32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   // in spot.folder.manifest.io_contract's order, so that both hosts name the same first contradiction
   std::vector<Expected> expected = {
-      {"input_ids", i64, {-1, -1}}, {"position_ids", i64, {-1}}, {"attn_bias", kv_type_, {-1, -1}}};
-  for (const auto& name : past_names_) expected.push_back({name, kv_type_, {H, -1, D}});
-  expected.insert(expected.end(), {{"logits", f32, {-1, -1, cfg_.vocab_size}}, {"new_k", kv_type_, {L, -1, H, -1, D}},
-                                   {"new_v", kv_type_, {L, -1, H, -1, D}}});
-  check_graph_io(f, f.target_graph, *session_, expected);
-  k_.assign(static_cast<size_t>(L), {});   // per-layer state once the graph agrees with the manifest's layers
-  v_.assign(static_cast<size_t>(L), {});
+      {"input_ids", i64, {-1, -1}}, {"position_ids", i64, {-1}}, {"attn_bias", kv_type, {-1, -1}}};
+  for (const auto& name : past_names) expected.push_back({name, kv_type, {H, -1, D}});
+  expected.insert(expected.end(), {{"logits", f32, {-1, -1, cfg.vocab_size}}, {"new_k", kv_type, {L, -1, H, -1, D}},
+                                   {"new_v", kv_type, {L, -1, H, -1, D}}});
+  check_graph_io(f, f.target_graph, *session, expected);
   open_epilogue(f, threads, device, sampler);
   open_kv_append(f, threads, device, kv_cache);
 }
 
+TargetEngine::TargetEngine(std::shared_ptr<const TargetGraphs> graphs)
+    : graphs_(std::move(graphs)),
+      cfg_(graphs_->cfg),
+      b_(graphs_->b),
+      max_context_(graphs_->max_context),
+      max_nodes_(graphs_->max_nodes),
+      elem_(graphs_->elem),
+      kv_type_(graphs_->kv_type) {
+  k_.assign(static_cast<size_t>(cfg_.num_hidden_layers), {});
+  v_.assign(static_cast<size_t>(cfg_.num_hidden_layers), {});
+}
+
+TargetEngine::TargetEngine(const ExportedFolder& f, int threads, Device device, Placement sampler,
+                           Placement kv_cache)
+    : TargetEngine(std::make_shared<const TargetGraphs>(f, threads, device, sampler, kv_cache)) {}
+
 namespace {
 
-// spot.engines.ort_engine.on_device: device when asked, or on auto on a GPU provider when the graph is there
+// spot.engines.ort_sessions.on_device: device when asked, or on auto on a GPU provider when the graph is there
 bool on_device(Placement choice, Device device, bool available) {
   return choice == Placement::kDevice || (choice == Placement::kAuto && device != Device::kCpu && available);
 }
 
 }  // namespace
 
-const MemoryPlace& TargetEngine::place(Device device) {
-  if (!place_) place_ = std::make_unique<MemoryPlace>(device);
-  return *place_;
+void TargetGraphs::make_place(Device device) {
+  if (!place) place = std::make_unique<MemoryPlace>(device);
 }
 
-void TargetEngine::open_kv_append(const ExportedFolder& f, int threads, Device device, Placement kv_cache) {
+void TargetGraphs::open_kv_append(const ExportedFolder& f, int threads, Device device, Placement kv_cache) {
   if (!on_device(kv_cache, device, true)) return;   // every folder has kv_append (load_exported_folder)
   // a Concat with a new shape at every stored block: the CUDA provider also under TensorRT (as in Python)
   SessionConfig sc = session_config(threads, device == Device::kTensorRT ? Device::kCuda : device);
   sc.cuda_exact_arena = true;   // the cache grows by one block per store: no power-of-two slack
-  kv_append_ = std::make_unique<OrtSessionHandle>(f.kv_append_graph, sc);
+  kv_append = std::make_unique<OrtSessionHandle>(f.kv_append_graph, sc);
   for (const char* want : {"past_k", "past_v", "new_k", "new_v"})
-    if (std::find(kv_append_->input_names().begin(), kv_append_->input_names().end(), want) ==
-        kv_append_->input_names().end())
+    if (std::find(kv_append->input_names().begin(), kv_append->input_names().end(), want) ==
+        kv_append->input_names().end())
       fail(SPOT_ERR_INCOMPATIBLE, f.kv_append_graph + " has no input '" + want + "': not a spot kv_append graph");
-  const int64_t H = cfg_.num_key_value_heads, D = cfg_.head_dim;   // one layer's append (format 2)
-  check_graph_io(f, f.kv_append_graph, *kv_append_,
-                 {{"past_k", kv_type_, {H, -1, D}}, {"past_v", kv_type_, {H, -1, D}},
-                  {"new_k", kv_type_, {H, -1, D}}, {"new_v", kv_type_, {H, -1, D}},
-                  {"k", kv_type_, {H, -1, D}}, {"v", kv_type_, {H, -1, D}}});
-  place(device);
+  const int64_t H = cfg.num_key_value_heads, D = cfg.head_dim;   // one layer's append (format 2)
+  check_graph_io(f, f.kv_append_graph, *kv_append,
+                 {{"past_k", kv_type, {H, -1, D}}, {"past_v", kv_type, {H, -1, D}},
+                  {"new_k", kv_type, {H, -1, D}}, {"new_v", kv_type, {H, -1, D}},
+                  {"k", kv_type, {H, -1, D}}, {"v", kv_type, {H, -1, D}}});
+  make_place(device);
 }
 
-void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device device, Placement sampler) {
+void TargetGraphs::open_epilogue(const ExportedFolder& f, int threads, Device device, Placement sampler) {
   const bool has = !f.epilogue_graph.empty();
   if (!on_device(sampler, device, has)) return;
   if (!has)
@@ -437,37 +450,37 @@ void TargetEngine::open_epilogue(const ExportedFolder& f, int threads, Device de
                                std::to_string(f.config.block_size) + " (the block size)");
   // TensorRT has neither float64 nor uint32 arithmetic: the epilogue runs on the CUDA provider (as in Python)
   SessionConfig sc = session_config(threads, device == Device::kTensorRT ? Device::kCuda : device);
-  epilogue_ = std::make_unique<OrtSessionHandle>(f.epilogue_graph, sc);
-  // ort_engine.check_epilogue_io: every input and output this host binds; an epilogue exported before runner-ups
+  epilogue = std::make_unique<OrtSessionHandle>(f.epilogue_graph, sc);
+  // ort_sessions.check_epilogue_io: every input and output this host binds; an epilogue exported before runner-ups
   // (future_runner_up, future_gap) or position runs (first_position) lacks some, and `spot upgrade-export` rewrites it
   std::vector<std::string> missing;
   auto lacks = [&](const std::vector<std::string>& have, const std::vector<std::string>& want) {
     for (const std::string& n : want)
       if (std::find(have.begin(), have.end(), n) == have.end()) missing.push_back(n);
   };
-  lacks(epilogue_->input_names(), kEpilogueInputs);
-  lacks(epilogue_->output_names(), kEpilogueOutputs);
+  lacks(epilogue->input_names(), kEpilogueInputs);
+  lacks(epilogue->output_names(), kEpilogueOutputs);
   if (!missing.empty())
     fail(SPOT_ERR_INCOMPATIBLE, f.epilogue_graph + " is an older sampling epilogue: got no " + listed(missing) +
                                     ", expected inputs " + listed(kEpilogueInputs) + " and outputs " +
                                     listed(kEpilogueOutputs) + " (run `spot upgrade-export " + f.folder +
                                     "`: seconds, the weights stay; or use the host sampler)");
-  check_graph_io(f, f.epilogue_graph, *epilogue_,
-                 {{"logits", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {-1, -1, cfg_.vocab_size}},
+  check_graph_io(f, f.epilogue_graph, *epilogue,
+                 {{"logits", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, {-1, -1, cfg.vocab_size}},
                   {"future_tokens", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {-1, f.epilogue_steps, -1}}});
-  epilogue_steps_ = f.epilogue_steps;
-  epilogue_graph_path_ = f.epilogue_graph;
-  // positions per call: the manifest's (ort_engine.epilogue_positions)
+  epilogue_steps = f.epilogue_steps;
+  epilogue_graph_path = f.epilogue_graph;
+  // positions per call: the manifest's (ort_sessions.epilogue_positions)
   if (f.epilogue_positions == 0)
     fail(SPOT_ERR_INCOMPATIBLE, join(f.folder, kManifest) + " records no positions_per_call for its epilogue (an "
                                                             "epilogue exported before position runs): run `spot "
                                                             "upgrade-export " + f.folder + "`");
-  epilogue_positions_ = f.epilogue_positions;
-  if (epilogue_positions_ < 1 || epilogue_positions_ > b_ || b_ % epilogue_positions_)
+  epilogue_positions = f.epilogue_positions;
+  if (epilogue_positions < 1 || epilogue_positions > b || b % epilogue_positions)
     fail(SPOT_ERR_CORRUPT, join(f.folder, kManifest) + ": the epilogue's positions_per_call must divide the block "
-                                                       "size " + std::to_string(b_) + ", got " +
-                                                       std::to_string(epilogue_positions_));
-  place(device);
+                                                       "size " + std::to_string(b) + ", got " +
+                                                       std::to_string(epilogue_positions));
+  make_place(device);
 }
 
 void TargetEngine::check_ids(const std::vector<int64_t>& ids, const char* what) const {
@@ -493,7 +506,7 @@ std::vector<OrtOutput> TargetEngine::run(const std::vector<std::string>& outputs
                                          int64_t n, int64_t s, const std::vector<uint8_t>& bias) {
   const std::vector<int64_t> pos = positions(s);
   Feeds f = feeds(ids, n, s, bias, pos);
-  return session_->run(f.names, f.host, outputs, f.device);
+  return graphs_->session->run(f.names, f.host, outputs, f.device);
 }
 
 TargetEngine::Feeds TargetEngine::feeds(const std::vector<int64_t>& ids, int64_t n, int64_t s,
@@ -513,7 +526,7 @@ void TargetEngine::add_past(std::vector<std::string>& names, std::vector<InputTe
                             std::vector<BorrowedInput>& device) const {
   const int64_t H = cfg_.num_key_value_heads, D = cfg_.head_dim;
   for (size_t layer = 0; layer < k_.size(); ++layer) {
-    const std::string &k = past_names_[2 * layer], &v = past_names_[2 * layer + 1];
+    const std::string &k = graphs_->past_names[2 * layer], &v = graphs_->past_names[2 * layer + 1];
     if (!device_k_.empty()) {
       device.push_back({k, device_k_[layer].value()});
       device.push_back({v, device_v_[layer].value()});
@@ -531,14 +544,15 @@ std::vector<uint8_t> TargetEngine::step_bias() const {
 
 void TargetEngine::extend(const std::vector<int64_t>& ids, int64_t s, const std::vector<uint8_t>& bias) {
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
-  if (!kv_append_) {
+  if (!graphs_->kv_append) {
     std::vector<OrtOutput> out = run({"new_k", "new_v"}, ids, 1, s, bias);
     append_host_kv(out[0], out[1], s);
     return;
   }
   const std::vector<int64_t> pos = positions(s);
   Feeds f = feeds(ids, 1, s, bias, pos);
-  std::vector<OrtOutput> fresh = session_->run_keeping(f.names, f.host, {"new_k", "new_v"}, *place_, f.device);
+  std::vector<OrtOutput> fresh =
+      graphs_->session->run_keeping(f.names, f.host, {"new_k", "new_v"}, *graphs_->place, f.device);
   const std::vector<int64_t> fresh_shape = {L, 1, H, s, D};
   if (fresh[0].shape() != fresh_shape || fresh[1].shape() != fresh_shape)
     fail(SPOT_ERR_RUNTIME, "the target graph returned new_k/new_v of an unexpected shape");
@@ -563,7 +577,7 @@ void TargetEngine::extend(const std::vector<int64_t>& ids, int64_t s, const std:
       device.push_back({"past_k", device_k_[layer].value()});
       device.push_back({"past_v", device_v_[layer].value()});
     }
-    std::vector<OrtOutput> kv = kv_append_->run_keeping(names, host, {"k", "v"}, *place_, device);
+    std::vector<OrtOutput> kv = graphs_->kv_append->run_keeping(names, host, {"k", "v"}, *graphs_->place, device);
     if (kv[0].shape() != want || kv[1].shape() != want)
       fail(SPOT_ERR_INCOMPATIBLE, "kv_append.onnx returned a cache of an unexpected shape: re-export the folder");
     if (first) {
@@ -616,7 +630,7 @@ void TargetEngine::prefill(const std::vector<int64_t>& ids) {
   // in chunks of max_nodes x B tokens, as the Python engine: no prefill pass needs more activation memory than the
   // widest verify pass the export was planned for (ONNX Runtime computes every output, the logits included); on
   // device trt the TensorRT profile's longest pass (one block: spot.engines.buckets.dynamic_trt_profile says why)
-  const int64_t chunk = prefill_chunk_ > 0 ? prefill_chunk_ : std::max<int64_t>(b_, max_nodes_ * b_);
+  const int64_t chunk = graphs_->prefill_chunk > 0 ? graphs_->prefill_chunk : std::max<int64_t>(b_, max_nodes_ * b_);
   for (int64_t start = 0; start < p; start += chunk) {
     const int64_t s = std::min(chunk, p - start);
     // additive mask [S, C + S]: the cache visible (earlier blocks); within the chunk 0 where block(j) <= block(i)
@@ -685,12 +699,12 @@ std::vector<T> epilogue_array(const OrtOutput& out, ONNXTensorElementDataType ty
 }  // namespace
 
 OrtOutput TargetEngine::block_device_logits(const std::vector<int64_t>& states, int64_t n) {
-  if (!epilogue_) fail(SPOT_ERR_INTERNAL, "block_device_logits without the device sampler");
+  if (!graphs_->epilogue) fail(SPOT_ERR_INTERNAL, "block_device_logits without the device sampler");
   check_states(states, n);
   const std::vector<int64_t> pos = positions(b_);
   const std::vector<uint8_t> bias = step_bias();
   Feeds f = feeds(states, n, b_, bias, pos);
-  std::vector<OrtOutput> kept = session_->run_keeping(f.names, f.host, {"logits"}, *place_, f.device);
+  std::vector<OrtOutput> kept = graphs_->session->run_keeping(f.names, f.host, {"logits"}, *graphs_->place, f.device);
   if (kept[0].shape() != std::vector<int64_t>{n, b_, cfg_.vocab_size} ||
       kept[0].type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
     fail(SPOT_ERR_RUNTIME, "the target graph returned logits of an unexpected shape or type");
@@ -699,7 +713,7 @@ OrtOutput TargetEngine::block_device_logits(const std::vector<int64_t>& states, 
 
 EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, const std::vector<int64_t>& state,
                                           int64_t step, const Sampling& sampling, uint32_t block) {
-  if (!epilogue_) fail(SPOT_ERR_INTERNAL, "sample_state without the device sampler");
+  if (!graphs_->epilogue) fail(SPOT_ERR_INTERNAL, "sample_state without the device sampler");
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t seed = sampling.seed, blk = block;   // the epilogue's scalars (top-p is refused upstream)
   const std::vector<std::string> names = {"node_steps", "seed", "block", "temperature", "top_k", "exclude_token",
@@ -714,8 +728,8 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &sampling.exclude_token, sizeof(int64_t)},
       {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, {}, &first, sizeof(int64_t)},   // the run's first position
   };
-  const int64_t p = epilogue_positions_, d = epilogue_steps_, v = cfg_.vocab_size;
-  const std::string& g = epilogue_graph_path_;
+  const int64_t p = graphs_->epilogue_positions, d = graphs_->epilogue_steps, v = cfg_.vocab_size;
+  const std::string& g = graphs_->epilogue_graph_path;
   const auto I64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, F64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
   EpilogueResult r;
   r.n = 1;
@@ -737,7 +751,7 @@ EpilogueResult TargetEngine::sample_state(const OrtOutput& logits, int64_t row, 
     const OrtOutput rows = logits.view(static_cast<size_t>((row * b_ + first) * v), {1, p, v});   // in place
     std::vector<OrtOutput> out;
     try {
-      out = epilogue_->run(names, scalars, kEpilogueOutputs, {{"logits", rows.value()}});
+      out = graphs_->epilogue->run(names, scalars, kEpilogueOutputs, {{"logits", rows.value()}});
     } catch (const SpotException&) {
       // NaN / inf logits can send the epilogue's candidate indices out of range: a pass over this state with host
       // logits tells (block_logits' non-finite error) whether that was it; the walk reads a pass's outputs before

@@ -39,7 +39,7 @@ struct ExportedFolder {
   std::vector<std::pair<std::string, std::string>> ort_session_config;
 };
 
-// Where F's sampling runs and where the KV cache lives (spot.engines.ort_engine.on_device). Sampling: host = the
+// Where F's sampling runs and where the KV cache lives (spot.engines.ort_sessions.on_device). Sampling: host = the
 // logits come to the host loop; device = the export's sampling epilogue runs next to the target and only its
 // samples come back. KV cache: host = host memory, sent with every pass; device = OrtValues where the target runs,
 // appended there by kv_append.onnx. auto = device on a GPU provider when the folder has that graph.
@@ -73,22 +73,57 @@ struct EpilogueResult {
 // Open and verify a folder (SpotException naming the file when absent, foreign or changed).
 ExportedFolder load_exported_folder(const std::string& folder, spot_verify verify);
 
-// TensorRT engine cache of a folder, as spot.engines.ort_engine.trt_cache_dir: $SPOT_CACHE (default
+// TensorRT engine cache of a folder, as spot.engines.ort_sessions.trt_cache_dir: $SPOT_CACHE (default
 // ~/.cache/spot)/trt/<first 16 hex of the manifest's sha256>, outside the (possibly read-only) exported folder;
 // the session creates it once the TensorRT provider is there.
 std::string trt_cache_dir(const ExportedFolder& folder);
 
+// The sessions of one opened folder: the target graph's, and the device sampler's epilogue and the device cache's
+// kv_append where they are used, with the facts every pass needs. Made once and never changed: TargetEngines over one
+// TargetGraphs (spot_context_open) hold the weights once and decode at the same time, each with its own KV cache
+// (as spot.engines.ort_sessions.OrtSessions).
+class TargetGraphs {
+ public:
+  TargetGraphs(const ExportedFolder& folder, int threads, Device device = Device::kCpu,
+               Placement sampler = Placement::kAuto, Placement kv_cache = Placement::kAuto);
+  TargetGraphs(const TargetGraphs&) = delete;
+  TargetGraphs& operator=(const TargetGraphs&) = delete;
+
+  ModelFacts cfg;
+  int64_t b, max_context, max_nodes;
+  int64_t prefill_chunk = 0;   // tokens per prefill pass; 0: max_nodes x B (device trt: the profile's, one block)
+  size_t elem;                 // bytes per K/V element (4 fp32, 2 fp16)
+  ONNXTensorElementDataType kv_type;
+  std::vector<std::string> past_names;       // past_k_0, past_v_0, past_k_1, ... (spot.folder.manifest)
+  std::unique_ptr<OrtSessionHandle> session;
+  std::unique_ptr<OrtSessionHandle> epilogue;   // the device sampler's epilogue; null: host sampling
+  std::unique_ptr<OrtSessionHandle> kv_append;  // the device cache's append (one layer); null: the host cache
+  std::unique_ptr<MemoryPlace> place;           // where the target's logits / new K/V stay on the device
+  int64_t epilogue_steps = 0;
+  int64_t epilogue_positions = 0;               // positions per epilogue call (the manifest's positions_per_call)
+  std::string epilogue_graph_path;
+
+ private:
+  void open_epilogue(const ExportedFolder& f, int threads, Device device, Placement sampler);
+  void open_kv_append(const ExportedFolder& f, int threads, Device device, Placement kv_cache);
+  void make_place(Device device);               // once
+};
+
+// One decoder's target: prefill, block logits, store over its own KV cache, running the shared graphs. One request
+// at a time per TargetEngine; TargetEngines over the same graphs may run on different threads at once.
 class TargetEngine {
  public:
+  explicit TargetEngine(std::shared_ptr<const TargetGraphs> graphs);
   TargetEngine(const ExportedFolder& folder, int threads, Device device = Device::kCpu,
                Placement sampler = Placement::kAuto, Placement kv_cache = Placement::kAuto);
 
+  const std::shared_ptr<const TargetGraphs>& graphs() const { return graphs_; }
   int64_t block_size() const { return b_; }
   int64_t vocab() const { return cfg_.vocab_size; }
   int64_t cached_len() const { return cached_; }
   int64_t max_context() const { return max_context_; }
   int64_t max_nodes() const { return max_nodes_; }
-  bool cache_on_device() const { return kv_append_ != nullptr; }
+  bool cache_on_device() const { return graphs_->kv_append != nullptr; }
 
   void prefill(const std::vector<int64_t>& ids);             // resets the cache; ids.size() % B == 0
   // logits [N, B, V] float32 of N states [N*B] after the cache; stores nothing
@@ -99,8 +134,8 @@ class TargetEngine {
   void store(const std::vector<int64_t>& state);             // appends the finished block's K/V
   // with the device sampler: a pass over N states [N*B] keeps its logits [N, B, V] where the target ran, and the
   // epilogue samples one of them (row `row`, block state `state` [B], commit step `step`) when the host reads it
-  bool samples_on_device() const { return epilogue_ != nullptr; }
-  int64_t sampler_depth() const { return epilogue_steps_; }  // 0 without the device sampler
+  bool samples_on_device() const { return graphs_->epilogue != nullptr; }
+  int64_t sampler_depth() const { return graphs_->epilogue_steps; }  // 0 without the device sampler
   int64_t epilogue_states() const { return epilogue_states_; }  // states the epilogue sampled so far
   double epilogue_ms() const { return epilogue_ms_; }             // and the milliseconds inside its calls
   OrtOutput block_device_logits(const std::vector<int64_t>& states, int64_t n);
@@ -121,13 +156,10 @@ class TargetEngine {
   std::vector<OrtOutput> run(const std::vector<std::string>& outputs, const std::vector<int64_t>& ids, int64_t n,
                              int64_t s, const std::vector<uint8_t>& bias);
   void check_states(const std::vector<int64_t>& states, int64_t n) const;
-  void open_epilogue(const ExportedFolder& f, int threads, Device device, Placement sampler);
-  void open_kv_append(const ExportedFolder& f, int threads, Device device, Placement kv_cache);
   // every layer's past_k_<l> / past_v_<l> where the cache is: borrowed device values, or host tensors (the host
   // cache; empty while the device cache is)
   void add_past(std::vector<std::string>& names, std::vector<InputTensor>& host,
                 std::vector<BorrowedInput>& device) const;
-  const MemoryPlace& place(Device device);           // where the target's kept outputs live (made once)
   std::vector<uint8_t> step_bias() const;
   void check_ids(const std::vector<int64_t>& ids, const char* what) const;
   void check_room(int64_t n) const;
@@ -135,22 +167,15 @@ class TargetEngine {
   void extend(const std::vector<int64_t>& ids, int64_t s, const std::vector<uint8_t>& bias);
   void append_host_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s);
 
-  ModelFacts cfg_;
+  std::shared_ptr<const TargetGraphs> graphs_;
+  // the graphs' facts every pass reads, at hand (the graphs never change)
+  const ModelFacts& cfg_;
   int64_t b_, max_context_, max_nodes_;
-  int64_t prefill_chunk_ = 0;   // tokens per prefill pass; 0: max_nodes x B (device trt: the profile's, one block)
-  size_t elem_;                              // bytes per K/V element (4 fp32, 2 fp16)
+  size_t elem_;
   ONNXTensorElementDataType kv_type_;
-  std::unique_ptr<OrtSessionHandle> session_;
-  std::unique_ptr<OrtSessionHandle> epilogue_;   // the device sampler's epilogue; null: host sampling
-  std::unique_ptr<MemoryPlace> place_;           // where the target's logits / new K/V stay on the device
-  std::unique_ptr<OrtSessionHandle> kv_append_;  // the device cache's append (one layer); null: the host cache
   std::vector<OrtOutput> device_k_, device_v_;   // the device cache, [Hkv, C, D] per layer; empty while empty
-  std::vector<std::string> past_names_;          // past_k_0, past_v_0, past_k_1, ... (spot.folder.manifest)
-  int64_t epilogue_steps_ = 0;
   int64_t epilogue_states_ = 0;
   double epilogue_ms_ = 0;
-  int64_t epilogue_positions_ = 0;           // positions per epilogue call (the manifest's positions_per_call)
-  std::string epilogue_graph_path_;
   std::vector<std::vector<uint8_t>> k_, v_;  // the host cache, [Hkv, C, D] per layer in the model dtype
   int64_t cached_ = 0;
 };

@@ -82,7 +82,7 @@ void append_cuda(OrtSessionOptions* so, const SessionConfig& cfg) {
   check_provider(st, "CUDAExecutionProvider");
 }
 
-// The Python runtime's TensorRT options (ort_engine.trt_options): engine and timing caches outside the exported
+// The Python runtime's TensorRT options (ort_sessions.trt_options): engine and timing caches outside the exported
 // folder, fp16 for an fp16 export, the export's shape profile (one engine build for every pass).
 void append_tensorrt(OrtSessionOptions* so, const SessionConfig& cfg) {
   const OrtApi& api = ort_api();
@@ -279,7 +279,7 @@ OrtSessionHandle::~OrtSessionHandle() {
   if (session_) ort_api().ReleaseSession(session_);
 }
 
-std::vector<OrtValue*> OrtSessionHandle::host_values(const std::vector<InputTensor>& inputs) {
+std::vector<OrtValue*> OrtSessionHandle::host_values(const std::vector<InputTensor>& inputs) const {
   const OrtApi& api = ort_api();
   static const uint64_t kEmpty = 0;   // ORT wants a non-null pointer even for zero-size tensors
   std::vector<OrtValue*> in(inputs.size(), nullptr);
@@ -297,14 +297,14 @@ std::vector<OrtValue*> OrtSessionHandle::host_values(const std::vector<InputTens
   return in;
 }
 
-void OrtSessionHandle::failed(OrtStatus* st) {
+void OrtSessionHandle::failed(OrtStatus* st) const {
   fail(SPOT_ERR_RUNTIME, "onnxruntime failed running " + path_ + ": " + take_message(st).substr(0, 400));
 }
 
 std::vector<OrtOutput> OrtSessionHandle::run(const std::vector<std::string>& input_names,
                                              const std::vector<InputTensor>& inputs,
                                              const std::vector<std::string>& output_names,
-                                             const std::vector<BorrowedInput>& borrowed) {
+                                             const std::vector<BorrowedInput>& borrowed) const {
   const OrtApi& api = ort_api();
   std::vector<OrtValue*> owned = host_values(inputs);
   std::vector<const OrtValue*> in(owned.begin(), owned.end());
@@ -334,7 +334,7 @@ std::vector<OrtOutput> OrtSessionHandle::run_keeping(const std::vector<std::stri
                                                      const std::vector<InputTensor>& inputs,
                                                      const std::vector<std::string>& output_names,
                                                      const MemoryPlace& place,
-                                                     const std::vector<BorrowedInput>& borrowed) {
+                                                     const std::vector<BorrowedInput>& borrowed) const {
   const OrtApi& api = ort_api();
   std::vector<OrtValue*> owned = host_values(inputs);
   OrtIoBinding* binding = nullptr;

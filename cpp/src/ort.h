@@ -15,7 +15,7 @@ namespace spot {
 const OrtApi& ort_api();                 // throws SPOT_ERR_RUNTIME when the library lacks this API version
 std::string ort_version();
 
-// Where a session runs, as spot.engines.ort_engine.providers_for: the CPU execution provider, CUDA, or TensorRT
+// Where a session runs, as spot.engines.ort_sessions.providers_for: the CPU execution provider, CUDA, or TensorRT
 // with CUDA for the nodes TensorRT does not take (the CPU provider serves what neither takes).
 enum class Device { kCpu, kCuda, kTensorRT };
 
@@ -81,6 +81,8 @@ struct BorrowedInput {
   const OrtValue* value;
 };
 
+// One ONNX Runtime session. Its run / run_keeping may be called from several threads at once (OrtApi::Run is
+// thread-safe; each call binds its own inputs and outputs): decoders over one opened model share its sessions.
 class OrtSessionHandle {
  public:
   OrtSessionHandle(const std::string& path, const SessionConfig& cfg);
@@ -100,21 +102,21 @@ class OrtSessionHandle {
   Declared declared(const std::string& name) const;
   std::vector<OrtOutput> run(const std::vector<std::string>& input_names, const std::vector<InputTensor>& inputs,
                              const std::vector<std::string>& output_names,
-                             const std::vector<BorrowedInput>& borrowed = {});
+                             const std::vector<BorrowedInput>& borrowed = {}) const;
   // Outputs left where `place` says (IOBinding), in the order of output_names: a GPU engine's logits stay on the
   // device for the epilogue, its new K/V for the device KV cache.
   std::vector<OrtOutput> run_keeping(const std::vector<std::string>& input_names,
                                      const std::vector<InputTensor>& inputs,
                                      const std::vector<std::string>& output_names, const MemoryPlace& place,
-                                     const std::vector<BorrowedInput>& borrowed = {});
+                                     const std::vector<BorrowedInput>& borrowed = {}) const;
 
  private:
   OrtSession* session_ = nullptr;
   OrtMemoryInfo* mem_ = nullptr;
   std::vector<std::string> inputs_, outputs_;
   std::string path_;
-  std::vector<OrtValue*> host_values(const std::vector<InputTensor>& inputs);   // released by the caller
-  [[noreturn]] void failed(OrtStatus* st);
+  std::vector<OrtValue*> host_values(const std::vector<InputTensor>& inputs) const;   // released by the caller
+  [[noreturn]] void failed(OrtStatus* st) const;
 };
 
 }  // namespace spot

@@ -19,21 +19,42 @@
 
 static_assert(SPOT_MAX_STOP_IDS == spot::kMaxStopIds, "the header's bound is the manifest's (bounds.h)");
 
-struct spot_model {
+namespace {
+
+// What a model handle and its contexts share, unchanged once opened: the folder, its sessions (the weights, once)
+// and the drafter (its Run is thread-safe too). Held by the handle and each context: the last one releases it.
+struct OpenedModel {
   spot::ExportedFolder folder;
-  std::unique_ptr<spot::TargetEngine> engine;
+  std::shared_ptr<const spot::TargetGraphs> graphs;
   std::unique_ptr<spot::Drafter> drafter;
   // the folder's own drafter.onnx (found, not named) failed to load or fit: the error of spot / spot-sets, which
   // need it; the other decoders run without it (as `spot generate` looks for a drafter only for those two)
   spot_status drafter_status = SPOT_OK;
   std::string drafter_message;
   std::string ort_version;
+};
+
+}  // namespace
+
+// One decoder: its own engine (KV cache) over the shared graphs.
+struct spot_context {
+  spot_context(std::shared_ptr<OpenedModel> m, spot_model* by)
+      : model(std::move(m)), engine(model->graphs), owner(by) {}
+  std::shared_ptr<OpenedModel> model;
+  spot::TargetEngine engine;
   // one request at a time (one KV cache): a second thread or an on_block calling back in is refused, not
-  // interleaved into the first request's cache (as spot.runtime.decode.generate's request lock); a spot_close
-  // meanwhile is carried out when the request returns (deleting the model under it was a use-after-free)
+  // interleaved into the first request's cache (as spot.runtime.decode.generate's request lock); a close meanwhile
+  // is carried out when the request returns (deleting the decoder under it was a use-after-free)
   std::mutex lock;
   bool busy = false;
   bool close_requested = false;
+  spot_model* owner;   // the model handle whose own decoder this is (freed with it); null: spot_context_open's
+};
+
+// The handle spot_open returns: the opened model and its own decoder (spot_generate's).
+struct spot_model {
+  std::shared_ptr<OpenedModel> opened;
+  std::unique_ptr<spot_context> own;
 };
 
 namespace {
@@ -140,10 +161,10 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
   // afterwards (replaced by rename, or a link re-pointed — docs/deployment.md), its files may have been read from
   // both, so it is opened again, once (spot.engines.ort_engine.OrtEngine does the same)
   auto open_once = [&]() {
-    auto m = std::make_unique<spot_model>();
+    auto m = std::make_shared<OpenedModel>();
     m->folder = spot::load_exported_folder(folder, opts.verify);
     m->ort_version = spot::ort_version();
-    m->engine = std::make_unique<spot::TargetEngine>(m->folder, opts.threads, device, sampler, kv_cache);
+    m->graphs = std::make_shared<const spot::TargetGraphs>(m->folder, opts.threads, device, sampler, kv_cache);
     std::string drafter_dir;
     if (opts.drafter_dir != nullptr) {
       drafter_dir = opts.drafter_dir;
@@ -156,7 +177,7 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
       try {
         auto drafter = spot::Drafter::load(drafter_dir);
         // refuse a mismatched drafter at open: spot / spot-sets with it could never run
-        drafter->check_compatible(m->engine->block_size(), m->folder.config);
+        drafter->check_compatible(m->graphs->b, m->folder.config);
         m->drafter = std::move(drafter);
       } catch (const spot::SpotException& e) {
         if (opts.drafter_dir != nullptr) throw;      // the caller named it
@@ -169,7 +190,7 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
   spot_status st = guarded(err, [&]() {
     for (int attempt = 0;; ++attempt) {
       const auto before = spot::folder_identity(folder);
-      std::unique_ptr<spot_model> m;
+      std::shared_ptr<OpenedModel> m;
       try {
         m = open_once();
       } catch (const spot::SpotException&) {
@@ -177,7 +198,10 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
         throw;
       }
       if (attempt == 0 && spot::folder_identity(folder) != before) continue;
-      model = m.release();
+      auto handle = std::make_unique<spot_model>();
+      handle->opened = m;
+      handle->own = std::make_unique<spot_context>(m, handle.get());
+      model = handle.release();
       return;
     }
   });
@@ -185,31 +209,65 @@ spot_status spot_open(const char* folder, const spot_open_options* options, spot
   return st;
 }
 
-void spot_close(spot_model* model) {
-  if (model == nullptr) return;
+namespace {
+
+// Free a decoder: a context, or the model handle whose own decoder it is (and that decoder with it).
+void free_decoder(spot_context* ctx) {
+  if (ctx->owner != nullptr)
+    delete ctx->owner;
+  else
+    delete ctx;
+}
+
+// Close a decoder: now, or when its running request returns (a close from on_block or another thread).
+void close_decoder(spot_context* ctx) {
   {
-    std::lock_guard<std::mutex> guard(model->lock);
-    if (model->busy) {          // from on_block or another thread: the running request deletes it at its end
-      model->close_requested = true;
+    std::lock_guard<std::mutex> guard(ctx->lock);
+    if (ctx->busy) {
+      ctx->close_requested = true;
       return;
     }
   }
-  delete model;
+  free_decoder(ctx);
+}
+
+}  // namespace
+
+void spot_close(spot_model* model) {
+  if (model == nullptr) return;
+  close_decoder(model->own.get());
+}
+
+spot_status spot_context_open(spot_model* model, spot_context** out, spot_error* err) {
+  if (out == nullptr) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_context_open: out is NULL");
+  *out = nullptr;
+  if (model == nullptr) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_context_open: model is NULL");
+  spot_context* ctx = nullptr;
+  spot_status st = guarded(err, [&]() { ctx = new spot_context(model->opened, nullptr); });
+  if (st == SPOT_OK) *out = ctx;
+  return st;
+}
+
+void spot_context_close(spot_context* context) {
+  if (context == nullptr || context->owner != nullptr) return;   // a model's own decoder closes with spot_close
+  close_decoder(context);
 }
 
 spot_status spot_model_get_info(const spot_model* model, spot_model_info* info, spot_error* err) {
   if (model == nullptr || info == nullptr)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_model_get_info: NULL argument");
-  info->vocab_size = model->folder.config.vocab_size;
-  info->block_size = model->engine->block_size();
-  info->mask_token_id = model->folder.config.mask_token_id;
-  info->max_nodes = model->engine->max_nodes();
-  info->max_context = model->engine->max_context();
-  info->has_drafter = model->drafter != nullptr;
-  info->dtype = model->folder.dtype.c_str();
-  info->ort_version = model->ort_version.c_str();
-  info->samples_on_device = model->engine->samples_on_device();
-  info->cache_on_device = model->engine->cache_on_device();
+  const OpenedModel& m = *model->opened;
+  const spot::TargetEngine& engine = model->own->engine;
+  info->vocab_size = m.folder.config.vocab_size;
+  info->block_size = engine.block_size();
+  info->mask_token_id = m.folder.config.mask_token_id;
+  info->max_nodes = engine.max_nodes();
+  info->max_context = engine.max_context();
+  info->has_drafter = m.drafter != nullptr;
+  info->dtype = m.folder.dtype.c_str();
+  info->ort_version = m.ort_version.c_str();
+  info->samples_on_device = engine.samples_on_device();
+  info->cache_on_device = engine.cache_on_device();
   return ok(err);
 }
 
@@ -218,19 +276,26 @@ namespace {
 // Whether prompt + max_new_tokens fit the model's context, as run_decoder counts them (whole blocks), with no size
 // arithmetic that can overflow: n_prompt is a caller's size_t (2**62 times 8 bytes wrapped to an empty prompt when
 // the ids were copied), so it is compared with the context before anything is added to it or multiplied.
-bool request_fits(const spot_model* model, size_t n_prompt, int max_new_tokens) {
-  const int64_t context = model->engine->max_context(), b = model->engine->block_size();
+bool request_fits(const spot::TargetEngine& engine, size_t n_prompt, int max_new_tokens) {
+  const int64_t context = engine.max_context(), b = engine.block_size();
   if (max_new_tokens < 1 || n_prompt > static_cast<size_t>(context)) return false;
   const int64_t blocks = (static_cast<int64_t>(n_prompt) + max_new_tokens + b - 1) / b;   // < 2**25 + 2**31
   return blocks * b <= context;
 }
 
+size_t output_capacity(const spot::TargetEngine& engine, size_t n_prompt, int max_new_tokens) {
+  // 0 for a request spot_generate refuses for its sizes: a caller sizing its buffer by this never allocates for one
+  return request_fits(engine, n_prompt, max_new_tokens) ? static_cast<size_t>(max_new_tokens) : 0;
+}
+
+spot_status generate_on(spot_context* model, const int64_t* prompt, size_t n_prompt,
+                        const spot_generate_options* options, spot_block_callback on_block, void* user_data,
+                        int64_t* out_ids, size_t out_capacity, size_t* out_len, spot_stats* stats, spot_error* err);
+
 }  // namespace
 
 size_t spot_output_capacity(const spot_model* model, size_t n_prompt, int max_new_tokens) {
-  // 0 for a request spot_generate refuses for its sizes: a caller sizing its buffer by this never allocates for one
-  if (model == nullptr || !request_fits(model, n_prompt, max_new_tokens)) return 0;
-  return static_cast<size_t>(max_new_tokens);     // the most returned (decode.cpp)
+  return model == nullptr ? 0 : output_capacity(model->own->engine, n_prompt, max_new_tokens);
 }
 
 spot_status spot_generate(spot_model* model, const int64_t* prompt, size_t n_prompt,
@@ -244,10 +309,46 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
                                  const spot_generate_options* options, spot_block_callback on_block,
                                  void* user_data, int64_t* out_ids, size_t out_capacity, size_t* out_len,
                                  spot_stats* stats, spot_error* err) {
+  if (model == nullptr) {
+    if (out_len != nullptr) *out_len = 0;
+    if (stats != nullptr) *stats = spot_stats{};
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: model is NULL");
+  }
+  return generate_on(model->own.get(), prompt, n_prompt, options, on_block, user_data, out_ids, out_capacity,
+                     out_len, stats, err);
+}
+
+spot_status spot_context_generate(spot_context* context, const int64_t* prompt, size_t n_prompt,
+                                  const spot_generate_options* options, int64_t* out_ids, size_t out_capacity,
+                                  size_t* out_len, spot_stats* stats, spot_error* err) {
+  return spot_context_generate_stream(context, prompt, n_prompt, options, nullptr, nullptr, out_ids, out_capacity,
+                                      out_len, stats, err);
+}
+
+spot_status spot_context_generate_stream(spot_context* context, const int64_t* prompt, size_t n_prompt,
+                                         const spot_generate_options* options, spot_block_callback on_block,
+                                         void* user_data, int64_t* out_ids, size_t out_capacity, size_t* out_len,
+                                         spot_stats* stats, spot_error* err) {
+  if (context == nullptr) {
+    if (out_len != nullptr) *out_len = 0;
+    if (stats != nullptr) *stats = spot_stats{};
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_context_generate: context is NULL");
+  }
+  return generate_on(context, prompt, n_prompt, options, on_block, user_data, out_ids, out_capacity, out_len, stats,
+                     err);
+}
+
+}  // extern "C"
+
+namespace {
+
+// spot_generate_stream on one decoder: the model handle's own (spot_generate) or a context's.
+spot_status generate_on(spot_context* model, const int64_t* prompt, size_t n_prompt,
+                        const spot_generate_options* options, spot_block_callback on_block, void* user_data,
+                        int64_t* out_ids, size_t out_capacity, size_t* out_len, spot_stats* stats, spot_error* err) {
   // what a caller reads after a failure is zero, not its buffer's earlier contents
   if (out_len != nullptr) *out_len = 0;
   if (stats != nullptr) *stats = spot_stats{};
-  if (model == nullptr) return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: model is NULL");
   if (prompt == nullptr && n_prompt > 0)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: prompt is NULL");
   if (out_ids == nullptr || out_len == nullptr)
@@ -270,20 +371,19 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: stop_ids is NULL but n_stop_ids > 0");
   // sizes before anything is sized by them (a prompt past the context can never decode; SPOT_MAX_STOP_IDS, as the
   // manifest's stop_ids): 2**62 ids wrapped to none, SIZE_MAX ran out of memory
-  if (n_prompt > static_cast<size_t>(model->engine->max_context()))
+  if (n_prompt > static_cast<size_t>(model->engine.max_context()))
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
                      "spot_generate: n_prompt " + std::to_string(n_prompt) + " exceeds the model's context of " +
-                         std::to_string(model->engine->max_context()) + " tokens");
+                         std::to_string(model->engine.max_context()) + " tokens");
   if (o.n_stop_ids > static_cast<size_t>(SPOT_MAX_STOP_IDS))
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
                      "spot_generate: n_stop_ids " + std::to_string(o.n_stop_ids) + " exceeds SPOT_MAX_STOP_IDS (" +
                          std::to_string(SPOT_MAX_STOP_IDS) + ")");
-  if (o.max_new_tokens >= 1 && request_fits(model, n_prompt, o.max_new_tokens) &&
-      out_capacity < spot_output_capacity(model, n_prompt, o.max_new_tokens))
+  const size_t capacity = output_capacity(model->engine, n_prompt, o.max_new_tokens);
+  if (o.max_new_tokens >= 1 && request_fits(model->engine, n_prompt, o.max_new_tokens) && out_capacity < capacity)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
                      "spot_generate: out_capacity " + std::to_string(out_capacity) + " is below the " +
-                         std::to_string(spot_output_capacity(model, n_prompt, o.max_new_tokens)) +
-                         " ids this request may produce (spot_output_capacity)");
+                         std::to_string(capacity) + " ids this request may produce (spot_output_capacity)");
   bool was_busy;
   {
     std::lock_guard<std::mutex> guard(model->lock);
@@ -292,10 +392,11 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
   }
   if (was_busy)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT,
-                     "spot_generate: this model is already decoding a request (one request at a time per handle: it "
-                     "holds one KV cache); open one handle per thread, and do not call spot_generate from on_block");
-  struct Release {     // the request's end: the handle free again, or closed if spot_close came meanwhile
-    spot_model* model;
+                     "spot_generate: this model is already decoding a request (one request at a time per handle or "
+                     "context: it holds one KV cache); open a context per thread (spot_context_open: the weights "
+                     "once), and do not call spot_generate from on_block");
+  struct Release {     // the request's end: the decoder free again, or closed if a close came meanwhile
+    spot_context* model;
     ~Release() {
       bool close;
       {
@@ -303,7 +404,7 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
         model->busy = false;
         close = model->close_requested;
       }
-      if (close) delete model;
+      if (close) free_decoder(model);
     }
   } release{model};
   return guarded(err, [&]() {
@@ -317,7 +418,7 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
     req.top_k = o.top_k;
     req.top_p = o.top_p;
     req.budget = o.budget;
-    req.depth = o.depth == 0 ? std::min<int64_t>(8, model->engine->block_size()) : o.depth;
+    req.depth = o.depth == 0 ? std::min<int64_t>(8, model->engine.block_size()) : o.depth;
     if (o.stop_ids != nullptr) req.stop_ids = std::vector<int64_t>(o.stop_ids, o.stop_ids + o.n_stop_ids);
     // after each block: the caller's on_block, and a spot_close made meanwhile ends the request there (stopped = 2)
     req.on_block = [model, on_block, user_data](const std::vector<int64_t>& ids) {
@@ -325,10 +426,11 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
       std::lock_guard<std::mutex> guard(model->lock);
       return stop || model->close_requested;
     };
-    if ((o.decoder == SPOT_DECODER_SPOT || o.decoder == SPOT_DECODER_SPOT_SETS) && model->drafter_status != SPOT_OK)
-      spot::fail(model->drafter_status, model->drafter_message);
+    const OpenedModel& shared = *model->model;
+    if ((o.decoder == SPOT_DECODER_SPOT || o.decoder == SPOT_DECODER_SPOT_SETS) && shared.drafter_status != SPOT_OK)
+      spot::fail(shared.drafter_status, shared.drafter_message);
     std::vector<int64_t> ids(prompt, prompt + n_prompt);
-    spot::Generation gen = spot::run_decoder(*model->engine, model->folder.config, model->drafter.get(), ids, req);
+    spot::Generation gen = spot::run_decoder(model->engine, shared.folder.config, shared.drafter.get(), ids, req);
     if (gen.token_ids.size() > out_capacity) spot::fail(SPOT_ERR_INTERNAL, "output larger than its bound");
     std::copy(gen.token_ids.begin(), gen.token_ids.end(), out_ids);
     *out_len = gen.token_ids.size();
@@ -354,6 +456,10 @@ spot_status spot_generate_stream(spot_model* model, const int64_t* prompt, size_
     }
   });
 }
+
+}  // namespace
+
+extern "C" {
 
 double spot_gumbel(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, uint32_t token) {
   return spot::gumbel(seed, block, step, position, token);

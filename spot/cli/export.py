@@ -38,9 +38,13 @@ from spot.files import check_output_path
 @click.option("--ort-matmulnbits", is_flag=True,
               help="int4 as com.microsoft MatMulNBits: ONNX Runtime only (TensorRT cannot parse it).")
 @click.option("--plan", "plan_device", default=None, metavar="DEVICE",
-              help="Memory plan for orin-nano-8gb, orin-nx-16gb, agx-orin-32gb, agx-orin-64gb or <N>GB: printed "
+              help="Memory plan for orin-nano-8gb, orin-nx-16gb, agx-orin-32gb, agx-orin-64gb, <N>GB or host (this "
+                   "machine, ONNX Runtime on its CPU): printed "
                    "(and nothing exported; exit status 1 when it does not fit) unless --out is given; with --out "
                    "the export must fit.")
+@click.option("--engines", "plan_engines", type=click.IntRange(min=1), default=None,
+              help="With --plan: engines decoding at once (spot serve --engines N): the weights once, a KV cache "
+                   "and a pass's buffers each. Default: 1.")
 @click.option("--plan-bench", type=click.Path(dir_okay=False), default=None,
               help="With --plan: a `spot bench` bench.json whose measured pass counts project SPOT's tokens/s on "
                    "the device against standard decoding (a roofline projection, not a measurement).")
@@ -59,7 +63,7 @@ from spot.files import check_output_path
                    "TensorRT and a CUDA GPU are here (engines are specific to the GPU and TensorRT version).")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_size, dry_run, no_validate,
-           validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, plan_bench,
+           validate_layers, overwrite, weights, int4_block, ort_matmulnbits, plan_device, plan_engines, plan_bench,
            passes_reduction, epilogue_steps, epilogue_positions, tensorrt_mode, quiet):
     """Export an SDAR checkpoint to an ONNX folder (SOURCE: a checkpoint folder, an embedded model: arithmetic,
     code, or a preset: sdar-1.7b, sdar-4b, sdar-8b and their -b16 / -b32 variants).
@@ -68,6 +72,7 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     Examples:
       spot-export sdar-8b --checkpoint /path/to/SDAR-8B-Chat --out sdar-8b-fp16-onnx
       spot-export sdar-8b-b32 --weights int4 --plan orin-nx-16gb --max-nodes 16
+      spot-export sdar-8b-b32 --weights int4 --plan orin-nx-16gb --max-nodes 16 --engines 2
       spot-export sdar-8b-b32 --weights int4 --plan orin-nx-16gb --passes-reduction 16=1.9,64=2.3
       spot-export arithmetic --out arithmetic-fp32-onnx
     """
@@ -82,6 +87,9 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     if (plan_bench or passes_reduction) and not plan_only:
         raise SpotError("--plan-bench and --passes-reduction project a memory plan's pass times: they need --plan "
                         "DEVICE (and no --out)")
+    if plan_engines is not None and plan_device is None:
+        raise SpotError("--engines sizes a memory plan: it needs --plan DEVICE",
+                        "e.g. --plan orin-nx-16gb --engines 2")
     resolved = resolve_source(source, checkpoint, dry_run or plan_only)
     from spot.assets import EMBEDDED_MODELS
     dtype = dtype or ("fp32" if resolved.preset in EMBEDDED_MODELS else "fp16")
@@ -91,7 +99,8 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     options = ExportOptions(dtype=dtype, opset=opset, max_nodes=max_nodes, max_context=max_context,
                             block_size=block_size, validate=not no_validate, validate_layers=validate_layers,
                             overwrite=overwrite, weights=weights, int4_block=int(int4_block or DEFAULT_INT4_BLOCK),
-                            matmulnbits=ort_matmulnbits, plan=plan_device, epilogue_steps=epilogue_steps,
+                            matmulnbits=ort_matmulnbits, plan=plan_device, plan_engines=plan_engines or 1,
+                            epilogue_steps=epilogue_steps,
                             epilogue_positions=epilogue_positions)
     options.quant.check()
     progress = stderr_progress(quiet)

@@ -6,6 +6,7 @@ import click
 
 from spot.cli.shared import echo_err, model_folder, placement_options
 from spot.engines.factory import BACKENDS
+from spot.errors import SpotError
 from spot.files import check_output_path
 from spot.runtime.decoders import DECODERS
 
@@ -26,6 +27,10 @@ from spot.runtime.decoders import DECODERS
               help="Engines, each decoding one request at a time (each holds its own KV cache).")
 @click.option("--threads", type=click.IntRange(min=0), default=None,
               help="ort: ONNX Runtime threads per engine. Default: the machine's cores / --engines.")
+@click.option("--plan", "plan_device", default=None, metavar="DEVICE",
+              help="Check the memory plan of --engines engines over the export first (spot-export --plan's devices: "
+                   "orin-nx-16gb, ..., <N>GB, host = this machine's CPU): printed, and the server refuses to start "
+                   "when it does not fit.")
 @click.option("--queue-size", type=click.IntRange(min=0), default=16, show_default=True,
               help="Requests that may wait for a free engine; one more is answered 429.")
 @click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
@@ -51,7 +56,8 @@ from spot.runtime.decoders import DECODERS
               help="Seconds a shutdown waits for running requests. Default: until they finish.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="warning",
               show_default=True, help="uvicorn's log level (info: one line per request).")
-def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_path, engines, threads, queue_size,
+def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_path, engines, threads, plan_device,
+          queue_size,
           decoder, budget, depth, mode, tau, chat_template, chat_max_tokens, served_model_name, host, port, api_key,
           graceful_timeout, log_level):
     """Serve the model over HTTP, OpenAI-compatible (/v1/completions, /v1/chat/completions, /v1/models), with
@@ -76,6 +82,8 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
     DecodeRequest(mode=mode, tau=tau)
     folder = Path(model_folder(backend, model_dir))
     check_model_folder(backend, folder)
+    if plan_device is not None:         # before the weights load: a configuration that does not fit never starts
+        check_serving_plan(backend, folder, plan_device, engines)
     tokenizer = served_tokenizer(folder, chat_template)
     model = ServedModel(served_model_name or folder.resolve().name, folder, backend, device, sampler, kv_cache,
                         block_size, model_dir, drafter_path,
@@ -86,18 +94,32 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
     run_server(model, options, echo_err)
 
 
+def check_serving_plan(backend: str, folder, device: str, engines: int) -> None:
+    """`spot serve --plan DEVICE`: the export's memory plan with `engines` engines, printed; SpotError (naming what
+    fits) unless it fits."""
+    from spot.engines.factory import EXPORTED_BACKENDS
+    from spot.export.memory_plan import check_serving_fits
+    from spot.folder.manifest import load_manifest
+    if backend not in EXPORTED_BACKENDS:
+        raise SpotError(f"--plan sizes an exported folder, got --backend {backend}",
+                        "use --backend ort (or tensorrt) with an export, or leave out --plan")
+    check_serving_fits(load_manifest(folder), device, engines, echo_err)
+
+
 @click.command("triton-repo")
 @click.argument("export_dir", metavar="EXPORT", type=click.Path(file_okay=False, path_type=str))
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=str),
               help="Folder of the Triton model repository to write (atomically).")
 @click.option("--name", default="spot", show_default=True, help="The model's name in Triton.")
+@click.option("--engines", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Engines of an instance: requests it decodes at once, over one copy of the weights.")
 @click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Model instances, each a process with one engine: requests decoded at once.")
+              help="Model instances (instance_group count), each a process with its own copy of the weights.")
 @click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="ort: cpu, cuda, trt; tensorrt: cuda.")
 @placement_options
 @click.option("--threads", type=click.IntRange(min=0), default=None,
-              help="ort: ONNX Runtime threads per instance. Default: the machine's cores / --instances.")
+              help="ort: ONNX Runtime threads per engine. Default: the machine's cores / (--engines x --instances).")
 @click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
               help="Decoder of the requests that name none.")
 @click.option("--budget", default="16", show_default=True, help="Tree nodes (or auto) of the requests that name none.")
@@ -112,15 +134,15 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
               help="Name EXPORT by its absolute path instead of putting it (hard-linked, else copied) in the "
                    "repository.")
 @click.option("--overwrite", is_flag=True, help="Replace a repository spot triton-repo wrote at --out.")
-def triton_repo(export_dir, out, name, instances, backend, device, sampler, kv_cache, threads, decoder, budget, depth,
-                mode, tau, temperature, max_tokens, reference, overwrite):
+def triton_repo(export_dir, out, name, engines, instances, backend, device, sampler, kv_cache, threads, decoder, budget,
+                depth, mode, tau, temperature, max_tokens, reference, overwrite):
     """Write a Triton Inference Server model repository that serves the exported folder EXPORT with the spot
-    runtime: a Python-backend model, decoupled (one response per finished block), one engine per instance, and a
-    config.pbtxt to tune (docs/deployment.md).
+    runtime: a Python-backend model, decoupled (one response per finished block), --engines engines per instance
+    over one copy of the weights, and a config.pbtxt to tune (docs/deployment.md).
 
     \b
     Examples:
-      spot triton-repo sdar-8b-fp16-onnx --out triton-repo --instances 2 --device trt
+      spot triton-repo sdar-8b-fp16-onnx --out triton-repo --engines 2 --device trt
       python3 -m pip wheel --no-deps -w dist .      # spot's wheel, from this checkout
       docker run --rm -p 8000:8000 -v $PWD/triton-repo:/models -v $PWD/dist:/wheels \\
           nvcr.io/nvidia/tritonserver:24.10-py3 \\
@@ -135,7 +157,8 @@ def triton_repo(export_dir, out, name, instances, backend, device, sampler, kv_c
     DecodeRequest(mode=mode, tau=tau, sampling=Sampling(temperature))
     check_output_path(out, "--out", folder=True)
     options = TritonRepoOptions(name, instances, backend, device, sampler, kv_cache, threads, decoder, budget, depth,
-                                mode, tau, temperature, max_tokens, reference, overwrite)
+                                mode, tau, temperature, max_tokens, reference, overwrite, engines=engines)
     repo = write_triton_repo(export_dir, out, options, echo_err)
-    click.echo(f"wrote {repo}: model {name!r}, {instances} instance{'s' * (instances > 1)}; serve it with "
+    click.echo(f"wrote {repo}: model {name!r}, {instances} instance{'s' * (instances > 1)} of {engines} "
+               f"engine{'s' * (engines > 1)}; serve it with "
                f"`tritonserver --model-repository {repo}` where spot is installed (docs/deployment.md)")

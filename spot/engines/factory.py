@@ -16,12 +16,23 @@ def open_engine(backend: str, model_dir: str | Path, block_size: int | None = No
     """An engine over the checkpoint in `model_dir` decoding blocks of `block_size` (default: the config's).
 
     ort and tensorrt: sampler, where F's sampling runs, and kv_cache, where the KV cache lives — auto | host |
-    device (spot.engines.ort_engine.on_device; tensorrt keeps the KV cache on the GPU). threads (ort): ONNX
-    Runtime's intra-op threads of this engine's sessions (None: its default, every core) — set it when several
-    engines share the machine's cores, one per thread."""
+    device (spot.engines.ort_sessions.on_device; tensorrt keeps the KV cache on the GPU). threads (ort): ONNX
+    Runtime's intra-op threads of this engine's sessions (None: its default, every core)."""
+    return open_engines(backend, model_dir, 1, block_size, device, sampler, kv_cache, threads)[0]
+
+
+def open_engines(backend: str, model_dir: str | Path, count: int, block_size: int | None = None, device: str = "cpu",
+                 sampler: str = "auto", kv_cache: str = "auto", threads: int | None = None) -> list[Engine]:
+    """`count` engines over one copy of the model's weights (open_engine's arguments): each decodes one request at a
+    time with its own KV cache, and they may decode at the same time from `count` threads. ort: one session per graph
+    that every engine runs (spot.engines.ort_sessions); tensorrt: one deserialized engine, an execution context per
+    spot engine; torch: one module. threads (ort): each engine's share of ONNX Runtime's threads
+    (ort_sessions.shared_threads: the sessions' pool holds what `count` sessions of `threads` held)."""
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise SpotError(f"unknown backend {backend!r}, expected one of {', '.join(BACKENDS)}",
                         "ort runs an exported folder (spot-export), torch a Hugging Face checkpoint")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise SpotError(f"engines must be an int >= 1, got {count!r:.40}", "e.g. 1")
     model_dir = path_arg(model_dir, "model_dir")
     for what, value, example in (("device", device, "cpu"), ("sampler", sampler, "auto"),
                                  ("kv_cache", kv_cache, "auto")):
@@ -32,12 +43,15 @@ def open_engine(backend: str, model_dir: str | Path, block_size: int | None = No
                         "torch: torch.set_num_threads (process-wide); tensorrt runs on the GPU")
     if backend == "ort":  # an exported folder (spot-export), opened and checked by its manifest
         from spot.engines.ort_engine import OrtEngine
+        from spot.engines.ort_sessions import open_sessions, shared_threads
         if block_size is not None:
             check_block_size(block_size)
-        return OrtEngine(model_dir, block_size, device, threads, sampler=sampler, kv_cache=kv_cache)
+        sessions = open_sessions(model_dir, block_size, device, shared_threads(threads, count), sampler=sampler,
+                                 kv_cache=kv_cache)
+        return [OrtEngine.over(sessions) for _ in range(count)]
     if backend == "tensorrt":  # an exported folder, its TensorRT engine built (or taken from the engine cache)
-        from spot.engines.tensorrt_engine import open_trt_engine
-        return open_trt_engine(model_dir, block_size, device, sampler, kv_cache)
+        from spot.engines.tensorrt_engine import open_trt_engines
+        return open_trt_engines(model_dir, count, block_size, device, sampler, kv_cache)
     for option, value, graph in (("sampler", sampler, "epilogue.onnx"), ("kv-cache", kv_cache, "kv_append.onnx")):
         if value == "device":
             raise SpotError(f"--{option} device needs the ort backend (an exported folder with {graph}), got "
@@ -49,4 +63,5 @@ def open_engine(backend: str, model_dir: str | Path, block_size: int | None = No
     block_size = cfg.block_size if block_size is None else block_size
     check_block_size(block_size, cfg.max_position_embeddings)
     from spot.engines.torch_engine import TorchEngine
-    return TorchEngine.from_dir(model_dir, block_size, device)
+    first = TorchEngine.from_dir(model_dir, block_size, device)
+    return [first] + [TorchEngine(first.model, block_size, device) for _ in range(count - 1)]

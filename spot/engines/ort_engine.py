@@ -4,259 +4,64 @@ The folder is opened by its manifest (hashes checked). One session runs the targ
 over N candidate states and store passes; the graph returns only the new tokens' K/V, appended to the cache, one
 [Hkv,C,D] array per layer and per K / V in the model dtype, each fed to the graph as its own input (no copy of the
 cache per pass): numpy arrays on the host (CPU), or OrtValues where the target runs (spot.engines.device_kv: on GPU
-providers, so the cache does not cross to the device on every pass).
+providers, so the cache does not cross to the device on every pass). The sessions are opened by
+spot.engines.ort_sessions, once for all the engines of a process (OrtEngine.over): the cache is each engine's own.
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from spot.engines.buckets import Profile, trt_shape_option
+from spot.engines.ort_sessions import OrtSessions, open_sessions
 from spot.errors import SpotError
-from spot.files import opened_whole, spot_cache
-from spot.folder.manifest import NP_DTYPES, check_graph_io, load_manifest, past_input_names
-from spot.ortlib import load_onnxruntime
-from spot.runtime.engine import Engine, check_threads
-
-DEVICES = ("cpu", "cuda", "trt")
-PLACES = ("auto", "host", "device")      # the choices of --sampler and --kv-cache
-_GPU_HINT = ("install onnxruntime-gpu in place of onnxruntime (x86_64: `pip uninstall -y onnxruntime && pip install "
-             "onnxruntime-gpu`: side by side the CPU build wins; Jetson/aarch64: the JetPack wheel from NVIDIA's "
-             "Jetson AI Lab index, PyPI has none), or use --device cpu")
-
-
-def trt_cache_dir(folder: Path) -> Path:
-    """TensorRT engine cache outside the (possibly read-only) exported folder, keyed by the folder's manifest."""
-    key = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()[:16]
-    return spot_cache() / "trt" / key
-
-
-def trt_options(cache: Path, fp16: bool, profile: Profile | None) -> dict:
-    """ONNX Runtime TensorRT EP options: engine and timing caches under `cache`, fp16 kernels for an fp16 export and,
-    given a profile, its explicit min / opt / max shapes (one engine build for every pass it spans:
-    spot.engines.buckets.dynamic_trt_profile)."""
-    opts = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
-            "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache), "trt_fp16_enable": fp16}
-    if profile is not None:
-        for i, end in enumerate(("min", "opt", "max")):
-            opts[f"trt_profile_{end}_shapes"] = trt_shape_option({k: v[i] for k, v in profile.shapes.items()})
-    return opts
-
-
-def providers_for(device: str, folder: Path, dtype: str, cuda_options: dict | None = None,
-                  trt_profile: Profile | None = None) -> list:
-    """Execution providers for --device, checked against what the installed onnxruntime offers; cuda_options: extra
-    CUDA provider options; trt_profile: the TensorRT shape profile of the graph (--device trt)."""
-    ort = load_onnxruntime()
-    if not isinstance(device, str) or device not in DEVICES:
-        raise SpotError(f"unknown device {device!r} for the ort backend, expected one of {', '.join(DEVICES)}",
-                        "--device cpu runs anywhere; cuda and trt (TensorRT) need an onnxruntime-gpu build and an "
-                        "NVIDIA GPU")
-    available = ort.get_available_providers()
-    if device == "cpu":
-        return ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" not in available:
-        raise SpotError(f"--device {device} needs onnxruntime's CUDAExecutionProvider; the installed onnxruntime "
-                        f"{ort.__version__} offers {', '.join(available)}", _GPU_HINT)
-    cuda = ("CUDAExecutionProvider", dict(cuda_options or {}))
-    if device == "cuda":
-        return [cuda, "CPUExecutionProvider"]
-    if "TensorrtExecutionProvider" not in available:
-        raise SpotError(f"--device trt needs onnxruntime's TensorrtExecutionProvider; the installed onnxruntime "
-                        f"{ort.__version__} offers {', '.join(available)}",
-                        "use an onnxruntime-gpu build with TensorRT (and TensorRT's libraries), or --device cuda")
-    cache = trt_cache_dir(folder)
-    cache.mkdir(parents=True, exist_ok=True)
-    return [("TensorrtExecutionProvider", trt_options(cache, dtype == "fp16", trt_profile)), cuda,
-            "CPUExecutionProvider"]
-
-
-def make_session(graph: Path, device: str, dtype: str, threads: int | None = None, config: dict | None = None,
-                 cuda_options: dict | None = None, trt_profile: Profile | None = None):
-    """An InferenceSession on the requested provider; SpotError when the provider did not actually load."""
-    ort = load_onnxruntime()
-    threads = check_threads(threads)
-    providers = providers_for(device, graph.parent, dtype, cuda_options, trt_profile)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3          # warnings about unused initializers etc. are not the user's business
-    for key, value in (config or {}).items():   # e.g. a quantized export's ort_session_config (manifest)
-        so.add_session_config_entry(key, str(value))
-    if threads:
-        so.intra_op_num_threads = int(threads)
-        so.inter_op_num_threads = 1
-    try:
-        session = ort.InferenceSession(str(graph), so, providers=providers)
-    except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, RuntimeException)
-        raise SpotError(f"onnxruntime could not load {graph} on {device}: {str(e).splitlines()[0][:300]}",
-                        "check that the folder was exported for this onnxruntime (opset) and device") from None
-    wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
-    if session.get_providers()[0] != wanted:
-        raise SpotError(f"onnxruntime fell back from {wanted} to {session.get_providers()[0]}: the provider's "
-                        "libraries (CUDA, cuDNN, TensorRT) did not load", _GPU_HINT)
-    return session
-
-
-# ONNX Runtime's names of the tensor types the graphs use, as the manifest writes them
-ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-              "tensor(int64)": "int64"}
-
-
-def checked(session, exported, name: str):
-    """`session` of the folder's graph `name`, once its declared inputs and outputs agree with the manifest's model
-    section (spot.folder.manifest.check_graph_io)."""
-    declared = {a.name: (ORT_DTYPES.get(a.type, a.type), list(a.shape))
-                for a in [*session.get_inputs(), *session.get_outputs()]}
-    check_graph_io(exported, name, declared)
-    return session
-
-
-def target_session(exported, device: str, threads: int | None = None, trt_profile: Profile | None = None):
-    """The session of an exported folder's target graph, with the manifest's session config (a quantized export
-    keeps float32 activations in ONNX Runtime's fused MatMulNBits: docs/quantization.md)."""
-    return checked(make_session(exported.graph_path("target"), device, exported.dtype, threads,
-                                exported.manifest.get("ort_session_config"), trt_profile=trt_profile),
-                   exported, "target")
-
-
-def recorded_trt_profile(exported) -> Profile:
-    """The TensorRT shape profile spot-export recorded for the dynamic-shape engines (--device trt)."""
-    entry = exported.manifest["graphs"]["target"].get("tensorrt_profile")
-    if entry is None:
-        raise SpotError(f"{exported.folder} was exported without a TensorRT shape profile, which --device trt needs "
-                        "(without one, ONNX Runtime's TensorRT provider builds its engine again whenever the KV "
-                        "cache outgrows the shapes it has seen)",
-                        f"run `spot upgrade-export {exported.folder}` (seconds, the weights stay), or use "
-                        "--device cuda")
-    try:
-        return Profile.from_dict(f"{exported.folder}'s tensorrt_profile", entry)
-    except SpotError as e:
-        raise SpotError(e.message, f"run `spot upgrade-export {exported.folder}` to write it again") from None
-
-
-def check_epilogue_io(session, exported) -> None:
-    """SpotError unless the folder's epilogue graph takes every input and gives every output this host binds
-    (spot.folder.epilogue.INPUTS, OUTPUTS), checked once when it is opened: an epilogue exported before runner-ups
-    (future_runner_up, future_gap) or position runs (first_position) lacks some, and `spot upgrade-export` writes
-    the current one."""
-    from spot.folder.epilogue import INPUTS, OUTPUTS
-    takes, gives = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
-    missing = [n for n in INPUTS if n not in takes] + [n for n in OUTPUTS if n not in gives]
-    if missing:
-        raise SpotError(f"{exported.graph_path('epilogue')} is an older sampling epilogue: got no "
-                        f"{', '.join(missing)}, expected inputs {', '.join(INPUTS)} and outputs {', '.join(OUTPUTS)}",
-                        f"run `spot upgrade-export {exported.folder}` (seconds: the epilogue is rewritten, the weights "
-                        "stay), or decode with --sampler host")
-
-
-def epilogue_positions(session, exported, block_size: int) -> int:
-    """Positions of a state per epilogue call: the manifest's positions_per_call, a divisor of the block size and
-    the graph's static logits dim."""
-    from spot.folder.epilogue import check_positions, graph_positions
-    p = exported.manifest["graphs"]["epilogue"].get("positions_per_call")
-    if p is None:
-        raise SpotError(f"{exported.folder}/manifest.json records no positions_per_call for its epilogue (an epilogue "
-                        "exported before position runs)", f"run `spot upgrade-export {exported.folder}`")
-    p, remedy = int(p), "re-export the folder with spot-export (or spot upgrade-export it)"
-    check_positions(p, block_size, "the manifest's epilogue positions_per_call", remedy)
-    if graph_positions(session) not in (p, None):
-        raise SpotError(f"the manifest's epilogue positions_per_call is {p}, the graph's logits take "
-                        f"{graph_positions(session)} positions", remedy)
-    return p
-
-
-def on_device(choice: str, what: str, device: str, available: bool) -> bool:
-    """--sampler and --kv-cache (`what` names which, for the error): device = on the target's device, through the
-    export's graph for it (required; the epilogue samples next to the target, kv_append grows the cache there);
-    host = numpy on the host; auto = device on GPU providers when that graph is `available`. On a CPU auto is host:
-    the epilogue's exact float64 softmax over V costs more than the numpy step, and both caches are host memory
-    there (the numpy one skips the IOBinding bookkeeping)."""
-    if not isinstance(choice, str) or choice not in PLACES:
-        raise SpotError(f"unknown {what} {choice!r}, expected one of {', '.join(PLACES)}")
-    return choice == "device" or (choice == "auto" and device != "cpu" and available)
-
+from spot.folder.manifest import past_input_names
+from spot.runtime.engine import Engine
 
 class OrtEngine(Engine):
     """Engine over an exported folder. device: cpu | cuda | trt; threads: intra-op threads (None: ORT default);
-    sampler, kv_cache: auto | host | device (see on_device)."""
+    sampler, kv_cache: auto | host | device (spot.engines.ort_sessions.on_device). `OrtEngine.over(sessions)`: an
+    engine over sessions other engines use as well (spot.engines.ort_sessions: the weights once, a KV cache per
+    engine)."""
 
     name = "ort"
 
     def __init__(self, model_dir: str | Path, block_size: int | None = None, device: str = "cpu",
                  threads: int | None = None, verify: str = "quick", sampler: str = "auto", kv_cache: str = "auto"):
-        # the manifest, its checks and the sessions read one folder (spot.files.opened_whole; spot_open as well)
-        opened_whole(model_dir, lambda: self._open(model_dir, block_size, device, threads, verify, sampler, kv_cache))
+        self._attach(open_sessions(model_dir, block_size, device, threads, verify, sampler, kv_cache))
 
-    def _open(self, model_dir, block_size, device, threads, verify, sampler, kv_cache) -> None:
-        self.exported = load_manifest(model_dir, verify)
-        super().__init__(self.exported.config, self.exported.block_size if block_size is None else block_size)
-        self.device = device
-        self.place = "cpu" if device == "cpu" else "cuda"    # where the target's outputs live (ORT device type)
-        self.dtype = np.dtype(NP_DTYPES[self.exported.dtype])
-        self.trt_profile = self._trt_profile() if device == "trt" else None
-        self.session = target_session(self.exported, device, threads, self.trt_profile)
+    @classmethod
+    def over(cls, sessions: OrtSessions) -> "OrtEngine":
+        """An engine over an opened folder's shared sessions (spot.engines.ort_sessions.OrtSessions), with its own
+        KV cache: engines over the same sessions may decode at the same time, one request each."""
+        engine = cls.__new__(cls)
+        engine._attach(sessions)
+        return engine
+
+    def _attach(self, sessions: OrtSessions) -> None:
+        self.sessions = sessions
+        self.exported = sessions.exported
+        super().__init__(self.exported.config, sessions.block_size)
+        self.device, self.place, self.dtype = sessions.device, sessions.place, sessions.dtype
+        self.trt_profile = sessions.trt_profile
+        self.session = sessions.target
         cfg = self.config
         self._empty = np.zeros((cfg.num_key_value_heads, 0, cfg.head_dim), self.dtype)
         self._past = past_input_names(cfg.num_hidden_layers)
         self._reset_host_cache()
-        self.device_kv = self._open_device_kv(kv_cache, threads)    # None: the numpy cache self._k / self._v
-        self.epilogue, self._future_steps = self._open_epilogue(sampler, threads)
-
-    def _trt_profile(self) -> Profile:
-        if self.block_size != self.exported.block_size:
-            raise SpotError(f"--device trt runs the TensorRT profile recorded for blocks of "
-                            f"{self.exported.block_size}, the engine decodes blocks of {self.block_size}",
-                            "use the export's block size, or --device cuda")
-        return recorded_trt_profile(self.exported)
+        self.device_kv = None               # None: the numpy cache self._k / self._v
+        if sessions.kv_append is not None:
+            from spot.engines.device_kv import DeviceKVCache
+            self.device_kv = DeviceKVCache(sessions.kv_append, self.place, self._empty, cfg.num_hidden_layers)
+        self.epilogue, self._future_steps = sessions.epilogue, sessions.future_steps
+        self._epilogue_positions = sessions.epilogue_positions
 
     @staticmethod
     def from_dir(model_dir, block_size: int | None = None, device: str = "cpu", threads: int | None = None,
                  sampler: str = "auto", kv_cache: str = "auto"):
         return OrtEngine(model_dir, block_size, device, threads, sampler=sampler, kv_cache=kv_cache)
-
-    def _open_device_kv(self, kv_cache: str, threads: int | None):
-        from spot.engines.device_kv import DeviceKVCache
-        if not on_device(kv_cache, "KV cache place", self.device, True):     # every folder has kv_append
-            return None
-        # a Concat with a new shape at every stored block: the CUDA provider, also under --device trt (a TensorRT
-        # engine per shape would cost more than the copy), its arena grown by what is asked (the cache grows by one
-        # block per store), not to the next power of two
-        session = checked(make_session(self.exported.graph_path("kv_append"), self.place, self.exported.dtype,
-                                       threads, cuda_options={"arena_extend_strategy": "kSameAsRequested"}),
-                          self.exported, "kv_append")
-        return DeviceKVCache(session, self.place, self._empty, self.config.num_hidden_layers)
-
-    def _open_epilogue(self, sampler: str, threads: int | None):
-        graphs = self.exported.manifest["graphs"]
-        usable = "epilogue" in graphs
-        if sampler == "auto":      # not an epilogue built for another block size (--block-size overrides the export's)
-            usable = usable and self.block_size == self.exported.block_size
-        if not on_device(sampler, "sampler", self.device, usable):
-            return None, None
-        if "epilogue" not in graphs:
-            raise SpotError(f"{self.exported.folder} has no sampling epilogue graph (needed by --sampler device)",
-                            f"add one with `spot upgrade-export {self.exported.folder}` (--epilogue-steps N, "
-                            "N > 0; the weights stay), or use --sampler host")
-        if self.block_size != self.exported.block_size:
-            raise SpotError(f"the epilogue graph is built for blocks of {self.exported.block_size}, the engine "
-                            f"decodes blocks of {self.block_size}", "use the export's block size or --sampler host")
-        # TensorRT has neither float64 nor uint32 arithmetic: on --device trt the epilogue runs on the CUDA EP,
-        # on the same GPU, reading the target's logits where they are (docs/gpu-path.md)
-        # spot-export's bound, before the graph is compared with it (as in the C++ host): an out-of-range
-        # future_steps is named as such, not as a contradiction of the graph
-        steps = int(graphs["epilogue"]["future_steps"])
-        if not 1 <= steps <= self.block_size:
-            raise SpotError(f"{self.exported.folder}/manifest.json: the epilogue's future_steps is {steps}, "
-                            f"expected 1..{self.block_size} (the block size)", "re-export the folder with spot-export")
-        session = make_session(self.exported.graph_path("epilogue"), self.place, self.exported.dtype, threads)
-        check_epilogue_io(session, self.exported)
-        checked(session, self.exported, "epilogue")
-        self._epilogue_positions = epilogue_positions(session, self.exported, self.block_size)
-        return session, steps
 
     @property
     def sampler_depth(self) -> int | None:
@@ -264,7 +69,7 @@ class OrtEngine(Engine):
 
     def _release(self) -> None:
         self._placement_at_close = self._placement()      # what it ran as (the sessions below are gone)
-        self.session = self.device_kv = self.epilogue = None
+        self.sessions = self.session = self.device_kv = self.epilogue = None
         self._reset_host_cache()
 
     @property

@@ -22,7 +22,7 @@ class StaticOrtEngine(PlannedCacheLimits, Engine):
 
     def __init__(self, model_dir: str | Path, plan: BucketPlan | None = None, device: str = "cpu",
                  threads: int | None = None):
-        from spot.engines.ort_engine import target_session
+        from spot.engines.ort_sessions import target_session
         from spot.folder.manifest import NP_DTYPES
         from spot.folder.manifest import load_manifest
         self.exported = load_manifest(model_dir)
@@ -42,10 +42,23 @@ class StaticOrtEngine(PlannedCacheLimits, Engine):
             caps, n = self.plan.capacities, self.plan.nodes[-1]
             profile = block_trt_profile("static", cfg.with_block_size(self.block_size), (n, n),
                                         (caps[0], caps[len(caps) // 2], caps[-1]))
-        self.session = target_session(self.exported, device, threads, profile)
+        self._attach(target_session(self.exported, device, threads, profile))
+
+    def _attach(self, session) -> None:
+        cfg = self.config
+        self.session = session
         self.cache = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, self.plan.capacities[0],
                                    cfg.head_dim, self.dtype)
         self.last_shapes: tuple[int, int, int] | None = None     # (N, S, C) of the last pass, for tests/benchmarks
+
+    def sibling(self) -> "StaticOrtEngine":
+        """Another engine over this one's session and bucket plan, with its own KV cache: the weights once (ONNX
+        Runtime's run is thread-safe: the two may decode at the same time, one request each)."""
+        other = type(self).__new__(type(self))
+        other.exported, other.plan, other.dtype = self.exported, self.plan, self.dtype
+        Engine.__init__(other, self.config, self.block_size)
+        other._attach(self.session)
+        return other
 
     def _run(self, outputs: list[str], ids: np.ndarray) -> list[np.ndarray]:
         n, s = ids.shape

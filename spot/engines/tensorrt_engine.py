@@ -1,5 +1,5 @@
 """TensorRT engines for the exported target graph (ONNX Runtime's TensorRT execution provider, the simpler path, is
-`--device trt` of the ORT engines: spot.engines.ort_engine.providers_for).
+`--device trt` of the ORT engines: spot.engines.ort_sessions.providers_for).
 
 STATUS: written to the documented TensorRT 10.x / 11.x Python API (name-based tensors, execute_async_v3,
 optimisation profiles, timing cache) and NEVER RUN on this project's CI, which has no GPU and no TensorRT.
@@ -13,6 +13,11 @@ layout.
 Precision: the network is strongly typed wherever TensorRT supports it (required in 11.x, which removed the
 FP16/INT8 builder flags): the precision is the export's (`spot-export --dtype fp16`). On 10.x, `fp16_flag=True`
 instead builds a weakly typed network from an fp32 export with BuilderFlag.FP16 (TensorRT picks fp16 kernels).
+Engines of one folder (`spot serve --engines N`: open_trt_engines) share one deserialized ICudaEngine (TrtModel: the
+weights once on the GPU); each spot engine runs its own IExecutionContext (not thread-safe, one per decoding thread)
+on its own CUDA stream, with its own activation memory and KV cache (TrtRunner). Never run either; in particular two
+contexts selecting the same optimization profile at once is assumed allowed (older TensorRT releases wanted a profile
+per running context): the first GPU run of `spot serve --backend tensorrt --engines 2` is where it would show.
 Run: device buffers are torch CUDA tensors; the KV cache (spot.engines.kv_cache.StaticKVCache) stays on the device,
 the target's logits stay on the device and feed the sampling epilogue (spot.reference.noise_torch.epilogue_torch),
 per state the walk reads (DeferredOutputs), so a verify pass copies O(B x (D + 32)) values per such state to the
@@ -279,6 +284,13 @@ def open_trt_engine(model_dir: str | Path, block_size: int | None = None, device
                     sampler: str = "auto", kv_cache: str = "auto") -> "TrtEngine":
     """`--backend tensorrt`: a TrtEngine over the exported folder, its engine built with the default BuildOptions
     or reused from the engine cache (spot-export --tensorrt and spot build-engine put it there)."""
+    return open_trt_engines(model_dir, 1, block_size, device, sampler, kv_cache)[0]
+
+
+def open_trt_engines(model_dir: str | Path, count: int, block_size: int | None = None, device: str = "cuda",
+                     sampler: str = "auto", kv_cache: str = "auto") -> list["TrtEngine"]:
+    """`count` TrtEngines over one deserialized TensorRT engine (the weights once on the GPU), each with its own
+    execution context, CUDA stream and KV cache (open_trt_engine's arguments)."""
     from spot.folder.manifest import load_manifest
     exported = load_manifest(model_dir)
     if device != "cuda":
@@ -290,27 +302,64 @@ def open_trt_engine(model_dir: str | Path, block_size: int | None = None, device
         raise SpotError("--backend tensorrt keeps the KV cache on the GPU, got --kv-cache host",
                         "omit --kv-cache, or use --backend ort for a host KV cache")
     check_parsable(exported)
-    return TrtEngine(model_dir, sampler_steps=None if sampler == "host" else DEFAULT_SAMPLER_STEPS)
+    model = load_trt_model(model_dir)
+    steps = None if sampler == "host" else DEFAULT_SAMPLER_STEPS
+    return [TrtEngine.over(model, sampler_steps=steps) for _ in range(count)]
 
 
 # -- run ---------------------------------------------------------------------------------------------------------
-class TrtRunner:
-    """One deserialized engine + execution context; runs on torch CUDA tensors (no host copies)."""
+@dataclass(frozen=True)
+class TrtModel:
+    """An exported folder's TensorRT engine, deserialized once: the weights on the GPU, shared by every TrtEngine
+    over it (each runs its own execution context: TrtRunner). exported: the folder's manifest; plan: the bucket plan
+    the engine was built for."""
 
-    def __init__(self, engine_file: str | Path):
+    exported: object              # spot.folder.manifest.ExportedFolder
+    engine_file: Path
+    plan: BucketPlan
+    runtime: object               # tensorrt.Runtime (kept alive as long as its engine)
+    engine: object                # tensorrt.ICudaEngine
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def load_trt_model(model_dir: str | Path, engine_file: str | Path | None = None,
+                   options: BuildOptions = BuildOptions()) -> TrtModel:
+    """The folder's TensorRT engine (`engine_file`, else built with `options` or taken from the engine cache),
+    deserialized."""
+    from spot.descriptors import read_json
+    from spot.folder.manifest import load_manifest
+    trt = _trt()
+    _torch_cuda()
+    exported = load_manifest(model_dir)
+    engine_file = Path(engine_file) if engine_file else build_engine(model_dir, options)
+    meta = read_json(engine_file.with_suffix(".json"), f"delete {engine_file} and its .json to build it again")
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine(engine_file.read_bytes())
+    if engine is None:
+        raise SpotError(f"TensorRT could not load {engine_file}",
+                        "engines are specific to the TensorRT version and GPU: rebuild with spot build-engine")
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    inputs = tuple(n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT)
+    return TrtModel(exported, engine_file, BucketPlan.from_dict(meta["plan"]), runtime, engine, inputs,
+                    tuple(n for n in names if n not in inputs))
+
+
+class TrtRunner:
+    """One execution context of a TrtModel's engine, with its own CUDA stream: what one spot engine runs. TensorRT's
+    IExecutionContext is not thread-safe, its ICudaEngine is shared: one context per thread that decodes, each with
+    its own activation memory (allocated when the context is created); runs on torch CUDA tensors (no host copies)."""
+
+    def __init__(self, model: TrtModel):
         trt = _trt()
         torch = _torch_cuda()
-        self.trt, self.torch = trt, torch
-        self.logger = trt.Logger(trt.Logger.WARNING)
-        self.runtime = trt.Runtime(self.logger)
-        self.engine = self.runtime.deserialize_cuda_engine(Path(engine_file).read_bytes())
-        if self.engine is None:
-            raise SpotError(f"TensorRT could not load {engine_file}",
-                            "engines are specific to the TensorRT version and GPU: rebuild with spot build-engine")
+        self.trt, self.torch, self.model = trt, torch, model
+        self.engine = model.engine
         self.context = self.engine.create_execution_context()
-        self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.inputs = [n for n in self.names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in self.names if n not in self.inputs]
+        if self.context is None:      # its activation memory did not fit beside the other contexts'
+            raise SpotError("TensorRT could not create another execution context (GPU memory)",
+                            "serve fewer engines, or check the memory plan (spot-export --plan DEVICE --engines N)")
+        self.inputs, self.outputs = list(model.inputs), list(model.outputs)
         self.stream = torch.cuda.Stream()
         self.profile = -1
 
@@ -354,17 +403,23 @@ class TrtEngine(PlannedCacheLimits, Engine):
 
     def __init__(self, model_dir: str | Path, engine_file: str | Path | None = None,
                  options: BuildOptions = BuildOptions(), sampler_steps: int | None = DEFAULT_SAMPLER_STEPS):
-        from spot.descriptors import read_json
-        from spot.folder.manifest import load_manifest
-        _trt()
+        self._attach(load_trt_model(model_dir, engine_file, options), sampler_steps)
+
+    @classmethod
+    def over(cls, model: TrtModel, sampler_steps: int | None = DEFAULT_SAMPLER_STEPS) -> "TrtEngine":
+        """An engine over a deserialized engine other TrtEngines use as well: its own execution context and KV
+        cache, the weights shared."""
+        engine = cls.__new__(cls)
+        engine._attach(model, sampler_steps)
+        return engine
+
+    def _attach(self, model: TrtModel, sampler_steps: int | None) -> None:
         torch = _torch_cuda()
         self.torch = torch
-        self.exported = load_manifest(model_dir)
+        self.exported = model.exported
         super().__init__(self.exported.config, self.exported.block_size)
-        engine_file = Path(engine_file) if engine_file else build_engine(model_dir, options)
-        meta = read_json(engine_file.with_suffix(".json"), f"delete {engine_file} and its .json to build it again")
-        self.plan = BucketPlan.from_dict(meta["plan"])
-        self.runner = TrtRunner(engine_file)
+        self.plan = model.plan
+        self.runner = TrtRunner(model)
         cfg = self.config
         dt = {"fp32": torch.float32, "fp16": torch.float16}[self.exported.dtype]
         self.kv_dtype = dt
@@ -396,7 +451,7 @@ class TrtEngine(PlannedCacheLimits, Engine):
                  **self.cache.feeds()}
         return self.runner.run(feeds, self.plan.profile_index(self.cache.capacity, s), wanted)
 
-    def _release(self) -> None:       # the engine, its context and the device KV cache (never run here)
+    def _release(self) -> None:       # its context and device KV cache; the engine goes with its last context
         self.runner = self.cache = None
 
     def _reset(self) -> None:

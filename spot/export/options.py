@@ -38,6 +38,8 @@ class ExportOptions:
     int4_block: int = 128              # input features per int4 scale: 32 | 64 | 128
     matmulnbits: bool = False          # int4 as com.microsoft MatMulNBits (ONNX Runtime only)
     plan: str | None = None            # device whose memory plan is checked and recorded (spot.export.memory_plan)
+    plan_engines: int = 1              # engines the plan counts (spot serve --engines): the weights once, a KV
+                                       # cache and a pass's buffers each
     epilogue_steps: int | None = None  # D of the sampling epilogue graph (GPU paths); 0 = none; default:
                                        # DEFAULT_FUTURE_STEPS, or the block size when smaller
     epilogue_positions: int | None = None  # block positions per epilogue call (memory); default:

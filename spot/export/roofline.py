@@ -160,8 +160,8 @@ def render_projection(cfg: ModelConfig, dtype: str, weight_bytes: int, device, m
     then, given pass counts, projected tokens/s against the baseline per row."""
     peak = peak_flops(device, dtype)
     if peak is None or device.bandwidth_gbs is None:
-        return (f"  pass time projection: none for {device.name} (a size, not a named device: its bandwidth and "
-                "GPU are unknown)")
+        why = "a CPU, not a Jetson GPU" if device.cpu else "a size, not a named device"
+        return f"  pass time projection: none for {device.name} ({why}: its bandwidth and GPU are unknown)"
     contexts = sorted({min(SHORT_CONTEXT, context) // cfg.block_size * cfg.block_size or cfg.block_size, context})
     kind = "fp16 tensor-core" if dtype == "fp16" else "fp32 CUDA-core"
     lines = [f"  pass time PROJECTION (roofline, not a measurement): max(bytes moved / {device.bandwidth_gbs:g} GB/s, "

@@ -1,5 +1,5 @@
 """The model a server decodes with: its folder and engine options, its tokenizer (and chat template), the defaults of
-the requests that leave a field out, and its engines and drafters (one of each per concurrent request)."""
+the requests that leave a field out, and its engines (one per concurrent request, over one copy of the weights)."""
 from __future__ import annotations
 
 import os
@@ -42,16 +42,22 @@ class ServedModel:
     manifest_sha256: str | None = None  # sha256 of the export's manifest.json (None: a checkpoint folder)
 
     def open_engine(self, threads: int | None):
-        """One engine over this model, and its own drafter (None where there is none)."""
-        from spot.engines.factory import open_engine
-        engine = open_engine(self.backend, self.folder, self.block_size, self.device, self.sampler, self.kv_cache,
-                             threads=threads if self.backend == "ort" else None)
+        """One engine over this model, and its drafter (None where there is none)."""
+        return self.open_engines(1, threads)[0]
+
+    def open_engines(self, count: int, threads: int | None) -> list[tuple]:
+        """`count` (engine, drafter) pairs over one copy of the weights (spot.engines.factory.open_engines): each
+        engine has its own KV cache, and the drafter (stateless: a session and its settings) is shared too.
+        threads: each engine's ONNX Runtime threads (ort)."""
+        from spot.engines.factory import open_engines
+        engines = open_engines(self.backend, self.folder, count, self.block_size, self.device, self.sampler,
+                               self.kv_cache, threads=threads if self.backend == "ort" else None)
         drafter = None
         if self.drafter_path is not None:
             from spot.runtime.drafter import load_drafter
             drafter = load_drafter(self.drafter_path, threads=1)
-            drafter.check_compatible(engine)
-        return engine, drafter
+            drafter.check_compatible(engines[0])
+        return [(engine, drafter) for engine in engines]
 
 
 def manifest_sha256(folder: Path) -> str | None:

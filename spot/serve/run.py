@@ -30,17 +30,13 @@ class ServeOptions:
 
 def open_pool(model: ServedModel, engines: int, threads: int | None, queue_size: int,
               progress: Callable[[str], None] = lambda line: None) -> EnginePool:
-    """`engines` engines (and drafters) over the model, behind a queue of queue_size."""
+    """`engines` engines over the model (its weights once), behind a queue of queue_size."""
     if engines < 1:
         raise SpotError(f"--engines must be >= 1, got {engines}")
     from spot.serve.jobs import check_defaults
-    per_engine = threads_per_engine(threads, engines)
-    slots = []
-    for i in range(engines):
-        progress(f"opening engine {i + 1}/{engines}")
-        slots.append(model.open_engine(per_engine))
-        if i == 0:
-            check_defaults(model, *slots[0])
+    progress(f"opening {engines} engine{'s' * (engines > 1)} over one copy of the weights")
+    slots = model.open_engines(engines, threads_per_engine(threads, engines))
+    check_defaults(model, *slots[0])
     return EnginePool(slots, queue_size)
 
 

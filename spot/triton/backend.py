@@ -1,19 +1,26 @@
-"""The Triton Python-backend model of a `spot triton-repo` repository: each model instance opens one spot engine on the
-exported folder and decodes its requests one at a time; the model is decoupled, so each finished block goes out as
-its own response (text_output, token_ids) and a last one says why the text ended (finish_reason) and what it cost
-(usage: JSON of spot's pass figures, as `spot serve` reports them).
+"""The Triton Python-backend model of a `spot triton-repo` repository: each model instance (a process of Triton's
+Python backend) opens `engines` spot engines over one copy of the exported folder's weights
+(spot.engines.factory.open_engines) and decodes that many requests at once, one per engine, each on its own thread;
+the model is decoupled, so execute() only queues a request and each finished block goes out as its own response
+(text_output, token_ids) from the engine's thread, and a last one says why the text ended (finish_reason) and what it
+cost (usage: JSON of spot's pass figures, as `spot serve` reports them).
 
 Requests are checked and decoded by the same code as `spot serve`'s (spot.serve.jobs); a bad one gets an error
-response with the library's message. A request Triton cancels (its client went away) ends at the next block.
+response with the library's message at once. A request Triton cancels (its client went away) ends at the next block.
 """
 from __future__ import annotations
 
 import json
+import logging
+import queue
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from spot.errors import SpotError
+
+log = logging.getLogger("spot.triton")
 
 # optional inputs besides the prompt (text_input or prompt_ids) -> spot.serve.jobs.DecodeFields' field
 FIELD_INPUTS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -84,6 +91,15 @@ def instance_count(config: dict) -> int:
     return sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
 
 
+def engine_count(params: dict[str, str]) -> int:
+    """config.pbtxt's `engines` parameter: requests one instance decodes at once (default 1)."""
+    text = params.get("engines") or "1"
+    if not text.isdigit() or int(text) < 1:
+        raise SpotError(f"config.pbtxt's engines parameter must be an integer >= 1, got {text!r}",
+                        'e.g. parameters: { key: "engines" value: { string_value: "4" } }')
+    return int(text)
+
+
 class TritonPythonModel:
     """Triton's Python-backend interface: initialize, execute, finalize."""
 
@@ -98,18 +114,41 @@ class TritonPythonModel:
         p = parameters(config)
         self.max_tokens = int(p.get("max_tokens") or DEFAULT_MAX_TOKENS)
         self.model = served_model(args, config)
+        engines = engine_count(p)
         threads = int(p["threads"]) if p.get("threads") else None
-        self.engine, self.drafter = self.model.open_engine(threads_per_engine(threads, instance_count(config)))
+        # the cores shared out among every engine of every instance
+        self.slots = self.model.open_engines(engines, threads_per_engine(threads, engines * instance_count(config)))
         from spot.serve.jobs import check_defaults
-        check_defaults(self.model, self.engine, self.drafter)        # config.pbtxt's defaults: now, not per request
+        check_defaults(self.model, *self.slots[0])      # config.pbtxt's defaults: now, not per request
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()     # (job, sender), None: stop
+        self.threads = [threading.Thread(target=self.work, args=slot, name=f"spot-engine-{i}", daemon=True)
+                        for i, slot in enumerate(self.slots)]
+        for thread in self.threads:
+            thread.start()
 
     def execute(self, requests):
-        for request in requests:        # one at a time: the instance's engine holds one KV cache
-            self.answer(request)
+        """Check each request and queue it for the next free engine (decoupled: the engines' threads answer)."""
+        for request in requests:
+            queued = self.checked(request)
+            if queued is not None:
+                self.jobs.put(queued)
         return None
 
     def finalize(self):
-        self.engine.close()
+        """Finish the queued requests, stop the engines' threads, release the engines."""
+        for _ in self.threads:
+            self.jobs.put(None)
+        for thread in self.threads:
+            thread.join()
+        for engine, _ in self.slots:
+            engine.close()
+
+    def work(self, engine, drafter) -> None:
+        while (queued := self.jobs.get()) is not None:
+            try:
+                self.answer(*queued, engine, drafter)
+            except Exception:       # noqa: BLE001 - e.g. a response that cannot be sent: this engine keeps serving
+                log.exception("answering a request failed")
 
     def tensor(self, name: str, values, dtype=None):
         return self.pb.Tensor(name, np.asarray(values, dtype=dtype))
@@ -119,22 +158,30 @@ class TritonPythonModel:
             self.tensor("text_output", [piece.encode("utf-8")], object),
             self.tensor("token_ids", ids, np.int64)])
 
-    def answer(self, request) -> None:
-        from spot.runtime.decoders import run_decoder
-        from spot.serve.jobs import build_job, finish_reason, room_left, usage
-        from spot.tokenizer import TextStream
+    def checked(self, request):
+        """(job, response sender) of a request, or None after answering a bad one with its error."""
+        from spot.serve.jobs import build_job
         pb, sender = self.pb, request.get_response_sender()
-        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
         def get(name):
             tensor = pb.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
         try:
-            prompt, fields = request_fields(get, self.model.tokenizer, self.max_tokens, self.engine.max_context)
-            job = build_job(self.model, self.engine, self.drafter, prompt, fields)
+            engine, drafter = self.slots[0]     # any engine: only the model's shape is read outside its thread
+            prompt, fields = request_fields(get, self.model.tokenizer, self.max_tokens, engine.max_context)
+            return build_job(self.model, engine, drafter, prompt, fields), sender
         except SpotError as e:
-            sender.send(pb.InferenceResponse(error=pb.TritonError(str(e).replace("\n ", ""))), flags=final)
-            return
+            sender.send(pb.InferenceResponse(error=pb.TritonError(str(e).replace("\n ", ""))),
+                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+
+    def answer(self, job, sender, engine, drafter) -> None:
+        """Decode `job` on `engine` (this engine's thread), a response per finished block, then the last one."""
+        from spot.runtime.decoders import run_decoder
+        from spot.serve.jobs import finish_reason, room_left, usage
+        from spot.tokenizer import TextStream
+        pb = self.pb
+        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         pieces = TextStream(self.model.tokenizer) if self.model.tokenizer is not None else None
         sent = []
 
@@ -145,11 +192,11 @@ class TritonPythonModel:
                 sender.send(self.block_response(pieces.feed(ids) if pieces is not None else "", ids))
             return bool(getattr(sender, "is_cancelled", lambda: False)())
         try:
-            gen = run_decoder(job.decoder, self.engine, job.prompt_ids, job.request, self.drafter, on_block)
+            gen = run_decoder(job.decoder, engine, job.prompt_ids, job.request, drafter, on_block)
         except Exception as e:      # noqa: BLE001 - the request gets the error; the instance keeps serving
             sender.send(pb.InferenceResponse(error=pb.TritonError(f"decoding failed: {e}")), flags=final)
             return
-        figures = usage(job, gen, len(sent), self.engine.block_size)
+        figures = usage(job, gen, len(sent), engine.block_size)
         last = self.block_response(pieces.end() if pieces is not None else "", [])
         sender.send(pb.InferenceResponse(output_tensors=[
             *last.output_tensors(), self.tensor("finish_reason", [finish_reason(gen, job.max_tokens).encode()], object),

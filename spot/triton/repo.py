@@ -1,8 +1,9 @@
 """`spot triton-repo EXPORT --out REPO`: a Triton model repository that serves an exported folder with the spot runtime.
 
     REPO/                        a Triton model repository: its other models are left as they are
-      NAME/config.pbtxt          Python backend, decoupled (a response per finished block), one engine per instance;
-                                 the requests' defaults and the engine options as parameters — edit them to tune
+      NAME/config.pbtxt          Python backend, decoupled (a response per finished block), `engines` engines per
+                                 instance over one copy of the weights; the requests' defaults and the engine options
+                                 as parameters — edit them to tune
       NAME/1/model.py            imports spot.triton.backend (the spot installed beside tritonserver decodes)
       NAME/1/export/             the exported folder, hard-linked where the file system allows, else copied
                                  (--reference: left where it is, named by its absolute path)
@@ -48,12 +49,12 @@ OUTPUTS = (("text_output", "TYPE_STRING", "[ 1 ]"), ("token_ids", "TYPE_INT64", 
 @dataclass(frozen=True)
 class TritonRepoOptions:
     name: str = "spot"
-    instances: int = 1              # engines: requests decoded at once (one per instance)
+    instances: int = 1              # Triton instances: processes, each holding the weights and `engines` engines
     backend: str = "ort"
     device: str = "cpu"
     sampler: str = "auto"
     kv_cache: str = "auto"
-    threads: int | None = None      # ONNX Runtime threads per instance; None: the cores shared out
+    threads: int | None = None      # ONNX Runtime threads per engine; None: the cores shared out
     decoder: str = "standard"
     budget: str = "16"
     depth: int | None = None
@@ -63,6 +64,7 @@ class TritonRepoOptions:
     max_tokens: int = 16
     reference: bool = False         # name the export by its absolute path instead of putting it in the repository
     overwrite: bool = False
+    engines: int = 1                # requests one instance decodes at once, over one copy of the weights
 
     def check(self) -> None:
         from spot.engines.factory import EXPORTED_BACKENDS
@@ -70,6 +72,8 @@ class TritonRepoOptions:
             raise SpotError(f"--name must be letters, digits, '-', '_' or '.', got {self.name!r}", "e.g. --name spot")
         if self.instances < 1:
             raise SpotError(f"--instances must be >= 1, got {self.instances}")
+        if self.engines < 1:
+            raise SpotError(f"--engines must be >= 1, got {self.engines}")
         if self.backend not in EXPORTED_BACKENDS:
             raise SpotError(f"a Triton repository serves an exported folder: --backend must be one of "
                             f"{', '.join(EXPORTED_BACKENDS)}, got {self.backend!r}")
@@ -78,11 +82,13 @@ class TritonRepoOptions:
 
 
 def config_pbtxt(options: TritonRepoOptions, export: str, version: str) -> str:
-    """config.pbtxt for the model: decoupled Python backend, no batching, `instances` instances."""
+    """config.pbtxt for the model: decoupled Python backend, no batching, `instances` instances of `engines`
+    engines."""
     def tensors(specs, optional: bool) -> str:
         return ",\n".join(f'  {{ name: "{n}" data_type: {t} dims: {d}{" optional: true" if optional else ""} }}'
                           for n, t, d in specs)
-    params = {"export": export, "backend": options.backend, "device": options.device, "sampler": options.sampler,
+    params = {"export": export, "engines": str(options.engines), "backend": options.backend,
+              "device": options.device, "sampler": options.sampler,
               "kv_cache": options.kv_cache, "threads": "" if options.threads is None else str(options.threads),
               "decoder": options.decoder, "budget": options.budget,
               "depth": "" if options.depth is None else str(options.depth), "mode": options.mode,
@@ -91,9 +97,12 @@ def config_pbtxt(options: TritonRepoOptions, export: str, version: str) -> str:
     kind = "KIND_CPU" if options.device == "cpu" else "KIND_MODEL"     # (spot picks the GPU: --device)
     return "\n".join([
         f"# Written by `spot triton-repo` (spot {version}). Tune it here:",
-        "#   instance_group count: engines, i.e. requests decoded at once (each instance is a process with one",
-        "#     engine and its own KV cache); more instances need more memory and cores or GPU time",
-        "#   parameters: the engine (backend, device, sampler, kv_cache, threads: ONNX Runtime threads per instance,",
+        "#   parameters engines: requests one instance decodes at once, each engine with its own KV cache and",
+        "#     buffers over the instance's one copy of the weights (spot-export --plan DEVICE --engines N says",
+        "#     what fits)",
+        "#   instance_group count: instances, each a process that holds its own copy of the weights (count x the",
+        "#     weights' memory) and `engines` engines: raise engines, not count, to decode more requests at once",
+        "#   parameters: the engine (backend, device, sampler, kv_cache, threads: ONNX Runtime threads per engine,",
         "#     empty = the cores shared out) and the defaults of requests that leave an input out (decoder, budget,",
         "#     depth, mode, tau, temperature, max_tokens). Requests name their own with the inputs of the same names.",
         "#   The model is decoupled: one response per finished block, the last one with finish_reason and usage.",

@@ -6,6 +6,8 @@
  * - Every function reports failure by a status code and, when `err` is not NULL, a message; none aborts on bad input.
  * - One spot_generate at a time per spot_model (open one handle per thread): a call while another is running on the
  *   same handle (another thread, or an on_block calling back in) returns SPOT_ERR_INVALID_ARGUMENT.
+ * - Many requests at once over one copy of the weights: spot_context_open makes more decoders over an opened model,
+ *   each with its own KV cache, sharing the model's ONNX Runtime sessions (see spot_context below).
  */
 #ifndef SPOT_SPOT_H
 #define SPOT_SPOT_H
@@ -195,6 +197,31 @@ SPOT_API spot_status spot_generate_stream(spot_model* model, const int64_t* prom
                                           const spot_generate_options* options, spot_block_callback on_block,
                                           void* user_data, int64_t* out_ids, size_t out_capacity, size_t* out_len,
                                           spot_stats* stats, spot_error* err);
+
+/* Several decoders over one opened model. A spot_context decodes like the model handle itself — its own KV cache,
+ * one request at a time, a call while its request runs returning SPOT_ERR_INVALID_ARGUMENT — over the model's ONNX
+ * Runtime sessions, which the handle and all its contexts share: N contexts hold the weights once, plus N KV caches
+ * and the buffers of the passes running at the same time (docs/cpp-host.md).
+ * Threads: requests on different decoders (the model handle and each context) may run at the same time on
+ * different threads: ONNX Runtime's Run is thread-safe and nothing else they share changes. spot_context_open may
+ * run while other decoders of the model decode; it must not race spot_close of the model. Closing: contexts and
+ * the model handle close in any order (spot_context_close: as spot_close, a close during the context's request takes
+ * effect when it returns); the weights are released with the last of them. spot_model_get_info and
+ * spot_output_capacity, which read the model handle, hold for its contexts. */
+typedef struct spot_context spot_context; /* opaque */
+
+/* A new decoder over `model`: no file is read and no session made. On failure *out is NULL. */
+SPOT_API spot_status spot_context_open(spot_model* model, spot_context** out, spot_error* err);
+/* NULL is fine. */
+SPOT_API void spot_context_close(spot_context* context);
+/* spot_generate / spot_generate_stream on the context's own KV cache. */
+SPOT_API spot_status spot_context_generate(spot_context* context, const int64_t* prompt, size_t n_prompt,
+                                           const spot_generate_options* options, int64_t* out_ids,
+                                           size_t out_capacity, size_t* out_len, spot_stats* stats, spot_error* err);
+SPOT_API spot_status spot_context_generate_stream(spot_context* context, const int64_t* prompt, size_t n_prompt,
+                                                  const spot_generate_options* options, spot_block_callback on_block,
+                                                  void* user_data, int64_t* out_ids, size_t out_capacity,
+                                                  size_t* out_len, spot_stats* stats, spot_error* err);
 
 /* The noise of docs/noise.md: Gumbel(0, 1) as a pure function of five uint32 counters (exported for tests). */
 SPOT_API double spot_gumbel(uint32_t seed, uint32_t block, uint32_t step, uint32_t position, uint32_t token);
