@@ -89,8 +89,12 @@ class TorchEngine(Engine):
         return torch.zeros(self.block_size, self.cached_len + self.block_size, dtype=self.model.norm.dtype)
 
     def _block_logits(self, states):
-        logits, _, _ = self._forward(states, self.cached_len, self._bias())
-        return logits.float().cpu().numpy()
+        """One forward per state. Why: a batch must give each state the logits it gets alone (SPOT's verify pass is
+        compared token for token with standard decoding's single passes), and MKL's CPU GEMM sums in an order that
+        depends on the number of rows on some processors (1e-5 apart at hidden 128). The reference engine pays N
+        forwards for that; the product engines (ONNX Runtime, TensorRT) run the batch as one pass."""
+        rows = [self._forward(states[i:i + 1], self.cached_len, self._bias())[0] for i in range(states.shape[0])]
+        return torch.cat(rows).float().cpu().numpy()
 
     def _store(self, state):
         _, k, v = self._forward(state[None], self.cached_len, self._bias())
