@@ -21,8 +21,6 @@ import json
 import math
 import os
 import queue
-import re
-import subprocess
 import sys
 import threading
 import time
@@ -31,6 +29,8 @@ from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from serve_process import start_server  # noqa: E402  (benchmarks/, this script's folder)
 
 DECODERS = ("standard", "threshold", "spot", "spot-sets", "tree", "chain")
 TEMPERATURES = (0.0, 0.7, 1.0)
@@ -54,20 +54,6 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[max(0, min(len(ordered) - 1, math.ceil(len(ordered) * q / 100) - 1))]
-
-
-def start_server(engines: int, queue_size: int, env: dict) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "spot", "serve", "--port", "0", "--engines", str(engines),
-                             "--queue-size", str(queue_size)], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        found = re.search(r" on (http://\S+) ", line)
-        if found:
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()   # keep draining
-            return proc, found.group(1)
-    raise SystemExit("spot serve did not start:\n" + "".join(lines))
 
 
 def ask(http, model: str, case: dict, max_tokens: int, stream: bool) -> list[int]:
@@ -169,7 +155,8 @@ def main(argv=None) -> int:
     url = args.url
     if url is None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc, url = start_server(args.engines, max(args.clients, 1), env)
+        proc, url = start_server(["--engines", str(args.engines), "--queue-size", str(max(args.clients, 1))],
+                                 ROOT, env)
     try:
         print(f"load: {args.clients} clients x {args.requests} requests on {url}", file=sys.stderr)
         t0 = time.perf_counter()

@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from serve_process import start_server  # noqa: E402  (benchmarks/, this script's folder)
+
 MIB = 2 ** 20
 TOLERANCE = 0.10
 
@@ -66,20 +68,6 @@ def prepared_export(work: Path, layers: int, vocab: int, max_context: int, dtype
     return export
 
 
-def start_server(checkout: Path, export: Path, engines: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "spot", "serve", "--model", str(export), "--port", "0",
-                             "--engines", str(engines)], cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        found = re.search(r" on (http://\S+) ", line)
-        if found:
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()   # keep draining
-            return proc, found.group(1)
-    raise SystemExit(f"spot serve ({checkout}) did not start:\n" + "".join(lines))
-
-
 def warm_up(url: str, model: str, engines: int, prompt: list[int], max_tokens: int, budget: int) -> int:
     """`engines` requests at once, each filling the context with the tree decoder at `budget` nodes; tokens
     returned."""
@@ -107,7 +95,8 @@ def warm_up(url: str, model: str, engines: int, prompt: list[int], max_tokens: i
 
 
 def measure(checkout: Path, export: Path, engines: int, prompt: list[int], max_tokens: int, budget: int) -> dict:
-    proc, url = start_server(checkout, export, engines)
+    proc, url = start_server(["--model", str(export), "--engines", str(engines)], checkout,
+                             {**os.environ, "PYTHONPATH": str(checkout)})
     try:
         after_start = memory(proc.pid)
         peak, done = [after_start["VmRSS"]], threading.Event()
