@@ -693,6 +693,30 @@ def test_the_binary_interface_is_versioned_and_installs_and_failures_leave_zeros
     assert installed.returncode == 0 and json.loads(installed.stdout)["abi_version"] == abi, installed.stderr
 
 
+def c_api(spot_cli):
+    """libspot.so beside spot_cli with the C API's signatures declared: (the library, spot_error, the block callback
+    type). Options are passed as a void pointer; a test that builds spot_generate_options redeclares spot_generate."""
+    import ctypes
+    lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
+
+    class Error(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 1024)]
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p)
+    lib.spot_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
+    lib.spot_close.argtypes = [ctypes.c_void_p]
+    lib.spot_context_open.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
+    lib.spot_context_close.argtypes = [ctypes.c_void_p]
+    lib.spot_output_capacity.restype = ctypes.c_size_t
+    lib.spot_output_capacity.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    head = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p]
+    tail = [ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
+            ctypes.POINTER(Error)]
+    for name in ("spot_generate", "spot_context_generate"):
+        getattr(lib, name).argtypes = head + tail
+        getattr(lib, name + "_stream").argtypes = head + [callback_type, ctypes.c_void_p] + tail
+    return lib, Error, callback_type
+
+
 def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, tiny):
     """spot_generate copied n_prompt ids by pointer arithmetic that wrapped: n_prompt = 2**62 with a 3-id buffer
     returned SPOT_OK and decoded an empty prompt, 2**61 + 3 decoded 3 ids, n_stop_ids = 2**61 + 1 returned OK and
@@ -700,10 +724,7 @@ def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, ti
     SPOT_ERR_INVALID_ARGUMENT before anything is read or allocated, and spot_output_capacity is 0 exactly for the
     sizes spot_generate refuses."""
     import ctypes
-    lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
-
-    class Error(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 1024)]
+    lib, Error, _ = c_api(spot_cli)
 
     class Options(ctypes.Structure):      # spot_generate_options
         _fields_ = [("decoder", ctypes.c_int), ("temperature", ctypes.c_double), ("seed", ctypes.c_uint32),
@@ -711,10 +732,6 @@ def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, ti
                     ("depth", ctypes.c_int), ("mode", ctypes.c_int), ("top_k", ctypes.c_int),
                     ("top_p", ctypes.c_double), ("stop_ids", ctypes.POINTER(ctypes.c_int64)),
                     ("n_stop_ids", ctypes.c_size_t)]
-    lib.spot_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
-    lib.spot_close.argtypes = [ctypes.c_void_p]
-    lib.spot_output_capacity.restype = ctypes.c_size_t
-    lib.spot_output_capacity.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     lib.spot_generate.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
                                   ctypes.POINTER(Options), ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
                                   ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.POINTER(Error)]
@@ -758,20 +775,7 @@ def test_a_handle_decodes_one_request_at_a_time(spot_cli, tiny):
     Python's request lock refuses it; before, both calls returned 0 and the outer request's tokens changed. The
     handle works again once the request ends; a spot_close from on_block takes effect when the request returns."""
     import ctypes
-    lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
-
-    class Error(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 1024)]
-    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p)
-    lib.spot_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
-    lib.spot_close.argtypes = [ctypes.c_void_p]
-    lib.spot_output_capacity.restype = ctypes.c_size_t
-    lib.spot_output_capacity.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    generate_args = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p]
-    tail = [ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
-            ctypes.POINTER(Error)]
-    lib.spot_generate.argtypes = generate_args + tail
-    lib.spot_generate_stream.argtypes = generate_args + [callback_type, ctypes.c_void_p] + tail
+    lib, Error, callback_type = c_api(spot_cli)
     model, err = ctypes.c_void_p(), Error()
     assert lib.spot_open(str(tiny[0]).encode(), None, ctypes.byref(model), ctypes.byref(err)) == 0, err.message
     prompt = (ctypes.c_int64 * 3)(1, 2, 3)
@@ -860,23 +864,7 @@ def test_a_context_is_a_decoder_of_its_own_over_the_models_weights(spot_cli, tin
     another decoder of the model from on_block runs, the model handle closes before its contexts (which keep
     decoding) and NULL arguments are refused."""
     import ctypes
-    lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
-
-    class Error(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 1024)]
-    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p)
-    lib.spot_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
-    lib.spot_close.argtypes = [ctypes.c_void_p]
-    lib.spot_context_open.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(Error)]
-    lib.spot_context_close.argtypes = [ctypes.c_void_p]
-    lib.spot_output_capacity.restype = ctypes.c_size_t
-    lib.spot_output_capacity.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    head = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p]
-    tail = [ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
-            ctypes.POINTER(Error)]
-    lib.spot_generate.argtypes = head + tail
-    lib.spot_context_generate.argtypes = head + tail
-    lib.spot_context_generate_stream.argtypes = head + [callback_type, ctypes.c_void_p] + tail
+    lib, Error, callback_type = c_api(spot_cli)
     model, err = ctypes.c_void_p(), Error()
     assert lib.spot_open(str(tiny[0]).encode(), None, ctypes.byref(model), ctypes.byref(err)) == 0, err.message
     prompt = (ctypes.c_int64 * 3)(1, 2, 3)
