@@ -70,3 +70,23 @@ def _session_spot_cache(tmp_path_factory):
         os.environ.pop("SPOT_CACHE", None)
     else:
         os.environ["SPOT_CACHE"] = before
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    """A tiny random SDAR checkpoint with its tokenizer (tinymodels), one per test module."""
+    from tinymodels import save_tiny_model, save_tiny_tokenizer
+    folder = tmp_path_factory.mktemp("ckpt") / "tiny"
+    save_tiny_model(folder)
+    save_tiny_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tiny_ckpt, tmp_path_factory):
+    """tiny_ckpt exported in fp32 without validation, one per test module."""
+    from spot.export.export import export_checkpoint
+    from spot.export.options import ExportOptions
+    from spot.export.presets import resolve_source
+    return export_checkpoint(resolve_source(str(tiny_ckpt)), tmp_path_factory.mktemp("exported") / "tiny-onnx",
+                             ExportOptions(dtype="fp32", validate=False))

@@ -10,24 +10,15 @@ import spot.assets
 from spot.errors import SpotError
 from spot.models import (check_model_folder, drafter_file, find_drafter, model_folder, open_model, resolve_backend,
                          verify_export)
-from tinymodels import save_tiny_model, save_tiny_tokenizer
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("models") / "tiny"
-    save_tiny_model(folder)
-    save_tiny_tokenizer(folder)
-    return folder
-
-
-def test_the_backend_follows_what_the_model_folder_is(tmp_path, monkeypatch, checkpoint):
+def test_the_backend_follows_what_the_model_folder_is(tmp_path, monkeypatch, tiny_ckpt):
     export = tmp_path / "export"
     export.mkdir()
     (export / "manifest.json").write_text("{}")
     assert resolve_backend(None, str(export)) == "ort"
-    assert resolve_backend(None, str(checkpoint)) == "torch"
-    assert resolve_backend("tensorrt", str(checkpoint)) == "tensorrt"       # --backend wins
+    assert resolve_backend(None, str(tiny_ckpt)) == "torch"
+    assert resolve_backend("tensorrt", str(tiny_ckpt)) == "tensorrt"       # --backend wins
     # an embedded model (none given, or its name) runs on ONNX Runtime where it is installed, else on torch
     import importlib.util
     real = importlib.util.find_spec
@@ -37,8 +28,8 @@ def test_the_backend_follows_what_the_model_folder_is(tmp_path, monkeypatch, che
     assert resolve_backend(None, None) == "torch" and resolve_backend(None, "code") == "torch"
 
 
-def test_a_folder_is_itself_and_a_name_is_the_embedded_checkpoint_on_torch(checkpoint, monkeypatch):
-    assert model_folder("torch", str(checkpoint)) == str(checkpoint)
+def test_a_folder_is_itself_and_a_name_is_the_embedded_checkpoint_on_torch(tiny_ckpt, monkeypatch):
+    assert model_folder("torch", str(tiny_ckpt)) == str(tiny_ckpt)
     assert model_folder("ort", "./code") == "./code"          # a path, not the name
     monkeypatch.setattr(spot.assets, "embedded_model_dir", lambda name="code": Path(f"/embedded/{name}"))
     assert model_folder("torch", None) == Path("/embedded/code")
@@ -65,12 +56,12 @@ def test_an_older_embedded_export_is_used_where_none_can_be_made(tmp_path, monke
     assert notes[0].startswith(f"note: {tmp_path / 'code'} was exported from another version") and "torch" in notes[0]
 
 
-def test_the_folder_is_checked_as_its_backend_reads_it(tmp_path, checkpoint):
-    check_model_folder("torch", checkpoint)
+def test_the_folder_is_checked_as_its_backend_reads_it(tmp_path, tiny_ckpt):
+    check_model_folder("torch", tiny_ckpt)
     with pytest.raises(SpotError, match="config.json"):
         check_model_folder("torch", tmp_path)
     with pytest.raises(SpotError, match="manifest"):        # an export is checked by its manifest, not its config
-        check_model_folder("ort", checkpoint)
+        check_model_folder("ort", tiny_ckpt)
 
 
 def test_the_drafter_is_the_one_given_else_the_one_beside_the_model(tmp_path, embedded_export):

@@ -22,26 +22,12 @@ from spot.export.options import ExportOptions
 from spot.export.presets import resolve_source
 from spot.files import check_output_path, write_text_atomic
 from spot.folder.manifest import load_manifest
-from tinymodels import save_tiny_model, save_tiny_tokenizer
 
 FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("ckpt") / "tiny"
-    save_tiny_model(folder)
-    save_tiny_tokenizer(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def exported(ckpt, tmp_path_factory) -> Path:
-    return export(ckpt, tmp_path_factory.mktemp("exported") / "tiny-onnx")
-
-
-def export(ckpt: Path, out, **kw) -> Path:
-    return export_checkpoint(resolve_source(str(ckpt)), out, ExportOptions(dtype="fp32", validate=False, **kw))
+def export(checkpoint: Path, out, **kw) -> Path:
+    return export_checkpoint(resolve_source(str(checkpoint)), out, ExportOptions(dtype="fp32", validate=False, **kw))
 
 
 def run(*args: str):
@@ -141,40 +127,40 @@ def test_a_replacement_killed_at_any_step_keeps_the_old_folder_or_the_new_one(tm
     assert hidden_beside(out) == []
 
 
-def test_an_export_killed_in_the_rename_window_is_restored_by_the_next_run(ckpt, tmp_path):
+def test_an_export_killed_in_the_rename_window_is_restored_by_the_next_run(tiny_ckpt, tmp_path):
     """The named case on the exporter itself, without an atomic exchange: killed between its two renames, the next
     spot-export puts the older export back (and refuses to replace it without --overwrite) instead of deleting it."""
-    out = export(ckpt, tmp_path / "out")
+    out = export(tiny_ckpt, tmp_path / "out")
     before = snapshot(out)
-    pid, finished = killed_child(renaming_the_new_one_in, False, False, lambda: export(ckpt, out, overwrite=True))
+    pid, finished = killed_child(renaming_the_new_one_in, False, False, lambda: export(tiny_ckpt, out, overwrite=True))
     assert not finished and not os.path.lexists(out) and snapshot(tmp_path / f".out.old-{pid}") == before
     with pytest.raises(SpotError, match="a run replacing it was killed") as said:     # a reader meanwhile: told
         load_manifest(out)
     assert f"rename {tmp_path / f'.out.old-{pid}'} to {out}" in said.value.hint
     with pytest.raises(SpotError, match="already exists"):
-        export(ckpt, out)
+        export(tiny_ckpt, out)
     assert snapshot(out) == before and load_manifest(out, "full") and hidden_beside(out) == []
 
 
-def test_a_run_killed_during_the_exchange_window_of_triton_repo_and_upgrade_is_recovered(exported, tmp_path):
+def test_a_run_killed_during_the_exchange_window_of_triton_repo_and_upgrade_is_recovered(tiny_onnx, tmp_path):
     """The same protocol in every writer that replaces a folder: spot triton-repo's model folder, spot
     upgrade-export's folder."""
     from spot.replace import recover_beside
     from spot.export.upgrade import upgrade_export
     from spot.triton.repo import TritonRepoOptions, write_triton_repo
     repo = tmp_path / "repo"
-    write_triton_repo(exported, repo, TritonRepoOptions())
+    write_triton_repo(tiny_onnx, repo, TritonRepoOptions())
     before = snapshot(repo / "spot")
     _, finished = killed_child(renaming_the_new_one_in, False, False,
-                               lambda: write_triton_repo(exported, repo, TritonRepoOptions(overwrite=True)))
+                               lambda: write_triton_repo(tiny_onnx, repo, TritonRepoOptions(overwrite=True)))
     assert not finished and not os.path.lexists(repo / "spot")
     with pytest.raises(SpotError, match="already exists"):
-        write_triton_repo(exported, repo, TritonRepoOptions())
+        write_triton_repo(tiny_onnx, repo, TritonRepoOptions())
     assert snapshot(repo / "spot") == before
-    write_triton_repo(exported, repo, TritonRepoOptions(overwrite=True, instances=2))
+    write_triton_repo(tiny_onnx, repo, TritonRepoOptions(overwrite=True, instances=2))
     assert "count: 2" in (repo / "spot" / "config.pbtxt").read_text() and hidden_beside(repo / "spot") == []
     folder = tmp_path / "upgraded"
-    shutil.copytree(exported, folder)
+    shutil.copytree(tiny_onnx, folder)
     before = snapshot(folder)
     _, finished = killed_child(renaming_the_new_one_in, False, False,
                                lambda: upgrade_export(folder, 2, progress=lambda _: None))
@@ -273,7 +259,7 @@ def test_an_output_path_is_refused_before_any_work_or_can_be_written(tmp_path_fa
     ("a-file/sub", "a-file is a file, expected a folder (the path goes through it)"),
     ("dangling/sub", "is a link to"),
 ])
-def test_spot_export_refuses_a_bad_out_before_any_work(ckpt, tmp_path, monkeypatch, out, words):
+def test_spot_export_refuses_a_bad_out_before_any_work(tiny_ckpt, tmp_path, monkeypatch, out, words):
     """--out "" wrote ./NAME-fp32-onnx into the current folder, --out . --overwrite (in an empty folder) failed only
     after a whole export, --out a-file/sub after the model loaded with the hint "another spot process?": each is
     refused before the checkpoint is read, naming the problem."""
@@ -284,7 +270,7 @@ def test_spot_export_refuses_a_bad_out_before_any_work(ckpt, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path / "empty" if out == "." else tmp_path)
     monkeypatch.setattr(export_mod, "Checkpoint", lambda *a: pytest.fail("the export started"))
     before = snapshot(tmp_path)
-    r = run("export", str(ckpt), "--out", out, "--overwrite", "--quiet")
+    r = run("export", str(tiny_ckpt), "--out", out, "--overwrite", "--quiet")
     assert r.exit_code == 2 and "error: --out" in r.stderr and words in r.stderr, r.output
     assert "another spot process" not in r.stderr and snapshot(tmp_path) == before
 
@@ -297,12 +283,12 @@ def test_spot_export_refuses_a_bad_out_before_any_work(ckpt, tmp_path, monkeypat
     ["bench", "--model", "{export}", "--backend", "ort", "--report", "{out}"],
 ])
 @pytest.mark.parametrize("out, words", [("", "is empty"), ("a-file/sub", "a-file is a file, expected a folder")])
-def test_every_writer_refuses_a_bad_output_path_before_the_work(exported, tmp_path, monkeypatch, command, out, words):
+def test_every_writer_refuses_a_bad_output_path_before_the_work(tiny_onnx, tmp_path, monkeypatch, command, out, words):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a-file").write_text("the user's")
-    prompts = exported.parent / "prompts.jsonl"
+    prompts = tiny_onnx.parent / "prompts.jsonl"
     prompts.write_text('{"ids": [1, 2, 3]}\n')
-    args = [a.format(export=exported, out=out, prompts=prompts) for a in command]
+    args = [a.format(export=tiny_onnx, out=out, prompts=prompts) for a in command]
     if command[0] == "train-target":
         import spot.training.target as target
         monkeypatch.setattr(target, "build_data", lambda *a: pytest.fail("the training started"))
@@ -320,13 +306,13 @@ USER_FILES = ("generation_config.json", "chat_template.jinja", ".stamp", ".spot-
 @given(added=st.dictionaries(st.sampled_from(USER_FILES), st.binary(min_size=1, max_size=16), max_size=3),
        edited=st.sets(st.sampled_from(["config.json", "tokenizer.json", "tokenizer_config.json", "kv_append.onnx"]),
                       max_size=2))
-def test_overwrite_replaces_an_export_only_when_every_file_is_vouched_for(exported, tmp_path_factory, added, edited):
+def test_overwrite_replaces_an_export_only_when_every_file_is_vouched_for(tiny_onnx, tmp_path_factory, added, edited):
     """--overwrite deleted files by name: a user's generation_config.json or chat_template.jinja (added so that --chat
     works), .stamp, .spot-*. Now a file is spot's only when the manifest lists it with the hash it still has (a
     drafter pair: when its drafter.json vouches for it): anything added or edited is refused, left in place."""
     from spot.folder.replaceable import check_replaceable
     out = tmp_path_factory.mktemp("exp") / "out"
-    shutil.copytree(exported, out)
+    shutil.copytree(tiny_onnx, out)
     for name, data in added.items():
         (out / name).write_bytes(data)
     for name in edited:
@@ -340,22 +326,22 @@ def test_overwrite_replaces_an_export_only_when_every_file_is_vouched_for(export
     assert all(name in e.value.message for name in sorted({*added, *edited})[:3]) and snapshot(out) == before
 
 
-def test_overwrite_keeps_the_users_files_and_replaces_a_vouched_export(ckpt, tmp_path):
+def test_overwrite_keeps_the_users_files_and_replaces_a_vouched_export(tiny_ckpt, tmp_path):
     """End to end: a chat_template.jinja the user added beside an export stops --overwrite (before the export, the
     file kept); once it is gone the export, with a drafter pair spot wrote, is replaced."""
-    out = export(ckpt, tmp_path / "out")
+    out = export(tiny_ckpt, tmp_path / "out")
     (out / "chat_template.jinja").write_text("{{ the user's template }}")
-    r = run("export", str(ckpt), "--out", str(out), "--overwrite", "--quiet", "--no-validate", "--dtype", "fp32")
+    r = run("export", str(tiny_ckpt), "--out", str(out), "--overwrite", "--quiet", "--no-validate", "--dtype", "fp32")
     assert r.exit_code == 2 and "chat_template.jinja" in r.stderr and "hint: --overwrite replaces only" in r.stderr
     assert (out / "chat_template.jinja").read_text() == "{{ the user's template }}"
     (out / "chat_template.jinja").unlink()
     (out / "drafter.onnx").write_bytes(b"a drafter")
     (out / "drafter.json").write_text(json.dumps({"format": "spot-drafter", "format_version": 1,
                                                   "onnx_sha256": hashlib.sha256(b"a drafter").hexdigest()}))
-    assert export(ckpt, out, overwrite=True) == out and not (out / "drafter.onnx").exists()
+    assert export(tiny_ckpt, out, overwrite=True) == out and not (out / "drafter.onnx").exists()
 
 
-def test_triton_repo_overwrites_only_its_own_model_folder(exported, tmp_path):
+def test_triton_repo_overwrites_only_its_own_model_folder(tiny_onnx, tmp_path):
     """--overwrite replaced the whole repository, every other model in it with it. Now it writes REPO/NAME beside
     the repository's other entries and replaces only a model folder its marker vouches for, unchanged."""
     repo = tmp_path / "repo"
@@ -363,9 +349,9 @@ def test_triton_repo_overwrites_only_its_own_model_folder(exported, tmp_path):
     (repo / "other" / "config.pbtxt").write_text('name: "other"')
     (repo / "README").write_text("the user's")
     others = {k: v for k, v in snapshot(repo).items()}
-    assert run("triton-repo", str(exported), "--out", str(repo)).exit_code == 0
-    assert run("triton-repo", str(exported), "--out", str(repo), "--name", "second").exit_code == 0
-    assert run("triton-repo", str(exported), "--out", str(repo), "--overwrite", "--instances", "2").exit_code == 0
+    assert run("triton-repo", str(tiny_onnx), "--out", str(repo)).exit_code == 0
+    assert run("triton-repo", str(tiny_onnx), "--out", str(repo), "--name", "second").exit_code == 0
+    assert run("triton-repo", str(tiny_onnx), "--out", str(repo), "--overwrite", "--instances", "2").exit_code == 0
     after = snapshot(repo)
     assert {k: after[k] for k in others} == others and "count: 2" in (repo / "spot" / "config.pbtxt").read_text()
     assert (repo / "second" / "config.pbtxt").is_file() and hidden_beside(repo / "spot") == []
@@ -376,21 +362,21 @@ def test_triton_repo_overwrites_only_its_own_model_folder(exported, tmp_path):
         model = repo / "second"
         damage(model)
         before = snapshot(model)
-        r = run("triton-repo", str(exported), "--out", str(repo), "--name", "second", "--overwrite")
+        r = run("triton-repo", str(tiny_onnx), "--out", str(repo), "--name", "second", "--overwrite")
         assert r.exit_code == 2 and where in r.stderr, r.output
         assert snapshot(model) == before
         shutil.rmtree(model)
-        assert run("triton-repo", str(exported), "--out", str(repo), "--name", "second").exit_code == 0
-    r = run("triton-repo", str(exported), "--out", str(repo), "--name", "other", "--overwrite")
+        assert run("triton-repo", str(tiny_onnx), "--out", str(repo), "--name", "second").exit_code == 0
+    r = run("triton-repo", str(tiny_onnx), "--out", str(repo), "--name", "other", "--overwrite")
     assert r.exit_code == 2 and "not a model folder spot triton-repo wrote" in r.stderr
     assert {k: snapshot(repo)[k] for k in others} == others
 
 
-def test_triton_repo_copies_only_the_exports_own_files(exported, tmp_path):
+def test_triton_repo_copies_only_the_exports_own_files(tiny_onnx, tmp_path):
     """A note the user keeps in the exported folder is not copied into the repository (where --overwrite would
     then have to delete it)."""
     folder = tmp_path / "export"
-    shutil.copytree(exported, folder)
+    shutil.copytree(tiny_onnx, folder)
     (folder / "notes.txt").write_text("the user's")
     assert run("triton-repo", str(folder), "--out", str(tmp_path / "repo")).exit_code == 0
     assert not (tmp_path / "repo" / "spot" / "1" / "export" / "notes.txt").exists()
@@ -403,13 +389,13 @@ def test_train_target_replaces_only_files_its_report_vouches_for(tmp_path, monke
     training_report.json (or be the package's shipped model): refused before the training otherwise."""
     import spot.training.target as target
     from spot.training.target import check_target_replaceable
-    ckpt = tmp_path / "SDAR-checkpoint"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text('{"model_type": "sdar"}')
+    tiny_ckpt = tmp_path / "SDAR-checkpoint"
+    tiny_ckpt.mkdir()
+    (tiny_ckpt / "config.json").write_text('{"model_type": "sdar"}')
     monkeypatch.setattr(target, "build_data", lambda *a: pytest.fail("the training started"))
-    r = run("train-target", "--out", str(ckpt), "--steps", "1")
+    r = run("train-target", "--out", str(tiny_ckpt), "--steps", "1")
     assert r.exit_code == 2 and "config.json" in r.stderr and "training_report.json" in r.stderr, r.output
-    assert (ckpt / "config.json").read_text() == '{"model_type": "sdar"}'
+    assert (tiny_ckpt / "config.json").read_text() == '{"model_type": "sdar"}'
     mine = tmp_path / "trained"
     mine.mkdir()
     (mine / "config.json").write_text("{}")
