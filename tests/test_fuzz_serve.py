@@ -206,5 +206,9 @@ def test_health_answers_while_long_requests_run(server):
             for t in threads:
                 t.join(BOUND_S * 4)
             assert [a.status_code for a in answers] == [400] * 3, [a.text[:200] for a in answers]
+            # on a quiet machine the three refusals take less than three polls: keep polling while the decode runs
+            deadline = time.monotonic() + BOUND_S
+            while len(latencies) < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
             assert next(line for line in lines if line).startswith("data: {")      # still decoding afterwards
     assert len(latencies) >= 3 and max(latencies) < 1.0, sorted(latencies)[-5:]
