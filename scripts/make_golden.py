@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
 from spot import __version__  # noqa: E402
 from spot.files import write_text_atomic  # noqa: E402
 from spot.runtime.decoders import DecodeRequest, run_decoder  # noqa: E402
+from spot.runtime.registry import decoder_names  # noqa: E402
 from spot.runtime.spot import TreeBudget  # noqa: E402
 from spot.runtime.step import STATIC, Sampling  # noqa: E402
 
@@ -42,8 +43,8 @@ EMBEDDED_GOLDEN = ROOT / "tests" / "data" / "golden" / "embedded.json"
 REGENERATE_EMBEDDED = "python scripts/make_golden.py --embedded"
 FORMAT = "spot-golden"
 FORMAT_VERSION = 1
-DECODERS = ("standard", "threshold", "chain", "tree", "spot", "spot-sets")   # the C++ host's decoders
-DRAFTER_DECODERS = ("spot", "spot-sets")
+DECODERS = decoder_names(in_cpp_host=True)     # the C++ host's decoders
+DRAFTER_DECODERS = decoder_names(drafts=True)
 # what the golden file records of each case: what the C++ host must reproduce (no timings)
 COMPARED = ("token_ids", "stopped", "target_passes", "passes", "steps", "blocks")
 TIMINGS = ("host", "epilogue_ms")     # run_case's fields that vary run to run

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,7 +24,9 @@ from spot.files import check_output_path, present, write_text_atomic
 from spot.gsm8k import is_correct
 from spot.owned import recorded_file_matches
 from spot.prompts import Prompt
-from spot.runtime.decoders import BASELINE_DECODERS, CEILING_DECODERS, DecodeRequest, rule_for, run_decoder
+from spot.request_options import RequestOptions, resolve_request
+from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.registry import decoder as decoder_entry, decoder_names, exact_baseline, is_decoder
 from spot.runtime.metrics import summarize
 from spot.runtime.spot import DEFAULT_DEPTH, TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
@@ -35,26 +37,25 @@ from spot.tuned import number_name
 
 @dataclass
 class BenchConfig:
-    decoders: tuple[str, ...] = ("standard", "threshold", "chain", "tree", "oracle", "order-oracle", "spot",
-                                  "spot-sets")
+    decoders: tuple[str, ...] = field(default_factory=decoder_names)      # every decoder
     temperatures: tuple[float, ...] = (0.0, 0.5, 1.0)
     seeds: tuple[int, ...] = (0,)
     budgets: tuple[TreeBudget, ...] = (TreeBudget(16, 8),)
     max_new_tokens: int = 64
     tau: float = 0.9
-    independent_noise_ablation: bool = True     # also run spot/chain with independent drafting noise
+    independent_noise_ablation: bool = True     # also run NOISE_ABLATION_DECODERS with independent drafting noise
     latency_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
 def parse_decoders(text: str) -> tuple[str, ...]:
     """--decoders: comma-separated decoder names, each once, in order; SpotError naming any unknown one."""
-    from spot.runtime.decoders import DECODERS
+    known = decoder_names()
     names = tuple(dict.fromkeys(d.strip() for d in text.split(",") if d.strip()))
     if not names:
-        raise SpotError("--decoders names no decoder", f"e.g. --decoders standard,spot (any of {', '.join(DECODERS)})")
-    unknown = [d for d in names if d not in DECODERS]
+        raise SpotError("--decoders names no decoder", f"e.g. --decoders standard,spot (any of {', '.join(known)})")
+    unknown = [d for d in names if d not in known]
     if unknown:
-        raise SpotError(f"unknown decoder(s) {', '.join(unknown)}, expected some of {', '.join(DECODERS)}",
+        raise SpotError(f"unknown decoder(s) {', '.join(unknown)}, expected some of {', '.join(known)}",
                         "e.g. --decoders standard,spot")
     return names
 
@@ -85,9 +86,10 @@ def parse_compare_drafters(specs, decoders: tuple[str, ...]) -> dict[str, str]:
         if name in compare:
             raise SpotError(f"--compare-drafter names {name!r} twice", "give each drafter its own name")
         compare[name] = path
-    if compare and not {"spot", "spot-sets"} & set(decoders):
-        raise SpotError("--compare-drafter compares drafters, but --decoders has neither spot nor spot-sets",
-                        "add spot or spot-sets to --decoders")
+    drafting = decoder_names(drafts=True)
+    if compare and not set(drafting) & set(decoders):
+        raise SpotError(f"--compare-drafter compares drafters, but --decoders has neither {' nor '.join(drafting)}",
+                        f"add {' or '.join(drafting)} to --decoders")
     return compare
 
 
@@ -150,12 +152,23 @@ class Variant:
     @property
     def rule(self) -> str:
         """The commit rule it decodes with."""
-        return rule_for(self.decoder, DecodeRequest(mode=self.mode)).kind
+        return decoder_entry(self.decoder).rule_kind(self.mode)
 
     @property
     def baseline(self) -> str:
         """The decoder whose output this variant must reproduce and whose passes it is measured against."""
-        return "threshold" if self.rule == THRESHOLD else "standard"
+        return exact_baseline(self.rule)
+
+
+# the independent-noise ablation's rows: a training-free and a drafted decoder, static rule (not every row twice)
+NOISE_ABLATION_DECODERS = ("chain", "spot")
+
+
+def threshold_variant_of(name: str, decoders) -> bool:
+    """Whether the training-free decoder `name` also runs under the threshold rule ("chain-sets"): beside a
+    drafting decoder that always commits by threshold (SPOT-Sets' training-free baselines)."""
+    return (is_decoder(name, speculates=True, drafts=False, ceiling=False, rule=None)
+            and any(is_decoder(d, drafts=True, rule=THRESHOLD) for d in decoders))
 
 
 def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
@@ -167,17 +180,17 @@ def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
     for budget in cfg.budgets:
         shape = f"@{budget.nodes}x{budget.depth}"
         for d in cfg.decoders:
-            if d in BASELINE_DECODERS:
+            if not decoder_entry(d).speculates:
                 continue
             out.append(Variant(d + shape, d, budget))
-            if cfg.independent_noise_ablation and d in ("chain", "spot"):
+            if cfg.independent_noise_ablation and d in NOISE_ABLATION_DECODERS:
                 out.append(Variant(d + shape + "+indep", d, budget, independent_noise=True))
-            if d in ("chain", "tree") and "spot-sets" in cfg.decoders:
+            if threshold_variant_of(d, cfg.decoders):
                 out.append(Variant(d + "-sets" + shape, d, budget, mode=THRESHOLD))
-            if d in ("spot", "spot-sets"):
+            if decoder_entry(d).drafts:
                 out.extend(Variant(f"{d}[{name}]{shape}", d, budget, drafter=name) for name in other_drafters)
     wanted = set(cfg.decoders) | {v.baseline for v in out}
-    return [Variant(d, d) for d in BASELINE_DECODERS if d in wanted] + out
+    return [Variant(d, d) for d in decoder_names(speculates=False) if d in wanted] + out
 
 
 def runnable_config(engine, cfg: BenchConfig) -> BenchConfig:
@@ -205,10 +218,10 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
     other_drafters: name -> Drafter, compared with `drafter` on the same engine (e.g. one recalibrated on a
     quantized target). tokenizer: decodes outputs of prompts that carry a true answer (answers_right per row)."""
     other_drafters = other_drafters or {}
-    needs_drafter = {"spot", "spot-sets"} & set(cfg.decoders)
+    needs_drafter = any(decoder_entry(d).drafts for d in cfg.decoders)
     if needs_drafter and drafter is None:
-        raise SpotError("the bench includes spot/spot-sets but no drafter was given",
-                        "pass --drafter, or drop them with --decoders standard,chain,tree,oracle,order-oracle")
+        raise SpotError(f"the bench includes {'/'.join(decoder_names(drafts=True))} but no drafter was given",
+                        f"pass --drafter, or drop them with --decoders {','.join(decoder_names(drafts=False))}")
     for budget in cfg.budgets:          # before any decoding: a budget the engine cannot verify ends the run
         budget.check(engine)
     if runnable_config(engine, cfg) != cfg:
@@ -225,11 +238,11 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
             for temp in cfg.temperatures:
                 outputs = {}
                 for v in plan.values():
-                    req = DecodeRequest(cfg.max_new_tokens, mode=v.mode, tau=cfg.tau,
-                                        sampling=Sampling(temp, seed=seed), budget=v.budget or TreeBudget(),
-                                        independent_noise=v.independent_noise)
-                    gen = run_decoder(v.decoder, engine, prompt.ids, req,
-                                      other_drafters[v.drafter] if v.drafter else drafter)
+                    options = RequestOptions(v.decoder, v.budget or TreeBudget(), None, cfg.max_new_tokens, v.mode,
+                                             cfg.tau, Sampling(temp, seed=seed),
+                                             independent_noise=v.independent_noise)
+                    row_drafter = other_drafters[v.drafter] if v.drafter else drafter
+                    gen = resolve_request(options, engine, drafter=lambda d=row_drafter: d).run(engine, prompt.ids)
                     outputs[v.label] = gen
                     runs.setdefault((v.label, temp), []).append(gen)
                     if prompt.answer is not None and tokenizer is not None:
@@ -247,7 +260,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                **summarize(gens, depth=depth)}
         if v.drafter:
             row["drafter"] = v.drafter
-        if v.decoder in CEILING_DECODERS:
+        if decoder_entry(v.decoder).ceiling:
             row["ceiling"] = True
         base = summarize(runs[(v.baseline, temp)]) if (v.baseline, temp) in runs else None
         if base:
@@ -343,7 +356,7 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
     with `decoder` at each candidate budget, each beside standard decoding, and pick the budget with the highest
     measured steps/s over standard decoding's (choose_budget; the curve's prediction is reported beside). Acceptance
     depends on the temperature, so a choice holds for the temperature it was measured at. rule: the decoder's
-    (rule_for; default: static, spot-sets threshold at tau 0.9); a threshold-rule decoder is compared with
+    (Decoder.commit_rule; default: static, spot-sets threshold at tau 0.9); a threshold-rule decoder is compared with
     threshold decoding, a static one with standard decoding."""
     candidates = [b for b in candidates if b.fits(engine)]   # deeper than the block or the device epilogue: none
     node_counts = [n for n in node_counts if n <= engine.max_nodes]     # an export with --max-nodes 16: up to 16
@@ -353,9 +366,9 @@ def tune_budget(engine, prompts: list[Prompt], temperature: float, candidates: l
         curve, spreads = latency_curve(samples), latency_spreads(samples)
         if progress:
             progress("latency ms by nodes: " + ", ".join(f"{n}:{ms:.1f}" for n, ms in curve.items()))
-    rule = rule or rule_for(decoder, DecodeRequest())
+    rule = rule or RequestOptions(decoder).rule
     request = DecodeRequest(TUNE_NEW_TOKENS, mode=rule.kind, tau=rule.tau, sampling=Sampling(temperature))
-    baseline = "threshold" if rule.kind == THRESHOLD else "standard"
+    baseline = exact_baseline(rule.kind)
     decodes = Progress(len(candidates) * TUNE_REPEATS * 2 * len(prompts), progress)
 
     def profile(name: str, req: DecodeRequest, d=None, budget: TreeBudget | None = None
@@ -446,7 +459,7 @@ def tuning_drafter(decoder: str | None, drafter_path, folder, engine, say: Calla
     training-free tree decoder (say: the line that says so)."""
     from spot.models import find_drafter
     drafter = None
-    if decoder in ("spot", "spot-sets"):
+    if decoder is not None and decoder_entry(decoder).drafts:
         drafter = find_drafter(drafter_path, folder)
         drafter.check_compatible(engine)        # before the latency sweep, not after it
     elif decoder is None:
@@ -548,7 +561,7 @@ def markdown_table(result: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("\nRatios: static-rule rows against `standard`, threshold-rule rows (threshold, spot-sets, "
                  "chain-sets, tree-sets) against `threshold`, same temperature; a baseline row is 1.00x by definition.")
-    if any(row.get("decoder") in CEILING_DECODERS for row in result["rows"]):
+    if any(is_decoder(row.get("decoder"), ceiling=True) for row in result["rows"]):
         lines.append("\n" + CEILING_NOTE)
     host = result.get("host")
     if host:

@@ -4,11 +4,13 @@ for the model, engine, decoder, commit rule and machine (spot.tuned)."""
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
+from pathlib import Path
 
 from spot.errors import SpotError
-from spot.runtime.decoders import TREE_DECODERS
+from spot.runtime.registry import decoder as decoder_entry
 from spot.runtime.spot import TreeBudget
-from spot.tuned import check_tunable, number_name
+from spot.tuned import check_tunable, number_name, tuned_budget, tuning_key
 
 CLI_NAMES = ("--budget", "--depth")      # how a message names the budget and the depth (a server: its fields)
 
@@ -17,7 +19,7 @@ def budget_nodes(budget, decoder: str, names: tuple[str, str] = CLI_NAMES) -> in
     """A budget (a number of nodes, or "auto") as its number of nodes, None for auto; 1 (no tree) for standard /
     threshold decoding. SpotError naming names[0] for anything else."""
     if isinstance(budget, str) and budget.strip().lower() == "auto":
-        if decoder not in TREE_DECODERS:
+        if not decoder_entry(decoder).speculates:
             return 1
         check_tunable(decoder)
         return None
@@ -45,24 +47,34 @@ def parse_tree_budgets(text: str) -> tuple[TreeBudget, ...]:
     return budgets
 
 
-def tree_budget(nodes: int | None, depth, engine, backend, folder, decoder, drafter, rule, temperature: float,
-                tune_command: str, names: tuple[str, str] = CLI_NAMES):
-    """nodes / depth (default depth: 8, at most the block size), or auto (nodes None): the budget `spot tune`
-    recorded for this decoder and commit rule at the temperature nearest `temperature` (spot.tuned; tune_command is
-    the command that records it). Returns (TreeBudget, where an auto budget came from, or None)."""
-    if nodes is not None:
-        return TreeBudget(nodes, depth).resolve(engine), None
-    if depth is not None:
-        raise SpotError(f"{names[1]} is part of the tuned budget with {names[0]} auto",
-                        f"leave out {names[1]}, or pass {names[0]} N {names[1]} D")
-    from spot.tuned import tuned_budget, tuning_key
-    key = tuning_key(engine, backend, folder, decoder, drafter, rule)
-    found, tuned_at, path = tuned_budget(key, temperature, tune_command, engine)
+@dataclass(frozen=True)
+class ModelArgs:
+    """The model and engine options as the user gave them: what `auto` looks up (spot.tuned.tuning_key) and the
+    `spot tune` command that records it names. folder: the model folder as resolved (spot.models.model_folder);
+    model_arg / drafter_arg: --model / --drafter as given (None: the defaults, left out of the command)."""
+
+    folder: str | Path
+    backend: str
+    model_arg: str | None = None
+    device: str = "cpu"
+    sampler: str = "auto"
+    kv_cache: str = "auto"
+    block_size: int | None = None
+    drafter_arg: str | None = None
+
+
+def auto_budget(engine, model: ModelArgs, decoder: str, drafter, rule, temperature: float
+                ) -> tuple[TreeBudget, dict]:
+    """`auto`: the budget `spot tune` recorded for this model, engine, decoder (its drafter) and commit rule at the
+    temperature nearest `temperature` (spot.tuned), checked against `engine`, and where it came from; SpotError
+    naming the `spot tune` command that records one when there is none."""
+    key = tuning_key(engine, model.backend, model.folder, decoder, drafter, rule)
+    found, tuned_at, path = tuned_budget(key, temperature, tune_command(model, decoder, temperature, rule), engine)
     return found, {"temperature": tuned_at, "record": str(path)}
 
 
 def tuned_note(budget: TreeBudget, tuned: dict) -> str:
-    """The line that says what an auto budget decodes with (tuned: tree_budget's record of it), and why when it is
+    """The line that says what an auto budget decodes with (tuned: auto_budget's record of it), and why when it is
     no tree at all."""
     from spot.runtime.tuning import MIN_TREE_GAIN
     where = f"tuned at temperature {number_name(tuned['temperature'])} ({tuned['record']})"
@@ -72,16 +84,17 @@ def tuned_note(budget: TreeBudget, tuned: dict) -> str:
     return f"budget auto: {budget.nodes} nodes x depth {budget.depth}, {where}"
 
 
-def tune_command(model_dir, backend: str, device: str, sampler: str, kv_cache: str, block_size, drafter_path,
-                 decoder: str, temperature: float, rule) -> str:
+def tune_command(model: ModelArgs, decoder: str, temperature: float, rule) -> str:
     """The `spot tune` command that records what `auto` looks for: the same model, engine options, decoder, commit
-    rule and temperature (model_dir / drafter_path None: the defaults, left out)."""
-    return shlex.join(["spot", "tune", *(["--model", str(model_dir)] if model_dir is not None else []),
-                       "--backend", backend, "--device", device,
-                       *(["--sampler", sampler] if sampler != "auto" else []),
-                       *(["--kv-cache", kv_cache] if kv_cache != "auto" else []),
-                       *(["--block-size", str(block_size)] if block_size is not None else []),
-                       *(["--drafter", str(drafter_path)] if drafter_path is not None else []),
+    rule and temperature (model.model_arg / drafter_arg None: the defaults, left out)."""
+    return shlex.join(["spot", "tune", *(["--model", str(model.model_arg)] if model.model_arg is not None else []),
+                       "--backend", model.backend, "--device", model.device,
+                       *(["--sampler", model.sampler] if model.sampler != "auto" else []),
+                       *(["--kv-cache", model.kv_cache] if model.kv_cache != "auto" else []),
+                       *(["--block-size", str(model.block_size)] if model.block_size is not None else []),
+                       *(["--drafter", str(model.drafter_arg)] if model.drafter_arg is not None else []),
                        "--decoder", decoder, "--temperature", number_name(temperature),
-                       *(["--mode", "threshold"] if rule.kind == "threshold" and decoder != "spot-sets" else []),
+                       # --mode only where the decoder follows it (spot-sets always commits by threshold)
+                       *(["--mode", "threshold"] if rule.kind == "threshold" and decoder_entry(decoder).rule is None
+                         else []),
                        *(["--tau", number_name(rule.tau)] if rule.kind == "threshold" else [])])

@@ -51,8 +51,9 @@ def plot_report(result: dict, out: Path) -> list[Path]:
     rows = result["rows"]
     temps = sorted({r["temperature"] for r in rows})
     from spot.ceilings import CEILING_NOTE, row_label
-    from spot.runtime.decoders import BASELINE_DECODERS
-    variants = sorted({r["variant"] for r in rows}, key=lambda v: (v.split("@")[0] not in BASELINE_DECODERS, v))
+    from spot.runtime.registry import is_decoder
+    variants = sorted({r["variant"] for r in rows},
+                      key=lambda v: (not is_decoder(v.split("@")[0], speculates=False), v))
     labels = {r["variant"]: row_label(r) for r in rows}
     ceilings = {r["variant"] for r in rows if row_label(r) != r["variant"]}
     written = []

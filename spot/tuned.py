@@ -21,12 +21,12 @@ from spot.errors import SpotError
 from spot.schema import Integer, MapOf, Number, Record, Text, checked
 from spot.folder.manifest import MAX_NODES
 from spot.files import check_output_path, exclusive_lock, spot_cache, write_text_atomic
+from spot.runtime.registry import decoder_names, is_decoder
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import THRESHOLD
 
 # 2: the tuner chooses by measured speed; version 1's choices came from a model that overrated trees
 FORMAT, FORMAT_VERSION = "spot-tuning", 2
-TUNABLE_DECODERS = ("spot", "spot-sets", "tree")    # decoders whose speed the (nodes, depth) budget sets
 
 
 def number_name(x: float) -> str:
@@ -110,9 +110,14 @@ def model_fingerprint(folder: str | Path) -> str:
     return h.hexdigest()
 
 
+def tunable_decoders() -> tuple[str, ...]:
+    """The decoders whose speed the (nodes, depth) budget sets, those `spot tune` tunes (by name)."""
+    return tuple(sorted(decoder_names(tunable=True)))
+
+
 def check_tunable(decoder: str) -> None:
-    if decoder not in TUNABLE_DECODERS:
-        raise SpotError(f"--budget auto applies to the decoders {', '.join(TUNABLE_DECODERS)} (those `spot tune` "
+    if not is_decoder(decoder, tunable=True):
+        raise SpotError(f"--budget auto applies to the decoders {', '.join(tunable_decoders())} (those `spot tune` "
                         f"tunes), got --decoder {decoder}", "pass --budget N --depth D")
 
 

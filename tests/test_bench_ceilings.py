@@ -6,7 +6,7 @@ import pytest
 
 from spot.bench import markdown_table
 from spot.ceilings import CEILING_NOTE, row_label
-from spot.runtime.decoders import CEILING_DECODERS, DECODERS
+from spot.runtime.registry import decoder_names
 
 
 def row(variant: str, decoder: str, tokens_per_s: float, temperature: float = 0.0) -> dict:
@@ -19,10 +19,10 @@ RESULT = {"rows": [row("standard", "standard", 40.0), row("spot@16x8", "spot", 3
                    row("oracle@16x8", "oracle", 70.0), row("order-oracle@16x8", "order-oracle", 60.0)]}
 
 
-@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("decoder", decoder_names())
 def test_only_the_ceilings_are_labelled(decoder):
     label = row_label({"variant": f"{decoder}@16x8", "decoder": decoder})
-    assert label.endswith(" (ceiling)") == (decoder in CEILING_DECODERS)
+    assert label.endswith(" (ceiling)") == (decoder in decoder_names(ceiling=True))
 
 
 def test_the_table_labels_ceilings_and_says_what_they_are():

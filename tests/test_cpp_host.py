@@ -717,6 +717,29 @@ def c_api(spot_cli):
     return lib, Error, callback_type
 
 
+def test_the_c_api_names_the_registry_decoders(spot_cli):
+    """spot_decoder_name / spot_decoder_from_name know the registry's C++ decoders, in the C enum's order, refuse its
+    other decoders as Python-only (SPOT_ERR_UNSUPPORTED) and a name outside it as invalid (tests/
+    test_decoder_registry.py holds the source to the same table)."""
+    import ctypes
+
+    from spot.runtime.registry import decoder_names
+    lib, Error, _ = c_api(spot_cli)
+    lib.spot_decoder_name.restype = ctypes.c_char_p
+    lib.spot_decoder_name.argtypes = [ctypes.c_int]
+    lib.spot_decoder_from_name.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(Error)]
+    hosted = decoder_names(in_cpp_host=True)
+    assert tuple(lib.spot_decoder_name(i).decode() for i in range(len(hosted))) == hosted
+    assert lib.spot_decoder_name(len(hosted)) == b"unknown"
+    for name in decoder_names() + ("medusa",):
+        value, err = ctypes.c_int(-1), Error()
+        status = lib.spot_decoder_from_name(name.encode(), ctypes.byref(value), ctypes.byref(err))
+        if name in hosted:
+            assert (status, value.value) == (0, hosted.index(name)), err.message
+        else:
+            assert status == (UNSUPPORTED if name in decoder_names() else INVALID_ARGUMENT), (name, err.message)
+
+
 def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, tiny):
     """spot_generate copied n_prompt ids by pointer arithmetic that wrapped: n_prompt = 2**62 with a 3-id buffer
     returned SPOT_OK and decoded an empty prompt, 2**61 + 3 decoded 3 ids, n_stop_ids = 2**61 + 1 returned OK and

@@ -115,19 +115,19 @@ def test_text_output_ends_without_the_trailing_blank_lines(monkeypatch):
     """The embedded model's blocks often end in newlines: `--stream` printed ~30 blank lines before the stats line.
     The text output (streamed or not) holds trailing whitespace back until more text follows and drops it at the
     end; --json keeps the exact text."""
-    import spot.runtime.decoders as decoders
+    import spot.request_options as request_options
     from spot.assets import embedded_model_dir
     from spot.runtime.decode import DecodeStats, Generation
     from spot.tokenizer import load_tokenizer
     tok = load_tokenizer(embedded_model_dir())
     blocks = [tok.encode("def f():\n    return 1\n\n"), tok.encode("\n\n  x = 2\n\n\n\n"), tok.encode("\n\n \n")]
 
-    def fake_decoder(name, engine, ids, request, drafter=None, on_block=None):
+    def fake_decode(plan, engine, ids, on_block=None):
         for block in blocks:
             if on_block is not None:
                 on_block(block)
         return Generation(sum(blocks, []), False, DecodeStats(seconds=0.1), len(ids))
-    monkeypatch.setattr(decoders, "run_decoder", fake_decoder)
+    monkeypatch.setattr(request_options, "run_plan", fake_decode)
     args = ["generate", "--model", str(embedded_model_dir()), "--prompt", "def"]
     plain, streamed = (CliRunner().invoke(cli, [*args, *more]) for more in ([], ["--stream"]))
     assert plain.exit_code == 0 and streamed.exit_code == 0, streamed.output

@@ -6,7 +6,9 @@ import click
 
 from spot.cli.shared import backend_option, echo_err, open_model, placement_options
 from spot.errors import SpotError
-from spot.tuned import TUNABLE_DECODERS
+from spot.runtime.registry import decoder as decoder_entry, decoder_names
+from spot.runtime.step import THRESHOLD
+from spot.tuned import tunable_decoders
 
 
 record_noisy_option = click.option(
@@ -42,8 +44,7 @@ def recordable(tune_results: list[dict], save: bool, record_noisy: bool, say) ->
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True, help="Number of prompts.")
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True,
               help="Keep the last N prompt tokens.")
-@click.option("--decoders", default="standard,threshold,chain,tree,oracle,order-oracle,spot,spot-sets",
-              show_default=True)
+@click.option("--decoders", default=",".join(decoder_names()), show_default=True)
 @click.option("--temperatures", default="0,0.5,1.0", show_default=True)
 @click.option("--seeds", default="0", show_default=True)
 @click.option("--budgets", default=None,
@@ -52,7 +53,7 @@ def recordable(tune_results: list[dict], save: bool, record_noisy: bool, say) ->
 @click.option("--tau", type=float, default=0.9, show_default=True)
 @click.option("--drafter", "drafter_path", default=None, help="drafter.onnx (default: beside the model).")
 @click.option("--compare-drafter", "compare_drafters", multiple=True, metavar="NAME=PATH",
-              help="Also run spot/spot-sets with this drafter (labelled spot[NAME]), e.g. one recalibrated on a "
+              help=f"Also run {'/'.join(decoder_names(drafts=True))} with this drafter (labelled spot[NAME]), e.g. one recalibrated on a "
                    "quantized target. Repeatable.")
 @click.option("--tune/--no-tune", default=False, help="Also measure latency(N) and pick the tokens/s-optimal budget.")
 @record_noisy_option
@@ -95,7 +96,7 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     engine, tokenizer, folder = open_model(backend, model_dir, block_size, device, sampler, kv_cache)
     prompts, prompts_path = bench_prompts(prompts_path, folder, tokenizer, limit, prompt_tokens, engine,
                                           max_new_tokens)
-    drafting = {"spot", "spot-sets"} & set(names)
+    drafting = any(decoder_entry(d).drafts for d in names)
     drafter = find_drafter(drafter_path, folder) if drafting else None
     others = {name: find_drafter(path, folder) for name, path in compare.items()}
     cfg = BenchConfig(names, temps, seed_list, given_budgets or default_budgets(engine), max_new_tokens, tau)
@@ -130,11 +131,13 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
                    "model's tokenizer).")
 @click.option("--drafter", "drafter_path", default=None,
               help="drafter.onnx (or its folder) for spot / spot-sets. Default: the one beside the model, if any.")
-@click.option("--decoder", type=click.Choice(TUNABLE_DECODERS), default=None,
+@click.option("--decoder", type=click.Choice(tunable_decoders()), default=None,
               help="Decoder to tune. Default: spot with a drafter (--drafter, or the one beside the model), else "
                    "tree.")
 @click.option("--mode", type=click.Choice(["static", "threshold"]), default="static", show_default=True,
-              help="Commit rule of spot / tree (spot-sets: always threshold), as in spot generate.")
+              help=f"Commit rule of {' / '.join(sorted(decoder_names(tunable=True, rule=None)))} "
+                   f"({', '.join(decoder_names(tunable=True, rule=THRESHOLD))}: always threshold), as in spot "
+                   "generate.")
 @click.option("--tau", type=float, default=0.9, show_default=True, help="Threshold of the threshold rule.")
 @click.option("--save/--no-save", default=True, show_default=True,
               help="Record the choice for `--budget auto` (in $SPOT_CACHE/tuning, for this model, engine, decoder "
@@ -158,13 +161,13 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
 
     from spot.bench import TUNE_CANDIDATES, engine_facts, tune_budget, tuning_drafter, tuning_prompts, tuning_room
     from spot.models import resolve_backend
-    from spot.runtime.decoders import DecodeRequest, rule_for
+    from spot.request_options import RequestOptions
     from spot.runtime.step import Sampling
     from spot.tuned import check_tuning_dir, number_name, save_tuning, tuning_key
 
     temperature += 0.0           # -0 is 0: one tuning entry
     Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep
-    request = DecodeRequest(mode=mode, tau=tau)
+    RequestOptions(mode=mode, tau=tau)     # a bad --tau is refused now, not after the latency sweep
     if limit < 1:
         raise SpotError(f"--limit must be >= 1, got {limit}", "e.g. --limit 2 (the default)")
     if save:                    # an unwritable cache is refused now, not after the sweep
@@ -178,7 +181,7 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
                         "`spot bench --tune --prompts FILE.jsonl` with token ids")
     echo_err(f"measuring acceptance on {len(prompts)} prompt{'s' if len(prompts) != 1 else ''} from the {source}")
     drafter, decoder = tuning_drafter(decoder, drafter_path, folder, engine, echo_err)
-    rule = rule_for(decoder, request)
+    rule = decoder_entry(decoder).commit_rule(mode, tau)
     out = tune_budget(engine, prompts, temperature, TUNE_CANDIDATES, drafter, decoder, progress=echo_err, rule=rule)
     out["decoder"], out["rule"] = decoder, {"kind": rule.kind, "tau": rule.tau}
     out["engine"] = engine_facts(engine)      # what the latencies are of: backend, device, placement

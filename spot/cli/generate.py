@@ -6,7 +6,8 @@ import click
 
 from spot.cli.shared import backend_option, echo_err, model_folder, placement_options, stderr_progress
 from spot.errors import SpotError
-from spot.runtime.decoders import DECODERS
+from spot.runtime.registry import REGISTRY, decoder_names
+from spot.runtime.step import THRESHOLD
 
 
 @click.command()
@@ -24,7 +25,8 @@ from spot.runtime.decoders import DECODERS
 @click.option("--mode", type=click.Choice(["static", "threshold"]), default="static", show_default=True,
               help="Commit rule: one token per pass, or every token with confidence > tau.")
 @click.option("--tau", type=float, default=0.9, show_default=True,
-              help="Threshold of the threshold rule, in [0, 1): --decoder threshold / spot-sets, or --mode threshold.")
+              help=f"Threshold of the threshold rule, in [0, 1): --decoder {' / '.join(decoder_names(rule=THRESHOLD))}, "
+                   "or --mode threshold.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (argmax).")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables top-k filtering.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 disables top-p filtering.")
@@ -35,10 +37,8 @@ from spot.runtime.decoders import DECODERS
 @backend_option
 @click.option("--device", default="cpu", show_default=True,
               help="Device of the backend (torch: cpu, cuda; ort: cpu, cuda, trt; tensorrt: cuda).")
-@click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
-              help="standard/threshold: one pass per step; chain/tree: SPOT with the training-free order; "
-                   "spot/spot-sets: SPOT with the drafter; oracle / order-oracle: diagnostic ceilings (true "
-                   "states / true positions with the drafter's tokens).")
+@click.option("--decoder", type=click.Choice(decoder_names()), default="standard", show_default=True,
+              help="; ".join(f"{d.name}: {d.summary}" for d in REGISTRY.values()) + ".")
 @click.option("--budget", default="16", show_default=True,
               help="Tree nodes per verify pass (SPOT), or auto: the budget `spot tune` recorded for this model, "
                    "engine, decoder and machine (nodes and depth, tuned at the nearest temperature).")
@@ -64,40 +64,34 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
       spot generate --prompt "class Stack:" --decoder spot --stream
     """
     import json
-    from dataclasses import replace
 
-    from spot.budgets import budget_nodes, tree_budget as resolve_tree_budget, tune_command, tuned_note
+    from spot.budgets import ModelArgs, tuned_note
     from spot.engines.factory import open_engine
     from spot.models import check_model_folder, find_drafter, resolve_backend
-    from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, rule_for, run_decoder, verified_budget
+    from spot.request_options import RequestOptions, resolve_request
     from spot.runtime.step import Sampling
     from spot.tokenizer import UNKNOWN_MARK, TrimmedStream, load_tokenizer, parse_prompt_ids, prompt_ids_for
 
-    nodes = budget_nodes(budget, decoder)      # before the weights load
+    # every check that needs no model (the budget's form, sampling, the commit rule) before the weights load
+    stops = None if stop_ids is None else tuple(parse_prompt_ids(stop_ids, "--stop-ids"))
+    options = RequestOptions(decoder, budget, depth, max_new_tokens, mode, tau,
+                             Sampling(temperature, top_k, top_p, seed), stops)
     if prompt_file is not None:     # before the model (the embedded model's export, on first use)
         if prompt is not None:
             raise SpotError("give one of --prompt TEXT or --prompt-file PATH, not both", "leave out one of them")
         from spot.prompts import read_prompt_file
         prompt = read_prompt_file(prompt_file)
-    sampling = Sampling(temperature, top_k, top_p, seed)
-    stops = None if stop_ids is None else tuple(parse_prompt_ids(stop_ids, "--stop-ids"))
-    request = DecodeRequest(max_new_tokens, mode, tau, sampling, stop_ids=stops)
-    rule = rule_for(decoder, request)     # a bad --tau before the weights load
     backend = resolve_backend(backend, model_dir)
     folder = model_folder(backend, model_dir)
     check_model_folder(backend, folder)  # folder / config errors first, before the tokenizer and the weights
     tokenizer = load_tokenizer(folder)
     ids = prompt_ids_for(tokenizer, prompt, prompt_ids, chat)
     engine = open_engine(backend, folder, block_size, device, sampler, kv_cache)
-    drafter = find_drafter(drafter_path, folder) if decoder in ("spot", "spot-sets") else None
-    # the command that records what --budget auto looks for: the same model, engine options, decoder, temperature
-    command = tune_command(model_dir, backend, device, sampler, kv_cache, block_size, drafter_path, decoder,
-                           temperature, rule)
-    tree_budget, tuned = resolve_tree_budget(nodes, depth, engine, backend, folder, decoder, drafter, rule,
-                                             request.sampling.temperature, command)
-    request = replace(request, budget=tree_budget)
-    if tuned is not None and not as_json:       # what --budget auto chose, and why (--json: "budget")
-        echo_err(tuned_note(verified_budget(decoder, tree_budget, engine), tuned))
+    # --budget auto looks for what `spot tune` recorded for the same model, engine options, decoder, temperature
+    model = ModelArgs(folder, backend, model_dir, device, sampler, kv_cache, block_size, drafter_path)
+    resolved = resolve_request(options, engine, model, lambda: find_drafter(drafter_path, folder))
+    if resolved.tuned is not None and not as_json:       # what --budget auto chose, and why (--json: "budget")
+        echo_err(tuned_note(resolved.plan.budget, resolved.tuned))
     printed = TrimmedStream(tokenizer) if stream and not as_json else None
 
     def on_block(block_ids):
@@ -105,19 +99,17 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
             click.echo(json.dumps({"block_ids": block_ids}))
         else:
             click.echo(printed.feed(block_ids), nl=False)
-    gen = run_decoder(decoder, engine, ids, request, drafter, on_block if stream else None)
+    gen = resolved.run(engine, ids, on_block if stream else None)
     text = tokenizer.decode(gen.token_ids, mark_unknown=True) if tokenizer is not None else None
     stats = gen.stats
     if as_json:
-        verified = verified_budget(decoder, tree_budget, engine) if decoder in TREE_DECODERS else None
         out = {"token_ids": gen.token_ids, "stopped": gen.stopped, "cancelled": gen.cancelled,
                "overflow_ids": gen.overflow_ids,      # the last block past --max-new-tokens: not in the output
                "prompt_len": gen.prompt_len, "prompt_ids": ids,     # the ids a C++ host (spot_cli) decodes the same
-               "block_size": engine.block_size, "mode": rule.kind, "decoder": decoder,
+               "block_size": engine.block_size, "mode": resolved.plan.rule.kind, "decoder": decoder,
                "backend": backend,
                "placement": engine.placement,
-               "budget": ({"nodes": verified.nodes, "depth": verified.depth, "tuned": tuned}
-                          if verified is not None else None), **stats.to_dict()}
+               "budget": resolved.budget_facts(), **stats.to_dict()}
         if text is not None:
             out["text"] = text
         click.echo(json.dumps(out))

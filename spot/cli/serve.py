@@ -8,7 +8,7 @@ from spot.cli.shared import echo_err, model_folder, placement_options
 from spot.engines.factory import BACKENDS
 from spot.errors import SpotError
 from spot.files import check_output_path
-from spot.runtime.decoders import DECODERS
+from spot.runtime.registry import decoder_names
 
 
 @click.command()
@@ -21,8 +21,8 @@ from spot.runtime.decoders import DECODERS
 @click.option("--block-size", type=int, default=None, help="Block size B. Default: the model's.")
 @placement_options
 @click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
-              help="drafter.onnx (or its folder) for requests decoded with spot / spot-sets. Default: the one beside "
-                   "the model, if any (else those decoders are refused).")
+              help=f"drafter.onnx (or its folder) for requests decoded with {' / '.join(decoder_names(drafts=True))}"
+                   ". Default: the one beside the model, if any (else those decoders are refused).")
 @click.option("--engines", type=click.IntRange(min=1), default=1, show_default=True,
               help="Engines, each decoding one request at a time (each holds its own KV cache).")
 @click.option("--threads", type=click.IntRange(min=0), default=None,
@@ -33,7 +33,7 @@ from spot.runtime.decoders import DECODERS
                    "when it does not fit.")
 @click.option("--queue-size", type=click.IntRange(min=0), default=16, show_default=True,
               help="Requests that may wait for a free engine; one more is answered 429.")
-@click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
+@click.option("--decoder", type=click.Choice(decoder_names()), default="standard", show_default=True,
               help="Decoder of the requests that name none (a request's `decoder` field picks another).")
 @click.option("--budget", default="16", show_default=True,
               help="Tree nodes per verify pass (or auto: spot tune's) of the requests that name none.")
@@ -72,14 +72,12 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
     """
     from pathlib import Path
 
-    from spot.budgets import budget_nodes
     from spot.models import check_model_folder, drafter_file
-    from spot.runtime.decoders import DecodeRequest
+    from spot.request_options import RequestOptions
     from spot.serve.model import RequestDefaults, ServedModel, manifest_sha256, served_tokenizer
     from spot.serve.run import ServeOptions, serve as run_server
 
-    budget_nodes(budget, decoder)                   # the defaults' errors before the weights load
-    DecodeRequest(mode=mode, tau=tau)
+    RequestOptions(decoder, budget, depth, mode=mode, tau=tau)      # the defaults' errors before the weights load
     folder = Path(model_folder(backend, model_dir))
     check_model_folder(backend, folder)
     if plan_device is not None:         # before the weights load: a configuration that does not fit never starts
@@ -120,7 +118,7 @@ def check_serving_plan(backend: str, folder, device: str, engines: int) -> None:
 @placement_options
 @click.option("--threads", type=click.IntRange(min=0), default=None,
               help="ort: ONNX Runtime threads per engine. Default: the machine's cores / (--engines x --instances).")
-@click.option("--decoder", type=click.Choice(DECODERS), default="standard", show_default=True,
+@click.option("--decoder", type=click.Choice(decoder_names()), default="standard", show_default=True,
               help="Decoder of the requests that name none.")
 @click.option("--budget", default="16", show_default=True, help="Tree nodes (or auto) of the requests that name none.")
 @click.option("--depth", type=int, default=None, help="Tree depth of the requests that name no budget.")
@@ -148,13 +146,12 @@ def triton_repo(export_dir, out, name, engines, instances, backend, device, samp
           nvcr.io/nvidia/tritonserver:24.10-py3 \\
           bash -c "pip install /wheels/spot_edge-*.whl && tritonserver --model-repository /models"
     """
-    from spot.budgets import budget_nodes
-    from spot.runtime.decoders import DecodeRequest
+    from spot.request_options import RequestOptions
     from spot.runtime.step import Sampling
     from spot.triton.repo import TritonRepoOptions, write_triton_repo
 
-    budget_nodes(budget, decoder)           # the defaults checked as a request's are
-    DecodeRequest(mode=mode, tau=tau, sampling=Sampling(temperature))
+    # the defaults checked as a request's are
+    RequestOptions(decoder, budget, depth, mode=mode, tau=tau, sampling=Sampling(temperature))
     check_output_path(out, "--out", folder=True)
     options = TritonRepoOptions(name, instances, backend, device, sampler, kv_cache, threads, decoder, budget, depth,
                                 mode, tau, temperature, max_tokens, reference, overwrite, engines=engines)

@@ -25,9 +25,10 @@ from pathlib import Path
 from spot.config import ModelConfig
 from spot.descriptors import read_json
 from spot.errors import SpotError
+from spot.runtime.registry import decoder_names, exact_baseline, is_decoder
+from spot.runtime.step import STATIC
 
 SHORT_CONTEXT = 2048                       # the projection's short context (beside the plan's)
-SPEC_DECODERS = ("spot", "spot-sets", "tree", "chain")
 
 
 def peak_flops(device, dtype: str) -> float | None:
@@ -99,8 +100,8 @@ class PassCounts:
 
 
 def counts_from_bench(path: str | Path) -> list[tuple[PassCounts, PassCounts]]:
-    """(baseline, speculative) pass counts per row of a `spot bench` bench.json: every chain / tree / spot /
-    spot-sets row with the row of the decoder it is measured against at the same temperature."""
+    """(baseline, speculative) pass counts per row of a `spot bench` bench.json: every row of a decoder that
+    speculates (not a ceiling) with the row of the decoder it is measured against at the same temperature."""
     path = Path(path)
     remedy = "pass the bench.json that `spot bench --out DIR` wrote"
     try:
@@ -117,19 +118,21 @@ def counts_from_bench(path: str | Path) -> list[tuple[PassCounts, PassCounts]]:
         return PassCounts(f"{row['variant']} T={row['temperature']:g}", single, kinds.get("verify", 0) / tokens,
                           row.get("mean_nodes_per_verify", 1.0))
     try:
-        base = {(r["variant"], r["temperature"]): r for r in rows if r["decoder"] in ("standard", "threshold")}
+        base = {(r["variant"], r["temperature"]): r for r in rows if is_decoder(r["decoder"], speculates=False)}
         out = []
         for r in rows:
-            if r["decoder"] not in SPEC_DECODERS or not r.get("passes_by_kind", {}).get("verify"):
+            if (not is_decoder(r["decoder"], speculates=True, ceiling=False)
+                    or not r.get("passes_by_kind", {}).get("verify")):
                 continue
-            baseline = base.get(("threshold" if r.get("rule") == "threshold" else "standard", r["temperature"]))
+            baseline = base.get((exact_baseline(r.get("rule", STATIC)), r["temperature"]))
             if baseline is not None:
                 out.append((counts(baseline), counts(r)))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise SpotError(f"--plan-bench {path}: a row lacks pass counts ({type(e).__name__}: {e})",
                         "pass a bench.json written by this version's `spot bench`") from None
     if not out:
-        raise SpotError(f"--plan-bench {path} has no chain / tree / spot / spot-sets row with its baseline",
+        raise SpotError(f"--plan-bench {path} has no {' / '.join(decoder_names(speculates=True, ceiling=False))} "
+                        "row with its baseline",
                         "run `spot bench` with --decoders standard,spot (or tree) and pass its bench.json")
     return out
 

@@ -1,4 +1,5 @@
-"""The decoders by name, as `spot generate --decoder` and `spot bench` expose them.
+"""Decoding a request with a decoder by name (spot.runtime.registry: the decoders and their traits), as `spot
+generate --decoder`, `spot bench`, `spot serve` and the Triton backend run it.
 
 standard / threshold: docs/spec.md §3 with the static / threshold rule (one target pass per step).
 chain / tree: SPOT with the training-free stale-confidence order (branch 1 = FreeDave-style chain, branch k = tree).
@@ -8,27 +9,22 @@ order-oracle: the same, but only the true positions; tokens are the coupled stal
   oracle the stale tokens'; spot's runner-up children win back part of the latter).
 spot / spot-sets: SPOT with the learned order model (static rule / threshold rule with whole-set verification).
 standard, chain, tree, oracle and spot follow the commit rule given (static unless mode is threshold).
+
+A request is checked against an engine once (plan_decode: its decoder, commit rule, verified budget and drafter),
+then decoded (run_plan); run_decoder does both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
-
-import numpy as np
 
 from spot.errors import SpotError, integer_arg
 from spot.runtime.decode import (Generation, check_engine, check_max_new_tokens, generate, standard_block,
                                  stop_id_tuple)
 from spot.runtime.engine import Engine
-from spot.runtime.proposers import ConfidenceOrderProposer, OracleProposer, OrderOracleProposer
+from spot.runtime.registry import Decoder, ProposerInputs, decoder
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget
-from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
-
-DECODERS = ("standard", "threshold", "chain", "tree", "oracle", "order-oracle", "spot", "spot-sets")
-BASELINE_DECODERS = ("standard", "threshold")      # one target pass per commit step: no tree
-TREE_DECODERS = tuple(d for d in DECODERS if d not in BASELINE_DECODERS)   # verify rounds: --budget / --depth size
-CEILING_DECODERS = ("oracle", "order-oracle")     # read the true trajectory: bounds for a drafter, not decoders to use
-TREE_BRANCH = 4
+from spot.runtime.step import STATIC, CommitRule, Sampling
 
 
 @dataclass(frozen=True)
@@ -60,32 +56,70 @@ class DecodeRequest:
         object.__setattr__(self, "stop_ids", stop_id_tuple(self.stop_ids))
 
 
-def check_decoder(name: str) -> None:
-    """SpotError unless `name` is a decoder (checked by run_decoder, and by a server before a request queues)."""
-    if not isinstance(name, str) or name not in DECODERS:
-        raise SpotError(f"unknown decoder {name!r}, expected one of {', '.join(DECODERS)}")
+@dataclass(frozen=True)
+class DecodePlan:
+    """A request checked against an engine's shape, once (plan_decode): the decoder, its commit rule, the request
+    with the budget it verifies with (depth resolved, a chain's nodes its depth + 1; checked: nothing resolves or
+    checks it again) and its drafter (checked against the engine; None for a decoder that does not draft). Any
+    engine of the same model runs it (run_plan)."""
+
+    decoder: Decoder
+    request: DecodeRequest
+    rule: CommitRule
+    drafter: object | None = None
+
+    @property
+    def budget(self) -> TreeBudget | None:
+        """The budget its trees are verified with, None for a decoder that does not speculate."""
+        return self.request.budget if self.decoder.speculates else None
 
 
-def rule_for(decoder: str, req: DecodeRequest) -> CommitRule:
-    """threshold / spot-sets always use the threshold rule; every other decoder follows the request's mode."""
-    if decoder in ("threshold", "spot-sets"):
-        return CommitRule(THRESHOLD, req.tau)
-    return CommitRule(req.mode, req.tau)
+def plan_decode(name: str, engine: Engine, req: DecodeRequest, drafter=None) -> DecodePlan:
+    """Check the request `req` for the decoder `name` on `engine`: SpotError naming what is wrong, else its plan."""
+    entry = decoder(name)
+    check_engine(engine)
+    if not isinstance(req, DecodeRequest):          # checked once here, not as an AttributeError mid-decode
+        raise SpotError(f"the request must be a DecodeRequest, got {type(req).__name__}",
+                        "e.g. DecodeRequest(max_new_tokens=64)")
+    if drafter is not None and not hasattr(drafter, "proposer"):
+        raise SpotError(f"drafter must be a loaded drafter, got {type(drafter).__name__}",
+                        "drafter=spot.runtime.drafter.load_drafter(folder)")
+    rule = entry.commit_rule(req.mode, req.tau)
+    if not entry.speculates:
+        return DecodePlan(entry, req, rule)
+    budget = entry.verified_budget(req.budget, engine)
+    if entry.nodes_from_depth:
+        if 1 <= budget.depth <= engine.block_size and budget.nodes > engine.max_nodes:
+            raise SpotError(f"a chain of depth {budget.depth} verifies {budget.nodes} states, more than the "
+                            f"{engine.max_nodes} one verify pass of this engine takes (the export's max_nodes)",
+                            f"use --depth {engine.max_nodes - 1} or less" if engine.max_nodes > 1 else
+                            "re-export with --max-nodes 2 or more")
+    budget.check(engine)
+    if not entry.drafts:
+        return DecodePlan(entry, replace(req, budget=budget), rule)
+    if drafter is None:
+        raise SpotError(f"decoder {name!r} needs a drafter (order model)",
+                        "pass drafter=load_drafter(PATH) (CLI: --drafter PATH), or use an exported folder "
+                        "that ships drafter.onnx")
+    drafter.check_compatible(engine)
+    return DecodePlan(entry, replace(req, budget=budget), rule, drafter)
 
 
-def record_trajectories(trajectories: dict[int, list[np.ndarray]]):
-    """An observer for generate() that stores each block's standard trajectory [s_0, s_1, ..., s_k]."""
-    def observe(block, step, state, outputs, nxt):
-        traj = trajectories.setdefault(block, [state.copy()])
-        traj.append(nxt.copy())
-    return observe
+def run_plan(plan: DecodePlan, engine: Engine, prompt_ids,
+             on_block: Callable[[list[int]], bool | None] | None = None) -> Generation:
+    """Decode `prompt_ids` on `engine` (of the model `plan` was checked for) as `plan` says: tokens and stats."""
+    if on_block is not None and not callable(on_block):
+        raise SpotError(f"on_block must be a function or None, got {on_block!r}")
+    req = plan.request
+    common = dict(max_new_tokens=req.max_new_tokens, rule=plan.rule, sampling=req.sampling, stop_ids=req.stop_ids)
+    if not plan.decoder.speculates:
+        return generate(engine, prompt_ids, block_decoder=standard_block, on_block=on_block, **common)
 
-
-def verified_budget(name: str, budget: TreeBudget, engine: Engine) -> TreeBudget:
-    """The budget the tree decoder `name` verifies with on `engine`: its depth resolved, and a chain's nodes its
-    depth + 1 (one node per depth: --budget does not size a chain, its depth does)."""
-    budget = budget.resolve(engine)
-    return TreeBudget(budget.depth + 1, budget.depth) if name == "chain" else budget
+    def standard_run(observer):
+        return generate(engine, prompt_ids, block_decoder=standard_block, observer=observer, **common)
+    proposer = plan.decoder.proposer(ProposerInputs(engine, prompt_ids, plan.drafter, standard_run))
+    return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, req.budget, req.independent_noise),
+                    on_block=on_block, **common)
 
 
 def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, drafter=None,
@@ -93,44 +127,4 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
     """Decode `prompt_ids` with the decoder `name`; returns tokens and stats (no printing). drafter: a loaded
     drafter (spot.runtime.drafter.load_drafter), for spot / spot-sets; on_block: streaming, as in
     decode.generate."""
-    check_decoder(name)
-    check_engine(engine)
-    if not isinstance(req, DecodeRequest):          # checked once here, not as an AttributeError mid-decode
-        raise SpotError(f"the request must be a DecodeRequest, got {type(req).__name__}",
-                        "e.g. DecodeRequest(max_new_tokens=64)")
-    if on_block is not None and not callable(on_block):
-        raise SpotError(f"on_block must be a function or None, got {on_block!r}")
-    if drafter is not None and not hasattr(drafter, "proposer"):
-        raise SpotError(f"drafter must be a loaded drafter, got {type(drafter).__name__}",
-                        "drafter=spot.runtime.drafter.load_drafter(folder)")
-    rule = rule_for(name, req)
-    common = dict(max_new_tokens=req.max_new_tokens, rule=rule, sampling=req.sampling, stop_ids=req.stop_ids)
-    if name in BASELINE_DECODERS:
-        return generate(engine, prompt_ids, block_decoder=standard_block, on_block=on_block, **common)
-    budget = verified_budget(name, req.budget, engine)
-    if name == "chain":
-        if 1 <= budget.depth <= engine.block_size and budget.nodes > engine.max_nodes:
-            raise SpotError(f"a chain of depth {budget.depth} verifies {budget.nodes} states, more than the "
-                            f"{engine.max_nodes} one verify pass of this engine takes (the export's max_nodes)",
-                            f"use --depth {engine.max_nodes - 1} or less" if engine.max_nodes > 1 else
-                            "re-export with --max-nodes 2 or more")
-    budget.check(engine)
-    if name == "chain":
-        proposer = ConfidenceOrderProposer(branch=1)
-    elif name == "tree":
-        proposer = ConfidenceOrderProposer(branch=TREE_BRANCH)
-    elif name in CEILING_DECODERS:
-        trajectories: dict[int, list[np.ndarray]] = {}
-        generate(engine, prompt_ids, block_decoder=standard_block, observer=record_trajectories(trajectories),
-                 **common)
-        oracle = OracleProposer if name == "oracle" else OrderOracleProposer
-        proposer = oracle(trajectories)
-    else:
-        if drafter is None:
-            raise SpotError(f"decoder {name!r} needs a drafter (order model)",
-                            "pass drafter=load_drafter(PATH) (CLI: --drafter PATH), or use an exported folder "
-                            "that ships drafter.onnx")
-        drafter.check_compatible(engine)
-        proposer = drafter.proposer()
-    return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, budget, req.independent_noise),
-                    on_block=on_block, **common)
+    return run_plan(plan_decode(name, engine, req, drafter), engine, prompt_ids, on_block)

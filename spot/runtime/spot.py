@@ -95,13 +95,16 @@ def walk(tree, node_outputs: dict, ctx: DecodeContext) -> tuple[int, np.ndarray]
 
 class SpotBlockDecoder:
     """Callable BlockDecoder; `proposer` has begin_round(RoundInputs, state, step), propose(tree, nodes) and
-    lookahead (spot.runtime.tree.build_tree)."""
+    lookahead (spot.runtime.tree.build_tree). budget: with its depth, checked against the engine once before the
+    decode (TreeBudget.check; spot.runtime.decoders.plan_decode), not per block."""
 
     def __init__(self, proposer, budget: TreeBudget, independent_noise: bool = False):
+        if not isinstance(budget, TreeBudget) or budget.depth is None:
+            raise SpotError(f"SpotBlockDecoder needs a budget with its depth, got {budget!r}",
+                            "budget.resolve(engine), then budget.check(engine)")
         self.proposer, self.budget, self.independent_noise = proposer, budget, independent_noise
 
     def __call__(self, engine: Engine, state: np.ndarray, block: int, ctx: DecodeContext) -> np.ndarray:
-        self.budget.check(engine)
         if self.budget.nodes == 1:
             # a one-node tree is its root alone: every round is one standard step (the same passes and tokens), so
             # run the standard loop without the round's bookkeeping (~0.1 ms a step, 4-5% of an embedded-model

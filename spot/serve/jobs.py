@@ -1,24 +1,26 @@
 """A request's decoding fields -> a checked decode job, before it waits for an engine; a finished decode -> what the
 request gets back (at most max_tokens ids, why it ended, spot's pass figures).
 
-Every check is the library's own (DecodeRequest, Sampling, check_request, the budget parsing `spot generate` uses):
-a bad request is refused with the same message the CLI gives, and never takes a place in the queue.
+A request is resolved as `spot generate` resolves one (spot.request_options: its checks, its messages, its budget
+resolved once) and checked against the model's context (check_request): a bad request is refused with the same
+message the CLI gives, and never takes a place in the queue.
 """
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from spot.budgets import budget_nodes, tree_budget, tune_command
+from spot.budgets import ModelArgs
 from spot.errors import SpotError
+from spot.request_options import RequestOptions, ResolvedRequest, resolve_request
 from spot.runtime.decode import Generation, check_request
-from spot.runtime.decoders import TREE_DECODERS, DecodeRequest, check_decoder, rule_for, verified_budget
+from spot.runtime.decoders import DecodeRequest
 from spot.runtime.metrics import static_passes
+from spot.runtime.registry import decoder as decoder_entry
 from spot.runtime.step import Sampling
 from spot.serve.model import ServedModel
 
 FIELD_NAMES = ("budget", "depth")       # how messages name the budget fields of a request
-DRAFTING_DECODERS = ("spot", "spot-sets")
 
 
 @dataclass(frozen=True)
@@ -39,19 +41,33 @@ class DecodeFields:
 
 @dataclass(frozen=True)
 class Job:
-    """A checked decode: run_decoder(decoder, engine, prompt_ids, request, drafter), of which the request gets the
-    first max_tokens ids. tree: the budget a tree decoder verifies with, {nodes, depth, tuned: where an `auto`
-    budget came from, else None}; None for standard / threshold decoding."""
+    """A checked decode, resolved once (spot.request_options.ResolvedRequest): run(engine, on_block) decodes it on
+    any engine of the model, of which the request gets the first max_tokens ids."""
 
     prompt_ids: list[int]
-    decoder: str
-    request: DecodeRequest
+    resolved: ResolvedRequest
     max_tokens: int
-    tree: dict | None = None
+
+    @property
+    def decoder(self) -> str:
+        return self.resolved.decoder
+
+    @property
+    def request(self) -> DecodeRequest:
+        return self.resolved.request
+
+    @property
+    def tree(self) -> dict | None:
+        """The budget a tree decoder verifies with, {nodes, depth, tuned: where an `auto` budget came from, else
+        None}; None for a decoder without trees."""
+        return self.resolved.budget_facts()
 
     @property
     def seed(self) -> int:
         return self.request.sampling.seed
+
+    def run(self, engine, on_block=None) -> Generation:
+        return self.resolved.run(engine, self.prompt_ids, on_block)
 
 
 def _given(value, default):
@@ -63,31 +79,22 @@ def build_job(model: ServedModel, engine, drafter, prompt_ids, fields: DecodeFie
     what is wrong otherwise. max_tokens is the decode's max_new_tokens (it decodes to the block boundary after it)."""
     d = model.defaults
     decoder = _given(fields.decoder, d.decoder)
-    check_decoder(decoder)
-    if decoder in DRAFTING_DECODERS and drafter is None:
+    if decoder_entry(decoder).drafts and drafter is None:
         raise SpotError(f"decoder {decoder!r} needs a drafter (order model), and {model.name} is served without one",
                         "use decoder tree or chain (SPOT without a drafter), or start the server with --drafter "
                         "PATH")
-    nodes = budget_nodes(_given(fields.budget, d.budget), decoder, FIELD_NAMES)
     # a request's own budget comes with its own depth (or the default one); the server's budget with the server's
     depth = fields.depth if fields.budget is not None else _given(fields.depth, d.depth)
     seed = secrets.randbelow(2**32) if fields.seed is None else fields.seed     # reported back: reproducible
     sampling = Sampling(_given(fields.temperature, d.temperature), _given(fields.top_k, 0),
                         _given(fields.top_p, d.top_p), seed)
-    request = DecodeRequest(fields.max_tokens, _given(fields.mode, d.mode), _given(fields.tau, d.tau), sampling)
-    rule = rule_for(decoder, request)
+    options = RequestOptions(decoder, _given(fields.budget, d.budget), depth, fields.max_tokens,
+                             _given(fields.mode, d.mode), _given(fields.tau, d.tau), sampling, names=FIELD_NAMES)
     prompt = check_request(engine, prompt_ids, fields.max_tokens)
-    command = tune_command(model.model_arg, model.backend, model.device, model.sampler, model.kv_cache,
-                           model.block_size, model.drafter_arg, decoder, sampling.temperature, rule)
-    budget, tuned = tree_budget(nodes, depth, engine, model.backend, model.folder, decoder,
-                                drafter if decoder in DRAFTING_DECODERS else None, rule, sampling.temperature,
-                                command, FIELD_NAMES)
-    tree = None
-    if decoder in TREE_DECODERS:        # the budget's own checks now, not when an engine is free
-        verified = verified_budget(decoder, budget, engine)
-        verified.check(engine)
-        tree = {"nodes": verified.nodes, "depth": verified.depth, "tuned": tuned}
-    return Job([int(i) for i in prompt], decoder, replace(request, budget=budget), fields.max_tokens, tree)
+    args = ModelArgs(model.folder, model.backend, model.model_arg, model.device, model.sampler, model.kv_cache,
+                     model.block_size, model.drafter_arg)
+    # the budget's own checks now, not when an engine is free
+    return Job([int(i) for i in prompt], resolve_request(options, engine, args, lambda: drafter), fields.max_tokens)
 
 
 def check_prompt_fits(prompt: str | list, tokenizer, context: int) -> None:

@@ -13,7 +13,6 @@ from collections import deque
 from typing import Callable
 
 from spot.errors import SpotError
-from spot.runtime.decoders import run_decoder
 from spot.serve.jobs import Job
 
 log = logging.getLogger("spot.serve")
@@ -48,7 +47,8 @@ class Ticket:
 
 
 class EnginePool:
-    """slots: (engine, drafter or None) pairs, one per concurrent request. on_done(ticket, generation): called on the
+    """slots: (engine, drafter or None) pairs, one per concurrent request (a job carries the drafter it was
+    checked with: spot.serve.jobs.Job). on_done(ticket, generation): called on the
     engine's thread after each decode that ran (cancelled ones too), for metrics."""
 
     def __init__(self, slots: list[tuple], queue_size: int, on_done: Callable | None = None):
@@ -82,8 +82,8 @@ class EnginePool:
         return not self._closing and len(self._waiting) + self._busy < self.engines + self.queue_size
 
     def start(self) -> None:
-        for i, (engine, drafter) in enumerate(self.slots):
-            thread = threading.Thread(target=self._work, args=(engine, drafter), name=f"spot-engine-{i}", daemon=True)
+        for i, (engine, _) in enumerate(self.slots):
+            thread = threading.Thread(target=self._work, args=(engine,), name=f"spot-engine-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
@@ -118,7 +118,7 @@ class EnginePool:
         for engine, _ in self.slots:
             engine.close()
 
-    def _work(self, engine, drafter) -> None:
+    def _work(self, engine) -> None:
         while True:
             with self._cv:
                 while not self._waiting and not self._closing:
@@ -129,14 +129,14 @@ class EnginePool:
                 self._busy += 1
             last = None
             try:
-                last = self._run(engine, drafter, ticket)
+                last = self._run(engine, ticket)
             finally:
                 with self._cv:      # free before the request hears it is done: /ready never lags its answer
                     self._busy -= 1
                 if last is not None:
                     ticket.post(*last)
 
-    def _run(self, engine, drafter, ticket: Ticket) -> tuple | None:
+    def _run(self, engine, ticket: Ticket) -> tuple | None:
         """Decode the ticket's job; its last event: ("done", generation) or ("error", exception), None when it was
         cancelled before it began."""
         job = ticket.job
@@ -149,7 +149,7 @@ class EnginePool:
             ticket.post("block", ids)
             return ticket.cancelled.is_set()
         try:
-            gen = run_decoder(job.decoder, engine, job.prompt_ids, job.request, drafter, on_block)
+            gen = job.run(engine, on_block)
         except SpotError as e:      # a request the checks before the queue could not see (e.g. a missing drafter)
             return "error", e
         except Exception as e:      # noqa: BLE001 - the engine's failure goes to its request, the server stays up

@@ -121,8 +121,9 @@ class TritonPythonModel:
         from spot.serve.jobs import check_defaults
         check_defaults(self.model, *self.slots[0])      # config.pbtxt's defaults: now, not per request
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()     # (job, sender), None: stop
-        self.threads = [threading.Thread(target=self.work, args=slot, name=f"spot-engine-{i}", daemon=True)
-                        for i, slot in enumerate(self.slots)]
+        # a job carries the drafter it was checked with (spot.serve.jobs.Job): a thread needs only its engine
+        self.threads = [threading.Thread(target=self.work, args=(engine,), name=f"spot-engine-{i}", daemon=True)
+                        for i, (engine, _) in enumerate(self.slots)]
         for thread in self.threads:
             thread.start()
 
@@ -143,10 +144,10 @@ class TritonPythonModel:
         for engine, _ in self.slots:
             engine.close()
 
-    def work(self, engine, drafter) -> None:
+    def work(self, engine) -> None:
         while (queued := self.jobs.get()) is not None:
             try:
-                self.answer(*queued, engine, drafter)
+                self.answer(*queued, engine)
             except Exception:       # noqa: BLE001 - e.g. a response that cannot be sent: this engine keeps serving
                 log.exception("answering a request failed")
 
@@ -175,9 +176,8 @@ class TritonPythonModel:
                         flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return None
 
-    def answer(self, job, sender, engine, drafter) -> None:
+    def answer(self, job, sender, engine) -> None:
         """Decode `job` on `engine` (this engine's thread), a response per finished block, then the last one."""
-        from spot.runtime.decoders import run_decoder
         from spot.serve.jobs import finish_reason, room_left, usage
         from spot.tokenizer import TextStream
         pb = self.pb
@@ -192,7 +192,7 @@ class TritonPythonModel:
                 sender.send(self.block_response(pieces.feed(ids) if pieces is not None else "", ids))
             return bool(getattr(sender, "is_cancelled", lambda: False)())
         try:
-            gen = run_decoder(job.decoder, engine, job.prompt_ids, job.request, drafter, on_block)
+            gen = job.run(engine, on_block)
         except Exception as e:      # noqa: BLE001 - the request gets the error; the instance keeps serving
             sender.send(pb.InferenceResponse(error=pb.TritonError(f"decoding failed: {e}")), flags=final)
             return
