@@ -157,7 +157,7 @@ class Variant:
     @property
     def baseline(self) -> str:
         """The decoder whose output this variant must reproduce and whose passes it is measured against."""
-        return exact_baseline(self.rule)
+        return decoder_entry(self.decoder).baseline(self.mode)
 
 
 # the independent-noise ablation's rows: a training-free and a drafted decoder, static rule (not every row twice)

@@ -76,6 +76,10 @@ def test_the_table_keeps_the_traits_the_code_had():
     assert decoder_names(speculates=True, ceiling=False) == ("chain", "tree", "spot", "spot-sets")
     assert decoder_names(rule=THRESHOLD) == ("threshold", "spot-sets")
     assert decoder_names(nodes_from_depth=True) == ("chain",)
+    for name in decoder_names():
+        d = registry.decoder(name)
+        assert d.baseline(STATIC) == ("threshold" if name in ("threshold", "spot-sets") else "standard")
+        assert d.baseline(THRESHOLD) == "threshold"
 
 
 # modules that name decoders for a choice of their own (which rows an ablation doubles, what the demo compares)

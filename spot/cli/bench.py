@@ -130,7 +130,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
               help="Prompts used to measure acceptance (cut from the embedded corpus's train split with the "
                    "model's tokenizer).")
 @click.option("--drafter", "drafter_path", default=None,
-              help="drafter.onnx (or its folder) for spot / spot-sets. Default: the one beside the model, if any.")
+              help=f"drafter.onnx (or its folder) for {' / '.join(decoder_names(drafts=True))}. Default: the one "
+                   "beside the model, if any.")
 @click.option("--decoder", type=click.Choice(tunable_decoders()), default=None,
               help="Decoder to tune. Default: spot with a drafter (--drafter, or the one beside the model), else "
                    "tree.")

@@ -65,6 +65,11 @@ class Decoder:
         """The kind of rule it commits by for a request of `mode`."""
         return self.rule or mode
 
+    def baseline(self, mode: str) -> str:
+        """The decoder whose output it reproduces token for token for a request of `mode` (and is measured against):
+        standard under the static rule, threshold under the threshold rule (a baseline is its own)."""
+        return exact_baseline(self.rule_kind(mode))
+
     def commit_rule(self, mode: str, tau: float) -> CommitRule:
         """The rule it commits by for a request of `mode` and `tau` (SpotError for a bad mode or tau)."""
         return CommitRule(self.rule_kind(mode), tau)
@@ -122,14 +127,14 @@ def register(decoder: Decoder) -> Decoder:
 
 for _decoder in (
         Decoder("standard", "one target pass per commit step", in_cpp_host=True),
-        Decoder("threshold", "one target pass per step, threshold rule", rule=THRESHOLD, in_cpp_host=True),
+        Decoder("threshold", "one target pass per commit step, threshold rule", rule=THRESHOLD, in_cpp_host=True),
         Decoder("chain", "SPOT with the training-free order, one candidate per depth",
                 lambda inputs: ConfidenceOrderProposer(branch=1), nodes_from_depth=True, in_cpp_host=True),
-        Decoder("tree", "SPOT with the training-free order",
+        Decoder("tree", "SPOT with the training-free order, a tree",
                 lambda inputs: ConfidenceOrderProposer(branch=TREE_BRANCH), tunable=True, in_cpp_host=True),
-        Decoder("oracle", "diagnostic ceiling: reads the true states", trajectory_proposer(OracleProposer),
+        Decoder("oracle", "a diagnostic ceiling reading the true states", trajectory_proposer(OracleProposer),
                 ceiling=True),
-        Decoder("order-oracle", "diagnostic ceiling: reads the true positions, the drafter's tokens",
+        Decoder("order-oracle", "a diagnostic ceiling reading the true positions (stale tokens, as a drafter's)",
                 trajectory_proposer(OrderOracleProposer), ceiling=True),
         Decoder("spot", "SPOT with the drafter", drafter_proposer, drafts=True, tunable=True, in_cpp_host=True),
         Decoder("spot-sets", "SPOT-Sets with the drafter, threshold rule", drafter_proposer, rule=THRESHOLD,
