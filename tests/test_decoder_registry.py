@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spot.bench import BenchConfig, run_bench, variants
 from spot.cli import main
@@ -217,3 +219,26 @@ def test_spot_generate_resolves_and_checks_the_budget_once(monkeypatch, tiny_ckp
     assert out["blocks"] > 1 and out["budget"] == {"nodes": 3 if decoder == "chain" else 6, "depth": 2,
                                                     "tuned": None}
     assert len(resolved) == 1 and len(checked) == 1
+
+
+ENGINE = engine_for(4, 1)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(decoder_names(drafts=False)), nodes=st.integers(1, 12), depth=st.integers(1, 4),
+       mode=st.sampled_from((STATIC, THRESHOLD)), temperature=st.sampled_from((0.0, 1.0)), seed=st.integers(0, 9))
+def test_every_decoder_resolves_its_budget_once_and_decodes_as_run_decoder(monkeypatch, name, nodes, depth, mode,
+                                                                           temperature, seed):
+    """For any decoder without a drafter and any budget the engine takes: resolve_request checks the budget once and
+    the decode never again (no block re-checks it), with run_decoder's tokens and passes."""
+    prompt = np.arange(1, 8)
+    options = RequestOptions(name, nodes, depth, 12, mode, 0.7, Sampling(temperature, seed=seed), stop_ids=())
+    want = run_decoder(name, ENGINE, prompt, DecodeRequest(12, mode, 0.7, Sampling(temperature, seed=seed),
+                                                           TreeBudget(nodes, depth), stop_ids=()))
+    with monkeypatch.context() as m:
+        checked = count_calls(m, TreeBudget, "check")
+        resolved = resolve_request(options, ENGINE)
+        at_resolve = len(checked)
+        got = resolved.run(ENGINE, prompt)
+    assert at_resolve == (1 if registry.decoder(name).speculates else 0) and len(checked) == at_resolve
+    assert got.token_ids == want.token_ids and got.stats.passes == want.stats.passes
