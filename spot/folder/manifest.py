@@ -24,10 +24,10 @@ import numpy as np
 from spot.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MASK_TOKEN_ID, DEFAULT_STOP_IDS, MAX_BLOCK_SIZE, MAX_POSITIONS,
                          MODEL_FIELDS, MODEL_SECTION, TOKEN_ID, ModelConfig, check_model_rules)
 from spot.descriptors import load_descriptor, read_json, sha256_file
+from spot.drafter_files import DRAFTER_JSON, DRAFTER_ONNX
 from spot.errors import SpotError
 from spot.files import opened_whole, plain_file_name
 from spot.replace import interrupted_replacement
-from spot.runtime.drafter import DRAFTER_JSON, DRAFTER_ONNX
 from spot.schema import SHA256, Integer, ListOf, MapOf, Mismatch, Nullable, Record, Satisfies, Text, rule
 
 # The model dtypes an exported folder may have (manifest "dtype") as numpy dtypes: here, not in spot.export.graph,
