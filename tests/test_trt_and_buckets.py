@@ -79,7 +79,7 @@ def test_trt_profiles_fix_the_capacity_per_profile():
 
 
 def test_dynamic_trt_profile_spans_every_pass_of_one_block():
-    from spot.engines.buckets import Profile, dynamic_trt_profile
+    from spot.folder.trt_profile import Profile, dynamic_trt_profile
     p = dynamic_trt_profile(TINY, max_nodes=8, max_context=256)
     assert p.shapes["input_ids"] == ((1, 4), (8, 4), (8, 4))
     assert p.shapes["past_k_0"] == p.shapes["past_v_1"] == ((2, 0, 16), (2, 124, 16), (2, 252, 16))
@@ -96,7 +96,7 @@ def test_ort_tensorrt_provider_options(tmp_path, monkeypatch):
     (the provider list is built without a GPU by faking what onnxruntime offers)."""
     import onnxruntime as ort
 
-    from spot.engines.buckets import dynamic_trt_profile
+    from spot.folder.trt_profile import dynamic_trt_profile
     from spot.engines.ort_sessions import providers_for
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from spot.engines.buckets import Profile, trt_shape_option
+from spot.engines.buckets import trt_shape_option
 from spot.errors import SpotError
 from spot.files import opened_whole, spot_cache
 from spot.folder.manifest import NP_DTYPES, check_graph_io, load_manifest
+from spot.folder.trt_profile import Profile
 from spot.ortlib import load_onnxruntime
 from spot.runtime.engine import check_threads
 
@@ -39,7 +40,7 @@ def trt_cache_dir(folder: Path) -> Path:
 def trt_options(cache: Path, fp16: bool, profile: Profile | None) -> dict:
     """ONNX Runtime TensorRT EP options: engine and timing caches under `cache`, fp16 kernels for an fp16 export and,
     given a profile, its explicit min / opt / max shapes (one engine build for every pass it spans:
-    spot.engines.buckets.dynamic_trt_profile)."""
+    spot.folder.trt_profile.dynamic_trt_profile)."""
     opts = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
             "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache), "trt_fp16_enable": fp16}
     if profile is not None:

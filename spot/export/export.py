@@ -21,7 +21,6 @@ from spot import __version__
 from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32, read_weight_map
 from spot.config import ModelConfig
 from spot.descriptors import read_json
-from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.graph import TargetGraph, build_target_graph, check_dtype
@@ -35,6 +34,7 @@ from spot.files import folder_bytes, present
 from spot.folder.manifest import (DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPES, add_files, io_contract,
                                   write_manifest)
 from spot.folder.replaceable import check_replaceable
+from spot.folder.trt_profile import dynamic_trt_profile
 from spot.replace import building, output_folder, owner_gone, publish_folder, replaceable
 from spot.tokenizer import load_tokenizer
 

@@ -23,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
@@ -32,6 +31,7 @@ from spot.export.options import ExportOptions, check_options
 from spot.export.quantize import QuantScheme
 from spot.folder.epilogue import EpilogueCall
 from spot.folder.manifest import FORMAT_VERSION, add_files, load_manifest, write_manifest
+from spot.folder.trt_profile import dynamic_trt_profile
 from spot.replace import building, output_folder, swap_in_folder
 
 
