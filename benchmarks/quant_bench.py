@@ -215,8 +215,7 @@ def main(argv=None) -> int:
         block = next(iter(engines.values())).block_size
         result.update({"onnxruntime": ort.__version__, "threads": args.threads, "block_size": block,
                        "skipped": skipped,
-                       "weight_bytes": {n: json.loads((f / "manifest.json").read_text())["memory"]["weight_bytes"]
-                                        for n, f in folders.items()}})
+                       "weight_bytes": {n: e.exported.manifest.memory["weight_bytes"] for n, e in engines.items()}})
         windows = heldout_windows(model, block, args.windows, 2, seed=0)
         loss = {n: masked_loss(e, windows, block, cfg.mask_token_id, seed=1) for n, e in engines.items()}
         result["heldout_masked_ce"] = {"windows": len(windows), "by_export": loss,

@@ -250,7 +250,7 @@ def projected_vs_measured(rep: Report, name: str, engine, folder, cfg: ModelConf
     context = cfg.max_position_embeddings // 2 // cfg.block_size * cfg.block_size
     prefix = np.arange(context) % (cfg.vocab_size - 2)
     curve = measure_latency_curve(engine, prefix, [1, 2, 4, 8, 16], repeats=5)
-    weights = load_manifest(folder).manifest["memory"]["weight_bytes"]
+    weights = load_manifest(folder).manifest.memory["weight_bytes"]
     rows = {}
     for n, ms in curve.items():
         row = {"measured_ms": round(ms, 3)}

@@ -97,11 +97,11 @@ def golden_cases(engine, drafter, prompts: list[list[int]], *, max_new_tokens: i
 
 def model_identity(folder: Path) -> dict:
     """What names the exported model: the manifest's record of its weights and graph files."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    files = manifest["files"]
-    return {"weights_sha256": files["target.onnx.data"]["sha256"], "graph_sha256": files["target.onnx"]["sha256"],
-            "block_size": manifest["block_size"], "vocab_size": manifest["model"]["vocab_size"],
-            "dtype": manifest["dtype"]}
+    from spot.folder.manifest import load_manifest
+    manifest = load_manifest(folder).manifest
+    files = manifest.files
+    return {"weights_sha256": files["target.onnx.data"].sha256, "graph_sha256": files["target.onnx"].sha256,
+            "block_size": manifest.block_size, "vocab_size": manifest.model["vocab_size"], "dtype": manifest.dtype}
 
 
 def drafter_identity(drafter) -> dict | None:

@@ -102,9 +102,9 @@ def verify_export(folder, quick: bool = False) -> tuple[int, int, bool]:
     from spot.runtime.drafter import DRAFTER_ONNX, load_drafter
 
     exported = load_manifest(folder, "quick" if quick else "full")
-    files = {n: rec for n, rec in exported.manifest["files"].items() if n not in DRAFTER_FILES}
-    total = sum(rec["bytes"] for rec in files.values())
-    if "drafter" in exported.manifest["graphs"] and not (Path(folder) / DRAFTER_ONNX).is_file():
+    files = {n: rec for n, rec in exported.manifest.files.items() if n not in DRAFTER_FILES}
+    total = sum(rec.bytes for rec in files.values())
+    if "drafter" in exported.manifest.graphs and not (Path(folder) / DRAFTER_ONNX).is_file():
         raise SpotError(f"{folder} was exported with a drafter, and {DRAFTER_ONNX} is missing",
                         "copy drafter.onnx and drafter.json back, or train one with `spot traces` + "
                         "`spot train-drafter`")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from spot.descriptors import load_descriptor, sha256_file
 from spot.errors import SpotError
-from spot.runtime.drafter import DRAFTER_JSON, DRAFTER_ONNX, FORMAT as DRAFTER_FORMAT, \
+from spot.drafter_files import DRAFTER_JSON, DRAFTER_ONNX, FORMAT as DRAFTER_FORMAT, \
     FORMAT_VERSION as DRAFTER_FORMAT_VERSION
 
 DRAFTER_PAIR = (DRAFTER_ONNX, DRAFTER_JSON)

@@ -175,17 +175,17 @@ def test_epilogue_runs_over_positions_decode_the_same(folders, decoder, mode):
 def test_a_manifest_that_misstates_the_epilogue_positions_is_refused(folders, tmp_path):
     import shutil
 
-    from spot.folder.manifest import load_manifest, write_manifest
+    from tinymodels import manifest_json, write_manifest_json
     for p, message in ((3, "positions_per_call is 3, expected a divisor of the block size 8"),
                        (4, "positions_per_call is 4, the graph's logits take 2 positions"),
                        (None, "records no positions_per_call for its epilogue")):
         folder = tmp_path / f"p{p}"
         shutil.copytree(folders[2], folder)
-        manifest = dict(load_manifest(folder).manifest)
+        manifest = manifest_json(folder)
         entry = {k: v for k, v in manifest["graphs"]["epilogue"].items() if k != "positions_per_call"}
         manifest["graphs"] = {**manifest["graphs"], "epilogue": {**entry, **({} if p is None else
                                                                              {"positions_per_call": p})}}
-        write_manifest(folder, manifest)
+        write_manifest_json(folder, manifest)
         with pytest.raises(SpotError, match=message):
             OrtEngine(folder, sampler="device", threads=1)
 

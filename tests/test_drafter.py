@@ -670,27 +670,29 @@ def test_replacing_the_drafter_of_an_exported_folder_keeps_the_folder_valid(draf
     retraining it in place — or either interrupted between its writes — never makes the folder refused as changed
     since export, also where an older manifest lists the pair; a pair that does not match itself is refused when the
     drafter loads, naming it."""
-    from spot.folder.manifest import add_files, verify_files, write_manifest
+    from spot.folder.manifest import file_entry, verify_files
     from spot.training.calibration import write_calibration
     for name in (DRAFTER_ONNX, DRAFTER_JSON):
         (tmp_path / name).write_bytes((drafter_dir / name).read_bytes())
     (tmp_path / "config.json").write_text("{}")
-    manifest = add_files(tmp_path, {"format": "spot-exported-model"}, ["config.json", DRAFTER_ONNX, DRAFTER_JSON])
-    write_manifest(tmp_path, manifest)          # an older export: the pair listed with its hashes
+    # an older export: the pair listed with its hashes
+    files = {name: file_entry(tmp_path / name) for name in ("config.json", DRAFTER_ONNX, DRAFTER_JSON)}
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "spot-exported-model",
+                                                        "files": {n: r.to_json() for n, r in files.items()}}))
     result = {"order_temperature": 2.0, "runner_up_weight": 0.1, "set_flip_weight": 0.0, "calibration": {}}
     calibrated = json.loads((tmp_path / DRAFTER_JSON).read_text())["onnx_sha256"]
     with pytest.raises(SpotError, match="now describes another drafter .* nothing written"):
         write_calibration(tmp_path, result, "0" * 64)       # replaced while the calibration ran
     write_calibration(tmp_path, result, calibrated)
-    verify_files(tmp_path, manifest["files"], "full")
+    verify_files(tmp_path, files, "full")
     assert Drafter.load(tmp_path).order_temperature == 2.0
     (tmp_path / DRAFTER_ONNX).write_bytes((tmp_path / DRAFTER_ONNX).read_bytes() + b"\0")   # half a retraining
-    verify_files(tmp_path, manifest["files"], "full")
+    verify_files(tmp_path, files, "full")
     with pytest.raises(SpotError, match="drafter.onnx does not match its manifest"):
         Drafter.load(tmp_path)
     (tmp_path / "config.json").write_text("{ }")          # every other file is still checked
     with pytest.raises(SpotError, match="config.json in .* changed since export"):
-        verify_files(tmp_path, manifest["files"], "quick")
+        verify_files(tmp_path, files, "quick")
 
 
 # -- runner-up children -------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
-"""The package's layers: no import cycles, and the hosts' side (runtime, engines, the folder contract) never needs
-the exporter, the training code or the CLI (a deployment installs numpy, onnxruntime and click only).
+"""The package's layers: no import cycles; the hosts' side (runtime, engines, the folder contract) never needs the
+exporter, the training code or the CLI (a deployment installs numpy, onnxruntime and click only); the runtime stands
+on its own; the folder contract and the base modules sit below the runtime, the engines and the exporter; the
+exporter writes folders without the engines that read them.
 
 Imports are read from the source (every `import`, at module level or inside a function), so a cycle hidden behind a
 lazy import counts as one.
@@ -14,6 +16,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HOST_SIDE = ("spot.runtime", "spot.engines", "spot.folder")
 NOT_ON_HOST_SIDE = ("spot.export", "spot.training", "spot.cli", "spot.bench", "spot.demo")
+# the modules every layer may stand on (they import only each other)
+BASE = ("spot.assets", "spot.chat_template", "spot.checkpoint", "spot.config", "spot.descriptors", "spot.drafter_files",
+        "spot.errors", "spot.exact_math", "spot.files", "spot.gsm8k", "spot.ortlib", "spot.owned", "spot.progress",
+        "spot.prompts", "spot.replace", "spot.schema", "spot.tokenizer")
+# (modules, what none of them imports, directly or through others)
+LAYER_RULES = [
+    (("spot.runtime",), ("spot.export", "spot.reference", "spot.training", "spot.cli", "spot.serve")),
+    (("spot.folder", *BASE), ("spot.runtime", "spot.engines", "spot.export")),
+    (("spot.export",), ("spot.engines",)),
+]
 
 
 def module_names() -> dict[str, Path]:
@@ -31,25 +43,28 @@ def _within(name: str, modules) -> str | None:
     return name or None
 
 
+def imports_of(source: str, name: str, package: str, modules) -> set[str]:
+    """The spot modules the source of module `name` (in `package`) imports: every import statement, at module level,
+    in a function, under `if TYPE_CHECKING` alike (its own parent packages left out: importing a module runs them)."""
+    targets = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets |= {base} | {f"{base}.{a.name}" for a in node.names}
+    found = {_within(t, modules) for t in targets}
+    return {t for t in found if t and t != name and not name.startswith(t + ".")}
+
+
 def import_graph() -> dict[str, set[str]]:
-    """module -> the spot modules it imports (its own parent packages left out: importing a module runs them)."""
+    """module -> the spot modules it imports (imports_of)."""
     modules = module_names()
-    graph = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                targets |= {base} | {f"{base}.{a.name}" for a in node.names}
-        found = {_within(t, modules) for t in targets}
-        graph[name] = {t for t in found if t and t != name and not name.startswith(t + ".")}
-    return graph
+    return {name: imports_of(path.read_text(), name, name if path.name == "__init__.py" else name.rpartition(".")[0],
+                             modules) for name, path in modules.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -94,6 +109,43 @@ def test_the_import_graph_reader_sees_lazy_imports_and_cycles():
     assert "spot.runtime.libm" in graph["spot.runtime.noise"] or "spot.runtime.native" in graph["spot.runtime.noise"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_import_statement_is_an_edge_wherever_it_stands():
+    """A function-level import, one under TYPE_CHECKING and a relative one count as the module-level ones do: a
+    layering rule cannot be dodged by importing late."""
+    modules = {"spot", "spot.folder", "spot.folder.x", "spot.folder.y", "spot.runtime", "spot.runtime.step",
+               "spot.engines", "spot.engines.buckets", "spot.export", "spot.export.z"}
+    source = ("from typing import TYPE_CHECKING\n"
+              "if TYPE_CHECKING:\n    from spot.engines.buckets import Profile\n"
+              "def f():\n    import spot.runtime.step\n    return spot.runtime.step\n"
+              "class C:\n    def g(self):\n        from .y import thing\n        from ..export import z\n")
+    assert imports_of(source, "spot.folder.x", "spot.folder", modules) == {
+        "spot.engines.buckets", "spot.runtime.step", "spot.folder.y", "spot.export", "spot.export.z"}
+
+
+def layering_breaches(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """module -> what it reaches that a rule of LAYER_RULES forbids it."""
+    def within(module: str, prefixes) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in prefixes)
+    bad = {}
+    for modules, forbidden in LAYER_RULES:
+        for module in graph:
+            if within(module, modules):
+                wrong = sorted(m for m in reachable(graph, module) if within(m, forbidden))
+                if wrong:
+                    bad[module] = wrong
+    return bad
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    """The runtime needs none of the exporter, the torch reference, training, the CLI or the server; the folder
+    contract and the base modules none of the runtime, the engines or the exporter; the exporter not the engines
+    (LAYER_RULES), through function-level imports too."""
+    assert layering_breaches(import_graph()) == {}, "move what both need down to the lower layer"
+    assert layering_breaches({"spot.folder.manifest": {"spot.config"}, "spot.config": {"spot.runtime.drafter"},
+                              "spot.runtime.drafter": set()}) == {"spot.config": ["spot.runtime.drafter"],
+                                                                  "spot.folder.manifest": ["spot.runtime.drafter"]}
 
 
 def test_no_import_cycles_among_the_packages_modules():

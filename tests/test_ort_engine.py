@@ -353,25 +353,25 @@ def test_every_pass_under_tensorrt_lies_inside_the_recorded_profile(tmp_path, de
 def test_tensorrt_needs_the_recorded_profile_and_its_block_size(tmp_path):
     """An export without the profile (written before it was recorded) and a --block-size override are refused on
     --device trt before any provider is asked for, with what to do."""
-    from spot.folder.manifest import load_manifest, write_manifest
+    from tinymodels import manifest_json, write_manifest_json
     _, folder = _export(TINY, tmp_path, "fp32", validate=False)
     with pytest.raises(SpotError, match="blocks of 4, the engine decodes blocks of 8"):
         OrtEngine(folder, block_size=8, device="trt")
-    manifest = dict(load_manifest(folder).manifest)
+    manifest = manifest_json(folder)
     manifest["graphs"] = {**manifest["graphs"], "target": {k: v for k, v in manifest["graphs"]["target"].items()
                                                            if k != "tensorrt_profile"}}
-    write_manifest(folder, manifest)
+    write_manifest_json(folder, manifest)
     with pytest.raises(SpotError, match="without a TensorRT shape profile") as e:
         OrtEngine(folder, device="trt")
     assert "spot upgrade-export" in e.value.hint and "--device cuda" in e.value.hint
     # damaged: refused when the manifest is read, on every device (every field is checked then, in both hosts)
     manifest["graphs"]["target"]["tensorrt_profile"] = {"max": {"input_ids": [1, 4]}}
-    write_manifest(folder, manifest)
+    write_manifest_json(folder, manifest)
     for device in ("trt", "cpu"):
         with pytest.raises(SpotError, match="lacks field 'graphs.target.tensorrt_profile.min'"):
             OrtEngine(folder, device=device)
     manifest["graphs"]["target"]["tensorrt_profile"] = None      # null: none, as absent
-    write_manifest(folder, manifest)
+    write_manifest_json(folder, manifest)
     OrtEngine(folder)
     with pytest.raises(SpotError, match="without a TensorRT shape profile"):
         OrtEngine(folder, device="trt")

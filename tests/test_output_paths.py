@@ -168,7 +168,7 @@ def test_a_run_killed_during_the_exchange_window_of_triton_repo_and_upgrade_is_r
     recover_beside(folder)
     assert snapshot(folder) == before
     manifest, changed = upgrade_export(folder, 2, progress=lambda _: None)
-    assert changed and manifest["graphs"]["epilogue"]["future_steps"] == 2 and load_manifest(folder, "full")
+    assert changed and manifest.graphs.epilogue.future_steps == 2 and load_manifest(folder, "full")
 
 
 # -- output paths: checked before any work --------------------------------------------------------------------------

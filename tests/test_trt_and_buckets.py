@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -79,7 +80,7 @@ def test_trt_profiles_fix_the_capacity_per_profile():
 
 
 def test_dynamic_trt_profile_spans_every_pass_of_one_block():
-    from spot.engines.buckets import Profile, dynamic_trt_profile
+    from spot.folder.trt_profile import Profile, dynamic_trt_profile
     p = dynamic_trt_profile(TINY, max_nodes=8, max_context=256)
     assert p.shapes["input_ids"] == ((1, 4), (8, 4), (8, 4))
     assert p.shapes["past_k_0"] == p.shapes["past_v_1"] == ((2, 0, 16), (2, 124, 16), (2, 252, 16))
@@ -96,7 +97,7 @@ def test_ort_tensorrt_provider_options(tmp_path, monkeypatch):
     (the provider list is built without a GPU by faking what onnxruntime offers)."""
     import onnxruntime as ort
 
-    from spot.engines.buckets import dynamic_trt_profile
+    from spot.folder.trt_profile import dynamic_trt_profile
     from spot.engines.ort_sessions import providers_for
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
@@ -299,7 +300,7 @@ def test_epilogue_in_the_exported_folder_runs_on_the_engine_logits(exported):
     from spot.runtime.step import Sampling
     upgrade_export(exported, future_steps=2, progress=lambda line: None)
     folder = load_manifest(exported, verify="full")
-    assert folder.manifest["graphs"]["epilogue"]["outputs"]["future_tokens"] == ["N", 2, 4]
+    assert folder.manifest.graphs.epilogue.outputs["future_tokens"] == ["N", 2, 4]
     static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
     rng = np.random.default_rng(3)
     static.prefill(rng.integers(0, 120, 8))
@@ -418,7 +419,7 @@ def test_an_onnx_runtime_only_export_gets_no_build_engine_advice(monkeypatch):
     from spot.engines import tensorrt_engine as te
 
     class Folder:
-        folder, manifest = "e4-nbits", {"ort_only": True}
+        folder, manifest = "e4-nbits", SimpleNamespace(ort_only=True)
     monkeypatch.setattr("spot.folder.manifest.load_manifest", lambda folder: Folder())
     lines = []
     assert te.build_after_export("e4-nbits", "auto", progress=lines.append) is None
@@ -458,11 +459,11 @@ def test_tensorrt_refuses_an_onnx_runtime_only_graph(tmp_path):
     from spot.engines.tensorrt_engine import check_parsable
 
     class Folder:
-        folder, manifest = tmp_path, {"ort_only": True}
+        folder, manifest = tmp_path, SimpleNamespace(ort_only=True)
     with pytest.raises(SpotError, match="MatMulNBits") as e:
         check_parsable(Folder())
     assert "without --ort-matmulnbits" in e.value.hint
-    Folder.manifest = {"ort_only": False}
+    Folder.manifest = SimpleNamespace(ort_only=False)
     check_parsable(Folder())
 
 

@@ -16,13 +16,13 @@ from spot.engines.ort_engine import OrtEngine
 from spot.errors import SpotError
 from spot.export.export import export_checkpoint
 from spot.export.options import ExportOptions
-from spot.folder.manifest import load_manifest, write_manifest
+from spot.folder.manifest import load_manifest
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
-from tinymodels import make_format1
+from tinymodels import make_format1, manifest_json, write_manifest_json
 
 pytest.importorskip("onnx")
 
@@ -38,19 +38,20 @@ def _old_export(tmp_path):
     folder = export_checkpoint(resolve_source(str(tmp_path / "ckpt")), tmp_path / "old",
                                ExportOptions(dtype="fp32", validate=False, epilogue_steps=2))
     make_format1(folder)
-    manifest = dict(load_manifest(folder, upgradable=True).manifest)
+    manifest = manifest_json(folder)
     graphs = dict(manifest["graphs"])
     graphs["target"] = {k: v for k, v in graphs["target"].items() if k != "tensorrt_profile"}
     graphs["epilogue"] = {k: v for k, v in graphs["epilogue"].items() if k != "positions_per_call"}
     manifest["graphs"] = graphs
-    write_manifest(folder, manifest)
+    write_manifest_json(folder, manifest)
     return folder
 
 
 def test_upgrade_rewrites_the_graphs_and_keeps_the_weights(tmp_path):
     folder = _old_export(tmp_path)
     weights = folder / "target.onnx.data"
-    inode, before = weights.stat().st_ino, load_manifest(folder, upgradable=True).manifest
+    load_manifest(folder, upgradable=True)
+    inode, before = weights.stat().st_ino, manifest_json(folder)
     with pytest.raises(SpotError, match="has format_version 1, this spot reads 2") as refused:
         OrtEngine(folder)
     assert f"spot upgrade-export {folder}" in refused.value.hint
@@ -58,7 +59,8 @@ def test_upgrade_rewrites_the_graphs_and_keeps_the_weights(tmp_path):
     assert r.exit_code == 0, r.output
     assert "target graph: format 1 -> 2" in r.output and "checking the new target graph" in r.output
     assert "epilogue D 3, 4 positions per call" in r.output
-    after = load_manifest(folder, "full").manifest          # every hash matches
+    load_manifest(folder, "full")                           # every hash matches
+    after = manifest_json(folder)
     assert weights.stat().st_ino == inode                   # hard-linked, not copied
     assert after["files"]["target.onnx.data"] == before["files"]["target.onnx.data"]
     assert after["graphs"]["epilogue"]["positions_per_call"] == 4 and after["graphs"]["epilogue"]["future_steps"] == 3
@@ -112,7 +114,7 @@ def test_upgrade_refuses_what_it_cannot_do(tmp_path, monkeypatch):
             r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
         assert r.exit_code == 2 and "could not" in r.output and "is unchanged" in r.output, r.output
         assert leftovers() == []
-        assert "kv_append" not in load_manifest(folder, "full", upgradable=True).manifest["graphs"]   # intact
+        assert "kv_append" not in load_manifest(folder, "full", upgradable=True).manifest.graphs   # intact
     with monkeypatch.context() as m:            # Ctrl-C between the two renames: the old folder back in place
         def interrupted(src, dst):
             if Path(src).name.startswith(".old.partial"):
@@ -123,7 +125,7 @@ def test_upgrade_refuses_what_it_cannot_do(tmp_path, monkeypatch):
         r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
     assert isinstance(r.exception, KeyboardInterrupt) or r.exit_code != 0
     assert leftovers() == []
-    assert "kv_append" not in load_manifest(folder, "full", upgradable=True).manifest["graphs"]
+    assert "kv_append" not in load_manifest(folder, "full", upgradable=True).manifest.graphs
     folder.rename(tmp_path / ".old.old-999999999")      # what a SIGKILL between the renames leaves: put back first
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-positions", "3"])
     assert r.exit_code != 0 and "must divide the block size 8, got 3" in r.output
@@ -145,7 +147,7 @@ def test_upgrade_keeps_a_folder_exported_without_an_epilogue_without_one(tmp_pat
                                ExportOptions(dtype="fp32", validate=False, epilogue_steps=0))
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder)])
     assert r.exit_code == 0, r.output
-    assert "epilogue" not in load_manifest(folder).manifest["graphs"] and not (folder / "epilogue.onnx").exists()
+    assert "epilogue" not in load_manifest(folder).manifest.graphs and not (folder / "epilogue.onnx").exists()
 
 
 def test_upgrade_leaves_a_current_folder_alone_and_keeps_its_memory_plan(tmp_path):
@@ -174,7 +176,7 @@ def test_upgrade_leaves_a_current_folder_alone_and_keeps_its_memory_plan(tmp_pat
     assert r.exit_code == 2 and "would not fit" in r.output, r.output
     r = CliRunner().invoke(cli, ["upgrade-export", str(folder), "--epilogue-steps", "1", "--epilogue-positions", "2"])
     assert r.exit_code == 0 and "already current" not in r.output and "epilogue D 1, 2 positions" in r.output, r.output
-    memory = load_manifest(folder, "full").manifest["memory"]
+    memory = load_manifest(folder, "full").manifest.memory
     expected = EpilogueCall(1, 2).peak_bytes(CFG.vocab_size)
     assert memory["plan"]["verify_pass_bytes"]["sampling_epilogue"] == expected
     assert memory["verify_pass_terms"]["sampling_epilogue"] == expected and memory["plan"]["device"] == device.lower()

@@ -15,6 +15,16 @@ CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidde
                   num_key_value_heads=2, head_dim=8, max_position_embeddings=64, block_size=4, mask_token_id=63,
                   stop_ids=(62,))
 LINES = ["the cat sat on the mat", "a dog ate the hat", "hello world of tiny models", "the end of the story"]
+def manifest_json(folder) -> dict:
+    """An exported folder's manifest.json as JSON (for a test to edit it as a user, or an older spot, would)."""
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def write_manifest_json(folder, manifest: dict) -> None:
+    """Write an edited manifest.json as spot writes it (indent 2, a final newline)."""
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}")
 
@@ -66,22 +76,23 @@ def older_epilogue_copy(folder, out, outputs=RUNNER_UPS, whole_blocks: bool = Tr
     import numpy as np
     from onnx import numpy_helper
 
-    from spot.folder.manifest import add_files, load_manifest, write_manifest
+    from spot.folder.manifest import add_files, load_manifest
+    from spot.folder.manifest_record import ABSENT
     shutil.copytree(folder, out)
     model = onnx.load(str(out / "epilogue.onnx"))
     kept = [o for o in model.graph.output if o.name not in outputs]
     del model.graph.output[:]
     model.graph.output.extend(kept)
-    manifest = dict(load_manifest(out, verify="none").manifest)
+    manifest = load_manifest(out, verify="none").manifest
     if whole_blocks:
         kept = [i for i in model.graph.input if i.name != "first_position"]
         del model.graph.input[:]
         model.graph.input.extend(kept)
         model.graph.initializer.append(numpy_helper.from_array(np.array(0, "int64"), "first_position"))
-        entry = {k: v for k, v in manifest["graphs"]["epilogue"].items() if k != "positions_per_call"}
-        manifest["graphs"] = {**manifest["graphs"], "epilogue": entry}
+        entry = manifest.graphs.epilogue.set(positions_per_call=ABSENT)
+        manifest = manifest.set(graphs=manifest.graphs.with_graph("epilogue", entry))
     onnx.save(model, str(out / "epilogue.onnx"))
-    write_manifest(out, add_files(out, manifest, ["epilogue.onnx"]))
+    add_files(out, manifest, ["epilogue.onnx"]).write(out)
     return out
 
 
@@ -90,7 +101,7 @@ def nan_weights_copy(folder, out):
     every logit is NaN."""
     import shutil
 
-    from spot.folder.manifest import add_files, load_manifest, write_manifest
+    from spot.folder.manifest import add_files, load_manifest
     shutil.copytree(folder, out)
     graph = onnx.load(str(out / "target.onnx"), load_external_data=False)
     (norm,) = [t for t in graph.graph.initializer if t.name == "model.norm.weight"]
@@ -98,18 +109,18 @@ def nan_weights_copy(folder, out):
     with open(out / where["location"], "r+b") as f:
         f.seek(int(where["offset"]))
         f.write(b"\xff" * int(where["length"]))
-    write_manifest(out, add_files(out, dict(load_manifest(out, verify="none").manifest), ["target.onnx.data"]))
+    add_files(out, load_manifest(out, verify="none").manifest, ["target.onnx.data"]).write(out)
     return out
 
 
 def without_kv_append(folder):
     """Remove kv_append.onnx from an exported folder and its manifest (as format 1 folders were written)."""
-    from spot.folder.manifest import load_manifest, write_manifest
-    manifest = dict(load_manifest(folder, verify="none", upgradable=True).manifest)
-    manifest["graphs"] = {k: v for k, v in manifest["graphs"].items() if k != "kv_append"}
-    manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "kv_append.onnx"}
+    from spot.folder.manifest import load_manifest
+    manifest = load_manifest(folder, verify="none", upgradable=True).manifest
+    manifest = manifest.set(graphs=manifest.graphs.without("kv_append"),
+                       files={k: v for k, v in manifest.files.items() if k != "kv_append.onnx"})
     (folder / "kv_append.onnx").unlink()
-    write_manifest(folder, manifest)
+    manifest.write(folder)
     return folder
 
 
@@ -119,24 +130,24 @@ def make_format1(folder):
     kv_append graph (that format's append took the whole cache), format_version 1; the manifest re-hashed."""
     from spot.export.target_file import TARGET_FILE, make_model, plan_layout
     from spot.export.graph import BROADCAST
-    from spot.folder.manifest import add_files, load_manifest, write_manifest
+    from spot.folder.manifest import add_files, load_manifest
     from spot.export.upgrade import declared_target
     exported = load_manifest(without_kv_append(folder), verify="none", upgradable=True)
-    manifest, cfg = dict(exported.manifest), exported.config
+    manifest, cfg = exported.manifest, exported.config
     graph = declared_target(manifest, cfg, BROADCAST)
     (folder / TARGET_FILE).write_bytes(make_model(graph, plan_layout(graph.weights)[0]).SerializeToString())
-    graphs = dict(manifest["graphs"])
-    past = {"dtype": "float32" if manifest["dtype"] == "fp32" else "float16",
+    target = manifest.graphs.target
+    past = {"dtype": "float32" if manifest.dtype == "fp32" else "float16",
             "shape": [cfg.num_hidden_layers, cfg.num_key_value_heads, "C", cfg.head_dim]}
-    inputs = [i for i in graphs["target"]["inputs"] if not i["name"].startswith("past_")]
-    graphs["target"] = {**graphs["target"], "inputs": inputs + [{"name": "past_k", **past}, {"name": "past_v", **past}]}
-    if "tensorrt_profile" in graphs["target"]:       # format 1's profile named the stacked cache
-        graphs["target"]["tensorrt_profile"] = {
+    inputs = [i for i in target.inputs if not i["name"].startswith("past_")]
+    target = target.set(inputs=inputs + [{"name": "past_k", **past}, {"name": "past_v", **past}])
+    if target.tensorrt_profile:       # format 1's profile named the stacked cache
+        target = target.set(tensorrt_profile={
             end: {**{k: v for k, v in shapes.items() if not k.startswith("past_")},
                   **{name: [cfg.num_hidden_layers, *shapes["past_k_0"]] for name in ("past_k", "past_v")}}
-            for end, shapes in graphs["target"]["tensorrt_profile"].items()}
-    manifest.update(format_version=1, graphs=graphs)
-    write_manifest(folder, add_files(folder, manifest, [TARGET_FILE]))
+            for end, shapes in target.tensorrt_profile.items()})
+    manifest = manifest.set(format_version=1, graphs=manifest.graphs.with_graph("target", target))
+    add_files(folder, manifest, [TARGET_FILE]).write(folder)
     return folder
 
 

@@ -629,7 +629,7 @@ void TargetEngine::prefill(const std::vector<int64_t>& ids) {
   check_room(p);
   // in chunks of max_nodes x B tokens, as the Python engine: no prefill pass needs more activation memory than the
   // widest verify pass the export was planned for (ONNX Runtime computes every output, the logits included); on
-  // device trt the TensorRT profile's longest pass (one block: spot.engines.buckets.dynamic_trt_profile says why)
+  // device trt the TensorRT profile's longest pass (one block: spot.folder.trt_profile.dynamic_trt_profile says why)
   const int64_t chunk = graphs_->prefill_chunk > 0 ? graphs_->prefill_chunk : std::max<int64_t>(b_, max_nodes_ * b_);
   for (int64_t start = 0; start < p; start += chunk) {
     const int64_t s = std::min(chunk, p - start);

@@ -163,10 +163,9 @@ def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
     from spot.export.upgrade import upgrade_export
     progress = stderr_progress(quiet)
     manifest, changed = upgrade_export(folder, epilogue_steps, epilogue_positions, progress)
-    epi = manifest["graphs"].get("epilogue")
+    epi = manifest.graphs.epilogue
     current = "" if changed else " (already current, nothing changed)"
-    graphs = (f"epilogue D {epi['future_steps']}, {epi['positions_per_call']} positions per call" if epi
-              else "no epilogue")
+    graphs = f"epilogue D {epi.future_steps}, {epi.positions_per_call} positions per call" if epi else "no epilogue"
     click.echo(f"ok: {folder}{current}: {graphs}, kv_append, TensorRT profile")
 
 

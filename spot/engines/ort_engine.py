@@ -152,7 +152,7 @@ class OrtEngine(Engine):
         """Prompt tokens per prefill pass: max_nodes x B, so that no prefill pass needs more activation memory than
         the widest verify pass the export was planned for (ONNX Runtime computes every output, the logits of every
         prompt token included; spot.export.memory_plan). On --device trt: the TensorRT profile's longest pass (one
-        block: spot.engines.buckets.dynamic_trt_profile says why)."""
+        block: spot.folder.trt_profile.dynamic_trt_profile says why)."""
         if self.trt_profile is not None:
             return self.trt_profile.shapes["position_ids"][2][0]
         return max(1, self.exported.max_nodes) * self.block_size

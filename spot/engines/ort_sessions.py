@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from spot.engines.buckets import Profile, trt_shape_option
+from spot.engines.buckets import trt_shape_option
 from spot.errors import SpotError
 from spot.files import opened_whole, spot_cache
 from spot.folder.manifest import NP_DTYPES, check_graph_io, load_manifest
+from spot.folder.trt_profile import Profile
 from spot.ortlib import load_onnxruntime
 from spot.runtime.engine import check_threads
 
@@ -39,7 +40,7 @@ def trt_cache_dir(folder: Path) -> Path:
 def trt_options(cache: Path, fp16: bool, profile: Profile | None) -> dict:
     """ONNX Runtime TensorRT EP options: engine and timing caches under `cache`, fp16 kernels for an fp16 export and,
     given a profile, its explicit min / opt / max shapes (one engine build for every pass it spans:
-    spot.engines.buckets.dynamic_trt_profile)."""
+    spot.folder.trt_profile.dynamic_trt_profile)."""
     opts = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
             "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache), "trt_fp16_enable": fp16}
     if profile is not None:
@@ -120,14 +121,14 @@ def target_session(exported, device: str, threads: int | None = None, trt_profil
     """The session of an exported folder's target graph, with the manifest's session config (a quantized export
     keeps float32 activations in ONNX Runtime's fused MatMulNBits: docs/quantization.md)."""
     return checked(make_session(exported.graph_path("target"), device, exported.dtype, threads,
-                                exported.manifest.get("ort_session_config"), trt_profile=trt_profile),
+                                exported.manifest.ort_session_config or None, trt_profile=trt_profile),
                    exported, "target")
 
 
 def recorded_trt_profile(exported) -> Profile:
     """The TensorRT shape profile spot-export recorded for the dynamic-shape engines (--device trt)."""
-    entry = exported.manifest["graphs"]["target"].get("tensorrt_profile")
-    if entry is None:
+    entry = exported.manifest.graphs.target.tensorrt_profile
+    if not entry:           # (absent, or null)
         raise SpotError(f"{exported.folder} was exported without a TensorRT shape profile, which --device trt needs "
                         "(without one, ONNX Runtime's TensorRT provider builds its engine again whenever the KV "
                         "cache outgrows the shapes it has seen)",
@@ -158,11 +159,11 @@ def epilogue_positions(session, exported, block_size: int) -> int:
     """Positions of a state per epilogue call: the manifest's positions_per_call, a divisor of the block size and
     the graph's static logits dim."""
     from spot.folder.epilogue import check_positions, graph_positions
-    p = exported.manifest["graphs"]["epilogue"].get("positions_per_call")
-    if p is None:
+    p = exported.manifest.graphs.epilogue.positions_per_call
+    if not p:               # (absent, or null)
         raise SpotError(f"{exported.folder}/manifest.json records no positions_per_call for its epilogue (an epilogue "
                         "exported before position runs)", f"run `spot upgrade-export {exported.folder}`")
-    p, remedy = int(p), "re-export the folder with spot-export (or spot upgrade-export it)"
+    remedy = "re-export the folder with spot-export (or spot upgrade-export it)"
     check_positions(p, block_size, "the manifest's epilogue positions_per_call", remedy)
     if graph_positions(session) not in (p, None):
         raise SpotError(f"the manifest's epilogue positions_per_call is {p}, the graph's logits take "
@@ -261,7 +262,7 @@ def _kv_append_session(exported, place: str, device: str, kv_cache: str, threads
 def _epilogue_session(exported, place: str, device: str, block_size: int, sampler: str, threads: int | None):
     """(session, future steps, positions per call) of the device sampler's epilogue, or (None, None, None) when F
     samples on the host."""
-    graphs = exported.manifest["graphs"]
+    graphs = exported.manifest.graphs
     usable = "epilogue" in graphs
     if sampler == "auto":      # not an epilogue built for another block size (--block-size overrides the export's)
         usable = usable and block_size == exported.block_size
@@ -278,7 +279,7 @@ def _epilogue_session(exported, place: str, device: str, block_size: int, sample
     # same GPU, reading the target's logits where they are (docs/gpu-path.md).
     # spot-export's bound, before the graph is compared with it (as in the C++ host): an out-of-range future_steps
     # is named as such, not as a contradiction of the graph
-    steps = int(graphs["epilogue"]["future_steps"])
+    steps = graphs.epilogue.future_steps
     if not 1 <= steps <= block_size:
         raise SpotError(f"{exported.folder}/manifest.json: the epilogue's future_steps is {steps}, expected "
                         f"1..{block_size} (the block size)", "re-export the folder with spot-export")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from spot.engines.buckets import BucketPlan, block_trt_profile, pad_nodes
+from spot.engines.buckets import BucketPlan, pad_nodes
+from spot.folder.trt_profile import block_trt_profile
 from spot.engines.kv_cache import PlannedCacheLimits, StaticKVCache
 from spot.errors import SpotError
 from spot.runtime.engine import Engine

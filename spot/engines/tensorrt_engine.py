@@ -143,7 +143,7 @@ def _network_flags(trt, strongly_typed: bool) -> int:
 
 def check_parsable(exported) -> None:
     """SpotError when TensorRT cannot parse the folder's target graph (MatMulNBits is an ONNX Runtime operator)."""
-    if exported.manifest.get("ort_only"):
+    if exported.manifest.ort_only:
         raise SpotError(f"{exported.folder} was exported with --ort-matmulnbits (com.microsoft MatMulNBits, an ONNX "
                         "Runtime operator TensorRT cannot parse)",
                         "re-export without --ort-matmulnbits (int4 as DequantizeLinear -> MatMul), or run it with "
@@ -169,8 +169,8 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     plan = BucketPlan.default(max_ctx, exported.block_size, options.max_nodes, options.smallest_capacity,
                               options.prefill_blocks)
     onnx_path = exported.graph_path("target")
-    files = exported.manifest["files"]
-    hashes = {n: files[n]["sha256"] for n in (onnx_path.name, onnx_path.name + ".data") if n in files}
+    files = exported.manifest.files
+    hashes = {n: files[n].sha256 for n in (onnx_path.name, onnx_path.name + ".data") if n in files}
     gpu = gpu_name()
     key = engine_cache_key(hashes, trt.__version__, gpu, options, plan)
     folder = Path(out) if out else cache_dir()
@@ -427,8 +427,8 @@ class TrtEngine(PlannedCacheLimits, Engine):
                                    cfg.head_dim, dt, like=torch.empty(0, device="cuda"))
         self._future_steps = sampler_steps
         # positions per epilogue call (memory): the export's choice, else the default for this vocabulary
-        epilogue = self.exported.manifest["graphs"].get("epilogue") or {}
-        self._epilogue_positions = int(epilogue.get("positions_per_call") or default_epilogue_positions(
+        epilogue = self.exported.manifest.graphs.epilogue
+        self._epilogue_positions = int(epilogue and epilogue.positions_per_call or default_epilogue_positions(
             cfg.vocab_size, self.block_size, sampler_steps or 0))
 
     @property

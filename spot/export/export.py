@@ -21,7 +21,6 @@ from spot import __version__
 from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_float32, read_weight_map
 from spot.config import ModelConfig
 from spot.descriptors import read_json
-from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.graph import TargetGraph, build_target_graph, check_dtype
@@ -32,9 +31,10 @@ from spot.export.quantize import write_quantized
 from spot.export.target_file import DATA_FILE, TARGET_FILE, check_graph, make_model, plan_layout
 from spot.export.weight_spec import WeightSpec
 from spot.files import folder_bytes, present
-from spot.folder.manifest import (DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPES, add_files, io_contract,
-                                  write_manifest)
+from spot.folder.manifest import DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPES, file_entry, io_contract
+from spot.folder.manifest_record import ABSENT, EpilogueGraph, FileRecord, GraphRecord, Graphs, Manifest, TargetGraph
 from spot.folder.replaceable import check_replaceable
+from spot.folder.trt_profile import dynamic_trt_profile
 from spot.replace import building, output_folder, owner_gone, publish_folder, replaceable
 from spot.tokenizer import load_tokenizer
 
@@ -169,43 +169,35 @@ def note_other_partials(out: Path, progress=lambda _: None) -> None:
 
 
 def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, source: Source, ckpt: Checkpoint,
-                   copied: list[str], validation: dict | None, extra_graphs: dict | None = None) -> dict:
-    return {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "exporter": {"name": "spot-export", "version": __version__, "revision": EXPORTER_REVISION},
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "source": {"checkpoint": str(Path(ckpt.dir).resolve()), "preset": source.preset,
-                   "storage_dtype": ckpt.storage_dtype},
-        "model": cfg.to_dict(),
-        "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id, "stop_ids": list(cfg.stop_ids),
-        "dtype": options.dtype, "opset": options.opset,
-        "max_nodes": options.max_nodes, "max_context": max_context,
-        "graphs": {"target": {"file": TARGET_FILE, "data": DATA_FILE, **io_contract(cfg, options.dtype),
-                              "weights_layout": "linear weights stored transposed [in, out] for MatMul; "
-                                                "norm weights float32; embed [V, H]",
-                              "tensorrt_profile": dynamic_trt_profile(cfg, options.max_nodes, max_context).to_dict()},
-                   **({"drafter": {"file": "drafter.onnx", "manifest": "drafter.json"}}
-                      if "drafter.onnx" in copied else {}),
-                   **(extra_graphs or {})},
-        "tokenizer_files": [n for n in copied if not n.startswith("drafter.") and n != PROMPTS_FILE],
-        "validation": validation,
-        "files": {},
-    }
-
-
-def add_weight_fields(manifest: dict, cfg: ModelConfig, options: ExportOptions, max_context: int,
-                      graph: TargetGraph) -> dict:
-    """Weight precision, quantization scheme, graph opset, ORT-only flag and memory numbers (docs/quantization.md)."""
+                   copied: list[str], validation: dict | None, opset: int, graphs: dict[str, GraphRecord],
+                   files: dict[str, FileRecord], created: str) -> Manifest:
+    """The export's manifest: the model, the decoding defaults, the graphs (the target's, the drafter's when one was
+    copied, then `graphs`: the epilogue, kv_append), the files and their hashes, the weights' precision and scheme
+    (docs/quantization.md), the memory numbers (spot.export.memory_plan) and, quantized, the ORT session config."""
     from spot.export.memory_plan import manifest_memory
     from spot.export.quantize import ORT_SESSION_CONFIG
     quant = options.quant
-    manifest.update({"opset": graph.opset, "weights": quant.describe(options.dtype), "ort_only": quant.matmulnbits,
-                     "memory": manifest_memory(cfg, options, max_context)})
-    if quant.quantized:
-        manifest["ort_session_config"] = dict(ORT_SESSION_CONFIG)
-        manifest["graphs"]["target"]["weights_layout"] = quant.layout_note()
-        manifest["graphs"]["target"]["ort_only"] = quant.matmulnbits
-    return manifest
+    target = TargetGraph(file=TARGET_FILE, data=DATA_FILE, **io_contract(cfg, options.dtype),
+                         weights_layout=quant.layout_note() if quant.quantized else
+                         "linear weights stored transposed [in, out] for MatMul; norm weights float32; embed [V, H]",
+                         tensorrt_profile=dynamic_trt_profile(cfg, options.max_nodes, max_context).to_dict(),
+                         ort_only=quant.matmulnbits if quant.quantized else ABSENT)
+    drafter = {"drafter": GraphRecord(file="drafter.onnx", extra={"manifest": "drafter.json"})} \
+        if "drafter.onnx" in copied else {}
+    return Manifest(
+        format=FORMAT, format_version=FORMAT_VERSION,
+        exporter={"name": "spot-export", "version": __version__, "revision": EXPORTER_REVISION},
+        created=created,
+        source={"checkpoint": str(Path(ckpt.dir).resolve()), "preset": source.preset,
+                "storage_dtype": ckpt.storage_dtype},
+        model=cfg.to_dict(), block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, stop_ids=tuple(cfg.stop_ids),
+        dtype=options.dtype, opset=opset, max_nodes=options.max_nodes, max_context=max_context,
+        graphs=Graphs({"target": target, **drafter, **graphs}),
+        tokenizer_files=[n for n in copied if not n.startswith("drafter.") and n != PROMPTS_FILE],
+        validation=validation, files=files,
+        weights=quant.describe(options.dtype), ort_only=quant.matmulnbits,
+        memory=manifest_memory(cfg, options, max_context),
+        ort_session_config=dict(ORT_SESSION_CONFIG) if quant.quantized else ABSENT)
 
 
 def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = ExportOptions(),
@@ -250,23 +242,26 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
             progress(f"sampling epilogue graph (D = {depth} future steps)")
             name, entry = write_epilogue(tmp, cfg.vocab_size, cfg.block_size, depth,
                                          positions=options.epilogue_call(cfg).positions)
+            epilogue = EpilogueGraph.from_json(entry)
             if options.validate:
-                entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, cfg.block_size, depth)
-            extra_graphs["epilogue"], extra_files = entry, [name]
+                epilogue = epilogue.set(validation=validate_epilogue(tmp, cfg.vocab_size, cfg.block_size, depth))
+            extra_graphs["epilogue"], extra_files = epilogue, [name]
         # the device KV cache's append (spot.engines.device_kv): tiny, written for every export
         name, entry = write_kv_append(tmp, cfg.num_key_value_heads, cfg.head_dim, options.dtype)
-        entry["validation"] = validate_kv_append(tmp, cfg.num_key_value_heads, cfg.head_dim, options.dtype)
-        extra_graphs["kv_append"], extra_files = entry, [*extra_files, name]
+        extra_graphs["kv_append"] = GraphRecord.from_json(entry).set(
+            validation=validate_kv_append(tmp, cfg.num_key_value_heads, cfg.head_dim, options.dtype))
+        extra_files = [*extra_files, name]
         validation = None
         if options.validate:
             from spot.export.validate import validate_export  # needs torch: only when validating
             validation = validate_export(tmp, ckpt, graph, layout, options, progress)
-        manifest = build_manifest(cfg, options, max_context, source, ckpt, copied, validation, extra_graphs)
-        add_weight_fields(manifest, cfg, options, max_context, graph)
+        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         progress("hashing files")
-        add_files(tmp, manifest, [TARGET_FILE, DATA_FILE, "config.json", *extra_files,
-                                  *(n for n in copied if n not in DRAFTER_FILES)])     # (drafter.json vouches)
-        write_manifest(tmp, manifest)
+        hashed = [TARGET_FILE, DATA_FILE, "config.json", *extra_files,
+                  *(n for n in copied if n not in DRAFTER_FILES)]       # (drafter.json vouches for the drafter)
+        files = {n: file_entry(tmp / n) for n in hashed}
+        build_manifest(cfg, options, max_context, source, ckpt, copied, validation, graph.opset, extra_graphs, files,
+                       created).write(tmp)
         publish_folder(tmp, out, owned)     # checked again: it may have changed during the export
     progress(f"done: {out}")
     return out

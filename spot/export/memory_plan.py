@@ -452,12 +452,12 @@ def plan_for_export(exported, device: Device, engines: int = 1) -> MemoryPlan:
     from spot.export.quantize import QuantScheme
     m = exported.manifest
     cfg = exported.config.with_block_size(exported.block_size)
-    entry = m["graphs"].get("epilogue")
+    entry = m.graphs.epilogue
     epilogue = None
     if entry is not None:
-        epilogue = EpilogueCall(int(entry["future_steps"]), int(entry.get("positions_per_call") or cfg.block_size))
+        epilogue = EpilogueCall(entry.future_steps, entry.positions_per_call or cfg.block_size)
     context = min(exported.max_context, cfg.max_position_embeddings)
-    return make_plan(cfg, exported.dtype, QuantScheme.from_record(m.get("weights") or {}, bool(m.get("ort_only"))),
+    return make_plan(cfg, exported.dtype, QuantScheme.from_record(m.weights_record, bool(m.ort_only)),
                      context, exported.max_nodes, device, exported.folder.name, epilogue, engines)
 
 

@@ -23,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from spot.engines.buckets import dynamic_trt_profile
 from spot.errors import SpotError
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
@@ -31,12 +30,14 @@ from spot.export.memory_plan import GIB, plan_for_options, plan_record, verify_p
 from spot.export.options import ExportOptions, check_options
 from spot.export.quantize import QuantScheme
 from spot.folder.epilogue import EpilogueCall
-from spot.folder.manifest import FORMAT_VERSION, add_files, load_manifest, write_manifest
+from spot.folder.manifest import FORMAT_VERSION, add_files, load_manifest
+from spot.folder.manifest_record import EpilogueGraph, GraphRecord, Manifest
+from spot.folder.trt_profile import dynamic_trt_profile
 from spot.replace import building, output_folder, swap_in_folder
 
 
 def upgrade_export(folder: str | Path, future_steps: int | None = None, positions: int | None = None,
-                   progress: Callable[[str], None] = print) -> tuple[dict, bool]:
+                   progress: Callable[[str], None] = print) -> tuple[Manifest, bool]:
     """Rewrite `folder`'s epilogue (D = future_steps, default: the folder's own — none for a folder exported with
     --epilogue-steps 0 — else, for a folder from before epilogues, spot-export's; 0 removes it;
     P = positions, default: the folder's own at its D, else spot-export's) and kv_append graphs. Returns (the
@@ -44,15 +45,16 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
     folder = output_folder(folder, "FOLDER")      # an upgrade killed while it swapped folders: recovered here
     exported = load_manifest(folder, upgradable=True)      # sizes checked: a damaged folder is refused here
     cfg, manifest = exported.config.with_block_size(exported.block_size), exported.manifest
-    old = manifest["graphs"].get("epilogue") or {}
-    if future_steps is None and not old and "kv_append" in manifest["graphs"]:
+    old = manifest.graphs.epilogue
+    if future_steps is None and old is None and "kv_append" in manifest.graphs:
         future_steps = 0    # exported (or upgraded) by a version with epilogues, without one: --epilogue-steps 0
+    old_steps = old.future_steps if old else None
+    old_positions = (old.positions_per_call or None) if old else None      # (None or absent: not recorded)
     # the options spot-export would take for this folder: its checks and defaults (--epilogue-steps/-positions)
-    options = ExportOptions(dtype=exported.dtype, max_nodes=int(manifest["max_nodes"]),
-                            max_context=int(manifest["max_context"]),
-                            epilogue_steps=future_steps if future_steps is not None else old.get("future_steps"),
+    options = ExportOptions(dtype=exported.dtype, max_nodes=manifest.max_nodes, max_context=manifest.max_context,
+                            epilogue_steps=future_steps if future_steps is not None else old_steps,
                             epilogue_positions=positions if positions is not None else
-                            old.get("positions_per_call") if future_steps in (None, old.get("future_steps")) else None)
+                            old_positions if future_steps in (None, old_steps) else None)
     check_options(cfg, options)
     epilogue = options.epilogue_call(cfg)
     plan = _replanned(manifest, cfg, options)      # refused here when it no longer fits
@@ -80,43 +82,42 @@ def upgrade_export(folder: str | Path, future_steps: int | None = None, position
 
 
 def upgraded_manifest(tmp: Path, exported, epilogue: EpilogueCall | None, plan: dict | None,
-                      progress: Callable[[str], None]) -> dict | None:
+                      progress: Callable[[str], None]) -> Manifest | None:
     """Write the new graphs into `tmp` (the folder's hard-linked copy) and its new manifest; None when they are
     what the folder holds already (nothing to swap)."""
     cfg, b = exported.config.with_block_size(exported.block_size), exported.block_size
-    manifest = dict(exported.manifest)
-    graphs = dict(manifest["graphs"])
-    names = []
+    manifest = exported.manifest
+    graphs, files, names = manifest.graphs, manifest.files, []
     if epilogue is not None:
         d, p = epilogue.future_steps, epilogue.positions
         progress(f"\r  sampling epilogue: D = {d} future steps, {p} of {b} positions per call")
         name, entry = write_epilogue(tmp, cfg.vocab_size, b, d, positions=p)
-        entry["validation"] = validate_epilogue(tmp, cfg.vocab_size, b, d)
-        graphs["epilogue"], names = entry, [name]
+        graphs = graphs.with_graph("epilogue", EpilogueGraph.from_json(entry).set(
+            validation=validate_epilogue(tmp, cfg.vocab_size, b, d)))
+        names = [name]
     else:
-        graphs.pop("epilogue", None)
+        graphs = graphs.without("epilogue")
         (tmp / "epilogue.onnx").unlink(missing_ok=True)
-        manifest["files"] = {k: v for k, v in manifest["files"].items() if k != "epilogue.onnx"}
-    if manifest["format_version"] != FORMAT_VERSION:
-        progress(f"target graph: format {manifest['format_version']} -> {FORMAT_VERSION} (the cached prefix read "
-                 "once per pass; the weights stay where they are)")
-        graphs["target"] = {**graphs["target"], **upgrade_target(tmp, exported, progress)}
-        manifest["format_version"] = FORMAT_VERSION
-        names.append(graphs["target"]["file"])
+        files = {k: v for k, v in files.items() if k != "epilogue.onnx"}
+    version = manifest.format_version
+    if version != FORMAT_VERSION:
+        progress(f"target graph: format {version} -> {FORMAT_VERSION} (the cached prefix read once per pass; the "
+                 "weights stay where they are)")
+        graphs = graphs.with_graph("target", graphs.target.set(**upgrade_target(tmp, exported, progress)))
+        names.append(graphs.target.file)
     progress("\r  kv_append graph (the device KV cache)")
     heads, dim, dtype = cfg.num_key_value_heads, cfg.head_dim, exported.dtype
     name, entry = write_kv_append(tmp, heads, dim, dtype)
-    entry["validation"] = validate_kv_append(tmp, heads, dim, dtype)
-    graphs["kv_append"] = entry
+    graphs = graphs.with_graph("kv_append", GraphRecord.from_json(entry).set(
+        validation=validate_kv_append(tmp, heads, dim, dtype)))
     progress("\r  TensorRT shape profile for --device trt")
-    graphs["target"] = {**graphs["target"], "tensorrt_profile": dynamic_trt_profile(
-        cfg, int(manifest["max_nodes"]), int(manifest["max_context"])).to_dict()}
-    manifest["graphs"] = graphs
-    manifest = add_files(tmp, manifest, [*names, name])
-    _refresh_memory_terms(manifest, cfg, dtype, epilogue, plan)
+    graphs = graphs.with_graph("target", graphs.target.set(tensorrt_profile=dynamic_trt_profile(
+        cfg, manifest.max_nodes, manifest.max_context).to_dict()))
+    manifest = manifest.set(format_version=FORMAT_VERSION, graphs=graphs, files=files)
+    manifest = _refresh_memory_terms(add_files(tmp, manifest, [*names, name]), cfg, dtype, epilogue, plan)
     if _same_graphs(exported.manifest, manifest):
         return None
-    write_manifest(tmp, manifest)
+    manifest.write(tmp)
     load_manifest(tmp)                                 # the new manifest reads back, every file there
     return manifest
 
@@ -162,19 +163,19 @@ def _check_structure(model) -> None:
         raise RuntimeError(f"the upgraded graph fails onnx.checker: {e}") from e
 
 
-def declared_target(manifest: dict, cfg, attention: str | None = None):
+def declared_target(manifest: Manifest, cfg, attention: str | None = None):
     """The target graph (spot.export.graph.TargetGraph) an exported folder's manifest describes — its config, dtype,
     weight scheme and opset — with the given attention form (default: this format's)."""
     from spot.export.graph import SHARED_PREFIX, build_target_graph
     # the manifest records the graph's opset: 19 / 21 where the weights' quantization needs it, which rebuilds the
     # same graph from the --opset 17 default
-    opset = int(manifest.get("opset", 17))
-    return build_target_graph(cfg, manifest["dtype"], opset if opset in (17, 18) else 17, _quant(manifest),
+    opset = manifest.graph_opset
+    return build_target_graph(cfg, manifest.dtype, opset if opset in (17, 18) else 17, _quant(manifest),
                               attention or SHARED_PREFIX)
 
 
-def _quant(manifest: dict) -> QuantScheme:
-    return QuantScheme.from_record(manifest.get("weights") or {}, bool(manifest.get("ort_only")))
+def _quant(manifest: Manifest) -> QuantScheme:
+    return QuantScheme.from_record(manifest.weights_record, bool(manifest.ort_only))
 
 
 def _old_layout(old, graph, path: Path) -> tuple[dict[str, tuple[int, int]], str]:
@@ -221,7 +222,7 @@ def check_upgraded_target(folder: Path, exported, old, graph, layout: dict, loca
     progress(f"checking the new target graph against the old one ({layers} of {exported.config.num_hidden_layers} "
              "layers, ONNX Runtime CPU)")
     so = ort.SessionOptions()
-    for key, value in (exported.manifest.get("ort_session_config") or {}).items():
+    for key, value in (exported.manifest.ort_session_config or {}).items():
         so.add_session_config_entry(key, str(value))
     outputs = []
     for model, stacked in ((old_model, True), (new_model, False)):
@@ -245,25 +246,25 @@ def check_upgraded_target(folder: Path, exported, old, graph, layout: dict, loca
             "CPUExecutionProvider", "layers": layers, "of_layers": exported.config.num_hidden_layers, "cases": cases}
 
 
-def _same_graphs(old: dict, new: dict) -> bool:
+def _same_graphs(old: Manifest, new: Manifest) -> bool:
     """The upgrade rebuilt what the folder holds: the same files (sha256), graph records (validation aside) and
     memory record."""
-    def records(m: dict) -> dict:
-        return {name: {k: v for k, v in entry.items() if k != "validation"} for name, entry in m["graphs"].items()}
-    return old["files"] == new["files"] and records(old) == records(new) and old.get("memory") == new.get("memory")
+    def records(m: Manifest) -> dict:
+        return {name: {k: v for k, v in entry.items() if k != "validation"}
+                for name, entry in m.graphs.to_json().items()}
+    return old.files == new.files and records(old) == records(new) and old.memory == new.memory
 
 
-def _replanned(manifest: dict, cfg, options: ExportOptions) -> dict | None:
+def _replanned(manifest: Manifest, cfg, options: ExportOptions) -> dict | None:
     """The memory plan recorded at export (--plan), recomputed as spot-export computes it for `options` (the
     upgrade's epilogue) with the export's weights, device and context; SpotError when it no longer fits."""
-    recorded = (manifest.get("memory") or {}).get("plan")
+    recorded = manifest.recorded_plan
     if not recorded:
         return None
     quant = _quant(manifest)
     options = replace(options, plan=recorded["device"], weights=quant.weights, int4_block=quant.int4_block,
                       matmulnbits=quant.matmulnbits)
-    source = manifest.get("source") or {}
-    name = source.get("preset") or Path(str(source.get("checkpoint", "model"))).name
+    name = manifest.model_name
     plan = plan_for_options(cfg, options, int(recorded["context"]), name)
     if not plan.fits:
         raise SpotError(f"the upgraded {name} would not fit {plan.device.name}, the device of its memory plan: "
@@ -274,17 +275,17 @@ def _replanned(manifest: dict, cfg, options: ExportOptions) -> dict | None:
     return plan_record(plan, cfg.block_size)
 
 
-def _refresh_memory_terms(manifest: dict, cfg, dtype: str, epilogue: EpilogueCall | None,
-                          plan: dict | None) -> None:
-    """The manifest's verify-pass memory terms, and the plan recorded at export (if any), for the new epilogue."""
-    memory = manifest.get("memory")
+def _refresh_memory_terms(manifest: Manifest, cfg, dtype: str, epilogue: EpilogueCall | None,
+                          plan: dict | None) -> Manifest:
+    """The manifest with its verify-pass memory terms, and the plan recorded at export (if any), for the new
+    epilogue."""
+    memory = manifest.memory
     if not memory or "verify_pass_terms" not in memory:
-        return
-    memory = manifest["memory"] = dict(memory)
+        return manifest
+    memory = dict(memory)
     if plan is not None:
         memory["plan"] = plan
-    quantized = bool(manifest.get("weights", {}).get("quantized", False))
-    terms = verify_pass_bytes(cfg, dtype, int(manifest["max_nodes"]), int(manifest["max_context"]), quantized,
-                              epilogue)
+    terms = verify_pass_bytes(cfg, dtype, manifest.max_nodes, manifest.max_context, manifest.quantized, epilogue)
     memory["verify_pass_terms"] = terms
     memory["verify_pass_bytes_at_max_nodes_and_context"] = sum(terms.values())
+    return manifest.set(memory=memory)

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
 from spot.errors import SpotError
-from spot.runtime.step import Sampling
 
 EPILOGUE_FILE = "epilogue.onnx"
 DEFAULT_FUTURE_STEPS = 8          # = the default tree depth of `spot generate` / `spot bench`
@@ -75,6 +74,16 @@ def default_epilogue_positions(vocab: int, block_size: int, future_steps: int) -
 
 
 # -- running it -------------------------------------------------------------------------------------------------
+class SamplingParams(Protocol):
+    """The sampling parameters the epilogue takes (spot.runtime.step.Sampling has them, checked): named here as what
+    the contract reads, so that the folder's contract does not import the runtime."""
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    exclude_token: int
+
+
 @dataclass
 class EpilogueResult:
     """The epilogue's outputs for N states' rows at P positions (P = B: whole blocks)."""
@@ -111,21 +120,22 @@ def join_runs(block_size: int, positions: int, run: Callable[[int], EpilogueResu
     return parts[0] if len(parts) == 1 else EpilogueResult.concat(parts, along="positions")
 
 
-def check_sampling(sampling: Sampling) -> None:
+def check_sampling(sampling: SamplingParams) -> None:
     """The epilogue implements temperature, seed and top-k; top-p stays on the host (numpy step function)."""
     if sampling.top_p < 1.0:
         raise SpotError(f"the device sampling epilogue does not implement top-p (got top_p={sampling.top_p})",
                         "leave out --top-p (1), or sample on the host: --sampler host")
 
 
-def epilogue_feeds(logits: np.ndarray, node_steps, sampling: Sampling, block: int, first_position: int = 0) -> dict:
+def epilogue_feeds(logits: np.ndarray, node_steps, sampling: SamplingParams, block: int,
+                   first_position: int = 0) -> dict:
     """Every input of the epilogue as host arrays: logits [N,P,V] float32 (positions first_position ..
     first_position + P - 1 of each state) plus epilogue_scalars."""
     return {"logits": np.ascontiguousarray(logits, dtype=np.float32),
             **epilogue_scalars(node_steps, sampling, block), POSITION_INPUT: np.array(first_position, np.int64)}
 
 
-def epilogue_scalars(node_steps, sampling: Sampling, block: int) -> dict:
+def epilogue_scalars(node_steps, sampling: SamplingParams, block: int) -> dict:
     """The inputs besides the logits (which an engine may bind on the device) and first_position (an engine's
     position runs): node_steps [N] and the scalars."""
     check_sampling(sampling)
@@ -157,7 +167,7 @@ def make_epilogue_session(model_or_path, providers=None, threads: int | None = N
     return ort.InferenceSession(src, so, providers=providers or ["CPUExecutionProvider"])
 
 
-def run_epilogue(session, logits: np.ndarray, node_steps, sampling: Sampling, block: int,
+def run_epilogue(session, logits: np.ndarray, node_steps, sampling: SamplingParams, block: int,
                  chunk: int | None = None) -> EpilogueResult:
     """Run the epilogue on host arrays logits [N,B,V] (tests, CPU): `chunk` nodes per call at most, in runs of the
     positions the graph takes (graph_positions)."""

@@ -14,27 +14,26 @@ Verification levels (`load_manifest(dir, verify=...)`):
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
 from spot.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MASK_TOKEN_ID, DEFAULT_STOP_IDS, MAX_BLOCK_SIZE, MAX_POSITIONS,
                          MODEL_FIELDS, MODEL_SECTION, TOKEN_ID, ModelConfig, check_model_rules)
 from spot.descriptors import load_descriptor, read_json, sha256_file
+from spot.drafter_files import DRAFTER_JSON, DRAFTER_ONNX
 from spot.errors import SpotError
 from spot.files import opened_whole, plain_file_name
+from spot.folder.manifest_record import MANIFEST_NAME, FileRecord, Manifest
 from spot.replace import interrupted_replacement
-from spot.runtime.drafter import DRAFTER_JSON, DRAFTER_ONNX
 from spot.schema import SHA256, Integer, ListOf, MapOf, Mismatch, Nullable, Record, Satisfies, Text, rule
 
 # The model dtypes an exported folder may have (manifest "dtype") as numpy dtypes: here, not in spot.export.graph,
 # because the runtime opens folders without onnx installed.
 NP_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 
-MANIFEST_NAME = "manifest.json"
 FORMAT = "spot-exported-model"
 # 2: the target graph takes each layer's cache as its own inputs past_k_<l> / past_v_<l> [Hkv,C,D] and reads the
 # cached prefix once for all states of a pass (spot.export.graph.SHARED_PREFIX); kv_append appends one layer.
@@ -174,9 +173,9 @@ def check_graph_io(exported: "ExportedModel", name: str, declared: dict[str, tup
     input / output name -> (dtype as the manifest writes it, shape: numbers, or names / None where dynamic). An edited
     num_hidden_layers, num_key_value_heads, head_dim, vocab_size or dtype surfaced as an ONNX Runtime error and a
     traceback on the first pass (the C++ host checks the same when it opens a folder)."""
-    epilogue = exported.manifest["graphs"].get("epilogue") or {}
-    contract = graph_contracts(exported.config, exported.dtype, epilogue.get("future_steps"))[name]
-    graph = exported.manifest["graphs"][name]["file"]
+    graphs = exported.manifest.graphs
+    contract = graph_contracts(exported.config, exported.dtype, graphs.epilogue and graphs.epilogue.future_steps)[name]
+    graph = graphs.get(name).file
     for want in [*contract["inputs"], *contract["outputs"]]:
         dtype, shape = declared.get(want["name"], (None, None))
         fits = shape is not None and len(shape) == len(want["shape"]) and all(
@@ -203,12 +202,12 @@ def sample_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_entry(path: Path) -> dict:
+def file_entry(path: Path) -> FileRecord:
     """Manifest record of one file: bytes, sha256, sample_sha256."""
-    return {"bytes": path.stat().st_size, "sha256": sha256_file(path), "sample_sha256": sample_sha256(path)}
+    return FileRecord(bytes=path.stat().st_size, sha256=sha256_file(path), sample_sha256=sample_sha256(path))
 
 
-def verify_files(folder: Path, files: dict[str, dict], level: str = "quick") -> None:
+def verify_files(folder: Path, files: Mapping[str, FileRecord], level: str = "quick") -> None:
     """Raise SpotError naming the first listed file that is missing or differs from its manifest record."""
     if level not in VERIFY_LEVELS:
         raise SpotError(f"unknown verify level {level!r}, expected one of {', '.join(VERIFY_LEVELS)}")
@@ -223,7 +222,7 @@ def verify_files(folder: Path, files: dict[str, dict], level: str = "quick") -> 
             raise SpotError(f"{name} in {folder} changed since export: {change}", hint)
 
 
-def file_change(path: Path, rec: dict, level: str = "quick") -> str | None:
+def file_change(path: Path, rec: FileRecord, level: str = "quick") -> str | None:
     """How the file at `path` differs from its manifest record — "missing", its size, or its (sampled) sha256 — or
     None when it matches at `level` (the module's docstring)."""
     if not path.is_file():
@@ -231,12 +230,12 @@ def file_change(path: Path, rec: dict, level: str = "quick") -> str | None:
     if level == "none":
         return None
     size = path.stat().st_size
-    if size != rec["bytes"]:
-        return f"{size} bytes, manifest says {rec['bytes']}"
+    if size != rec.bytes:
+        return f"{size} bytes, manifest says {rec.bytes}"
     if level == "full" or size <= QUICK_FULL_LIMIT:
-        ok, what = sha256_file(path) == rec["sha256"], "sha256"
+        ok, what = sha256_file(path) == rec.sha256, "sha256"
     else:
-        ok, what = sample_sha256(path) == rec["sample_sha256"], "sampled sha256"
+        ok, what = sample_sha256(path) == rec.sample_sha256, "sampled sha256"
     return None if ok else f"its {what} differs from the manifest"
 
 
@@ -245,58 +244,43 @@ class ExportedModel:
     """An opened exported folder: the manifest's facts with paths resolved."""
 
     folder: Path
-    manifest: dict
+    manifest: Manifest
     config: ModelConfig
 
     @property
     def dtype(self) -> str:
-        return self.manifest["dtype"]
+        return self.manifest.dtype
 
     @property
     def block_size(self) -> int:
-        return int(self.manifest["block_size"])
+        return self.manifest.block_size
 
     @property
     def max_nodes(self) -> int:
-        return int(self.manifest["max_nodes"])
+        return self.manifest.max_nodes
 
     @property
     def max_context(self) -> int:
-        return int(self.manifest["max_context"])
+        return self.manifest.max_context
 
     def graph_path(self, name: str = "target") -> Path:
-        graphs = self.manifest.get("graphs", {})
+        graphs = self.manifest.graphs
         if name not in graphs:
             raise SpotError(f"the exported folder {self.folder} has no {name!r} graph "
                             f"(it has: {', '.join(graphs) or 'none'})", "re-export it with a newer spot-export")
-        file = str(graphs[name]["file"])
+        file = graphs.get(name).file
         if not folder_file_name(file):     # never a path that leaves the folder (checked when read, too)
             raise SpotError(f"{self.folder}/manifest.json names graph file {file!r}, expected a file name in its "
                             "own folder", "re-export it with spot-export")
-        if file not in self.manifest.get("files", {}) and name != "drafter":    # (drafter.json hashes its graph)
+        if file not in self.manifest.files and name != "drafter":    # (drafter.json hashes its graph)
             raise SpotError(f"{self.folder}/manifest.json names graph file {file!r}, which its files record does "
                             "not list (no hash vouches for it)", "re-export it with spot-export")
         return self.folder / file
 
 
-def write_manifest(folder: Path, manifest: dict) -> Path:
-    """Write manifest.json (temp file + rename, fsynced)."""
-    path = folder / MANIFEST_NAME
-    tmp = folder / (MANIFEST_NAME + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(manifest, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    return path
-
-
-def add_files(folder: Path, manifest: dict, names: list[str]) -> dict:
-    """Record (or re-record) `names` in manifest["files"]; used by tools that add graphs to an exported folder."""
-    files = manifest.setdefault("files", {})
-    for name in names:
-        files[name] = file_entry(folder / name)
-    return manifest
+def add_files(folder: Path, manifest: Manifest, names: list[str]) -> Manifest:
+    """The manifest with `names` recorded (or recorded again) in its files, as they are in `folder` now."""
+    return manifest.set(files={**manifest.files, **{name: file_entry(folder / name) for name in names}})
 
 
 def load_manifest(folder: str | Path, verify: str = "quick", upgradable: bool = False) -> ExportedModel:
@@ -343,13 +327,12 @@ def _load_manifest_once(folder: str | Path, verify: str, upgradable: bool = Fals
                                remedy, strict=True)
     check_manifest_fields(path, manifest, remedy)
     config = ModelConfig.from_dict(manifest["model"], f"{path}: model", remedy)
-    if manifest["graphs"].get("epilogue", ...) is None:     # null: no epilogue, as if absent
-        del manifest["graphs"]["epilogue"]
-    if version == FORMAT_VERSION and "kv_append" not in manifest["graphs"] and not upgradable:
+    manifest = Manifest.from_json(manifest)     # (an epilogue that is null: none, as if absent)
+    if version == FORMAT_VERSION and "kv_append" not in manifest.graphs and not upgradable:
         # spot-export and spot upgrade-export write it into every format 2 folder: one without it is older
         raise SpotError(f"{path} lists no kv_append graph, expected one in every format {FORMAT_VERSION} folder",
                         f"run `spot upgrade-export {folder}` (seconds: the graph is written, the weights stay)")
-    verify_files(folder, manifest["files"], verify)
+    verify_files(folder, manifest.files, verify)
     return ExportedModel(folder, manifest, config)
 
 

@@ -4,10 +4,12 @@ drafter pair its drafter.json vouches for — never a file because of its name."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 from spot.descriptors import read_json
 from spot.errors import SpotError
 from spot.folder.manifest import DRAFTER_FILES, FILE_RECORDS, FORMAT, MANIFEST_NAME, file_change
+from spot.folder.manifest_record import FileRecord, file_records
 from spot.owned import drafter_pair_vouched, refuse_unproven, some
 from spot.schema import checked
 
@@ -30,15 +32,15 @@ def check_replaceable(out: Path, what: str = "--out") -> None:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or "files" not in manifest:
         raise SpotError(f"{what} {out}: {MANIFEST_NAME} is not a spot export's manifest (format {FORMAT!r} with "
                         "files)", hint)
-    checked(manifest["files"], FILE_RECORDS, f"{out / MANIFEST_NAME}: files", hint)
-    refuse_unproven(out, what, sort_export(out, manifest)[1], hint)
+    files = file_records(checked(manifest["files"], FILE_RECORDS, f"{out / MANIFEST_NAME}: files", hint))
+    refuse_unproven(out, what, sort_export(out, files)[1], hint)
 
 
-def sort_export(out: Path, manifest: dict) -> tuple[list[str], list[str]]:
-    """The names in the exported folder `out` that spot wrote — the manifest, the files it lists with the hashes
-    they still have, a drafter pair its drafter.json vouches for — and the others (a listed file that changed: with
-    how)."""
-    files, drafter_vouched = manifest["files"], drafter_pair_vouched(out)
+def sort_export(out: Path, files: Mapping[str, FileRecord]) -> tuple[list[str], list[str]]:
+    """The names in the exported folder `out` that spot wrote — the manifest, the files it lists (`files`: its
+    manifest's) with the hashes they still have, a drafter pair its drafter.json vouches for — and the others (a
+    listed file that changed: with how)."""
+    drafter_vouched = drafter_pair_vouched(out)
     spots, unproven = [], []
     for name in sorted(p.name for p in out.iterdir()):
         path = out / name

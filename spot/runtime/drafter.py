@@ -25,6 +25,7 @@ import numpy as np
 
 from spot.config import MODEL_FIELDS, ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
+from spot.drafter_files import DRAFTER_JSON, DRAFTER_ONNX, FORMAT, FORMAT_VERSION
 from spot.errors import SpotError, path_arg
 from spot.schema import SHA256, Integer, Nullable, Number, Record, checked
 from spot.runtime import libm
@@ -34,10 +35,6 @@ from spot.runtime.stale import TOPK_FEATURES, StaleView
 from spot.runtime.step import STATIC
 from spot.runtime.tree import Node
 
-DRAFTER_ONNX = "drafter.onnx"
-DRAFTER_JSON = "drafter.json"
-FORMAT = "spot-drafter"
-FORMAT_VERSION = 1
 MAX_STALENESS = 32        # staleness embedding has entries 0..MAX_STALENESS (0 unused)
 MAX_BLOCK = 64            # learned position embedding size
 INPUT_NAMES = ("topk", "masked", "stale_conf", "staleness")

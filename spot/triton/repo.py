@@ -154,7 +154,7 @@ def write_triton_repo(export: str | Path, out: str | Path, options: TritonRepoOp
         else:
             progress(f"linking (or copying) {export} into the repository")
             (version_dir / "export").mkdir()
-            for name in sort_export(export, exported.manifest)[0]:     # the export's own files, not others there
+            for name in sort_export(export, exported.manifest.files)[0]:     # the export's own files, not others there
                 link_or_copy(export / name, version_dir / "export" / name)
             where = "export"
         written = {"config.pbtxt": config_pbtxt(options, where, __version__), "1/model.py": MODEL_PY}
