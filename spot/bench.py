@@ -205,7 +205,7 @@ def bench_size(engine, prompts: int, cfg: BenchConfig, other_drafters=()) -> str
     rows = len(variants(cfg, tuple(other_drafters), engine))
     return (f"{prompts * len(cfg.seeds) * len(cfg.temperatures) * rows} decodes: {prompts} prompt(s) x "
             f"{len(cfg.seeds)} seed(s) x {len(cfg.temperatures)} temperature(s) x {rows} rows (fewer: --limit, "
-            "--temperatures, --decoders, --budgets)")
+            "--temperatures, --decoders, --budgets, --node-sweep)")
 
 
 def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
