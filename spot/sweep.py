@@ -5,7 +5,7 @@ measurement.
 What a decoder verifies at N nodes (sweep_budget):
   chain                          depth N - 1 (a chain's nodes are its depth + 1), at most the deepest the engine
                                  verifies (the block size; an engine sampling on the device: its epilogue's future
-                                 steps): with block 32 a chain at 64 nodes is 33 nodes deep + 1 (its row says so);
+                                 steps): with block 32 a chain at 64 nodes is 32 deep, 33 nodes (its row says so);
   tree, spot, order-oracle,      the depth a budget of N nodes gets by default (TreeBudget(N).resolve: 8, the block
   oracle                         size if smaller), at most N - 1. A tree of N nodes is at most N - 1 deep, so below 9
                                  nodes no depth limit binds: the rows at 2, 4 and 8 nodes hold for any depth.
@@ -148,8 +148,8 @@ def sweep_report(rows: list[dict], points: list[dict], target: ProjectionTarget,
                              "projected_tokens_per_s": tps,
                              "projected_speedup": {k: v / standard[t]["projected_tokens_per_s"][k]
                                                    for k, v in tps.items()}})
-    return {"nodes": sorted({p["nodes"] for p in points}), "decoders": list(dict.fromkeys(p["decoder"] for p in points)),
-            "rows": out_rows, "standard": [{"temperature": t, **s} for t, s in standard.items()],
+    return {"nodes": sorted({p["nodes"] for p in points}),
+            "decoders": list(dict.fromkeys(p["decoder"] for p in points)), "rows": out_rows, "standard": [{"temperature": t, **s} for t, s in standard.items()],
             "projection": {"note": target.note(block_size), "model": target.model, "weights": target.weights,
                            "dtype": target.dtype, "context": target.context, "block_size": block_size,
                            "boards": {key: {"name": dev.name, "pass_ms": {str(n): time_ms(n)
