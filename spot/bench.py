@@ -31,6 +31,7 @@ from spot.runtime.metrics import summarize
 from spot.runtime.spot import DEFAULT_DEPTH, TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 from spot.progress import Progress
+from spot.sweep import ProjectionTarget, check_node_sweep, sweep_markdown, sweep_points, sweep_report
 from spot.runtime.tuning import (Noise, PassProfile, choose_budget, decode_timed, latency_curve, latency_spreads,
                                  measure_latency_samples, spread)
 from spot.tuned import number_name
@@ -45,6 +46,8 @@ class BenchConfig:
     tau: float = 0.9
     independent_noise_ablation: bool = True     # also run NOISE_ABLATION_DECODERS with independent drafting noise
     latency_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    node_sweep: tuple[int, ...] = ()            # --node-sweep: chain / tree / spot / ceilings at each node count
+    projection: ProjectionTarget = ProjectionTarget()    # whose plan prices the sweep's pass counts (a projection)
 
 
 def parse_decoders(text: str) -> tuple[str, ...]:
@@ -171,17 +174,20 @@ def threshold_variant_of(name: str, decoders) -> bool:
             and any(is_decoder(d, drafts=True, rule=THRESHOLD) for d in decoders))
 
 
-def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
-    """The bench's rows in run order; baselines first — every baseline a row is measured against, also when
-    --decoders leaves it out. spot / spot-sets run once with the main drafter and once per name in other_drafters
-    (label "spot[name]@NxD"). With spot-sets in the bench, chain and tree also run under the threshold rule
-    ("chain-sets@NxD", "tree-sets@NxD"): SPOT-Sets' training-free baselines."""
+def variants(cfg: BenchConfig, other_drafters=(), engine=None) -> list[Variant]:
+    """The bench's rows in run order, each once; baselines first — every baseline a row is measured against, also
+    when --decoders leaves it out. spot / spot-sets run once with the main drafter and once per name in
+    other_drafters (label "spot[name]@NxD"). With spot-sets in the bench, chain and tree also run under the
+    threshold rule ("chain-sets@NxD", "tree-sets@NxD"): SPOT-Sets' training-free baselines. A row's NxD is the
+    budget it verifies: a chain's nodes are its depth + 1 (chain@9x8 at --budgets 16x8). Then the --node-sweep rows
+    (spot.sweep.sweep_points; `engine` sizes them)."""
     out = []
-    for budget in cfg.budgets:
-        shape = f"@{budget.nodes}x{budget.depth}"
+    for given in cfg.budgets:
         for d in cfg.decoders:
             if not decoder_entry(d).speculates:
                 continue
+            budget = decoder_entry(d).verified_budget(given, engine)
+            shape = f"@{budget.nodes}x{budget.depth}"
             out.append(Variant(d + shape, d, budget))
             if cfg.independent_noise_ablation and d in NOISE_ABLATION_DECODERS:
                 out.append(Variant(d + shape + "+indep", d, budget, independent_noise=True))
@@ -189,8 +195,13 @@ def variants(cfg: BenchConfig, other_drafters=()) -> list[Variant]:
                 out.append(Variant(d + "-sets" + shape, d, budget, mode=THRESHOLD))
             if decoder_entry(d).drafts:
                 out.extend(Variant(f"{d}[{name}]{shape}", d, budget, drafter=name) for name in other_drafters)
+    if cfg.node_sweep:
+        out += [Variant(p["variant"], p["decoder"], TreeBudget(*p["budget"]))
+                for p in sweep_points(cfg.node_sweep, cfg.decoders, engine)]
     wanted = set(cfg.decoders) | {v.baseline for v in out}
-    return [Variant(d, d) for d in decoder_names(speculates=False) if d in wanted] + out
+    unique = {v.label: v for v in reversed(out)}            # two budgets, one chain (16x8, 32x8): run once
+    return [Variant(d, d) for d in decoder_names(speculates=False) if d in wanted] + [v for v in out
+                                                                                       if unique[v.label] is v]
 
 
 def runnable_config(engine, cfg: BenchConfig) -> BenchConfig:
@@ -204,10 +215,10 @@ def runnable_config(engine, cfg: BenchConfig) -> BenchConfig:
 def bench_size(engine, prompts: int, cfg: BenchConfig, other_drafters=()) -> str:
     """The line `spot bench` says before its first decode: how many decodes the run is, and why."""
     cfg = runnable_config(engine, cfg)
-    rows = len(variants(cfg, tuple(other_drafters)))
+    rows = len(variants(cfg, tuple(other_drafters), engine))
     return (f"{prompts * len(cfg.seeds) * len(cfg.temperatures) * rows} decodes: {prompts} prompt(s) x "
             f"{len(cfg.seeds)} seed(s) x {len(cfg.temperatures)} temperature(s) x {rows} rows (fewer: --limit, "
-            "--temperatures, --decoders, --budgets)")
+            "--temperatures, --decoders, --budgets, --node-sweep)")
 
 
 def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
@@ -224,6 +235,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                         f"pass --drafter, or drop them with --decoders {','.join(decoder_names(drafts=False))}")
     for budget in cfg.budgets:          # before any decoding: a budget the engine cannot verify ends the run
         budget.check(engine)
+    check_node_sweep(cfg.node_sweep, engine)
     if runnable_config(engine, cfg) != cfg:
         cfg = runnable_config(engine, cfg)
         if progress:
@@ -231,7 +243,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
     runs: dict[tuple[str, float], list] = {}
     identical: dict[tuple[str, float], list[bool]] = {}
     right: dict[tuple[str, float], list[bool]] = {}     # prompts with a true answer: is the decoded one right
-    plan = {v.label: v for v in variants(cfg, tuple(other_drafters))}
+    plan = {v.label: v for v in variants(cfg, tuple(other_drafters), engine)}
     decodes = Progress(len(prompts) * len(cfg.seeds) * len(cfg.temperatures) * len(plan), progress)
     for prompt in prompts:
         for seed in cfg.seeds:
@@ -258,6 +270,8 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
         depth = v.budget.depth if v.budget is not None else None
         row = {"variant": label, "decoder": v.decoder, "rule": v.rule, "temperature": temp,
                **summarize(gens, depth=depth)}
+        if v.budget is not None:
+            row["budget"] = [v.budget.nodes, v.budget.depth]     # what it verifies: a chain's nodes are depth + 1
         if v.drafter:
             row["drafter"] = v.drafter
         if decoder_entry(v.decoder).ceiling:
@@ -275,13 +289,18 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
             row["answers_right"] = [int(sum(answers)), len(answers)]
         rows.append(row)
     drafters = {"": drafter, **other_drafters} if needs_drafter else {}
-    return {"config": {"decoders": list(cfg.decoders), "temperatures": list(cfg.temperatures),
-                       "seeds": list(cfg.seeds), "budgets": [[b.nodes, b.depth] for b in cfg.budgets],
-                       "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts),
-                       "independent_noise_ablation": cfg.independent_noise_ablation},
-            "engine": engine_facts(engine),
-            "drafters": {name: drafter_facts(d) for name, d in drafters.items()},
-            "host": host_facts(engine, bool(drafters)), "rows": rows}
+    result = {"config": {"decoders": list(cfg.decoders), "temperatures": list(cfg.temperatures),
+                         "seeds": list(cfg.seeds), "budgets": [[b.nodes, b.depth] for b in cfg.budgets],
+                         "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts),
+                         "independent_noise_ablation": cfg.independent_noise_ablation,
+                         "node_sweep": list(cfg.node_sweep)},
+              "engine": engine_facts(engine),
+              "drafters": {name: drafter_facts(d) for name, d in drafters.items()},
+              "host": host_facts(engine, bool(drafters)), "rows": rows}
+    if cfg.node_sweep:
+        result["node_sweep"] = sweep_report(rows, sweep_points(cfg.node_sweep, cfg.decoders, engine),
+                                            cfg.projection, engine.block_size)
+    return result
 
 
 def drafter_facts(drafter) -> dict:
@@ -534,6 +553,7 @@ def identical_cell(row: dict) -> str:
 def markdown_table(result: dict) -> str:
     cols = [("variant", "variant", "{}"), ("T", "temperature", "{:g}"), ("passes/token", "passes_per_token", "{:.3f}"),
             ("passes reduction", "passes_reduction", "{:.2f}x"), ("steps/verify", "steps_per_verify", "{:.2f}"),
+            ("nodes/verify", "mean_nodes_per_verify", "{:.1f}"),
             ("tokens/s", "tokens_per_s", "{:.1f}"), ("speed-up", "speedup", "{:.2f}x"),
             ("identical", "identical_share", "{:.0%}"), ("host ms/verify", None, None)]
     if any("answers_right" in row for row in result["rows"]):
@@ -563,6 +583,8 @@ def markdown_table(result: dict) -> str:
                  "chain-sets, tree-sets) against `threshold`, same temperature; a baseline row is 1.00x by definition.")
     if any(is_decoder(row.get("decoder"), ceiling=True) for row in result["rows"]):
         lines.append("\n" + CEILING_NOTE)
+    if "node_sweep" in result:
+        lines.append("\n" + sweep_markdown(result["node_sweep"]).rstrip("\n"))
     host = result.get("host")
     if host:
         lines.append("\nMeasured on " + ", ".join(f"{k} {v}" for k, v in host.items()))

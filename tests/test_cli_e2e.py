@@ -229,8 +229,8 @@ def test_bench_writes_json_markdown_and_plots(as_embedded, tmp_path):
     assert r.exit_code == 0, r.output
     result = json.loads((report / "bench.json").read_text())
     variants = {row["variant"] for row in result["rows"]}
-    assert {"standard", "threshold", "spot@6x3", "spot-sets@6x3", "chain@6x3+indep", "spot[again]@6x3",
-            "spot-sets[again]@6x3", "chain-sets@6x3", "tree-sets@6x3"} <= variants
+    assert {"standard", "threshold", "spot@6x3", "spot-sets@6x3", "chain@4x3+indep", "spot[again]@6x3",
+            "spot-sets[again]@6x3", "chain-sets@4x3", "tree-sets@6x3"} <= variants     # a chain: depth + 1 nodes
     by = {(row["variant"], row["temperature"]): row for row in result["rows"]}
     for t in (0.0, 1.0):     # SPOT-Sets' training-free baselines: the threshold rule, judged against `threshold`
         sets_tree, tree = by[("tree-sets@6x3", t)], by[("tree@6x3", t)]

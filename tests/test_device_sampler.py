@@ -318,7 +318,7 @@ def test_bench_and_tuner_on_a_device_sampling_engine(folders):
     notes = []
     result = run_bench(engine, prompts, cfg, progress=notes.append)
     labels = {row["variant"] for row in result["rows"]}
-    assert f"chain@6x{DEPTH}" in labels and not any(label.endswith("+indep") for label in labels)
+    assert f"chain@{DEPTH + 1}x{DEPTH}" in labels and not any(label.endswith("+indep") for label in labels)
     assert result["config"]["independent_noise_ablation"] is False and result["engine"]["sampler"] == "device"
     assert any("independent-noise" in n for n in notes)
     assert all(row["identical_share"] in (None, 1.0) for row in result["rows"])

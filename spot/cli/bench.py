@@ -49,6 +49,16 @@ def recordable(tune_results: list[dict], save: bool, record_noisy: bool, say) ->
 @click.option("--seeds", default="0", show_default=True)
 @click.option("--budgets", default=None,
               help="Comma-separated NODESxDEPTH. Default: 16x8, or 16xB when the block size B is smaller.")
+@click.option("--node-sweep", default=None, metavar="N,N,...",
+              help="Also report chain, tree, spot, order-oracle and oracle (those in --decoders) at each node count "
+                   "(e.g. 2,4,8,16,64: small budgets): passes reduction, and the tokens/s those pass counts project "
+                   "on the Jetson Orin boards (a roofline projection, not a measurement). Without --budgets: only "
+                   "these budgets run.")
+@click.option("--project-model", default="sdar-8b-b32", show_default=True,
+              help="With --node-sweep: the preset whose memory plan prices the pass counts (at the bench's block "
+                   "size, 2,048 tokens of context).")
+@click.option("--project-weights", type=click.Choice(["fp", "int8", "int4"]), default="int4", show_default=True,
+              help="With --node-sweep: --project-model's weights (fp16 otherwise).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--tau", type=float, default=0.9, show_default=True)
 @click.option("--drafter", "drafter_path", default=None, help="drafter.onnx (default: beside the model).")
@@ -62,8 +72,8 @@ def recordable(tune_results: list[dict], save: bool, record_noisy: bool, say) ->
               help="PNG plots beside the report. Default: when matplotlib is installed (the plots extra).")
 @placement_options
 def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_tokens, decoders, temperatures, seeds,
-          budgets, max_new_tokens, tau, drafter_path, compare_drafters, tune, record_noisy, report_dir, plots, sampler,
-          kv_cache):
+          budgets, node_sweep, project_model, project_weights, max_new_tokens, tau, drafter_path, compare_drafters,
+          tune, record_noisy, report_dir, plots, sampler, kv_cache):
     """Every decoder side by side on a prompt set: passes per token, steps per verify, tokens/s, speed-up,
     identical-output share, acceptance by depth. Writes bench.json, bench.md and PNG plots to --report. It runs
     prompts x seeds x temperatures x rows decodes (said first; then progress with the time left): the defaults,
@@ -72,6 +82,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     \b
     Examples:
       spot bench --limit 2 --temperatures 0 --budgets 16x8,64x16
+      spot bench --model arithmetic --limit 4 --temperatures 0,0.7 --node-sweep 2,4,8,16,64 \\
+          --decoders standard,chain,tree,spot,order-oracle,oracle
       spot bench --model out/code-fp32-onnx --backend ort --tune --report runs/ort
     """
     from spot.bench import (TUNE_CANDIDATES, BenchConfig, bench_prompts, bench_size, check_report_dir,
@@ -79,12 +91,17 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
                             parse_decoders, parse_sampling_grid, record_bench_inputs, report_title, run_bench,
                             tune_by_temperature, write_report)
     from spot.budgets import parse_tree_budgets
+    from spot.sweep import ProjectionTarget, parse_node_sweep
     from spot.models import find_drafter, resolve_backend
     from spot.plots import plot_choice
 
     names = parse_decoders(decoders)
     temps, seed_list = parse_sampling_grid(temperatures, seeds)
     given_budgets = parse_tree_budgets(budgets) if budgets is not None else None
+    sweep = parse_node_sweep(node_sweep, names) if node_sweep is not None else ()
+    projection = ProjectionTarget(project_model, project_weights)
+    if sweep:
+        projection.check()              # an unknown preset now, not after the decoding
     check_report_dir(report_dir)       # before the decoding, not after
     if tune:                        # where --tune records its choices
         from spot.tuned import check_tuning_dir
@@ -99,7 +116,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     drafting = any(decoder_entry(d).drafts for d in names)
     drafter = find_drafter(drafter_path, folder) if drafting else None
     others = {name: find_drafter(path, folder) for name, path in compare.items()}
-    cfg = BenchConfig(names, temps, seed_list, given_budgets or default_budgets(engine), max_new_tokens, tau)
+    cfg = BenchConfig(names, temps, seed_list, given_budgets or (() if sweep else default_budgets(engine)),
+                      max_new_tokens, tau, node_sweep=sweep, projection=projection)
     echo_err(bench_size(engine, len(prompts), cfg, others))
     result = run_bench(engine, prompts, cfg, drafter, progress=echo_err, other_drafters=others, tokenizer=tokenizer)
     record_bench_inputs(result, folder, prompts_path, prompt_tokens)

@@ -74,6 +74,13 @@ def pass_ms(cost: PassCost, device, dtype: str) -> tuple[float, str]:
     return (memory, "memory") if memory >= compute else (compute, "compute")
 
 
+def pass_time(cfg: ModelConfig, dtype: str, weight_bytes: int, device, context: int):
+    """nodes -> projected ms of one pass over that many states at `context` cached tokens on `device`."""
+    def time_ms(nodes: int) -> float:
+        return pass_ms(pass_cost(cfg, dtype, weight_bytes, nodes, context), device, dtype)[0]
+    return time_ms
+
+
 def node_counts(max_nodes: int) -> list[int]:
     """1, 2, 4, ... and max_nodes."""
     out, n = [], 1
@@ -93,10 +100,28 @@ class PassCounts:
     mean_nodes: float = 1.0
     note: str = ""
 
+    @property
+    def verify_nodes(self) -> int:
+        """The node count a verify pass is priced at: the mean, rounded (at least 1)."""
+        return max(1, round(self.mean_nodes))
+
     def ms_per_token(self, time_ms) -> float:
         """time_ms(nodes) -> ms of a pass over that many states."""
-        verify = time_ms(max(1, round(self.mean_nodes))) if self.verify_per_token else 0.0
+        verify = time_ms(self.verify_nodes) if self.verify_per_token else 0.0
         return self.single_per_token * time_ms(1) + self.verify_per_token * verify
+
+    def tokens_per_s(self, time_ms) -> float:
+        """Projected tokens/s: the inverse of ms_per_token."""
+        return 1e3 / self.ms_per_token(time_ms)
+
+
+def row_pass_counts(row: dict) -> PassCounts:
+    """A `spot bench` row's pass counts per generated token (one-state passes: each block's first and the store
+    passes; verify passes at their mean node count), labelled "VARIANT T=t"."""
+    kinds, tokens = row["passes_by_kind"], row["tokens"]
+    single = (kinds.get("block", 0) + kinds.get("store", 0)) / tokens
+    return PassCounts(f"{row['variant']} T={row['temperature']:g}", single, kinds.get("verify", 0) / tokens,
+                      row.get("mean_nodes_per_verify", 1.0))
 
 
 def counts_from_bench(path: str | Path) -> list[tuple[PassCounts, PassCounts]]:
@@ -111,12 +136,6 @@ def counts_from_bench(path: str | Path) -> list[tuple[PassCounts, PassCounts]]:
     except (OSError, KeyError, TypeError) as e:
         raise SpotError(f"--plan-bench {path}: not a bench.json of `spot bench` ({type(e).__name__}: {e})",
                         remedy) from None
-
-    def counts(row: dict) -> PassCounts:
-        kinds, tokens = row["passes_by_kind"], row["tokens"]
-        single = (kinds.get("block", 0) + kinds.get("store", 0)) / tokens
-        return PassCounts(f"{row['variant']} T={row['temperature']:g}", single, kinds.get("verify", 0) / tokens,
-                          row.get("mean_nodes_per_verify", 1.0))
     try:
         base = {(r["variant"], r["temperature"]): r for r in rows if is_decoder(r["decoder"], speculates=False)}
         out = []
@@ -126,7 +145,7 @@ def counts_from_bench(path: str | Path) -> list[tuple[PassCounts, PassCounts]]:
                 continue
             baseline = base.get((exact_baseline(r.get("rule", STATIC)), r["temperature"]))
             if baseline is not None:
-                out.append((counts(baseline), counts(r)))
+                out.append((row_pass_counts(baseline), row_pass_counts(r)))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise SpotError(f"--plan-bench {path}: a row lacks pass counts ({type(e).__name__}: {e})",
                         "pass a bench.json written by this version's `spot bench`") from None
@@ -171,9 +190,6 @@ def render_projection(cfg: ModelConfig, dtype: str, weight_bytes: int, device, m
              f"FLOPs / {peak / 1e12:.1f} TFLOP/s {kind} peak) -- {device.name} data-sheet figures "
              "(spot/export/memory_plan.py names the sources)",
              "    nodes" + "".join(f" | {f'at {c} tokens':>30}" for c in contexts)]
-
-    def time_ms(nodes: int, c: int) -> float:
-        return pass_ms(pass_cost(cfg, dtype, weight_bytes, nodes, c), device, dtype)[0]
     for n in node_counts(max_nodes):
         cells = []
         for c in contexts:
@@ -184,9 +200,9 @@ def render_projection(cfg: ModelConfig, dtype: str, weight_bytes: int, device, m
     if counts:
         for c in contexts:
             lines.append(f"  projected tokens/s at {c} tokens of context (pass counts x the projected pass times):")
+            time_ms = pass_time(cfg, dtype, weight_bytes, device, c)
             for base, spec in counts:
-                b_ms = base.ms_per_token(lambda n: time_ms(n, c))
-                s_ms = spec.ms_per_token(lambda n: time_ms(n, c))
+                b_ms, s_ms = base.ms_per_token(time_ms), spec.ms_per_token(time_ms)
                 lines.append(f"    {spec.label}: {1e3 / s_ms:7.2f} tokens/s vs {base.label} {1e3 / b_ms:7.2f} "
                              f"({b_ms / s_ms:.2f}x)")
         notes = sorted({x.note for pair in counts for x in pair if x.note})
