@@ -18,11 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spot.errors import SpotError
-from spot.runtime.registry import decoder as decoder_entry
+from spot.runtime.registry import decoder as decoder_entry, decoder_names
 from spot.runtime.spot import TreeBudget
 
-# the static-rule tree decoders the issue compares at small budgets (a chosen list, not a trait)
-SWEEP_DECODERS = ("chain", "tree", "spot", "order-oracle", "oracle")
+# the tree decoders that follow the request's rule (static here): spot-sets commits by threshold, so its trees are
+# not compared with standard decoding's passes. Ceilings last.
+SWEEP_DECODERS = tuple(sorted(decoder_names(speculates=True, rule=None), key=lambda d: decoder_entry(d).ceiling))
 DEFAULT_NODE_SWEEP = (2, 4, 8, 16, 64)
 BOARDS = ("orin-nano-8gb", "orin-nx-16gb", "agx-orin-32gb", "agx-orin-64gb")
 PROJECTION_NOTE = ("PROJECTION, not a measurement: a roofline (max(bytes moved / DRAM bandwidth, FLOPs / peak) from "

@@ -178,10 +178,10 @@ def test_a_decoder_registered_from_a_test_runs_exactly(with_reverse_chain):
     assert verified > 0         # it did speculate
     cfg = BenchConfig(("standard", "reverse-chain"), (0.0, 1.0), budgets=(TreeBudget(8, 3),), max_new_tokens=16,
                       independent_noise_ablation=False)
-    assert [v.label for v in variants(cfg)] == ["standard", "reverse-chain@8x3"]
+    assert [v.label for v in variants(cfg)] == ["standard", "reverse-chain@4x3"]  # labelled by what it verifies
     rows = run_bench(engine, [Prompt("p", list(range(1, 10)))], cfg)["rows"]
     assert {r["variant"]: r["identical_share"] for r in rows if r["decoder"] == "reverse-chain"} == \
-        {"reverse-chain@8x3": 1.0}
+        {"reverse-chain@4x3": 1.0}
 
 
 def test_registering_refuses_a_taken_name_or_traits_without_a_proposer(with_reverse_chain):

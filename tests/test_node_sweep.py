@@ -136,7 +136,7 @@ def test_bench_reports_the_node_sweep(tiny_onnx, tmp_path):
     assert r.exit_code == 0, r.output
     result = json.loads((report / "bench.json").read_text())
     sweep = result["node_sweep"]
-    assert sweep["nodes"] == [2, 4, 8] and sweep["decoders"] == ["chain", "tree", "order-oracle", "oracle"]
+    assert sweep["nodes"] == [2, 4, 8] and sweep["decoders"] == ["chain", "tree", "oracle", "order-oracle"]
     assert [(s["temperature"], s["nodes"], s["decoder"]) for s in sweep["rows"]] == [
         (t, n, d) for t in (0.0, 1.0) for n in (2, 4, 8) for d in sweep["decoders"]]
     by = {(row["variant"], row["temperature"]): row for row in result["rows"]}
