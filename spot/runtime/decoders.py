@@ -112,8 +112,8 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
         if 1 <= budget.depth <= engine.block_size and budget.nodes > engine.max_nodes:
             raise SpotError(f"a chain of depth {budget.depth} verifies {budget.nodes} states, more than the "
                             f"{engine.max_nodes} one verify pass of this engine takes (the export's max_nodes)",
-                            f"use --depth {engine.max_nodes - 1} or less" if engine.max_nodes > 1 else
-                            "re-export with --max-nodes 2 or more")
+                            f"use `depth={engine.max_nodes - 1}` or less" if engine.max_nodes > 1 else
+                            "re-export with max_nodes 2 or more (`spot-export --max-nodes 2`)")
     budget.check(engine)
     if name == "chain":
         proposer = ConfidenceOrderProposer(branch=1)
@@ -128,7 +128,7 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
     else:
         if drafter is None:
             raise SpotError(f"decoder {name!r} needs a drafter (order model)",
-                            "pass drafter=load_drafter(PATH) (CLI: --drafter PATH), or use an exported folder "
+                            "pass a `drafter` (spot.runtime.drafter.load_drafter(PATH)), or use an exported folder "
                             "that ships drafter.onnx")
         drafter.check_compatible(engine)
         proposer = drafter.proposer()

@@ -20,8 +20,24 @@ class HTTPError(Exception):
         return JSONResponse(error_body(self.message, self.kind, self.param, self.code), status_code=self.status)
 
 
+# the library's parameters (spot.errors.PARAMETER) -> the request field that sets each; the others are the server's
+# own options (its operator's: --sampler, --device, ...), named in the library's words
+REQUEST_FIELDS = {"nodes": "budget", "depth": "depth", "max_new_tokens": "max_tokens", "mode": "mode",
+                  "top_k": "top_k", "top_p": "top_p"}
+
+
+def as_field(parameter: str, value: str | None) -> str | None:
+    """A library parameter (and the value the error names) as a request's JSON gives it: `depth=4` -> "depth": 4;
+    None for a name that is no request field."""
+    field = REQUEST_FIELDS.get(parameter)
+    if field is None or value is None:
+        return field
+    return f'"{field}": {value}'
+
+
 def spot_error(e: SpotError) -> HTTPError:
-    """A user's error (the library's message and hint) as a 400."""
+    """A user's error (the library's message and hint, its parameters named as request fields) as a 400."""
+    e = e.renamed(as_field)
     return HTTPError(400, e.message + (f" (hint: {e.hint})" if e.hint else ""))
 
 
