@@ -2,10 +2,17 @@
 `error: ...` and `  hint: ...`)."""
 
 import operator
+import re
+from typing import Callable
 
 # the one line a command interrupted by Ctrl-C or SIGTERM ends with (spot.entry while importing, spot.cli after)
 INTERRUPTED_LINE = "error: interrupted (Ctrl-C); outputs not completed were not written"
 TERMINATED_LINE = "error: terminated (SIGTERM); outputs not completed were not written"
+
+# a library parameter as an error's text names it, in backticks: `depth`, or `depth=4` with the value to give (a
+# string value in double quotes: `sampler="host"`). The library's own words; a front end shows each in its own
+# (SpotError.renamed: the CLI as its flag, --depth 4; the HTTP server as its JSON field)
+PARAMETER = re.compile(r"`([a-z][a-z0-9_]*)(?:=([^`]*))?`")
 
 
 class SpotError(Exception):
@@ -18,6 +25,18 @@ class SpotError(Exception):
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+    def renamed(self, spelling: Callable[[str, str | None], str | None]) -> "SpotError":
+        """This error in a front end's words: each library parameter its message and hint name (PARAMETER: `depth`,
+        `depth=4`) as spelling(name, value) writes it (value: the text after "=", None for a bare name); one that
+        spelling returns None for stays in the library's words."""
+        def spelt(match: re.Match) -> str:
+            words = spelling(match.group(1), match.group(2))
+            return match.group(0) if words is None else words
+
+        def respelt(text: str | None) -> str | None:
+            return None if text is None else PARAMETER.sub(spelt, text)
+        return SpotError(respelt(self.message), respelt(self.hint))
 
 
 def os_error_hint(e: OSError) -> str:

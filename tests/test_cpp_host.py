@@ -253,7 +253,7 @@ def test_chunked_prefill_matches_the_python_runtime(spot_cli, tiny, tmp_path):
             run_decoder("chain", engine, [1, 2, 3], DecodeRequest(8, budget=TreeBudget(16, int(depth))))
     with pytest.raises(SpotError, match="a chain of depth 8 verifies 9 states") as e:
         run_decoder("chain", engine, [1, 2, 3], DecodeRequest(8))
-    assert e.value.hint == "use --depth 1 or less"
+    assert e.value.hint == "use `depth=1` or less"      # the CLI's "use --depth 1 or less", as spot_cli's
     ok = cli(spot_cli, "generate", "--model", narrow, "--decoder", "chain", "--depth", "1", "--budget", "16",
              "--prompt-ids", "1,2,3", "--max-new-tokens", "8")
     assert ok.returncode == 0, ok.stderr

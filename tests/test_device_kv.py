@@ -112,9 +112,9 @@ def test_where_the_cache_lives(folder, tmp_path):
 
 def test_only_the_ort_backend_has_a_device_cache(folder):
     from spot.engines.factory import open_engine
-    with pytest.raises(SpotError, match="--kv-cache device needs the ort backend") as e:
+    with pytest.raises(SpotError, match='`kv_cache="device"` needs the ort backend') as e:
         open_engine("torch", folder.parent / "ckpt", kv_cache="device")
-    assert "--kv-cache host" in e.value.hint
+    assert '`kv_cache="host"`' in e.value.hint
 
 
 def test_the_append_session_grows_its_cuda_arena_by_what_it_asks(folder, tmp_path, monkeypatch):

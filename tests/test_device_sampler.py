@@ -300,7 +300,7 @@ def test_traces_need_the_host_sampler(folders):
     from spot.training.traces import TraceRecorder
     device = OrtEngine(folders[0], sampler="device", threads=1)
     rec = TraceRecorder(0, CommitRule(), Sampling(1.0), CFG.mask_token_id, CFG.block_size, CFG.vocab_size, 2)
-    with pytest.raises(SpotError, match="--sampler host"):
+    with pytest.raises(SpotError, match='`sampler="host"`'):
         generate(device, _prompt(1, 4), max_new_tokens=4, sampling=Sampling(1.0), observer=rec)
 
 

@@ -384,7 +384,7 @@ def test_overwrite_replaces_only_what_spot_wrote(ckpt, tmp_path):
         before = sorted(p.relative_to(out) for p in out.rglob("*"))
         with pytest.raises(SpotError, match=re.escape(words)) as e:
             export(ckpt, out, validate=False, overwrite=True)
-        assert "--overwrite replaces only an earlier spot export" in e.value.hint
+        assert "`overwrite` replaces only an earlier spot export" in e.value.hint
         assert sorted(p.relative_to(out) for p in out.rglob("*")) == before and _no_leftovers(tmp_path) == []
     res = CliRunner().invoke(main, ["export", str(ckpt), "--out", str(mine), "--overwrite", "--quiet"])
     assert res.exit_code == 2 and "error: --out" in res.output and "hint: --overwrite replaces only" in res.output

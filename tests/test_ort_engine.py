@@ -363,7 +363,7 @@ def test_tensorrt_needs_the_recorded_profile_and_its_block_size(tmp_path):
     write_manifest_json(folder, manifest)
     with pytest.raises(SpotError, match="without a TensorRT shape profile") as e:
         OrtEngine(folder, device="trt")
-    assert "spot upgrade-export" in e.value.hint and "--device cuda" in e.value.hint
+    assert "spot upgrade-export" in e.value.hint and '`device="cuda"`' in e.value.hint
     # damaged: refused when the manifest is read, on every device (every field is checked then, in both hosts)
     manifest["graphs"]["target"]["tensorrt_profile"] = {"max": {"input_ids": [1, 4]}}
     write_manifest_json(folder, manifest)

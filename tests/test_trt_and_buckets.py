@@ -355,7 +355,7 @@ def test_backend_tensorrt_opens_an_export_and_says_what_it_needs(exported, tmp_p
     are named before TensorRT is looked for; generate ends with one line."""
     from spot.cli import main
     from spot.engines.factory import open_engine
-    for kwargs, says in [({}, "runs on a CUDA GPU, got --device cpu"),
+    for kwargs, says in [({}, 'runs on a CUDA GPU, got `device="cpu"`'),
                          ({"device": "cuda", "block_size": 8}, "exported for blocks of 4"),
                          ({"device": "cuda", "kv_cache": "host"}, "keeps the KV cache on the GPU")]:
         with pytest.raises(SpotError, match=re.escape(says)):
@@ -374,7 +374,7 @@ def test_engine_build_options_default_to_what_the_export_allows():
     assert resolve_options(BuildOptions(), 8).max_nodes == 8
     assert resolve_options(BuildOptions(), 64).max_nodes == 16
     assert resolve_options(BuildOptions(max_nodes=32), 64).max_nodes == 32
-    with pytest.raises(SpotError, match=r"--max-nodes must be in 1\.\.8 \(the export's max_nodes\), got 16"):
+    with pytest.raises(SpotError, match=r"`max_nodes` must be in 1\.\.8 \(the export's max_nodes\), got 16"):
         resolve_options(BuildOptions(max_nodes=16), 8)
 
 

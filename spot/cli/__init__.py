@@ -1,7 +1,8 @@
 """Command line: `spot` (generate, bench, demo, training, engines) and `spot-export`.
 
 User errors (SpotError, bad arguments) print two lines, `error: ...` and `  hint: ...`, and exit 2; `--debug` keeps
-the traceback.
+the traceback. The library's errors name its parameters (`depth=4`): they are printed as the options that set them
+(--depth 4, PARAMETER_FLAGS).
 This module holds the group, its error handling and the entry points; the commands live beside it (generate.py,
 bench.py, export.py, training.py, serve.py), each a thin shell over library functions: parse, call, print.
 """
@@ -22,6 +23,26 @@ from spot.errors import INTERRUPTED_LINE, TERMINATED_LINE, SpotError, exit_on_cl
 # --backend ort) needs none of them; export, training, the torch backend, plots and `spot serve` do.
 OPTIONAL_EXTRAS = {"torch": "export", "onnx": "export", "safetensors": "export", "matplotlib": "plots",
                    "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve"}
+
+# the library's parameters, as its errors name them (spot.errors.PARAMETER), -> the option of a `spot` command that
+# sets each (tests/test_error_parameters.py holds every name the library uses here, and every option to a command's)
+PARAMETER_FLAGS = {
+    "backend": "--backend", "device": "--device", "sampler": "--sampler", "kv_cache": "--kv-cache",
+    "block_size": "--block-size", "drafter": "--drafter", "max_new_tokens": "--max-new-tokens", "mode": "--mode",
+    "top_k": "--top-k", "top_p": "--top-p", "nodes": "--budget", "depth": "--depth",
+    "out": "--out", "overwrite": "--overwrite",                                             # spot-export, demo
+    "max_context": "--max-context", "max_nodes": "--max-nodes", "workspace_gib": "--workspace-gib",
+    "fp16_flag": "--fp16-flag",                                                             # spot build-engine
+}
+
+
+def as_flag(parameter: str, value: str | None) -> str | None:
+    """A library parameter (and the value the error names) as a command line gives it: `depth=4` -> --depth 4,
+    `sampler="host"` -> --sampler host; None for a name that is no option's."""
+    flag = PARAMETER_FLAGS.get(parameter)
+    if flag is None or value is None:
+        return flag
+    return flag + " " + value.strip('"')
 
 
 TERMINATED: list[int] = []      # the signal that ended the command, once terminate() ran
@@ -57,6 +78,7 @@ class SpotGroup(click.Group):
         except SpotError as e:
             if ctx.meta.get("spot.debug"):
                 raise
+            e = e.renamed(as_flag)
             self._fail(ctx, e.message, e.hint or f"`{command_name(ctx)} --help` says what each option takes")
         except OSError as e:     # a path the user gave or the environment: not found, not writable, a file in the way
             if ctx.meta.get("spot.debug"):

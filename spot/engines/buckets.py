@@ -29,7 +29,7 @@ def pick_bucket(need: int, buckets: Sequence[int], what: str = "size") -> int:
         if b >= need:
             return int(b)
     raise SpotError(f"{what} {need} exceeds the largest bucket {buckets[-1] if buckets else 'none'}",
-                    "rebuild the engine with larger buckets (spot build-engine --max-context/--max-nodes)")
+                    "rebuild the engine with larger buckets (`spot build-engine --max-context N --max-nodes N`)")
 
 
 def capacity_buckets(max_context: int, block_size: int, smallest: int = 256) -> tuple[int, ...]:
@@ -110,7 +110,7 @@ class BucketPlan:
         if tokens > self.max_context:
             raise SpotError(f"context of {tokens} tokens exceeds the largest capacity bucket {self.max_context}",
                             "use a shorter prompt or fewer new tokens, or rebuild the engine with a larger "
-                            "--max-context")
+                            "max_context (`spot build-engine --max-context N`)")
         return pick_bucket(max(tokens, 1), self.capacities, "cached tokens")
 
     def nodes_for(self, n: int) -> int:

@@ -52,13 +52,13 @@ def open_engines(backend: str, model_dir: str | Path, count: int, block_size: in
     if backend == "tensorrt":  # an exported folder, its TensorRT engine built (or taken from the engine cache)
         from spot.engines.tensorrt_engine import open_trt_engines
         return open_trt_engines(model_dir, count, block_size, device, sampler, kv_cache)
-    for option, value, graph in (("sampler", sampler, "epilogue.onnx"), ("kv-cache", kv_cache, "kv_append.onnx")):
+    for option, value, graph in (("sampler", sampler, "epilogue.onnx"), ("kv_cache", kv_cache, "kv_append.onnx")):
         if value == "device":
-            raise SpotError(f"--{option} device needs the ort backend (an exported folder with {graph}), got "
-                            f"--backend {backend}", f"use --backend ort, or --{option} host")
+            raise SpotError(f"`{option}=\"device\"` needs the ort backend (an exported folder with {graph}), got "
+                            f"`backend=\"{backend}\"`", f"use `backend=\"ort\"`, or `{option}=\"host\"`")
     if (Path(model_dir) / "manifest.json").is_file():
-        raise SpotError(f"{model_dir} is an exported ONNX folder, and --backend {backend} reads Hugging Face "
-                        "checkpoints", "use --backend ort")
+        raise SpotError(f"{model_dir} is an exported ONNX folder, and `backend=\"{backend}\"` reads Hugging Face "
+                        "checkpoints", "use `backend=\"ort\"`")
     cfg = load_config(model_dir)  # clear errors (missing folder, model_type) before any heavy import
     block_size = cfg.block_size if block_size is None else block_size
     check_block_size(block_size, cfg.max_position_embeddings)

@@ -174,7 +174,8 @@ class OrtEngine(Engine):
     def _check_nodes(self, n: int) -> None:
         if n > self.exported.max_nodes:
             raise SpotError(f"{n} candidate states in one pass exceed the export's max_nodes "
-                            f"{self.exported.max_nodes}", "re-export with a larger --max-nodes or draft fewer nodes")
+                            f"{self.exported.max_nodes}",
+                            "re-export with a larger max_nodes (`spot-export --max-nodes N`) or draft fewer nodes")
 
     def _block_logits(self, states: np.ndarray) -> np.ndarray:
         self._check_nodes(states.shape[0])
@@ -238,8 +239,8 @@ class OrtEngine(Engine):
             # before the next store, so the cache is still the one the pass ran against.
             self._checked_logits(state[None])
             raise SpotError(f"onnxruntime failed running {self.exported.graph_path('epilogue')}: "
-                            f"{str(e).splitlines()[0][:300]}", "decode with --sampler host, or re-export the folder") \
-                from None
+                            f"{str(e).splitlines()[0][:300]}",
+                            "decode with `sampler=\"host\"`, or re-export the folder") from None
 
     def _store(self, state: np.ndarray) -> None:
         self._extend(state, self._step_bias())

@@ -28,7 +28,7 @@ DEVICES = ("cpu", "cuda", "trt")
 PLACES = ("auto", "host", "device")      # the choices of --sampler and --kv-cache
 _GPU_HINT = ("install onnxruntime-gpu in place of onnxruntime (x86_64: `pip uninstall -y onnxruntime && pip install "
              "onnxruntime-gpu`: side by side the CPU build wins; Jetson/aarch64: the JetPack wheel from NVIDIA's "
-             "Jetson AI Lab index, PyPI has none), or use --device cpu")
+             "Jetson AI Lab index, PyPI has none), or use `device=\"cpu\"`")
 
 
 def trt_cache_dir(folder: Path) -> Path:
@@ -56,21 +56,21 @@ def providers_for(device: str, folder: Path, dtype: str, cuda_options: dict | No
     ort = load_onnxruntime()
     if not isinstance(device, str) or device not in DEVICES:
         raise SpotError(f"unknown device {device!r} for the ort backend, expected one of {', '.join(DEVICES)}",
-                        "--device cpu runs anywhere; cuda and trt (TensorRT) need an onnxruntime-gpu build and an "
+                        "`device=\"cpu\"` runs anywhere; cuda and trt (TensorRT) need an onnxruntime-gpu build and an "
                         "NVIDIA GPU")
     available = ort.get_available_providers()
     if device == "cpu":
         return ["CPUExecutionProvider"]
     if "CUDAExecutionProvider" not in available:
-        raise SpotError(f"--device {device} needs onnxruntime's CUDAExecutionProvider; the installed onnxruntime "
+        raise SpotError(f"`device=\"{device}\"` needs onnxruntime's CUDAExecutionProvider; the installed onnxruntime "
                         f"{ort.__version__} offers {', '.join(available)}", _GPU_HINT)
     cuda = ("CUDAExecutionProvider", dict(cuda_options or {}))
     if device == "cuda":
         return [cuda, "CPUExecutionProvider"]
     if "TensorrtExecutionProvider" not in available:
-        raise SpotError(f"--device trt needs onnxruntime's TensorrtExecutionProvider; the installed onnxruntime "
+        raise SpotError(f"`device=\"trt\"` needs onnxruntime's TensorrtExecutionProvider; the installed onnxruntime "
                         f"{ort.__version__} offers {', '.join(available)}",
-                        "use an onnxruntime-gpu build with TensorRT (and TensorRT's libraries), or --device cuda")
+                        "use an onnxruntime-gpu build with TensorRT (and TensorRT's libraries), or `device=\"cuda\"`")
     cache = trt_cache_dir(folder)
     cache.mkdir(parents=True, exist_ok=True)
     return [("TensorrtExecutionProvider", trt_options(cache, dtype == "fp16", trt_profile)), cuda,
@@ -129,11 +129,11 @@ def recorded_trt_profile(exported) -> Profile:
     """The TensorRT shape profile spot-export recorded for the dynamic-shape engines (--device trt)."""
     entry = exported.manifest.graphs.target.tensorrt_profile
     if not entry:           # (absent, or null)
-        raise SpotError(f"{exported.folder} was exported without a TensorRT shape profile, which --device trt needs "
-                        "(without one, ONNX Runtime's TensorRT provider builds its engine again whenever the KV "
-                        "cache outgrows the shapes it has seen)",
+        raise SpotError(f"{exported.folder} was exported without a TensorRT shape profile, which "
+                        "`device=\"trt\"` needs (without one, ONNX Runtime's TensorRT provider builds its engine "
+                        "again whenever the KV cache outgrows the shapes it has seen)",
                         f"run `spot upgrade-export {exported.folder}` (seconds, the weights stay), or use "
-                        "--device cuda")
+                        "`device=\"cuda\"`")
     try:
         return Profile.from_dict(f"{exported.folder}'s tensorrt_profile", entry)
     except SpotError as e:
@@ -152,7 +152,7 @@ def check_epilogue_io(session, exported) -> None:
         raise SpotError(f"{exported.graph_path('epilogue')} is an older sampling epilogue: got no "
                         f"{', '.join(missing)}, expected inputs {', '.join(INPUTS)} and outputs {', '.join(OUTPUTS)}",
                         f"run `spot upgrade-export {exported.folder}` (seconds: the epilogue is rewritten, the weights "
-                        "stay), or decode with --sampler host")
+                        "stay), or decode with `sampler=\"host\"`")
 
 
 def epilogue_positions(session, exported, block_size: int) -> int:
@@ -243,8 +243,9 @@ def _open(model_dir, block_size, device, threads, verify, sampler, kv_cache) -> 
 
 def _trt_profile(exported, block_size: int) -> Profile:
     if block_size != exported.block_size:
-        raise SpotError(f"--device trt runs the TensorRT profile recorded for blocks of {exported.block_size}, the "
-                        f"engine decodes blocks of {block_size}", "use the export's block size, or --device cuda")
+        raise SpotError(f"`device=\"trt\"` runs the TensorRT profile recorded for blocks of {exported.block_size}, "
+                        f"the engine decodes blocks of {block_size}", "use the export's block size, or "
+                        "`device=\"cuda\"`")
     return recorded_trt_profile(exported)
 
 
@@ -269,12 +270,12 @@ def _epilogue_session(exported, place: str, device: str, block_size: int, sample
     if not on_device(sampler, "sampler", device, usable):
         return None, None, None
     if "epilogue" not in graphs:
-        raise SpotError(f"{exported.folder} has no sampling epilogue graph (needed by --sampler device)",
-                        f"add one with `spot upgrade-export {exported.folder}` (--epilogue-steps N, N > 0; the "
-                        "weights stay), or use --sampler host")
+        raise SpotError(f"{exported.folder} has no sampling epilogue graph (needed by `sampler=\"device\"`)",
+                        f"add one with `spot upgrade-export {exported.folder} --epilogue-steps N` (N > 0; the "
+                        "weights stay), or use `sampler=\"host\"`")
     if block_size != exported.block_size:
         raise SpotError(f"the epilogue graph is built for blocks of {exported.block_size}, the engine decodes blocks "
-                        f"of {block_size}", "use the export's block size or --sampler host")
+                        f"of {block_size}", "use the export's block size or `sampler=\"host\"`")
     # TensorRT has neither float64 nor uint32 arithmetic: on --device trt the epilogue runs on the CUDA EP, on the
     # same GPU, reading the target's logits where they are (docs/gpu-path.md).
     # spot-export's bound, before the graph is compared with it (as in the C++ host): an out-of-range future_steps

@@ -42,11 +42,12 @@ from spot.files import atomic_output, spot_cache, write_text_atomic
 from spot.runtime.engine import Engine
 
 INSTALL_HINT = ("Jetson (JetPack 6.x, TensorRT 10.3): `sudo apt install python3-libnvinfer` (part of JetPack; use the "
-                "system python3 or a venv created with --system-site-packages); workstation/server: "
+                "system python3 or a venv made by `python3 -m venv --system-site-packages`); workstation/server: "
                 "`pip install tensorrt` (NVIDIA's wheels, also at https://pypi.nvidia.com), with a CUDA driver; "
-                "or use `--backend ort --device cuda|trt`")
+                "or use `backend=\"ort\"` with `device=\"cuda\"` or `device=\"trt\"`")
 TORCH_CUDA_HINT = ("TensorRT runs here on torch CUDA tensors: install a CUDA build of torch (Jetson: NVIDIA's "
-                   "JetPack wheel), or use the ORT TensorRT execution provider (`--backend ort --device trt`)")
+                   "JetPack wheel), or use the ORT TensorRT execution provider (`backend=\"ort\"` with "
+                   "`device=\"trt\"`)")
 
 
 MIN_TRT_MAJOR = 10     # name-based tensor API, int64 tensors, strongly typed networks (JetPack 6)
@@ -66,7 +67,7 @@ def _trt():
                  f"the tensorrt package reports version {version!r}, not a TensorRT release")
         raise SpotError(f"{found}: spot's engines need TensorRT {MIN_TRT_MAJOR} or later",
                         "Jetson: JetPack 6.x (TensorRT 10.3); workstation: `pip install tensorrt`; or use "
-                        "`--backend ort --device cuda`")
+                        "`backend=\"ort\"` with `device=\"cuda\"`")
     return trt
 
 
@@ -144,10 +145,10 @@ def _network_flags(trt, strongly_typed: bool) -> int:
 def check_parsable(exported) -> None:
     """SpotError when TensorRT cannot parse the folder's target graph (MatMulNBits is an ONNX Runtime operator)."""
     if exported.manifest.ort_only:
-        raise SpotError(f"{exported.folder} was exported with --ort-matmulnbits (com.microsoft MatMulNBits, an ONNX "
-                        "Runtime operator TensorRT cannot parse)",
+        raise SpotError(f"{exported.folder} was exported with `spot-export --ort-matmulnbits` (com.microsoft "
+                        "MatMulNBits, an ONNX Runtime operator TensorRT cannot parse)",
                         "re-export without --ort-matmulnbits (int4 as DequantizeLinear -> MatMul), or run it with "
-                        "--backend ort")
+                        "`backend=\"ort\"`")
 
 
 def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), out: str | Path | None = None,
@@ -163,7 +164,7 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     major = trt_major()
     if options.fp16_flag and major >= 11:
         raise SpotError("TensorRT 11 has no FP16 builder flag (networks are strongly typed)",
-                        "export the model with `spot-export --dtype fp16` and build without --fp16-flag")
+                        "export the model with `spot-export --dtype fp16` and build without `fp16_flag`")
     options = resolve_options(options, exported.max_nodes)
     max_ctx = min(options.max_context or exported.max_context, exported.max_context, cfg.max_position_embeddings)
     plan = BucketPlan.default(max_ctx, exported.block_size, options.max_nodes, options.smallest_capacity,
@@ -188,7 +189,7 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise SpotError(f"TensorRT {trt.__version__} could not parse {onnx_path}: {errors[:500]}",
-                        "TensorRT 10.3 parses opset <= 20; re-export with --opset 17")
+                        "TensorRT 10.3 parses opset <= 20; re-export with `spot-export --opset 17`")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(options.workspace_gib * 2**30))
     config.builder_optimization_level = options.opt_level
@@ -211,7 +212,7 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise SpotError("TensorRT failed to build the engine (see its log above)",
-                        "lower --max-context/--max-nodes or raise --workspace-gib")
+                        "lower `max_context` or `max_nodes`, or raise `workspace_gib`")
     # the engine, then its .json (a cache hit needs both: an interrupted write is rebuilt, never loaded half)
     with atomic_output(engine_file) as tmp:
         tmp.write_bytes(bytes(serialized))
@@ -233,8 +234,8 @@ def resolve_options(options: BuildOptions, export_max_nodes: int) -> BuildOption
     if options.max_nodes is None:
         return replace(options, max_nodes=min(DEFAULT_MAX_NODES, export_max_nodes))
     if not 1 <= options.max_nodes <= export_max_nodes:
-        raise SpotError(f"--max-nodes must be in 1..{export_max_nodes} (the export's max_nodes), got "
-                        f"{options.max_nodes}", "omit --max-nodes to build for the export's")
+        raise SpotError(f"`max_nodes` must be in 1..{export_max_nodes} (the export's max_nodes), got "
+                        f"{options.max_nodes}", "leave out `max_nodes` to build for the export's")
     return options
 
 
@@ -294,13 +295,15 @@ def open_trt_engines(model_dir: str | Path, count: int, block_size: int | None =
     from spot.folder.manifest import load_manifest
     exported = load_manifest(model_dir)
     if device != "cuda":
-        raise SpotError(f"--backend tensorrt runs on a CUDA GPU, got --device {device}", "add --device cuda")
+        raise SpotError(f"`backend=\"tensorrt\"` runs on a CUDA GPU, got `device=\"{device}\"`",
+                        "use `device=\"cuda\"`")
     if block_size is not None and block_size != exported.block_size:
-        raise SpotError(f"--block-size {block_size}, but {model_dir} was exported for blocks of "
-                        f"{exported.block_size}", "omit --block-size, or export again with --block-size")
+        raise SpotError(f"`block_size={block_size}`, but {model_dir} was exported for blocks of "
+                        f"{exported.block_size}", "leave out `block_size`, or export again with "
+                        "`spot-export --block-size N`")
     if kv_cache == "host":
-        raise SpotError("--backend tensorrt keeps the KV cache on the GPU, got --kv-cache host",
-                        "omit --kv-cache, or use --backend ort for a host KV cache")
+        raise SpotError("`backend=\"tensorrt\"` keeps the KV cache on the GPU, got `kv_cache=\"host\"`",
+                        "leave out `kv_cache`, or use `backend=\"ort\"` for a host KV cache")
     check_parsable(exported)
     model = load_trt_model(model_dir)
     steps = None if sampler == "host" else DEFAULT_SAMPLER_STEPS
@@ -358,7 +361,7 @@ class TrtRunner:
         self.context = self.engine.create_execution_context()
         if self.context is None:      # its activation memory did not fit beside the other contexts'
             raise SpotError("TensorRT could not create another execution context (GPU memory)",
-                            "serve fewer engines, or check the memory plan (spot-export --plan DEVICE --engines N)")
+                            "serve fewer engines, or check the memory plan (`spot-export --plan DEVICE --engines N`)")
         self.inputs, self.outputs = list(model.inputs), list(model.outputs)
         self.stream = torch.cuda.Stream()
         self.profile = -1

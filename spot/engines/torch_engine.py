@@ -18,11 +18,11 @@ def torch_device(name: str):
         device = torch.device(name)
     except (RuntimeError, TypeError, ValueError):     # (None, a number out of range, a list: not device names)
         raise SpotError(f"unknown device {name!r} for the torch backend, expected cpu or cuda (cuda:N)",
-                        "--device cpu runs anywhere; cuda needs a CUDA build of torch and an NVIDIA GPU") from None
+                        "`device=\"cpu\"` runs anywhere; cuda needs a CUDA build of torch and an NVIDIA GPU") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SpotError(f"--device {name}: this torch {torch.__version__} has no usable CUDA device",
-                        "install a CUDA build of torch (Jetson: NVIDIA's JetPack wheel), or use --device cpu, or "
-                        "--backend ort --device cuda on an exported folder")
+        raise SpotError(f"`device=\"{name}\"`: this torch {torch.__version__} has no usable CUDA device",
+                        "install a CUDA build of torch (Jetson: NVIDIA's JetPack wheel), or use `device=\"cpu\"`, or "
+                        "`backend=\"ort\"` with `device=\"cuda\"` on an exported folder")
     return device
 
 

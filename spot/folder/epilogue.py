@@ -123,8 +123,8 @@ def join_runs(block_size: int, positions: int, run: Callable[[int], EpilogueResu
 def check_sampling(sampling: SamplingParams) -> None:
     """The epilogue implements temperature, seed and top-k; top-p stays on the host (numpy step function)."""
     if sampling.top_p < 1.0:
-        raise SpotError(f"the device sampling epilogue does not implement top-p (got top_p={sampling.top_p})",
-                        "leave out --top-p (1), or sample on the host: --sampler host")
+        raise SpotError(f"the device sampling epilogue does not implement top-p (got `top_p={sampling.top_p}`)",
+                        "leave out `top_p` (1), or sample on the host: `sampler=\"host\"`")
 
 
 def epilogue_feeds(logits: np.ndarray, node_steps, sampling: SamplingParams, block: int,

@@ -313,7 +313,7 @@ def _load_manifest_once(folder: str | Path, verify: str, upgradable: bool = Fals
     path = folder / MANIFEST_NAME
     if not path.is_file():
         hint = ("this looks like a Hugging Face checkpoint: export it first with `spot-export "
-                f"{folder}`, or use --backend torch" if (folder / "config.json").is_file() and not
+                f"{folder}`, or use `backend=\"torch\"`" if (folder / "config.json").is_file() and not
                 any(folder.glob("*.onnx")) else "export a checkpoint with `spot-export` to get one")
         raise SpotError(f"{folder} is not an exported spot model folder (no {MANIFEST_NAME})", hint)
     remedy = "re-export the model with this version of spot-export"

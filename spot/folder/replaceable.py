@@ -13,15 +13,16 @@ from spot.folder.manifest_record import FileRecord, file_records
 from spot.owned import drafter_pair_vouched, refuse_unproven, some
 from spot.schema import checked
 
-REPLACE_HINT = "--overwrite replaces only an earlier spot export: move those out of {out}, or choose another --out"
+REPLACE_HINT = ("`overwrite` replaces only an earlier spot export: move those out of {out}, or choose another "
+                "`out`")
 
 
-def check_replaceable(out: Path, what: str = "--out") -> None:
+def check_replaceable(out: Path, what: str = "`out`") -> None:
     """SpotError unless `out` is a folder --overwrite may replace: empty, or an export holding only what spot wrote
     there (sort_export). A folder of the user's files (--out ~/projects by mistake) or a file the user added or
     edited (a chat_template.jinja for --chat) was deleted with the old export."""
     if not out.is_dir():
-        raise SpotError(f"{what} {out} is a file, expected a folder", "choose another --out")
+        raise SpotError(f"{what} {out} is a file, expected a folder", "choose another `out`")
     names = sorted(p.name for p in out.iterdir())
     if not names:
         return

@@ -93,7 +93,7 @@ def check_max_new_tokens(max_new_tokens: int) -> None:
     decoding)."""
     if integer_arg(max_new_tokens, "max_new_tokens") < 1:
         raise SpotError(f"max_new_tokens must be >= 1, got {max_new_tokens}",
-                        "e.g. max_new_tokens=64 (CLI: --max-new-tokens 64)")
+                        "e.g. `max_new_tokens=64`")
 
 
 def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -> np.ndarray:

@@ -92,14 +92,14 @@ def plan_decode(name: str, engine: Engine, req: DecodeRequest, drafter=None) -> 
         if 1 <= budget.depth <= engine.block_size and budget.nodes > engine.max_nodes:
             raise SpotError(f"a chain of depth {budget.depth} verifies {budget.nodes} states, more than the "
                             f"{engine.max_nodes} one verify pass of this engine takes (the export's max_nodes)",
-                            f"use --depth {engine.max_nodes - 1} or less" if engine.max_nodes > 1 else
-                            "re-export with --max-nodes 2 or more")
+                            f"use `depth={engine.max_nodes - 1}` or less" if engine.max_nodes > 1 else
+                            "re-export with max_nodes 2 or more (`spot-export --max-nodes 2`)")
     budget.check(engine)
     if not entry.drafts:
         return DecodePlan(entry, replace(req, budget=budget), rule)
     if drafter is None:
         raise SpotError(f"decoder {name!r} needs a drafter (order model)",
-                        "pass drafter=load_drafter(PATH) (CLI: --drafter PATH), or use an exported folder "
+                        "pass a `drafter` (spot.runtime.drafter.load_drafter(PATH)), or use an exported folder "
                         "that ships drafter.onnx")
     drafter.check_compatible(engine)
     return DecodePlan(entry, replace(req, budget=budget), rule, drafter)

@@ -256,7 +256,7 @@ class Drafter:
         if engine.block_size != self.block_size:
             raise SpotError(f"drafter {self.path} was trained for block size {self.block_size}, got an engine "
                             f"decoding blocks of {engine.block_size}: expected {self.block_size}",
-                            f"use --block-size {self.block_size}, or train a drafter for block size "
+                            f"use `block_size={self.block_size}`, or train a drafter for block size "
                             f"{engine.block_size} with `spot traces` + `spot train-drafter`")
         got = target_identity(engine.config)
         for f in IDENTITY_FIELDS:

@@ -207,7 +207,8 @@ class Engine(ABC):
     def _non_finite(self):
         raise SpotError(f"the {self.name} engine produced non-finite logits (NaN or inf) for the block at "
                         f"position {self.cached_len}",
-                        "the weights or the export are broken, or fp16 overflowed: try --dtype fp32")
+                        "the weights or the export are broken, or fp16 overflowed: try an fp32 export "
+                        "(`spot-export --dtype fp32`)")
 
     def _check_room(self, n: int) -> None:
         if self.cached_len + n > self.max_context:

@@ -81,13 +81,13 @@ class SampledOutputs:
     def stale(self, masked: np.ndarray, independent_noise: bool = False) -> SampledStaleView:
         if independent_noise:
             raise SpotError("the independent-noise ablation needs the logits on the host",
-                            "run it with the host sampler (--sampler host)")
+                            "run it with the host sampler (`sampler=\"host\"`)")
         return SampledStaleView(self.future_tokens, self.future_conf, self.step + 1, masked, self.top_logprobs,
                                 self.future_runner_up, self.future_gap)
 
     def host_logits(self) -> np.ndarray:
         raise SpotError("this decoder reads the full logits, but the engine samples on the device and returns "
-                        "only the epilogue's outputs", "use the host sampler (--sampler host) for it")
+                        "only the epilogue's outputs", "use the host sampler (`sampler=\"host\"`) for it")
 
 
 class DeferredOutputs:

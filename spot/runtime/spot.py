@@ -43,22 +43,22 @@ class TreeBudget:
         self = self.resolve(engine)
         if not 1 <= self.depth <= engine.block_size:      # first: a chain's node count is its depth + 1
             raise SpotError(f"depth must be in 1..{engine.block_size} (the block size), got {self.depth}",
-                            f"the deepest tree node below the root, e.g. {min(DEFAULT_DEPTH, engine.block_size)} "
-                            "(TreeBudget(nodes, depth); CLI: --depth)")
+                            "the deepest tree node below the root, e.g. "
+                            f"`depth={min(DEFAULT_DEPTH, engine.block_size)}` (TreeBudget(nodes, depth))")
         if self.nodes < 1:
             raise SpotError(f"budget must be >= 1 node, got {self.nodes}",
-                            "the states one verify pass checks, the root included, e.g. 16 (TreeBudget(nodes); "
-                            "CLI: --budget 16)")
+                            "the states one verify pass checks, the root included, e.g. `nodes=16` (TreeBudget(nodes))")
         if self.nodes > engine.max_nodes:
             raise SpotError(f"budget {self.nodes} nodes exceeds the {engine.max_nodes} states one verify pass of this "
                             "engine takes (the export's max_nodes)",
-                            "use a smaller budget (TreeBudget(nodes, depth); CLI: --budget), or re-export with a "
-                            "larger --max-nodes")
+                            "use a smaller budget (`nodes`), or re-export with a larger max_nodes "
+                            "(`spot-export --max-nodes N`)")
         if self.nodes > 1 and engine.sampler_depth is not None and self.depth > engine.sampler_depth:
             raise SpotError(f"tree depth {self.depth} exceeds the {engine.sampler_depth} future steps the engine's "
                             "device sampling epilogue provides",
-                            f"use --depth <= {engine.sampler_depth} (budgets NODESx{engine.sampler_depth} or less), "
-                            "--sampler host, or re-export with more --epilogue-steps")
+                            f"use `depth` <= {engine.sampler_depth} (budgets NODESx{engine.sampler_depth} or less), "
+                            "`sampler=\"host\"`, or re-export with more epilogue steps (`spot-export "
+                            "--epilogue-steps N`)")
 
     def fits(self, engine: Engine) -> bool:
         try:

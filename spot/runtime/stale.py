@@ -119,7 +119,7 @@ class SampledStaleView:
             raise SpotError(f"the device epilogue computed coupled samples for steps {self.first_step}.."
                             f"{self.first_step + depth - 1}, got a request for step {step}",
                             f"draft trees of depth <= {depth}, or rebuild the epilogue with more future steps "
-                            "(spot-export --epilogue-steps)")
+                            "(`spot-export --epilogue-steps N`)")
         return j
 
     def coupled(self, step: int) -> tuple[np.ndarray, np.ndarray]:

@@ -58,9 +58,9 @@ class Sampling:
                             "0 decodes greedily (argmax); 1 samples from the model's distribution")
         if not 0 <= self.top_k <= MAX_TOP_K:
             raise SpotError(f"top_k must be in [0, {MAX_TOP_K}] (0 disables it), got {self.top_k}",
-                            "e.g. --top-k 40, or 0; a top_k >= the vocabulary size keeps every token too")
+                            "e.g. `top_k=40`, or 0; a top_k >= the vocabulary size keeps every token too")
         if not 0.0 < self.top_p <= 1.0:
-            raise SpotError(f"top_p must be in (0, 1], got {self.top_p}", "e.g. --top-p 0.9, or 1 to disable it")
+            raise SpotError(f"top_p must be in (0, 1], got {self.top_p}", "e.g. `top_p=0.9`, or 1 to disable it")
         if not 0 <= self.seed <= 0xFFFFFFFF:
             raise SpotError(f"seed must be in [0, 2**32), got {self.seed}", "any integer from 0 to 4294967295")
 
@@ -79,7 +79,7 @@ class CommitRule:
         if self.kind == THRESHOLD and not 0.0 <= self.tau < 1.0:
             raise SpotError(f"tau must be in [0, 1), got {self.tau}",
                             "the threshold rule commits every position whose confidence exceeds tau (at least the "
-                            "most confident one): at tau >= 1 it is the static rule, --decoder standard / spot")
+                            "most confident one): at tau >= 1 it is the static rule, `mode=\"static\"`")
 
 
 def filter_scaled_logits(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:

@@ -5,9 +5,13 @@
   pool.py        engines, one request each, behind a bounded queue; events back to the asyncio loop; cancellation
   openai_api.py  the OpenAI request schemas (with spot's fields) and the response / stream-chunk / error bodies
   metrics.py     Prometheus metrics of a server
-  app.py         the FastAPI routes
+  state.py       what the routes share (model, pool, metrics, limits): on app.state, a FastAPI dependency
+  http_errors.py the error responses (OpenAI's shape) and the app's handlers
+  completions.py a completion request -> its job on the pool -> the whole answer or its stream of blocks
+  routes.py      the routes as module-level functions on two APIRouters (operations, OpenAI's /v1)
+  app.py         the FastAPI app: routers, state, handlers, the pool's lifespan
   run.py         uvicorn on a host and port, graceful shutdown
 
-Only app.py, openai_api.py, metrics.py and run.py need the `serve` extra (FastAPI, uvicorn, prometheus_client);
-model.py, jobs.py and pool.py are spot alone (the Triton model, spot.triton, imports model.py and jobs.py too).
+model.py, jobs.py and pool.py are spot alone (the Triton model, spot.triton, imports model.py and jobs.py too); the
+others need the `serve` extra (FastAPI, uvicorn, prometheus_client).
 """
