@@ -44,6 +44,7 @@ class BenchConfig:
     tau: float = 0.9
     independent_noise_ablation: bool = True     # also run spot/chain with independent drafting noise
     latency_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    store_mode: str = "fused"       # spot.runtime.decode.STORE_MODES (--store)
 
 
 def parse_decoders(text: str) -> tuple[str, ...]:
@@ -227,7 +228,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                 for v in plan.values():
                     req = DecodeRequest(cfg.max_new_tokens, mode=v.mode, tau=cfg.tau,
                                         sampling=Sampling(temp, seed=seed), budget=v.budget or TreeBudget(),
-                                        independent_noise=v.independent_noise)
+                                        independent_noise=v.independent_noise, store_mode=cfg.store_mode)
                     gen = run_decoder(v.decoder, engine, prompt.ids, req,
                                       other_drafters[v.drafter] if v.drafter else drafter)
                     outputs[v.label] = gen
@@ -265,7 +266,8 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
     return {"config": {"decoders": list(cfg.decoders), "temperatures": list(cfg.temperatures),
                        "seeds": list(cfg.seeds), "budgets": [[b.nodes, b.depth] for b in cfg.budgets],
                        "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts),
-                       "independent_noise_ablation": cfg.independent_noise_ablation},
+                       "independent_noise_ablation": cfg.independent_noise_ablation,
+                       "store_mode": cfg.store_mode},
             "engine": engine_facts(engine),
             "drafters": {name: drafter_facts(d) for name, d in drafters.items()},
             "host": host_facts(engine, bool(drafters)), "rows": rows}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from spot.cli.shared import backend_option, echo_err, model_folder, placement_options, stderr_progress
+from spot.cli.shared import (backend_option, echo_err, model_folder, placement_options, stderr_progress,
+                              store_option)
 from spot.errors import SpotError
 from spot.runtime.decoders import DECODERS
 
@@ -47,13 +48,14 @@ from spot.runtime.decoders import DECODERS
 @click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
               help="drafter.onnx (or its folder). Default: the one beside the model, if any.")
 @placement_options
+@store_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + stats.")
 @click.option("--stream", is_flag=True,
               help="Print the output block by block as each block is final (with --json: one JSON line per block, "
                    "{\"block_ids\": [...]}, before the result).")
 def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
              max_new_tokens, stop_ids, backend, device, decoder, budget, depth, drafter_path, sampler, kv_cache,
-             as_json, stream):
+             store_mode, as_json, stream):
     """Generate with one decoder. SPOT decoders give the same tokens as standard decoding, in fewer passes.
 
     \b
@@ -81,7 +83,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
         prompt = read_prompt_file(prompt_file)
     sampling = Sampling(temperature, top_k, top_p, seed)
     stops = None if stop_ids is None else tuple(parse_prompt_ids(stop_ids, "--stop-ids"))
-    request = DecodeRequest(max_new_tokens, mode, tau, sampling, stop_ids=stops)
+    request = DecodeRequest(max_new_tokens, mode, tau, sampling, stop_ids=stops, store_mode=store_mode)
     rule = rule_for(decoder, request)     # a bad --tau before the weights load
     backend = resolve_backend(backend, model_dir)
     folder = model_folder(backend, model_dir)
