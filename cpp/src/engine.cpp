@@ -356,7 +356,7 @@ TargetGraphs::TargetGraphs(const ExportedFolder& f, int threads, Device device, 
       sc.trt_profile_max = trt_shape_option(prof->at("max"));
       const auto& tokens = prof->at("max").at("position_ids").items();
       if (tokens.size() != 1) fail(SPOT_ERR_CORRUPT, "position_ids must have one dimension");
-      prefill_chunk = tokens[0].integer();   // the profile's longest pass: one block
+      prefill_chunk = tokens[0].integer();   // the profile's longest pass: two blocks (the fused store pass)
     } catch (const SpotException& e) {
       fail(SPOT_ERR_CORRUPT, f.folder + "/manifest.json: tensorrt_profile is malformed (" + e.what() +
                                  "): run `spot upgrade-export " + f.folder + "`");
@@ -847,6 +847,10 @@ OrtOutput TargetEngine::fused_pass(const std::vector<int64_t>& store, const std:
     fail(SPOT_ERR_INVALID_ARGUMENT, "store state: expected [" + std::to_string(b_) + "]");
   check_states(state, 1);
   check_room(2 * b_);
+  if (graphs_->prefill_chunk > 0 && graphs_->prefill_chunk < 2 * b_)   // device trt: the profile's longest pass
+    fail(SPOT_ERR_INCOMPATIBLE, "the folder's TensorRT shape profile takes passes of one block, the fused store pass "
+                                "runs two (" + std::to_string(2 * b_) + " tokens): run `spot upgrade-export` on the "
+                                "folder (seconds: it records the profile again), or use SPOT_STORE_SEPARATE");
   std::vector<int64_t> ids(store);
   ids.insert(ids.end(), state.begin(), state.end());
   const std::vector<int64_t> pos = positions(2 * b_);

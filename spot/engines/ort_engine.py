@@ -187,8 +187,18 @@ class OrtEngine(Engine):
         bias[:b, cached + b:] = -np.inf
         return bias
 
+    def _check_fused_pass(self) -> None:
+        """SpotError when the TensorRT profile (--device trt) stops short of the fused pass's 2B tokens: a folder
+        exported before the fused store pass records one block."""
+        if self.trt_profile is not None and self.prefill_chunk < 2 * self.block_size:
+            raise SpotError(f"{self.exported.folder}'s TensorRT shape profile takes passes of one block, the fused "
+                            f"store pass runs two ({2 * self.block_size} tokens)",
+                            f"run `spot upgrade-export {self.exported.folder}` (seconds: it records the profile "
+                            "again), or decode with --store separate")
+
     def _store_and_logits(self, store: np.ndarray, state: np.ndarray) -> np.ndarray:
         self._check_nodes(1)
+        self._check_fused_pass()
         b = self.block_size
         logits, new_k, new_v = self._run(["logits", "new_k", "new_v"], np.concatenate([store, state])[None],
                                          self._fused_bias())
@@ -221,6 +231,7 @@ class OrtEngine(Engine):
         if store is None:
             target = self._binding(states, self._step_bias())
         else:
+            self._check_fused_pass()
             target = self._binding(np.concatenate([store, states[0]])[None], self._fused_bias())
             target.bind_output("new_k", "cpu")
             target.bind_output("new_v", "cpu")
