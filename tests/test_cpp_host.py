@@ -679,7 +679,8 @@ def test_the_binary_interface_is_versioned_and_installs_and_failures_leave_zeros
     lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
     assert lib.spot_abi_version() == abi
     assert os.path.realpath(spot_cli.parent / "libspot.so") == str((spot_cli.parent / f"libspot.so.{abi}").resolve())
-    stats_size = 112            # spot_stats: 7 int64, an int (padded), 4 doubles, an int64, a double
+    stats_size = 120            # spot_stats: 8 int64 (fused_passes: ABI 2), an int (padded), 4 doubles, an int64, a
+    # double
     for model, prompt in ((None, [1, 2]), ("open", [1, 300])):        # no model; a token id outside the vocabulary
         handle = ctypes.c_void_p()
         if model:
@@ -748,10 +749,14 @@ def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, ti
     stops = (ctypes.c_int64 * 1024)(*([298] * 1024))
     out = (ctypes.c_int64 * 64)()
 
-    def generate(n_prompt: int, max_new_tokens: int = 4, n_stop_ids: int | None = None) -> tuple[int, str, int]:
+    def generate(n_prompt: int, max_new_tokens: int = 4, n_stop_ids: int | None = None,
+                 store_mode: int | None = None) -> tuple[int, str, int]:
         options, n, e = Options(), ctypes.c_size_t(7), Error()
         lib.spot_generate_options_init(ctypes.byref(options))
+        assert options.store_mode == 0         # SPOT_STORE_FUSED, the default
         options.max_new_tokens = max_new_tokens
+        if store_mode is not None:
+            options.store_mode = store_mode
         if n_stop_ids is not None:
             options.stop_ids, options.n_stop_ids = ctypes.cast(stops, ctypes.POINTER(ctypes.c_int64)), n_stop_ids
         status = lib.spot_generate(model, prompt, n_prompt, ctypes.byref(options), out, 64, ctypes.byref(n), None,
@@ -766,6 +771,9 @@ def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, ti
             status, message, n = generate(3, n_stop_ids=n_stop_ids)
             assert (status, n) == (INVALID_ARGUMENT, 0) and "exceeds SPOT_MAX_STOP_IDS (1024)" in message, message
         assert generate(3, n_stop_ids=1024)[0] == 0
+        assert generate(3, store_mode=1)[0] == 0 and generate(3, store_mode=0)[0] == 0
+        status, message, n = generate(3, store_mode=2)
+        assert (status, n) == (INVALID_ARGUMENT, 0) and "unknown store_mode 2, expected SPOT_STORE_FUSED" in message
         for n_prompt in (0, 3, context - 9, context - 8, context - 4, context - 1, context):
             for max_new in (1, 4, 8, 9, 2**31 - 1):
                 status, message, n = generate(n_prompt, max_new)
@@ -1167,7 +1175,8 @@ def test_tensorrt_needs_the_recorded_shape_profile(spot_cli, tiny, tmp_path, mon
     old = tmp_path / "old"
     shutil.copytree(tiny[0], old)
     manifest = json.loads((old / "manifest.json").read_text())
-    assert manifest["graphs"]["target"]["tensorrt_profile"]["max"]["position_ids"] == [TINY.block_size]
+    # (two blocks: the fused store pass, docs/spec.md §1)
+    assert manifest["graphs"]["target"]["tensorrt_profile"]["max"]["position_ids"] == [2 * TINY.block_size]
     del manifest["graphs"]["target"]["tensorrt_profile"]
     (old / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))
