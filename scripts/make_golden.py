@@ -12,7 +12,8 @@ and any other folder by naming it:
     python scripts/make_golden.py --model /tmp/emb_onnx --drafter spot/assets/embedded --out NAME.json
 
 tests/test_cpp_host.py replays every case through the C++ example program and requires identical token ids and
-pass counts. The golden file names the model by the sha256 of its weights file and the drafter by its own: a
+pass counts. A case's "store" names its store mode (fused, separate: docs/spec.md §1); cases written before the
+modes existed have none and mean separate (the committed embedded file: SDAR's store pass). The golden file names the model by the sha256 of its weights file and the drafter by its own: a
 retrained model or drafter fails that test with the command above (regenerate after checking that the change is
 meant; the token streams of the Python runtime are checked against standard decoding by the other tests).
 The noise test vectors (tests/data/noise_vectors.json) are the other half of the conformance set.
@@ -34,8 +35,10 @@ if str(ROOT) not in sys.path:
 
 from spot import __version__  # noqa: E402
 from spot.files import write_text_atomic  # noqa: E402
+from spot.runtime.decode import FUSED, SEPARATE  # noqa: E402
 from spot.runtime.decoders import DecodeRequest, run_decoder  # noqa: E402
 from spot.runtime.registry import decoder_names  # noqa: E402
+from spot.runtime.stats import PASS_KINDS  # noqa: E402
 from spot.runtime.spot import TreeBudget  # noqa: E402
 from spot.runtime.step import STATIC, Sampling  # noqa: E402
 
@@ -52,10 +55,22 @@ TEMPERATURES = (0.0, 1.0)
 
 
 def case_options(decoder: str, temperature: float, seed: int, max_new_tokens: int, budget: int, depth: int,
-                 tau: float = 0.9, mode: str = STATIC, top_k: int = 0, top_p: float = 1.0) -> dict:
+                 tau: float = 0.9, mode: str = STATIC, top_k: int = 0, top_p: float = 1.0,
+                 store: str = FUSED) -> dict:
     """One case's options, in the names of the C++ example program's flags."""
     return {"decoder": decoder, "temperature": temperature, "seed": seed, "tau": tau, "mode": mode,
-            "max_new_tokens": max_new_tokens, "budget": budget, "depth": depth, "top_k": top_k, "top_p": top_p}
+            "max_new_tokens": max_new_tokens, "budget": budget, "depth": depth, "top_k": top_k, "top_p": top_p,
+            "store": store}
+
+
+def case_store(opts: dict) -> str:
+    """A case's store mode: separate where it names none (written before the modes existed)."""
+    return opts.get("store", SEPARATE)
+
+
+def pass_counts(passes: dict) -> dict:
+    """Passes by kind, every kind listed (zeros too): a case written before the fused kind lacks it."""
+    return {k: int(passes.get(k, 0)) for k in PASS_KINDS}
 
 
 def run_case(engine, drafter, prompt_ids: list[int], opts: dict) -> dict:
@@ -63,10 +78,10 @@ def run_case(engine, drafter, prompt_ids: list[int], opts: dict) -> dict:
     req = DecodeRequest(max_new_tokens=opts["max_new_tokens"], mode=opts["mode"], tau=opts["tau"],
                         sampling=Sampling(opts["temperature"], opts.get("top_k", 0), opts.get("top_p", 1.0),
                                           opts["seed"]),
-                        budget=TreeBudget(opts["budget"], opts["depth"]))
+                        budget=TreeBudget(opts["budget"], opts["depth"]), store_mode=case_store(opts))
     gen = run_decoder(opts["decoder"], engine, prompt_ids, req, drafter)
     s = gen.stats
-    passes = {k: int(s.passes.get(k, 0)) for k in ("prefill", "block", "verify", "store")}
+    passes = pass_counts(s.passes)
     return {"token_ids": [int(t) for t in gen.token_ids], "stopped": bool(gen.stopped),
             "target_passes": int(s.target_passes), "passes": passes, "steps": int(s.steps), "blocks": int(s.blocks),
             "epilogue_states": s.epilogue.states if s.epilogue else 0,
@@ -78,9 +93,9 @@ def run_case(engine, drafter, prompt_ids: list[int], opts: dict) -> dict:
 
 def golden_cases(engine, drafter, prompts: list[list[int]], *, max_new_tokens: int = 48, budget: int = 16,
                  depth: int = 8, seeds_t1: tuple[int, ...] = (1,), decoders=DECODERS,
-                 temperatures=TEMPERATURES) -> list[dict]:
-    """Every (prompt, decoder, temperature, seed) case with its expected output. Temperature 0 uses seed 0 only
-    (the noise is not used there); decoders needing a drafter are left out when there is none."""
+                 temperatures=TEMPERATURES, stores=(FUSED,)) -> list[dict]:
+    """Every (prompt, decoder, temperature, seed, store mode) case with its expected output. Temperature 0 uses
+    seed 0 only (the noise is not used there); decoders needing a drafter are left out when there is none."""
     cases = []
     for pi, prompt in enumerate(prompts):
         for decoder in decoders:
@@ -88,10 +103,11 @@ def golden_cases(engine, drafter, prompts: list[list[int]], *, max_new_tokens: i
                 continue
             for t in temperatures:
                 for seed in ((0,) if t == 0 else seeds_t1):
-                    opts = case_options(decoder, t, seed, max_new_tokens, budget, depth)
-                    result = run_case(engine, drafter, prompt, opts)
-                    cases.append({"prompt": pi, "prompt_ids": [int(i) for i in prompt], **opts,
-                                  "expected": {k: v for k, v in result.items() if k not in TIMINGS}})
+                    for store in stores:
+                        opts = case_options(decoder, t, seed, max_new_tokens, budget, depth, store=store)
+                        result = run_case(engine, drafter, prompt, opts)
+                        cases.append({"prompt": pi, "prompt_ids": [int(i) for i in prompt], **opts,
+                                      "expected": {k: v for k, v in result.items() if k not in TIMINGS}})
     return cases
 
 

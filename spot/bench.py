@@ -48,6 +48,7 @@ class BenchConfig:
     latency_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     node_sweep: tuple[int, ...] = ()            # --node-sweep: chain / tree / spot / ceilings at each node count
     projection: ProjectionTarget = ProjectionTarget()    # whose plan prices the sweep's pass counts (a projection)
+    store_mode: str = "fused"       # spot.runtime.decode.STORE_MODES (--store)
 
 
 def parse_decoders(text: str) -> tuple[str, ...]:
@@ -252,7 +253,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                 for v in plan.values():
                     options = RequestOptions(v.decoder, v.budget or TreeBudget(), None, cfg.max_new_tokens, v.mode,
                                              cfg.tau, Sampling(temp, seed=seed),
-                                             independent_noise=v.independent_noise)
+                                             independent_noise=v.independent_noise, store_mode=cfg.store_mode)
                     row_drafter = other_drafters[v.drafter] if v.drafter else drafter
                     gen = resolve_request(options, engine, drafter=lambda d=row_drafter: d).run(engine, prompt.ids)
                     outputs[v.label] = gen
@@ -293,7 +294,7 @@ def run_bench(engine, prompts: list[Prompt], cfg: BenchConfig, drafter=None,
                          "seeds": list(cfg.seeds), "budgets": [[b.nodes, b.depth] for b in cfg.budgets],
                          "max_new_tokens": cfg.max_new_tokens, "tau": cfg.tau, "prompts": len(prompts),
                          "independent_noise_ablation": cfg.independent_noise_ablation,
-                         "node_sweep": list(cfg.node_sweep)},
+                         "node_sweep": list(cfg.node_sweep), "store_mode": cfg.store_mode},
               "engine": engine_facts(engine),
               "drafters": {name: drafter_facts(d) for name, d in drafters.items()},
               "host": host_facts(engine, bool(drafters)), "rows": rows}

@@ -14,7 +14,7 @@ from typing import Callable
 
 from spot.budgets import CLI_NAMES, ModelArgs, auto_budget, budget_nodes
 from spot.errors import SpotError
-from spot.runtime.decode import Generation
+from spot.runtime.decode import FUSED, Generation
 from spot.runtime.decoders import DecodePlan, DecodeRequest, plan_decode, run_plan
 from spot.runtime.registry import Decoder, decoder
 from spot.runtime.spot import TreeBudget
@@ -25,7 +25,8 @@ from spot.runtime.step import STATIC, CommitRule, Sampling
 class RequestOptions:
     """One decode as a user asks it. budget: a number of nodes, "auto" (spot tune's record) or a TreeBudget (then
     with its own depth); depth: None = 8, or the block size if smaller; stop_ids: None = the model's, () = none;
-    names: how messages name the budget and the depth (CLI flags, or a server request's fields). SpotError now for
+    store_mode: how a finished block is stored (spot.runtime.decode: fused or separate); names: how messages name
+    the budget and the depth (CLI flags, or a server request's fields). SpotError now for
     anything wrong that needs no model."""
 
     decoder: str = "standard"
@@ -37,6 +38,7 @@ class RequestOptions:
     sampling: Sampling = Sampling()
     stop_ids: tuple[int, ...] | None = None
     independent_noise: bool = False
+    store_mode: str = FUSED
     names: tuple[str, str] = CLI_NAMES
     # derived, once: the decoder's entry, its commit rule, the request (budget not yet resolved), the tree budget
     # asked for (None: auto)
@@ -49,7 +51,7 @@ class RequestOptions:
         entry = decoder(self.decoder)
         tree = self.asked_budget()
         request = DecodeRequest(self.max_new_tokens, self.mode, self.tau, self.sampling, stop_ids=self.stop_ids,
-                                independent_noise=self.independent_noise)
+                                independent_noise=self.independent_noise, store_mode=self.store_mode)
         for name, value in (("entry", entry), ("rule", entry.commit_rule(self.mode, self.tau)),
                             ("request", request), ("tree", tree)):
             object.__setattr__(self, name, value)

@@ -38,7 +38,7 @@ def test_json_output(model_dirs):
     assert {"token_ids", "text", "target_passes", "passes", "seconds", "stopped"} <= set(out)
     assert all(0 <= t < CFG.vocab_size and t not in CFG.stop_ids for t in out["token_ids"])
     assert out["target_passes"] == sum(out["passes"].values()) > 0
-    assert set(out["passes"]) == {"prefill", "block", "verify", "store"}     # zeros too, as spot_cli prints
+    assert set(out["passes"]) == {"prefill", "block", "verify", "store", "fused"}     # zeros too, as spot_cli prints
     assert out["seconds"] > 0
     tok = load_tokenizer(model_dirs["tok"])
     assert out["text"] == tok.decode(out["token_ids"])

@@ -25,6 +25,7 @@ from spot.export.options import ExportOptions
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.errors import SpotError
+from spot.runtime.decode import FUSED, SEPARATE
 from spot.runtime.drafter import DEFAULT_RUNNER_UP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT, load_drafter
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule
 
@@ -32,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CPP = ROOT / "cpp"
 BUILD = CPP / "build"
 sys.path.insert(0, str(ROOT / "scripts"))
-from make_golden import (COMPARED, EMBEDDED_GOLDEN, REGENERATE_EMBEDDED, case_options,  # noqa: E402
-                         embedded_drafter_dir, golden_cases, model_identity, run_case)
+from make_golden import (COMPARED, EMBEDDED_GOLDEN, REGENERATE_EMBEDDED, case_options, case_store,  # noqa: E402
+                         embedded_drafter_dir, golden_cases, model_identity, pass_counts, run_case)
 from tinymodels import (CONTRADICTIONS, RUNNER_UPS, contradicting_copy, make_format1, nan_weights_copy,  # noqa: E402
                         older_epilogue_copy, renamed_input_drafter, train_encoder_drafter,
                         without_kv_append)
@@ -85,7 +86,8 @@ def request_line(opts: dict, prompt_ids: list[int]) -> str:
     return (f"--decoder {opts['decoder']} --temperature {opts['temperature']!r} --seed {opts['seed']} "
             f"--tau {opts['tau']!r} --mode {opts['mode']} --max-new-tokens {opts['max_new_tokens']} "
             f"--budget {opts['budget']} --depth {opts['depth']} --top-k {opts.get('top_k', 0)} "
-            f"--top-p {opts.get('top_p', 1.0)!r} --prompt-ids {','.join(map(str, prompt_ids)) or repr('')}")
+            f"--top-p {opts.get('top_p', 1.0)!r} --store {case_store(opts)} "
+            f"--prompt-ids {','.join(map(str, prompt_ids)) or repr('')}")
 
 
 def run_batch(exe: Path, folder: Path, drafter: Path | None, cases: list[dict], *open_flags: str) -> list[dict]:
@@ -103,9 +105,12 @@ def mismatches(cases: list[dict], results: list[dict]) -> list[str]:
         if "error" in r:
             out.append(f"{c['decoder']} T={c['temperature']} seed={c['seed']} prompt {c.get('prompt')}: {r['error']}")
             continue
-        diff = [k for k in COMPARED if r[k] != c["expected"][k]]
+        def same(k: str) -> bool:      # (passes: a case written before the fused kind lists no fused passes)
+            return pass_counts(r[k]) == pass_counts(c["expected"][k]) if k == "passes" else r[k] == c["expected"][k]
+        diff = [k for k in COMPARED if not same(k)]
         if diff:
-            out.append(f"{c['decoder']} T={c['temperature']} seed={c['seed']} prompt {c.get('prompt')}: "
+            out.append(f"{c['decoder']} T={c['temperature']} seed={c['seed']} store={case_store(c)} "
+                       f"prompt {c.get('prompt')}: "
                        + ", ".join(f"{k} python {c['expected'][k]} c++ {r[k]}" for k in diff))
     return out
 
@@ -192,7 +197,8 @@ def test_every_decoder_matches_the_python_runtime(spot_cli, tiny):
     for, and a one-node budget."""
     folder, drafter_dir, engine, drafter = tiny
     prompts = random_prompts(4, seed=2)
-    cases = golden_cases(engine, drafter, prompts, max_new_tokens=24, budget=12, depth=6, seeds_t1=(1, 7))
+    cases = golden_cases(engine, drafter, prompts, max_new_tokens=24, budget=12, depth=6, seeds_t1=(1, 7),
+                         stores=(FUSED, SEPARATE))
     for pi, prompt in enumerate(prompts[:2]):
         for opts in (case_options("chain", 1.0, 3, 24, 12, 6, mode=THRESHOLD),
                      case_options("tree", 1.0, 4, 24, 12, 6, mode=THRESHOLD),
@@ -673,7 +679,8 @@ def test_the_binary_interface_is_versioned_and_installs_and_failures_leave_zeros
     lib = ctypes.CDLL(str(spot_cli.parent / "libspot.so"))
     assert lib.spot_abi_version() == abi
     assert os.path.realpath(spot_cli.parent / "libspot.so") == str((spot_cli.parent / f"libspot.so.{abi}").resolve())
-    stats_size = 112            # spot_stats: 7 int64, an int (padded), 4 doubles, an int64, a double
+    stats_size = 120            # spot_stats: 8 int64 (fused_passes: ABI 2), an int (padded), 4 doubles, an int64, a
+    # double
     for model, prompt in ((None, [1, 2]), ("open", [1, 300])):        # no model; a token id outside the vocabulary
         handle = ctypes.c_void_p()
         if model:
@@ -754,7 +761,7 @@ def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, ti
                     ("tau", ctypes.c_double), ("max_new_tokens", ctypes.c_int), ("budget", ctypes.c_int),
                     ("depth", ctypes.c_int), ("mode", ctypes.c_int), ("top_k", ctypes.c_int),
                     ("top_p", ctypes.c_double), ("stop_ids", ctypes.POINTER(ctypes.c_int64)),
-                    ("n_stop_ids", ctypes.c_size_t)]
+                    ("n_stop_ids", ctypes.c_size_t), ("store_mode", ctypes.c_int)]
     lib.spot_generate.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
                                   ctypes.POINTER(Options), ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
                                   ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.POINTER(Error)]
@@ -765,10 +772,14 @@ def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, ti
     stops = (ctypes.c_int64 * 1024)(*([298] * 1024))
     out = (ctypes.c_int64 * 64)()
 
-    def generate(n_prompt: int, max_new_tokens: int = 4, n_stop_ids: int | None = None) -> tuple[int, str, int]:
+    def generate(n_prompt: int, max_new_tokens: int = 4, n_stop_ids: int | None = None,
+                 store_mode: int | None = None) -> tuple[int, str, int]:
         options, n, e = Options(), ctypes.c_size_t(7), Error()
         lib.spot_generate_options_init(ctypes.byref(options))
+        assert options.store_mode == 0         # SPOT_STORE_FUSED, the default
         options.max_new_tokens = max_new_tokens
+        if store_mode is not None:
+            options.store_mode = store_mode
         if n_stop_ids is not None:
             options.stop_ids, options.n_stop_ids = ctypes.cast(stops, ctypes.POINTER(ctypes.c_int64)), n_stop_ids
         status = lib.spot_generate(model, prompt, n_prompt, ctypes.byref(options), out, 64, ctypes.byref(n), None,
@@ -783,6 +794,9 @@ def test_sizes_past_the_context_are_invalid_and_the_capacity_agrees(spot_cli, ti
             status, message, n = generate(3, n_stop_ids=n_stop_ids)
             assert (status, n) == (INVALID_ARGUMENT, 0) and "exceeds SPOT_MAX_STOP_IDS (1024)" in message, message
         assert generate(3, n_stop_ids=1024)[0] == 0
+        assert generate(3, store_mode=1)[0] == 0 and generate(3, store_mode=0)[0] == 0
+        status, message, n = generate(3, store_mode=2)
+        assert (status, n) == (INVALID_ARGUMENT, 0) and "unknown store_mode 2, expected SPOT_STORE_FUSED" in message
         for n_prompt in (0, 3, context - 9, context - 8, context - 4, context - 1, context):
             for max_new in (1, 4, 8, 9, 2**31 - 1):
                 status, message, n = generate(n_prompt, max_new)
@@ -1184,7 +1198,8 @@ def test_tensorrt_needs_the_recorded_shape_profile(spot_cli, tiny, tmp_path, mon
     old = tmp_path / "old"
     shutil.copytree(tiny[0], old)
     manifest = json.loads((old / "manifest.json").read_text())
-    assert manifest["graphs"]["target"]["tensorrt_profile"]["max"]["position_ids"] == [TINY.block_size]
+    # (two blocks: the fused store pass, docs/spec.md §1)
+    assert manifest["graphs"]["target"]["tensorrt_profile"]["max"]["position_ids"] == [2 * TINY.block_size]
     del manifest["graphs"]["target"]["tensorrt_profile"]
     (old / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))

@@ -72,15 +72,18 @@ def test_the_device_cache_holds_what_the_host_cache_holds(folder):
     assert device.device_kv.length == CFG.block_size == device.cached_len
 
 
+@pytest.mark.parametrize("store_mode", ["fused", "separate"])
 @pytest.mark.parametrize("sampler", ["host", "device"])
 @pytest.mark.parametrize("decoder,mode", [("standard", "static"), ("threshold", "static"), ("chain", "static"),
                                           ("tree", "static"), ("tree", "threshold")])
-def test_device_cache_decodes_like_the_host_cache(folder, decoder, mode, sampler):
+def test_device_cache_decodes_like_the_host_cache(folder, decoder, mode, sampler, store_mode):
+    """Either store mode: the fused pass's stored block reaches the device cache through the host (ort_engine
+    OrtEngine._append_host), with the same tokens and passes."""
     host = OrtEngine(folder, threads=1, sampler=sampler, kv_cache="host")
     device = OrtEngine(folder, threads=1, sampler=sampler, kv_cache="device")
     for i, temperature in enumerate((0.0, 1.0, 0.7)):
         req = DecodeRequest(max_new_tokens=20, mode=mode, tau=0.3, sampling=Sampling(temperature, seed=30 + i),
-                            budget=TreeBudget(6, DEPTH))
+                            budget=TreeBudget(6, DEPTH), store_mode=store_mode)
         prompt = _prompt(i, 5 + 4 * i)       # prompts that are not whole blocks: padded prefill + stored blocks
         a, b = run_decoder(decoder, host, prompt, req), run_decoder(decoder, device, prompt, req)
         assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, i)

@@ -139,13 +139,16 @@ def test_the_epilogue_runs_once_per_commit_step_whatever_the_tree(folders, decod
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("decoder,mode", [("standard", "static"), ("threshold", "static"), ("chain", "static"),
                                           ("tree", "static"), ("tree", "threshold"), ("oracle", "static")])
-def test_device_sampler_decodes_like_the_host_sampler(folders, decoder, mode, temperature):
+@pytest.mark.parametrize("store_mode", ["fused", "separate"])
+def test_device_sampler_decodes_like_the_host_sampler(folders, decoder, mode, temperature, store_mode):
+    """Either store mode: a fused pass's state is the second block of its logits' rows, where the epilogue reads
+    it."""
     host = OrtEngine(folders[0], sampler="host", threads=1)
     device = OrtEngine(folders[0], sampler="device", threads=1)
     assert host.sampler_depth is None and device.sampler_depth == DEPTH
     for i in range(3):
         req = DecodeRequest(max_new_tokens=12, mode=mode, tau=0.3, sampling=Sampling(temperature, seed=40 + i),
-                            budget=TreeBudget(6, DEPTH))
+                            budget=TreeBudget(6, DEPTH), store_mode=store_mode)
         prompt = _prompt(i, 5 + 3 * i)
         a, b = run_decoder(decoder, host, prompt, req), run_decoder(decoder, device, prompt, req)
         assert a.token_ids == b.token_ids and a.stats.passes == b.stats.passes, (decoder, i)

@@ -374,14 +374,17 @@ def test_calibration_picks_the_best_threshold():
 
 
 # -- the drafter inside SPOT / SPOT-Sets ------------------------------------------------------------------------
+@pytest.mark.parametrize("store_mode", ["fused", "separate"])
 @pytest.mark.parametrize("budget", [TreeBudget(8, 4), TreeBudget(3, 2)])
-def test_spot_with_the_drafter_equals_standard_decoding(drafter_dir, engine, budget):
+def test_spot_with_the_drafter_equals_standard_decoding(drafter_dir, engine, budget, store_mode):
+    """Under either store mode (docs/spec.md §1): spot == standard, spot-sets == threshold decoding."""
     drafter = Drafter.load(drafter_dir)
     cases = 0
     for i, prompt in enumerate(prompts(3, seed=9)):
         for temperature in (0.0, 0.5, 1.0):
             for seed in ((0,) if temperature == 0 else (i, 100 + i, 2 ** 32 - 1 - i)):
-                req = DecodeRequest(max_new_tokens=20, sampling=Sampling(temperature, seed=seed), budget=budget)
+                req = DecodeRequest(max_new_tokens=20, sampling=Sampling(temperature, seed=seed), budget=budget,
+                                    store_mode=store_mode)
                 for fast, slow in (("spot", "standard"), ("spot-sets", "threshold")):
                     ref = run_decoder(slow, engine, prompt, req)
                     got = run_decoder(fast, engine, prompt, req, drafter=drafter)

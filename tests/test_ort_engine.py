@@ -328,10 +328,11 @@ class _ShapeLog:
 
 @pytest.mark.parametrize("decoder", ["standard", "tree"])
 def test_every_pass_under_tensorrt_lies_inside_the_recorded_profile(tmp_path, decoder):
-    """--device trt (ORT's TensorRT EP) runs the profile spot-export recorded: N 1..max_nodes states of one block
-    against 0..max_context - B cached tokens. Simulated on the CPU provider — the engine set up as on trt (the
-    profile; prefill one block per pass): every input shape of a long prompt's prefill, block steps, verify passes
-    of the tree decoder and stores lies between the profile's min and max, and the tokens equal the CPU engine's."""
+    """--device trt (ORT's TensorRT EP) runs the profile spot-export recorded: N 1..max_nodes states of one block,
+    or one state of two (the fused store pass), against 0..max_context - B cached tokens. Simulated on the CPU
+    provider — the engine set up as on trt (the profile; prefill in passes of its longest, two blocks): every input
+    shape of a long prompt's prefill, block steps, verify passes of the tree decoder and fused store passes lies
+    between the profile's min and max, and the tokens equal the CPU engine's."""
     from spot.engines.ort_sessions import recorded_trt_profile
     from spot.runtime.decoders import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
@@ -339,11 +340,11 @@ def test_every_pass_under_tensorrt_lies_inside_the_recorded_profile(tmp_path, de
     cpu, as_trt = OrtEngine(folder), OrtEngine(folder)
     as_trt.trt_profile = recorded_trt_profile(as_trt.exported)
     as_trt.session = log = _ShapeLog(as_trt.session)
-    assert as_trt.prefill_chunk == TINY.block_size and cpu.prefill_chunk == 8 * TINY.block_size
+    assert as_trt.prefill_chunk == 2 * TINY.block_size and cpu.prefill_chunk == 8 * TINY.block_size
     prompt = np.random.default_rng(1).integers(0, TINY.vocab_size - 2, size=45)
     req = DecodeRequest(max_new_tokens=40, sampling=Sampling(1.0, seed=4), budget=TreeBudget(8, 3))
     assert run_decoder(decoder, as_trt, prompt, req).token_ids == run_decoder(decoder, cpu, prompt, req).token_ids
-    assert len(log.shapes) > 20
+    assert len(log.shapes) > 20 and any(s["input_ids"] == (1, 2 * TINY.block_size) for s in log.shapes[-8:])
     for shapes in log.shapes:
         for name, shape in shapes.items():
             lo, _, hi = as_trt.trt_profile.shapes[name]
@@ -375,3 +376,20 @@ def test_tensorrt_needs_the_recorded_profile_and_its_block_size(tmp_path):
     OrtEngine(folder)
     with pytest.raises(SpotError, match="without a TensorRT shape profile"):
         OrtEngine(folder, device="trt")
+
+
+def test_a_tensorrt_profile_of_one_block_refuses_the_fused_pass_with_the_fix(tmp_path):
+    """A folder exported before the fused store pass records a profile whose passes stop at one block: its fused pass
+    (2B tokens) would leave it. Refused with the fix; --store separate still decodes (simulated as above)."""
+    from spot.folder.trt_profile import Profile
+    from spot.runtime.decoders import DecodeRequest, run_decoder
+    _, folder = _export(TINY, tmp_path, "fp32", validate=False, max_nodes=8, max_context=128)
+    engine = OrtEngine(folder)
+    b, dims = TINY.block_size, (TINY.num_hidden_layers, TINY.num_key_value_heads, TINY.head_dim)
+    engine.trt_profile = Profile.spanning("old", dims, (1, b, 0), (8, b, 64), (8, b, 128 - b))
+    prompt = np.arange(1, 10)
+    with pytest.raises(SpotError, match="profile takes passes of one block, the fused store pass runs two") as e:
+        run_decoder("standard", engine, prompt, DecodeRequest(max_new_tokens=12))
+    assert f"spot upgrade-export {folder}" in e.value.hint and "--store separate" in e.value.hint
+    separate = run_decoder("standard", engine, prompt, DecodeRequest(max_new_tokens=12, store_mode="separate"))
+    assert separate.stats.passes["store"] == separate.stats.blocks

@@ -60,13 +60,18 @@ def test_device_figures_are_the_data_sheet_arithmetic():
 
 
 def test_spot_tokens_per_s_from_pass_counts():
-    """ms per token = one-state passes x t(1) + verify passes x t(mean nodes); tokens/s its inverse."""
+    """ms per token = one-state passes x t(1) + verify passes x t(mean nodes) + fused store passes x t(2) (2B
+    tokens); tokens/s its inverse."""
     base = PassCounts("standard", 1.25)
     spec = PassCounts("spot@4x2", 0.5, 0.25, 3.4)
-    t = {1: 10.0, 3: 12.0}.__getitem__
+    fused = PassCounts("spot@4x2", 0.25, 0.25, 3.4, fused_per_token=0.25)
+    t = {1: 10.0, 2: 11.0, 3: 12.0}.__getitem__
     assert base.ms_per_token(t) == 12.5 and spec.ms_per_token(t) == 0.5 * 10 + 0.25 * 12
+    assert fused.ms_per_token(t) == 0.25 * 10 + 0.25 * 12 + 0.25 * 11
     (std, spot), = counts_from_reductions("16=2.5", block_size=4, max_nodes=64)
-    assert std.single_per_token == 1.25 and spot.verify_per_token == 0.5 and spot.mean_nodes == 16
+    # standard decoding: a pass per token, one in B of them the fused store pass
+    assert std.single_per_token == 0.75 and std.fused_per_token == 0.25
+    assert spot.verify_per_token == 0.4 and spot.mean_nodes == 16
     for bad in ("16", "0=2", "65=2", "16=0", "16=x", ""):
         with pytest.raises(SpotError, match="--passes-reduction"):
             counts_from_reductions(bad, 4, 64)
@@ -74,7 +79,8 @@ def test_spot_tokens_per_s_from_pass_counts():
     assert "PROJECTION (roofline, not a measurement)" in text and "100 GB/s" in text
     one = pass_ms(pass_cost(CFG, "fp16", 10 ** 8, 1, 1024), EASY, "fp16")[0]
     sixteen = pass_ms(pass_cost(CFG, "fp16", 10 ** 8, 16, 1024), EASY, "fp16")[0]
-    assert f"{1e3 / (0.5 * sixteen):7.2f} tokens/s vs standard {1e3 / (1.25 * one):7.2f}" in text
+    two = pass_ms(pass_cost(CFG, "fp16", 10 ** 8, 2, 1024), EASY, "fp16")[0]
+    assert f"{1e3 / (0.4 * sixteen):7.2f} tokens/s vs standard {1e3 / (0.75 * one + 0.25 * two):7.2f}" in text
     assert "every pass priced at the budget's node count" in text
 
 
@@ -91,9 +97,16 @@ def test_pass_counts_from_a_bench_json(tmp_path):
                              row("spot@8x4", "spot", {"prefill": 1, "block": 25, "verify": 30, "store": 25},
                                  mean_nodes_per_verify=6.5)])
     (base, spot), = counts_from_bench(path)
-    assert base.single_per_token == 1.25 and base.verify_per_token == 0
+    assert base.single_per_token == 1.25 and base.verify_per_token == 0 and base.fused_per_token == 0
     assert spot.single_per_token == 0.5 and spot.verify_per_token == 0.3 and spot.mean_nodes == 6.5
     assert spot.label == "spot@8x4 T=0"
+    # the fused store mode's rows: the fused passes priced apart (2B tokens), not as one-state passes
+    fused = _bench(tmp_path, [row("standard", "standard", {"prefill": 1, "block": 76, "fused": 24}),
+                              row("spot@8x4", "spot", {"prefill": 1, "block": 1, "fused": 24, "verify": 30},
+                                  mean_nodes_per_verify=6.5)])
+    (base, spot), = counts_from_bench(fused)
+    assert (base.single_per_token, base.fused_per_token) == (0.76, 0.24)
+    assert (spot.single_per_token, spot.fused_per_token, spot.verify_per_token) == (0.01, 0.24, 0.3)
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(SpotError, match="not a bench.json"):
         counts_from_bench(tmp_path / "other.json")

@@ -19,7 +19,7 @@ from spot.config import ModelConfig
 from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
 from spot.reference.model import random_model
-from spot.runtime.decode import DecodeContext, DecodeStats
+from spot.runtime.decode import STORE_MODES, DecodeContext, DecodeStats
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.outputs import HostOutputs
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget, walk
@@ -44,8 +44,10 @@ def engine_for(block_size: int, seed: int) -> TorchEngine:
 CASES = [(b, s) for b in (4, 8, 16) for s in (0, 1)]
 
 
+@pytest.mark.parametrize("store_mode", STORE_MODES)
 @pytest.mark.parametrize("block_size,model_seed", CASES)
-def test_spot_family_equals_standard_decoding(block_size, model_seed):
+def test_spot_family_equals_standard_decoding(block_size, model_seed, store_mode):
+    """Under either store mode (docs/spec.md §1), every decoder gives standard decoding's tokens and steps."""
     engine = engine_for(block_size, model_seed)
     rng = np.random.default_rng(block_size * 10 + model_seed)
     cases = fewer = 0
@@ -55,7 +57,7 @@ def test_spot_family_equals_standard_decoding(block_size, model_seed):
             for seed in (0, 7):
                 for mode, base_name in (("static", "standard"), ("threshold", "threshold")):
                     req = DecodeRequest(24, mode, 0.6, Sampling(temperature, seed=seed),
-                                        TreeBudget(8, min(6, block_size)))
+                                        TreeBudget(8, min(6, block_size)), store_mode=store_mode)
                     base = run_decoder(base_name, engine, prompt, req)
                     passes = {}
                     for name in ("chain", "tree", "oracle", "order-oracle"):
@@ -545,14 +547,17 @@ def test_the_tuners_pass_profile_counts_what_the_decoders_did():
         gen = run_decoder(decoder, engine, prompt, req)
         profile = PassProfile.of([gen])
         assert profile.steps == standard.stats.steps
-        assert profile.single_passes + len(profile.verify_nodes) + gen.stats.passes.get("prefill", 0) \
-            == gen.stats.target_passes
+        assert profile.single_passes + len(profile.verify_nodes) + profile.fused_passes \
+            + gen.stats.passes.get("prefill", 0) == gen.stats.target_passes
         s = summarize([gen])
-        assert s["steps_per_verify"] == pytest.approx((gen.stats.steps - gen.stats.passes["block"])
-                                                      / gen.stats.passes["verify"])
+        assert s["steps_per_verify"] == pytest.approx((gen.stats.steps - gen.stats.passes["block"]
+                                                       - gen.stats.passes["fused"]) / gen.stats.passes["verify"])
         assert s["steps_per_verify"] <= 1 + np.mean(gen.stats.verify.accepted)
+        assert profile.fused_passes == gen.stats.passes["fused"] == gen.stats.blocks - 1
+    fused = standard.stats.passes["fused"]
     assert PassProfile.of([standard]) == PassProfile(standard.stats.steps, standard.stats.target_passes
-                                                     - standard.stats.passes.get("prefill", 0))
+                                                     - standard.stats.passes.get("prefill", 0) - fused,
+                                                     fused_passes=fused)
 
 
 def test_decode_stats_are_typed_and_keep_their_json_keys():
@@ -568,7 +573,7 @@ def test_decode_stats_are_typed_and_keep_their_json_keys():
                                           "walk_ms"}
     assert len(tree.verify.accepted) == len(tree.verify.nodes) == tree.passes["verify"] > 0
     assert tree.to_dict()["target_ms"] == tree.verify.target_ms > 0
-    assert list(tree.to_dict()["passes"]) == ["prefill", "block", "verify", "store"]
+    assert list(tree.to_dict()["passes"]) == ["prefill", "block", "verify", "store", "fused"]
     with pytest.raises(KeyError, match="unknown pass kind 'verfy'"):
         tree.passes["verfy"] += 1
     with pytest.raises(AttributeError):

@@ -13,7 +13,7 @@ from spot.checkpoint import Checkpoint
 from spot.config import ModelConfig
 from spot.engines.torch_engine import TorchEngine
 from spot.reference.model import SDARModel, block_causal_bias, random_model
-from spot.runtime.decode import generate
+from spot.runtime.decode import SEPARATE, generate
 from spot.runtime.noise import gumbel_rows
 from spot.runtime.step import (STATIC, THRESHOLD, CommitRule, Sampling, filter_scaled_logits, sample_positions,
                                select_commits, step_fn)
@@ -163,14 +163,23 @@ def test_matches_sdar_evaluation_decoder(tmp_path, block_size, seed, head_gain, 
                 ref, torch.from_numpy(prompt)[None], cfg.mask_token_id, gen_length, block_size, block_size,
                 strategy, rule.tau, stop_ids, commit_sizes)
             want = reference_tokens(x, last_block, prompt_len, block_size, stop_ids)
-            got = generate(engine, prompt, max_new_tokens=gen_length, rule=rule, stop_ids=stop_ids)
+            # SDAR's accounting: a store pass per block (store mode separate); its forward counts match
+            got = generate(engine, prompt, max_new_tokens=gen_length, rule=rule, stop_ids=stop_ids,
+                           store_mode=SEPARATE)
             case = f"P={prompt_len} stop={stop_ids} rule={rule}"
             # the same block-boundary decode; the output is at most gen_length of it, the rest overflow_ids
             assert got.token_ids == want[:gen_length], case
             assert got.token_ids + got.overflow_ids == want, case
             assert got.stats.target_passes == ref.forwards, case
             assert got.stats.passes["prefill"] == (1 if prompt_len >= block_size else 0), case
-            assert got.stats.passes["store"] == last_block - prompt_len // block_size + 1, case
+            blocks = last_block - prompt_len // block_size + 1
+            assert got.stats.passes["store"] == blocks, case
+            # fused (the default): the same tokens here, each store inside the next block's first pass and the last
+            # block's never run
+            fused = generate(engine, prompt, max_new_tokens=gen_length, rule=rule, stop_ids=stop_ids)
+            assert fused.token_ids + fused.overflow_ids == want, case
+            assert fused.stats.target_passes == ref.forwards - blocks, case
+            assert (fused.stats.passes["store"], fused.stats.passes["fused"]) == (0, blocks - 1), case
             outcomes["stopped" if got.stopped else "ran out"] += 1
     # the comparison covered what it claims: multi-token threshold commits, stops and full-length runs
     assert max(commit_sizes) > 1, commit_sizes

@@ -74,17 +74,21 @@ def test_trt_profiles_fix_the_capacity_per_profile():
     assert block["input_ids"] == ((1, 4), (8, 4), (8, 4)) and prefill["input_ids"] == ((1, 8), (1, 8), (1, 8))
     assert block["attn_bias"] == ((4, 132),) * 3 and prefill["attn_bias"] == ((8, 136),) * 3
     assert plan.profile_index(128) == plan.profile_index(128, 4) == 2 and plan.profile_index(128, 8) == 3
-    one_block = BucketPlan.default(256, 4, 8, smallest=64, prefill_blocks=1)      # no prefill profiles
-    assert [p.name for p in one_block.trt_profiles(2, 2, 16)] == ["C64", "C128", "C256"]
-    assert one_block.profile_index(256) == 2
+    # prefill in passes of one block: the prefill profiles still take the fused store pass's two (docs/spec.md §1)
+    one_block = BucketPlan.default(256, 4, 8, smallest=64, prefill_blocks=1)
+    profiles = one_block.trt_profiles(2, 2, 16)
+    assert [p.name for p in profiles] == ["C64", "C64-prefill", "C128", "C128-prefill", "C256", "C256-prefill"]
+    assert profiles[5].shapes["input_ids"] == ((1, 8),) * 3 and one_block.profile_index(256, 8) == 5
+    assert one_block.profile_index(256) == 4 and (1, 8, 64) in one_block.static_shapes()
 
 
-def test_dynamic_trt_profile_spans_every_pass_of_one_block():
+def test_dynamic_trt_profile_spans_every_pass_of_one_block_and_the_fused_pass():
+    """N states of one block, and the fused store pass: one state of two blocks (S = 2B)."""
     from spot.folder.trt_profile import Profile, dynamic_trt_profile
     p = dynamic_trt_profile(TINY, max_nodes=8, max_context=256)
-    assert p.shapes["input_ids"] == ((1, 4), (8, 4), (8, 4))
+    assert p.shapes["input_ids"] == ((1, 4), (8, 4), (8, 8))
     assert p.shapes["past_k_0"] == p.shapes["past_v_1"] == ((2, 0, 16), (2, 124, 16), (2, 252, 16))
-    assert p.shapes["attn_bias"] == ((4, 4), (4, 128), (4, 256)) and p.shapes["position_ids"] == ((4,),) * 3
+    assert p.shapes["attn_bias"] == ((4, 4), (4, 128), (8, 260)) and p.shapes["position_ids"] == ((4,), (4,), (8,))
     assert Profile.from_dict("again", p.to_dict()).shapes == p.shapes
     with pytest.raises(SpotError, match="malformed"):
         Profile.from_dict("bad", {"min": {"input_ids": [1, 4]}})
@@ -112,7 +116,8 @@ def test_ort_tensorrt_provider_options(tmp_path, monkeypatch):
     assert opts["trt_timing_cache_enable"] and opts["trt_fp16_enable"]
     assert opts["trt_profile_min_shapes"] == ("input_ids:1x4,position_ids:4,attn_bias:4x4,past_k_0:2x0x16,"
                                               "past_v_0:2x0x16,past_k_1:2x0x16,past_v_1:2x0x16")
-    assert opts["trt_profile_max_shapes"] == ("input_ids:8x4,position_ids:4,attn_bias:4x256,past_k_0:2x252x16,"
+    # (the fused store pass: S = 2B)
+    assert opts["trt_profile_max_shapes"] == ("input_ids:8x8,position_ids:8,attn_bias:8x260,past_k_0:2x252x16,"
                                               "past_v_0:2x252x16,past_k_1:2x252x16,past_v_1:2x252x16")
     assert "input_ids:8x4" in opts["trt_profile_opt_shapes"]
     assert "trt_profile_min_shapes" not in providers_for("trt", tmp_path / "model", "fp32")[0][1]

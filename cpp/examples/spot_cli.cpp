@@ -3,6 +3,7 @@
 //   spot_cli generate --model DIR|NAME [--drafter DIR] [--decoder NAME] --prompt-ids 1,2,3 [--temperature T]
 //                     [--seed S] [--tau X] [--max-new-tokens N] [--budget N] [--depth D] [--mode static|threshold]
 //                     [--top-k K] [--top-p P] [--stop-ids a,b] [--threads N] [--verify quick|full|none]
+//                     [--store fused|separate]
 //                     [--device cpu|cuda|trt] [--sampler auto|host|device] [--kv-cache auto|host|device]
 //       -> one JSON line: token ids, pass counts by kind, steps, host milliseconds
 //   spot_cli batch --model DIR [--drafter DIR] [--threads N] [--verify ...] [--device ...] [--sampler ...]
@@ -46,6 +47,7 @@ const char* kUsage =
     "                         [--decoder standard|threshold|chain|tree|spot|spot-sets]\n"
     "                         --prompt-ids IDS [--temperature T] [--seed S] [--tau X] [--max-new-tokens N (128)]\n"
     "                         [--budget N] [--depth D] [--mode static|threshold] [--top-k K] [--top-p P]\n"
+    "                         [--store fused|separate]\n"
     "                         [--stop-ids IDS] [--threads N] [--verify quick|full|none] [--device cpu|cuda|trt]\n"
     "                         [--sampler auto|host|device] [--kv-cache auto|host|device]\n"
     "                         [--stream N]   (JSON line per final block; N > 0: stop after N blocks)\n"
@@ -248,6 +250,10 @@ void parse_flags(const std::vector<std::string>& args, size_t start, OpenArgs* o
       if (v == "static") req->options.mode = SPOT_MODE_STATIC;
       else if (v == "threshold") req->options.mode = SPOT_MODE_THRESHOLD;
       else throw UsageError{"--mode expects static or threshold"};
+    } else if (req && flag == "--store") {
+      if (v == "fused") req->options.store_mode = SPOT_STORE_FUSED;
+      else if (v == "separate") req->options.store_mode = SPOT_STORE_SEPARATE;
+      else throw UsageError{"--store expects fused or separate"};
     } else if (req && flag == "--stream") {
       req->stream = parse_int(flag, v);
       if (req->stream < 0) throw UsageError{"--stream expects N >= 0 (0: to the end), got " + v};
@@ -277,14 +283,15 @@ std::string result_json(const spot_generate_options& o, const std::vector<int64_
   const bool threshold = o.decoder == SPOT_DECODER_THRESHOLD || o.decoder == SPOT_DECODER_SPOT_SETS ||
                          o.mode == SPOT_MODE_THRESHOLD;
   out += threshold ? ", \"mode\": \"threshold\"" : ", \"mode\": \"static\"";
-  char buf[512];
+  char buf[640];
   std::snprintf(buf, sizeof(buf),
                 ", \"stopped\": %s, \"cancelled\": %s, \"target_passes\": %" PRId64 ", \"passes\": {\"prefill\": %" PRId64
-                ", \"block\": %" PRId64 ", \"verify\": %" PRId64 ", \"store\": %" PRId64 "}, \"steps\": %" PRId64
+                ", \"block\": %" PRId64 ", \"verify\": %" PRId64 ", \"store\": %" PRId64 ", \"fused\": %" PRId64
+                "}, \"steps\": %" PRId64
                 ", \"blocks\": %" PRId64 ", \"seconds\": %.6f, \"draft_ms\": %.6f, \"walk_ms\": %.6f, "
                 "\"target_ms\": %.6f, \"epilogue_states\": %" PRId64 ", \"epilogue_ms\": %.6f}",
                 s.stopped == 1 ? "true" : "false", s.stopped == 2 ? "true" : "false", s.target_passes, s.prefill_passes, s.block_passes, s.verify_passes,
-                s.store_passes, s.steps, s.blocks, s.seconds, s.draft_ms, s.walk_ms, s.target_ms, s.epilogue_states,
+                s.store_passes, s.fused_passes, s.steps, s.blocks, s.seconds, s.draft_ms, s.walk_ms, s.target_ms, s.epilogue_states,
                 s.epilogue_ms);
   out += buf;
   return out + "\n";

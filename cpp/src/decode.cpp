@@ -22,14 +22,23 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// decode.state_pass: one pass over one state; a block's first pass stores the pending finished block too (fused)
+std::unique_ptr<PassOutputs> state_pass(TargetEngine& engine, const std::vector<int64_t>& state, uint32_t step,
+                                        uint32_t block, const BlockContext& ctx) {
+  std::vector<int64_t> store;
+  store.swap(*ctx.pending);
+  std::unique_ptr<PassOutputs> out = block_pass(engine, state, {step}, ctx, block, store.empty() ? nullptr : &store);
+  ctx.stats->passes[store.empty() ? "block" : "fused"] += 1;
+  return out;
+}
+
 std::vector<int64_t> standard_block(TargetEngine& engine, std::vector<int64_t> state, uint32_t block,
                                     const BlockContext& ctx) {
   uint32_t step = 0;
   while (has_mask(state, ctx.mask_id)) {
     const double t0 = now_ms();
-    std::unique_ptr<PassOutputs> out = block_pass(engine, state, {step}, ctx, block);
+    std::unique_ptr<PassOutputs> out = state_pass(engine, state, step, block, ctx);
     ctx.stats->target_ms += now_ms() - t0;   // decode.standard_block: standard decoding's passes (the tuner's charge)
-    ctx.stats->passes["block"] += 1;
     state = out->next_state(0, state, ctx, block, step);
     ++step;
   }
@@ -76,9 +85,8 @@ std::vector<int64_t> spot_block(TargetEngine& engine, std::vector<int64_t> state
                                 const BlockContext& ctx, Proposer& proposer, int64_t nodes, int64_t depth) {
   check_budget(nodes, depth, engine);
   DecodeStats& stats = *ctx.stats;
-  std::unique_ptr<PassOutputs> last = block_pass(engine, state, {0}, ctx, block);
+  std::unique_ptr<PassOutputs> last = state_pass(engine, state, 0, block, ctx);
   int64_t last_row = 0;   // the row of `last` that `state` was seen in
-  stats.passes["block"] += 1;
   uint32_t step = 0;
   std::vector<int64_t> root = last->next_state(0, state, ctx, block, step);
   while (has_mask(root, ctx.mask_id)) {
@@ -218,7 +226,8 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
   sampling.top_k = req.top_k;
   sampling.top_p = req.top_p;
   NoiseRows noise(req.seed, cfg.vocab_size);
-  BlockContext ctx{rule, sampling, cfg.mask_token_id, &gen.stats, &noise};
+  std::vector<int64_t> pending;   // fused store: the finished block the next block's first pass stores
+  BlockContext ctx{rule, sampling, cfg.mask_token_id, &gen.stats, &noise, &pending};
   const int64_t sampled_before = engine.epilogue_states();
   const double epilogue_ms_before = engine.epilogue_ms();
   const int64_t first = p / b;
@@ -233,8 +242,17 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
     state = proposer && nodes > 1
                 ? spot_block(engine, state, static_cast<uint32_t>(block), ctx, *proposer, nodes, depth)
                 : standard_block(engine, state, static_cast<uint32_t>(block), ctx);
-    engine.store(state);
-    gen.stats.passes["store"] += 1;
+    if (!pending.empty()) {   // a decoder that ran no pass stored nothing: the cache needs it now (decode.py)
+      engine.store(pending);
+      pending.clear();
+      gen.stats.passes["store"] += 1;
+    }
+    if (req.separate_store) {
+      engine.store(state);
+      gen.stats.passes["store"] += 1;
+    } else {
+      pending = state;
+    }
     gen.stats.blocks += 1;
     // what this block adds to the output: cut before a stop id and at max_new_tokens (only the last block holds
     // more than the room left; the rest of it was decoded to finish the block, and is not output)

@@ -17,7 +17,7 @@ namespace spot {
 class Drafter;
 
 struct DecodeStats {
-  std::map<std::string, int64_t> passes;   // prefill, block, verify, store
+  std::map<std::string, int64_t> passes;   // prefill, block, verify, store, fused (stats.PASS_KINDS)
   int64_t steps = 0, blocks = 0;
   double seconds = 0, draft_ms = 0, walk_ms = 0, target_ms = 0;
   int64_t epilogue_states = 0;            // states the device sampling epilogue sampled (0: host sampler)
@@ -44,6 +44,9 @@ struct DecodeRequest {
   int64_t budget = 16;
   int64_t depth = 8;
   std::optional<std::vector<int64_t>> stop_ids;
+  // decode.STORE_MODES: false (fused) = the next block's first pass stores a finished block; true = a store pass per
+  // block (SDAR's accounting)
+  bool separate_store = false;
   // streaming (decode.generate's on_block): after each finished block, the ids it adds to the output (cut before a
   // stop id and at max_new_tokens); true ends generation after that block
   std::function<bool(const std::vector<int64_t>&)> on_block;

@@ -338,7 +338,8 @@ TargetGraphs::TargetGraphs(const ExportedFolder& f, int threads, Device device, 
       max_context(std::min(f.max_context, f.config.max_position_embeddings)),
       max_nodes(f.max_nodes),
       elem(f.dtype == "fp16" ? 2 : 4),
-      kv_type(f.dtype == "fp16" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+      kv_type(f.dtype == "fp16" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT),
+      host_place(std::make_unique<MemoryPlace>(Device::kCpu)) {
   SessionConfig sc = session_config(threads, device);
   sc.config_entries = f.ort_session_config;
   if (device == Device::kTensorRT) {
@@ -355,7 +356,7 @@ TargetGraphs::TargetGraphs(const ExportedFolder& f, int threads, Device device, 
       sc.trt_profile_max = trt_shape_option(prof->at("max"));
       const auto& tokens = prof->at("max").at("position_ids").items();
       if (tokens.size() != 1) fail(SPOT_ERR_CORRUPT, "position_ids must have one dimension");
-      prefill_chunk = tokens[0].integer();   // the profile's longest pass: one block
+      prefill_chunk = tokens[0].integer();   // the profile's longest pass: two blocks (the fused store pass)
     } catch (const SpotException& e) {
       fail(SPOT_ERR_CORRUPT, f.folder + "/manifest.json: tensorrt_profile is malformed (" + e.what() +
                                  "): run `spot upgrade-export " + f.folder + "`");
@@ -546,7 +547,7 @@ void TargetEngine::extend(const std::vector<int64_t>& ids, int64_t s, const std:
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
   if (!graphs_->kv_append) {
     std::vector<OrtOutput> out = run({"new_k", "new_v"}, ids, 1, s, bias);
-    append_host_kv(out[0], out[1], s);
+    append_host_kv(out[0], out[1], s, s);
     return;
   }
   const std::vector<int64_t> pos = positions(s);
@@ -556,21 +557,33 @@ void TargetEngine::extend(const std::vector<int64_t>& ids, int64_t s, const std:
   const std::vector<int64_t> fresh_shape = {L, 1, H, s, D};
   if (fresh[0].shape() != fresh_shape || fresh[1].shape() != fresh_shape)
     fail(SPOT_ERR_RUNTIME, "the target graph returned new_k/new_v of an unexpected shape");
-  // kv_append.onnx per layer: Concat(past, new) on the device, the layer's new K/V read in place (a view of the
-  // pass's output); the empty cache is a zero-size host tensor. A layer's old cache is released once its longer
-  // one exists: the transient is one layer's cache, not a second cache.
-  const std::vector<int64_t> want = {H, cached_ + s, D};
+  // each layer's new K/V read in place (a view of the pass's output)
   const size_t layer_elems = static_cast<size_t>(H * s * D);
+  std::vector<OrtOutput> views;
+  append_device_kv(s, [&](int64_t layer, std::vector<std::string>&, std::vector<InputTensor>&,
+                          std::vector<BorrowedInput>& device) {
+    views.clear();
+    views.push_back(fresh[0].view(layer * layer_elems, {H, s, D}));
+    views.push_back(fresh[1].view(layer * layer_elems, {H, s, D}));
+    device.push_back({"new_k", views[0].value()});
+    device.push_back({"new_v", views[1].value()});
+  });
+}
+
+void TargetEngine::append_device_kv(int64_t keep, const NewKV& add_new) {
+  // kv_append.onnx per layer: Concat(past, new) on the device; the empty cache is a zero-size host tensor. A layer's
+  // old cache is released once its longer one exists: the transient is one layer's cache, not a second cache.
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  const std::vector<int64_t> want = {H, cached_ + keep, D};
   const std::vector<uint8_t> none;
   const bool first = device_k_.empty();     // the first stored tokens: every layer's cache starts empty
   for (int64_t layer = 0; layer < L; ++layer) {
-    const OrtOutput new_k = fresh[0].view(layer * layer_elems, {H, s, D});
-    const OrtOutput new_v = fresh[1].view(layer * layer_elems, {H, s, D});
     std::vector<std::string> names;
     std::vector<InputTensor> host;
-    std::vector<BorrowedInput> device = {{"new_k", new_k.value()}, {"new_v", new_v.value()}};
+    std::vector<BorrowedInput> device;
+    add_new(layer, names, host, device);
     if (first) {
-      names = {"past_k", "past_v"};
+      names.insert(names.end(), {"past_k", "past_v"});
       host.push_back({kv_type_, {H, 0, D}, none.data(), 0});
       host.push_back({kv_type_, {H, 0, D}, none.data(), 0});
     } else {
@@ -590,20 +603,53 @@ void TargetEngine::extend(const std::vector<int64_t>& ids, int64_t s, const std:
   }
 }
 
-void TargetEngine::append_host_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s) {
-  // new_k / new_v [L, 1, Hkv, S, D] -> each layer's cache [Hkv, C + S, D], one layer's longer cache at a time
+namespace {
+
+// The first `keep` of s tokens of one layer's host new K or V [Hkv, S, D] (elem bytes each), contiguous.
+void kept_tokens(const uint8_t* layer, int64_t H, int64_t s, int64_t keep, size_t row_bytes, std::vector<uint8_t>& out) {
+  out.resize(static_cast<size_t>(H * keep) * row_bytes);
+  for (int64_t h = 0; h < H; ++h)
+    std::memcpy(out.data() + h * keep * row_bytes, layer + h * s * row_bytes, static_cast<size_t>(keep) * row_bytes);
+}
+
+}  // namespace
+
+void TargetEngine::append_device_kv_from_host(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s,
+                                              int64_t keep) {
+  // kv_append reads one contiguous [Hkv, S, D] input per K / V, and the first B of a fused pass's 2B tokens are not
+  // one: the pass's new K/V came to the host (2 x L x Hkv x 2B x D values, ~1 MB for SDAR-8B at B = 4, against a
+  // target pass saved) and each layer's kept tokens go back as kv_append's inputs
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
+  const std::vector<int64_t> shape = {L, 1, H, s, D};
+  if (new_k.shape() != shape || new_v.shape() != shape)
+    fail(SPOT_ERR_RUNTIME, "the target graph returned new_k/new_v of an unexpected shape");
+  const size_t row = static_cast<size_t>(D) * elem_, layer_bytes = static_cast<size_t>(H * s) * row;
+  std::vector<uint8_t> k, v;
+  append_device_kv(keep, [&](int64_t layer, std::vector<std::string>& names, std::vector<InputTensor>& host,
+                             std::vector<BorrowedInput>&) {
+    kept_tokens(static_cast<const uint8_t*>(new_k.data()) + layer * layer_bytes, H, s, keep, row, k);
+    kept_tokens(static_cast<const uint8_t*>(new_v.data()) + layer * layer_bytes, H, s, keep, row, v);
+    names.insert(names.end(), {"new_k", "new_v"});
+    host.push_back({kv_type_, {H, keep, D}, k.data(), k.size()});
+    host.push_back({kv_type_, {H, keep, D}, v.data(), v.size()});
+  });
+}
+
+void TargetEngine::append_host_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s, int64_t keep) {
+  // new_k / new_v [L, 1, Hkv, S, D] -> each layer's cache [Hkv, C + keep, D], one layer's longer cache at a time
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_key_value_heads, D = cfg_.head_dim;
   std::vector<int64_t> want = {L, 1, H, s, D};
   if (new_k.shape() != want || new_v.shape() != want)
     fail(SPOT_ERR_RUNTIME, "the target graph returned new_k/new_v of an unexpected shape");
   const int64_t c_old = cached_;
   const size_t old_row = static_cast<size_t>(c_old * D) * elem_, new_row = static_cast<size_t>(s * D) * elem_;
+  const size_t kept_row = static_cast<size_t>(keep * D) * elem_;
   auto merge = [&](std::vector<uint8_t>& cache, const uint8_t* src) {
-    std::vector<uint8_t> out(static_cast<size_t>(H) * (old_row + new_row));
+    std::vector<uint8_t> out(static_cast<size_t>(H) * (old_row + kept_row));
     for (int64_t h = 0; h < H; ++h) {
-      uint8_t* dst = out.data() + h * (old_row + new_row);
+      uint8_t* dst = out.data() + h * (old_row + kept_row);
       if (old_row) std::memcpy(dst, cache.data() + h * old_row, old_row);
-      std::memcpy(dst + old_row, src + h * new_row, new_row);
+      std::memcpy(dst + old_row, src + h * new_row, kept_row);
     }
     cache.swap(out);
   };
@@ -612,6 +658,24 @@ void TargetEngine::append_host_kv(const OrtOutput& new_k, const OrtOutput& new_v
     merge(k_[layer], static_cast<const uint8_t*>(new_k.data()) + layer * layer_bytes);
     merge(v_[layer], static_cast<const uint8_t*>(new_v.data()) + layer * layer_bytes);
   }
+}
+
+std::vector<uint8_t> TargetEngine::block_causal_bias(int64_t s) const {
+  // additive mask [S, C + S]: the cache visible (earlier blocks); among the S tokens 0 where block(j) <= block(i)
+  std::vector<uint8_t> bias(static_cast<size_t>(s * (cached_ + s)) * elem_, 0);
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t j = 0; j < s; ++j) {
+      if (j / b_ <= i / b_) continue;
+      uint8_t* at = bias.data() + static_cast<size_t>(i * (cached_ + s) + cached_ + j) * elem_;
+      if (elem_ == 4) {
+        float ninf = -INFINITY;
+        std::memcpy(at, &ninf, 4);
+      } else {
+        uint16_t h = fp16_neg_inf();
+        std::memcpy(at, &h, 2);
+      }
+    }
+  return bias;
 }
 
 void TargetEngine::prefill(const std::vector<int64_t>& ids) {
@@ -633,21 +697,7 @@ void TargetEngine::prefill(const std::vector<int64_t>& ids) {
   const int64_t chunk = graphs_->prefill_chunk > 0 ? graphs_->prefill_chunk : std::max<int64_t>(b_, max_nodes_ * b_);
   for (int64_t start = 0; start < p; start += chunk) {
     const int64_t s = std::min(chunk, p - start);
-    // additive mask [S, C + S]: the cache visible (earlier blocks); within the chunk 0 where block(j) <= block(i)
-    std::vector<uint8_t> bias(static_cast<size_t>(s * (cached_ + s)) * elem_, 0);
-    for (int64_t i = 0; i < s; ++i)
-      for (int64_t j = 0; j < s; ++j) {
-        if (j / b_ <= i / b_) continue;
-        uint8_t* at = bias.data() + static_cast<size_t>(i * (cached_ + s) + cached_ + j) * elem_;
-        if (elem_ == 4) {
-          float ninf = -INFINITY;
-          std::memcpy(at, &ninf, 4);
-        } else {
-          uint16_t h = fp16_neg_inf();
-          std::memcpy(at, &h, 2);
-        }
-      }
-    extend(std::vector<int64_t>(ids.begin() + start, ids.begin() + start + s), s, bias);
+    extend(std::vector<int64_t>(ids.begin() + start, ids.begin() + start + s), s, block_causal_bias(s));
     cached_ += s;
   }
 }
@@ -788,6 +838,45 @@ HostLogits TargetEngine::block_logits(const std::vector<int64_t>& states, int64_
   HostLogits logits(std::move(out[0]));
   if (check_finite && !all_finite(logits.data(), static_cast<size_t>(n * b_ * cfg_.vocab_size))) non_finite(cached_);
   return logits;
+}
+
+OrtOutput TargetEngine::fused_pass(const std::vector<int64_t>& store, const std::vector<int64_t>& state,
+                                   const MemoryPlace& logits_place) {
+  check_ids(store, "store state");
+  if (store.size() != static_cast<size_t>(b_))
+    fail(SPOT_ERR_INVALID_ARGUMENT, "store state: expected [" + std::to_string(b_) + "]");
+  check_states(state, 1);
+  check_room(2 * b_);
+  if (graphs_->prefill_chunk > 0 && graphs_->prefill_chunk < 2 * b_)   // device trt: the profile's longest pass
+    fail(SPOT_ERR_INCOMPATIBLE, "the folder's TensorRT shape profile takes passes of one block, the fused store pass "
+                                "runs two (" + std::to_string(2 * b_) + " tokens): run `spot upgrade-export` on the "
+                                "folder (seconds: it records the profile again), or use SPOT_STORE_SEPARATE");
+  std::vector<int64_t> ids(store);
+  ids.insert(ids.end(), state.begin(), state.end());
+  const std::vector<int64_t> pos = positions(2 * b_);
+  const std::vector<uint8_t> bias = block_causal_bias(2 * b_);
+  Feeds f = feeds(ids, 1, 2 * b_, bias, pos);
+  const MemoryPlace& kv_place = *graphs_->host_place;   // (append_device_kv_from_host says why)
+  std::vector<OrtOutput> out = graphs_->session->run_placed(f.names, f.host, {"logits", "new_k", "new_v"},
+                                                            {&logits_place, &kv_place, &kv_place}, f.device);
+  if (out[0].shape() != std::vector<int64_t>{1, 2 * b_, cfg_.vocab_size} ||
+      out[0].type() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
+    fail(SPOT_ERR_RUNTIME, "the target graph returned logits of an unexpected shape or type");
+  if (graphs_->kv_append)
+    append_device_kv_from_host(out[1], out[2], 2 * b_, b_);
+  else
+    append_host_kv(out[1], out[2], 2 * b_, b_);
+  cached_ += b_;
+  return std::move(out[0]);
+}
+
+HostLogits TargetEngine::fused_logits(const std::vector<int64_t>& store, const std::vector<int64_t>& state) {
+  return HostLogits(fused_pass(store, state, *graphs_->host_place), static_cast<size_t>(b_ * cfg_.vocab_size));
+}
+
+OrtOutput TargetEngine::fused_device_logits(const std::vector<int64_t>& store, const std::vector<int64_t>& state) {
+  if (!graphs_->epilogue) fail(SPOT_ERR_INTERNAL, "fused_device_logits without the device sampler");
+  return fused_pass(store, state, *graphs_->place);
 }
 
 void TargetEngine::store(const std::vector<int64_t>& state) {

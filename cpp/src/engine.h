@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,11 +50,13 @@ enum class Placement { kAuto, kHost, kDevice };
 // ~300 MB for SDAR's vocabulary).
 class HostLogits {
  public:
-  explicit HostLogits(OrtOutput out) : out_(std::move(out)) {}
-  const float* data() const { return static_cast<const float*>(out_.data()); }
+  // first: the elements before the states' own rows (a fused store pass: its stored block's B x V)
+  explicit HostLogits(OrtOutput out, size_t first = 0) : out_(std::move(out)), first_(first) {}
+  const float* data() const { return static_cast<const float*>(out_.data()) + first_; }
 
  private:
   OrtOutput out_;
+  size_t first_;
 };
 
 // The sampling epilogue's results for N states (spot.folder.epilogue.EpilogueResult), on the host; the engine
@@ -99,6 +102,7 @@ class TargetGraphs {
   std::unique_ptr<OrtSessionHandle> epilogue;   // the device sampler's epilogue; null: host sampling
   std::unique_ptr<OrtSessionHandle> kv_append;  // the device cache's append (one layer); null: the host cache
   std::unique_ptr<MemoryPlace> place;           // where the target's logits / new K/V stay on the device
+  std::unique_ptr<MemoryPlace> host_place;      // host memory (a fused pass's new K/V with the device cache)
   int64_t epilogue_steps = 0;
   int64_t epilogue_positions = 0;               // positions per epilogue call (the manifest's positions_per_call)
   std::string epilogue_graph_path;
@@ -132,6 +136,12 @@ class TargetEngine {
   // check_finite false: the caller checks each state's rows when it reads them (HostPassOutputs)
   HostLogits block_logits(const std::vector<int64_t>& states, int64_t n, bool check_finite = true);
   void store(const std::vector<int64_t>& state);             // appends the finished block's K/V
+  // The fused store pass (decode.py's state_pass with a pending block): store [B] and state [B] as 2B tokens with
+  // the block-causal mask; store's K/V appended to the cache, the state's logits [1, B, V] returned — on the host
+  // (block_logits' form, check_finite false) or, with the device sampler, where the target ran (its row 1 is the
+  // state's: sample_state(logits, 1, ...)).
+  HostLogits fused_logits(const std::vector<int64_t>& store, const std::vector<int64_t>& state);
+  OrtOutput fused_device_logits(const std::vector<int64_t>& store, const std::vector<int64_t>& state);
   // with the device sampler: a pass over N states [N*B] keeps its logits [N, B, V] where the target ran, and the
   // epilogue samples one of them (row `row`, block state `state` [B], commit step `step`) when the host reads it
   bool samples_on_device() const { return graphs_->epilogue != nullptr; }
@@ -165,7 +175,19 @@ class TargetEngine {
   void check_room(int64_t n) const;
   // run one state ids [S] and append its tokens' K/V to the cache (host memory or the device)
   void extend(const std::vector<int64_t>& ids, int64_t s, const std::vector<uint8_t>& bias);
-  void append_host_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s);
+  // the first `keep` of s tokens of host new_k / new_v [L, 1, Hkv, S, D] into the host cache
+  void append_host_kv(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s, int64_t keep);
+  // the same into the device cache: kv_append per layer, fed host copies of the layer's kept tokens
+  void append_device_kv_from_host(const OrtOutput& new_k, const OrtOutput& new_v, int64_t s, int64_t keep);
+  // kv_append per layer over the device cache (keep new tokens), add_new(layer, names, host, device) binding the
+  // layer's new_k / new_v inputs
+  using NewKV = std::function<void(int64_t, std::vector<std::string>&, std::vector<InputTensor>&,
+                                   std::vector<BorrowedInput>&)>;
+  void append_device_kv(int64_t keep, const NewKV& add_new);
+  std::vector<uint8_t> block_causal_bias(int64_t s) const;   // [S, C + S]: the cache, the S tokens block-causal
+  // the fused pass: [store, state] run, store's K/V appended; the logits kept at `logits_place`
+  OrtOutput fused_pass(const std::vector<int64_t>& store, const std::vector<int64_t>& state,
+                       const MemoryPlace& logits_place);
 
   std::shared_ptr<const TargetGraphs> graphs_;
   // the graphs' facts every pass reads, at hand (the graphs never change)

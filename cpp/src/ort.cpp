@@ -335,6 +335,15 @@ std::vector<OrtOutput> OrtSessionHandle::run_keeping(const std::vector<std::stri
                                                      const std::vector<std::string>& output_names,
                                                      const MemoryPlace& place,
                                                      const std::vector<BorrowedInput>& borrowed) const {
+  return run_placed(input_names, inputs, output_names,
+                    std::vector<const MemoryPlace*>(output_names.size(), &place), borrowed);
+}
+
+std::vector<OrtOutput> OrtSessionHandle::run_placed(const std::vector<std::string>& input_names,
+                                                    const std::vector<InputTensor>& inputs,
+                                                    const std::vector<std::string>& output_names,
+                                                    const std::vector<const MemoryPlace*>& places,
+                                                    const std::vector<BorrowedInput>& borrowed) const {
   const OrtApi& api = ort_api();
   std::vector<OrtValue*> owned = host_values(inputs);
   OrtIoBinding* binding = nullptr;
@@ -344,7 +353,7 @@ std::vector<OrtOutput> OrtSessionHandle::run_keeping(const std::vector<std::stri
   for (size_t i = 0; i < borrowed.size() && st == nullptr; ++i)
     st = api.BindInput(binding, borrowed[i].name.c_str(), borrowed[i].value);
   for (size_t i = 0; i < output_names.size() && st == nullptr; ++i)
-    st = api.BindOutputToDevice(binding, output_names[i].c_str(), place.info());
+    st = api.BindOutputToDevice(binding, output_names[i].c_str(), places.at(i)->info());
   if (st == nullptr) st = api.RunWithBinding(session_, nullptr, binding);
   OrtValue** values = nullptr;
   size_t count = 0;

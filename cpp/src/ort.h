@@ -109,6 +109,13 @@ class OrtSessionHandle {
                                      const std::vector<InputTensor>& inputs,
                                      const std::vector<std::string>& output_names, const MemoryPlace& place,
                                      const std::vector<BorrowedInput>& borrowed = {}) const;
+  // As run_keeping, output i kept where places[i] says (a fused store pass: its logits where the target ran for the
+  // device sampler, its new K/V in host memory).
+  std::vector<OrtOutput> run_placed(const std::vector<std::string>& input_names,
+                                    const std::vector<InputTensor>& inputs,
+                                    const std::vector<std::string>& output_names,
+                                    const std::vector<const MemoryPlace*>& places,
+                                    const std::vector<BorrowedInput>& borrowed = {}) const;
 
  private:
   OrtSession* session_ = nullptr;

@@ -21,6 +21,9 @@ struct BlockContext {
   int64_t mask_id;
   DecodeStats* stats;
   NoiseRows* noise;
+  // fused store mode: the finished block not yet cached, which the next block's first pass stores (decode.py's
+  // PendingStore); empty: none
+  std::vector<int64_t>* pending;
 };
 
 // What one target pass gives the host loop per state (outputs.py): F's next state and the stale view of a round.
@@ -69,10 +72,11 @@ class HostPassOutputs : public PassOutputs {
 // N, and its memory is one state's. Its samples equal the host's bit for bit.
 class DevicePassOutputs : public PassOutputs {
  public:
+  // skip: blocks of logits rows before the states' own (a fused store pass: 1, its stored block's)
   DevicePassOutputs(TargetEngine& engine, OrtOutput logits, const std::vector<int64_t>& states,
-                    std::vector<int64_t> steps, const Sampling& sampling, uint32_t block)
+                    std::vector<int64_t> steps, const Sampling& sampling, uint32_t block, int64_t skip = 0)
       : engine_(engine), logits_(std::make_unique<OrtOutput>(std::move(logits))), states_(states),
-        steps_(std::move(steps)), sampling_(sampling), block_(block), done_(steps_.size()) {}
+        steps_(std::move(steps)), sampling_(sampling), block_(block), skip_(skip), done_(steps_.size()) {}
   std::vector<int64_t> next_state(int64_t n, const std::vector<int64_t>& state, const BlockContext& ctx, uint32_t,
                                   uint32_t) const override {
     const std::vector<int64_t> masked = masked_positions(state, ctx.mask_id);
@@ -102,7 +106,8 @@ class DevicePassOutputs : public PassOutputs {
       if (!logits_) fail(SPOT_ERR_INTERNAL, "a settled pass's other states were read");
       const int64_t b = engine_.block_size();
       const std::vector<int64_t> state(states_.begin() + n * b, states_.begin() + (n + 1) * b);
-      r = std::make_unique<EpilogueResult>(engine_.sample_state(*logits_, n, state, steps_[n], sampling_, block_));
+      r = std::make_unique<EpilogueResult>(
+          engine_.sample_state(*logits_, skip_ + n, state, steps_[n], sampling_, block_));
     }
     return *r;
   }
@@ -111,11 +116,14 @@ class DevicePassOutputs : public PassOutputs {
   std::vector<int64_t> states_, steps_;
   Sampling sampling_;
   uint32_t block_;
+  int64_t skip_;
   mutable std::vector<std::unique_ptr<EpilogueResult>> done_;
 };
 
 // One target pass over N states [N*B] whose commit steps are steps [N]: the logits, or the epilogue's samples.
+// store: a finished block [B] the pass stores first (the fused store pass, N = 1; Engine.block_outputs' store).
 std::unique_ptr<PassOutputs> block_pass(TargetEngine& engine, const std::vector<int64_t>& states,
-                                        const std::vector<int64_t>& steps, const BlockContext& ctx, uint32_t block);
+                                        const std::vector<int64_t>& steps, const BlockContext& ctx, uint32_t block,
+                                        const std::vector<int64_t>* store = nullptr);
 
 }  // namespace spot

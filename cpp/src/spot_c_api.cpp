@@ -128,6 +128,7 @@ void spot_generate_options_init(spot_generate_options* o) {
   o->top_p = 1.0;
   o->stop_ids = nullptr;
   o->n_stop_ids = 0;
+  o->store_mode = SPOT_STORE_FUSED;
 }
 
 spot_status spot_open(const char* folder, const spot_open_options* options, spot_model** out, spot_error* err) {
@@ -367,6 +368,10 @@ spot_status generate_on(spot_context* model, const int64_t* prompt, size_t n_pro
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1], got " + spot::number_text(o.top_p));
   if (o.mode != SPOT_MODE_STATIC && o.mode != SPOT_MODE_THRESHOLD)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: unknown mode");
+  if (o.store_mode != SPOT_STORE_FUSED && o.store_mode != SPOT_STORE_SEPARATE)
+    return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: unknown store_mode " +
+                                                         std::to_string(static_cast<int>(o.store_mode)) +
+                                                         ", expected SPOT_STORE_FUSED (0) or SPOT_STORE_SEPARATE (1)");
   if (o.stop_ids == nullptr && o.n_stop_ids > 0)
     return set_error(err, SPOT_ERR_INVALID_ARGUMENT, "spot_generate: stop_ids is NULL but n_stop_ids > 0");
   // sizes before anything is sized by them (a prompt past the context can never decode; SPOT_MAX_STOP_IDS, as the
@@ -413,6 +418,7 @@ spot_status generate_on(spot_context* model, const int64_t* prompt, size_t n_pro
     req.max_new_tokens = o.max_new_tokens;
     req.threshold_mode = o.mode == SPOT_MODE_THRESHOLD;
     req.tau = o.tau;
+    req.separate_store = o.store_mode == SPOT_STORE_SEPARATE;
     req.temperature = o.temperature;
     req.seed = o.seed;
     req.top_k = o.top_k;
@@ -443,7 +449,9 @@ spot_status generate_on(spot_context* model, const int64_t* prompt, size_t n_pro
       stats->block_passes = count("block");
       stats->verify_passes = count("verify");
       stats->store_passes = count("store");
-      stats->target_passes = stats->prefill_passes + stats->block_passes + stats->verify_passes + stats->store_passes;
+      stats->fused_passes = count("fused");
+      stats->target_passes = stats->prefill_passes + stats->block_passes + stats->verify_passes +
+                             stats->store_passes + stats->fused_passes;
       stats->steps = gen.stats.steps;
       stats->blocks = gen.stats.blocks;
       stats->stopped = gen.stopped ? 1 : gen.cancelled ? 2 : 0;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from spot.cli.shared import backend_option, echo_err, open_model, placement_options
+from spot.cli.shared import backend_option, echo_err, open_model, placement_options, store_option
 from spot.errors import SpotError
 from spot.runtime.registry import decoder as decoder_entry, decoder_names
 from spot.runtime.step import THRESHOLD
@@ -71,9 +71,10 @@ def recordable(tune_results: list[dict], save: bool, record_noisy: bool, say) ->
 @click.option("--plots/--no-plots", default=None,
               help="PNG plots beside the report. Default: when matplotlib is installed (the plots extra).")
 @placement_options
+@store_option
 def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_tokens, decoders, temperatures, seeds,
           budgets, node_sweep, project_model, project_weights, max_new_tokens, tau, drafter_path, compare_drafters,
-          tune, record_noisy, report_dir, plots, sampler, kv_cache):
+          tune, record_noisy, report_dir, plots, sampler, kv_cache, store_mode):
     """Every decoder side by side on a prompt set: passes per token, steps per verify, tokens/s, speed-up,
     identical-output share, acceptance by depth. Writes bench.json, bench.md and PNG plots to --report. It runs
     prompts x seeds x temperatures x rows decodes (said first; then progress with the time left): the defaults,
@@ -117,7 +118,8 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     drafter = find_drafter(drafter_path, folder) if drafting else None
     others = {name: find_drafter(path, folder) for name, path in compare.items()}
     cfg = BenchConfig(names, temps, seed_list, given_budgets or (() if sweep else default_budgets(engine)),
-                      max_new_tokens, tau, node_sweep=sweep, projection=projection)
+                      max_new_tokens, tau, node_sweep=sweep, projection=projection,
+                      store_mode=store_mode)
     echo_err(bench_size(engine, len(prompts), cfg, others))
     result = run_bench(engine, prompts, cfg, drafter, progress=echo_err, other_drafters=others, tokenizer=tokenizer)
     record_bench_inputs(result, folder, prompts_path, prompt_tokens)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from spot.cli.shared import backend_option, echo_err, model_folder, placement_options, stderr_progress
+from spot.cli.shared import (backend_option, echo_err, model_folder, placement_options, stderr_progress,
+                              store_option)
 from spot.errors import SpotError
 from spot.runtime.registry import REGISTRY, decoder_names
 from spot.runtime.step import THRESHOLD
@@ -47,13 +48,14 @@ from spot.runtime.step import THRESHOLD
 @click.option("--drafter", "drafter_path", type=click.Path(path_type=str), default=None,
               help="drafter.onnx (or its folder). Default: the one beside the model, if any.")
 @placement_options
+@store_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + stats.")
 @click.option("--stream", is_flag=True,
               help="Print the output block by block as each block is final (with --json: one JSON line per block, "
                    "{\"block_ids\": [...]}, before the result).")
 def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode, tau, temperature, top_k, top_p, seed,
              max_new_tokens, stop_ids, backend, device, decoder, budget, depth, drafter_path, sampler, kv_cache,
-             as_json, stream):
+             store_mode, as_json, stream):
     """Generate with one decoder. SPOT decoders give the same tokens as standard decoding, in fewer passes.
 
     \b
@@ -75,7 +77,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     # every check that needs no model (the budget's form, sampling, the commit rule) before the weights load
     stops = None if stop_ids is None else tuple(parse_prompt_ids(stop_ids, "--stop-ids"))
     options = RequestOptions(decoder, budget, depth, max_new_tokens, mode, tau,
-                             Sampling(temperature, top_k, top_p, seed), stops)
+                             Sampling(temperature, top_k, top_p, seed), stops, store_mode=store_mode)
     if prompt_file is not None:     # before the model (the embedded model's export, on first use)
         if prompt is not None:
             raise SpotError("give one of --prompt TEXT or --prompt-file PATH, not both", "leave out one of them")

@@ -21,6 +21,14 @@ backend_option = click.option(
          "(its export, made on first use) where onnxruntime is installed.")
 
 
+# --store of the commands that decode (spot.runtime.decode.STORE_MODES; the values spelled here: the CLI imports no
+# numpy before it needs it)
+store_option = click.option(
+    "--store", "store_mode", type=click.Choice(["fused", "separate"]), default="fused", show_default=True,
+    help="Where a finished block's K/V are cached: fused into the next block's first pass (2 blocks in one pass; "
+         "the last block is never stored), or a separate store pass per block, as SDAR's own decoder counts.")
+
+
 def placement_options(command):
     """--sampler and --kv-cache: where an ort engine samples and keeps its KV cache (commands that decode)."""
     command = click.option(

@@ -77,7 +77,8 @@ def trt_shape_option(shapes: dict[str, tuple[int, ...]]) -> str:
 @dataclass(frozen=True)
 class BucketPlan:
     """The static shapes an engine serves: block steps and stores over capacity x node buckets, and chunked
-    prefill (prefill_chunk tokens per pass, a multiple of the block size) against each capacity bucket."""
+    prefill (prefill_chunk tokens per pass, a multiple of the block size) and the fused store pass (2B tokens)
+    against each capacity bucket."""
 
     block_size: int
     capacities: tuple[int, ...]
@@ -119,29 +120,31 @@ class BucketPlan:
     def static_shapes(self) -> list[tuple[int, int, int]]:
         """Every (N, S, C) the engine runs: block steps (N in node buckets, S = B), prefill chunks (N = 1)."""
         out = [(n, self.block_size, c) for c in self.capacities for n in self.nodes]
-        out += [(1, s, c) for c in self.capacities for s in range(self.block_size, self.prefill_chunk + 1,
-                                                                  self.block_size) if s != self.block_size]
+        out += [(1, s, c) for c in self.capacities for s in range(2 * self.block_size, self.longest_pass + 1,
+                                                                  self.block_size)]
         return out
 
+    @property
+    def longest_pass(self) -> int:
+        """Tokens of the longest one-state pass: a prefill chunk, or the fused store pass's two blocks."""
+        return max(self.prefill_chunk, 2 * self.block_size)
+
     def trt_profiles(self, layers: int, kv_heads: int, head_dim: int) -> list[Profile]:
-        """Per capacity bucket C (cache fixed at C): a block profile — N in 1..max node bucket, S = B — and, when
-        prefill chunks are longer than a block, a prefill profile — N = 1, S in 2B..prefill_chunk. Two profiles, not
+        """Per capacity bucket C (cache fixed at C): a block profile — N in 1..max node bucket, S = B — and a
+        prefill profile — N = 1, S in 2B..longest_pass (prefill chunks and the fused store pass). Two profiles, not
         one spanning both, because TensorRT sizes a profile's memory for its max shapes in every dimension at once:
         one range would reserve N_max x prefill_chunk tokens of activations. Order: profile_index."""
-        b, n_max, s_max, dims = self.block_size, self.nodes[-1], self.prefill_chunk, (layers, kv_heads, head_dim)
+        b, n_max, s_max, dims = self.block_size, self.nodes[-1], self.longest_pass, (layers, kv_heads, head_dim)
         profiles = []
         for c in self.capacities:
             profiles.append(Profile.spanning(f"C{c}", dims, (1, b, c), (n_max, b, c), (n_max, b, c)))
-            if s_max > b:
-                profiles.append(Profile.spanning(f"C{c}-prefill", dims, (1, 2 * b, c), (1, s_max, c),
-                                                 (1, s_max, c)))
+            profiles.append(Profile.spanning(f"C{c}-prefill", dims, (1, 2 * b, c), (1, s_max, c), (1, s_max, c)))
         return profiles
 
     def profile_index(self, capacity: int, tokens: int | None = None) -> int:
         """The profile of a pass of `tokens` tokens per state (default: one block) at a capacity bucket."""
-        per_capacity = 2 if self.prefill_chunk > self.block_size else 1
         prefill = tokens is not None and tokens > self.block_size
-        return self.capacities.index(capacity) * per_capacity + int(prefill)
+        return self.capacities.index(capacity) * 2 + int(prefill)
 
     def to_dict(self) -> dict:
         return {"block_size": self.block_size, "capacities": list(self.capacities), "nodes": list(self.nodes),

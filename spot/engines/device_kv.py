@@ -53,8 +53,24 @@ class DeviceKVCache:
         layer_shape = [shape[2], shape[3], shape[4]]
         dtype = self._empty.dtype
         layer_bytes = int(np.prod(layer_shape)) * dtype.itemsize
+
+        def bind_new(binding, layer: int) -> None:
+            for name, value in zip(INPUTS[2:], (new_k, new_v)):
+                binding.bind_input(name, self.place, 0, dtype, layer_shape, value.data_ptr() + layer * layer_bytes)
+        self._append_layers(shape[0], bind_new)
+
+    def append_host(self, new_k: np.ndarray, new_v: np.ndarray) -> None:
+        """Append host arrays new_k / new_v [L,Hkv,S,D] (a fused pass's stored block: OrtEngine._append_host), one
+        layer at a time: ONNX Runtime copies each layer's slice to `place` as kv_append's input."""
+        def bind_new(binding, layer: int) -> None:
+            for name, value in zip(INPUTS[2:], (new_k[layer], new_v[layer])):
+                binding.bind_cpu_input(name, np.ascontiguousarray(value, self._empty.dtype))
+        self._append_layers(new_k.shape[0], bind_new)
+
+    def _append_layers(self, layers: int, bind_new) -> None:
+        """kv_append per layer, its new K/V bound by bind_new(binding, layer)."""
         ks, vs = [], []
-        for layer in range(shape[0]):
+        for layer in range(layers):
             binding = self._append.io_binding()
             if self.k is None:
                 binding.bind_cpu_input(INPUTS[0], self._empty)
@@ -62,8 +78,7 @@ class DeviceKVCache:
             else:
                 binding.bind_ortvalue_input(INPUTS[0], self.k[layer])
                 binding.bind_ortvalue_input(INPUTS[1], self.v[layer])
-            for name, value in zip(INPUTS[2:], (new_k, new_v)):
-                binding.bind_input(name, self.place, 0, dtype, layer_shape, value.data_ptr() + layer * layer_bytes)
+            bind_new(binding, layer)
             for name in OUTPUTS:
                 binding.bind_output(name, self.place)
             self._append.run_with_iobinding(binding)

@@ -131,16 +131,25 @@ class OrtEngine(Engine):
     def _extend(self, ids: np.ndarray, bias: np.ndarray) -> None:
         """Run one state ids [S] and append its tokens' K/V to the cache (on the host, or on the device)."""
         if self.device_kv is None:
-            new_k, new_v = self._run(["new_k", "new_v"], ids[None], bias)
-            for layer in range(len(self._past)):      # one layer's longer cache at a time beside the old ones
-                self._k[layer] = np.concatenate([self._k[layer], new_k[layer, 0]], axis=1)
-                self._v[layer] = np.concatenate([self._v[layer], new_v[layer, 0]], axis=1)
+            self._append_host(*self._run(["new_k", "new_v"], ids[None], bias))
             return
         binding = self._binding(ids[None], bias)
         binding.bind_output("new_k", self.place)
         binding.bind_output("new_v", self.place)
         self.session.run_with_iobinding(binding)
         self.device_kv.append(*binding.get_outputs())
+
+    def _append_host(self, new_k: np.ndarray, new_v: np.ndarray, tokens: int | None = None) -> None:
+        """Append the first `tokens` (default: all) of a pass's host new_k / new_v [L,1,Hkv,S,D] to the cache: the
+        numpy cache, or the device cache (a fused pass: kv_append reads one contiguous [Hkv,S,D] input, and the
+        first B of 2B tokens are not one, so they come to the host: 2 x L x Hkv x 2B x D values, ~1 MB for SDAR-8B
+        at B = 4, against a whole target pass saved)."""
+        if self.device_kv is not None:
+            self.device_kv.append_host(new_k[:, 0, :, :tokens], new_v[:, 0, :, :tokens])
+            return
+        for layer in range(len(self._past)):      # one layer's longer cache at a time beside the old ones
+            self._k[layer] = np.concatenate([self._k[layer], new_k[layer, 0, :, :tokens]], axis=1)
+            self._v[layer] = np.concatenate([self._v[layer], new_v[layer, 0, :, :tokens]], axis=1)
 
     def _reset(self) -> None:
         self._reset_host_cache()
@@ -171,6 +180,31 @@ class OrtEngine(Engine):
     def _step_bias(self) -> np.ndarray:
         return np.zeros((self.block_size, self._cached() + self.block_size), self.dtype)
 
+    def _fused_bias(self) -> np.ndarray:
+        """[2B, C+2B]: the stored block and the state after it, block-causal (the block does not see the state)."""
+        b, cached = self.block_size, self._cached()
+        bias = np.zeros((2 * b, cached + 2 * b), self.dtype)
+        bias[:b, cached + b:] = -np.inf
+        return bias
+
+    def _check_fused_pass(self) -> None:
+        """SpotError when the TensorRT profile (--device trt) stops short of the fused pass's 2B tokens: a folder
+        exported before the fused store pass records one block."""
+        if self.trt_profile is not None and self.prefill_chunk < 2 * self.block_size:
+            raise SpotError(f"{self.exported.folder}'s TensorRT shape profile takes passes of one block, the fused "
+                            f"store pass runs two ({2 * self.block_size} tokens)",
+                            f"run `spot upgrade-export {self.exported.folder}` (seconds: it records the profile "
+                            "again), or decode with --store separate")
+
+    def _store_and_logits(self, store: np.ndarray, state: np.ndarray) -> np.ndarray:
+        self._check_nodes(1)
+        self._check_fused_pass()
+        b = self.block_size
+        logits, new_k, new_v = self._run(["logits", "new_k", "new_v"], np.concatenate([store, state])[None],
+                                         self._fused_bias())
+        self._append_host(new_k, new_v, b)
+        return logits[:, b:]
+
     def _check_nodes(self, n: int) -> None:
         if n > self.exported.max_nodes:
             raise SpotError(f"{n} candidate states in one pass exceed the export's max_nodes "
@@ -182,31 +216,43 @@ class OrtEngine(Engine):
         (logits,) = self._run(["logits"], states, self._step_bias())
         return logits
 
-    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
+    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise,
+                       store: np.ndarray | None = None) -> list:
         """With the device sampler: the target's logits stay in an OrtValue on the device (IOBinding); a state's
         outputs run the epilogue over that state's rows when first read (DeferredOutputs), so a pass costs the
         epilogue of the states the walk visits, not of all N, and its memory is one state's. Only the epilogue's
-        O(B x (D + 32)) outputs per state come back to the host."""
+        O(B x (D + 32)) outputs per state come back to the host. A fused pass (store) binds its new K/V to the host
+        (_append_host says why) and its state's rows are the logits' second block."""
         if self.epilogue is None:
-            return super()._block_outputs(states, steps, sampling, block, noise)
+            return super()._block_outputs(states, steps, sampling, block, noise, store)
         from spot.folder.epilogue import epilogue_scalars
         from spot.runtime.outputs import DeferredOutputs
         self._check_nodes(states.shape[0])
         scalars = epilogue_scalars(steps, sampling, block)     # checks top-p and the counters' ranges once
-        target = self._binding(states, self._step_bias())
+        if store is None:
+            target = self._binding(states, self._step_bias())
+        else:
+            self._check_fused_pass()
+            target = self._binding(np.concatenate([store, states[0]])[None], self._fused_bias())
+            target.bind_output("new_k", "cpu")
+            target.bind_output("new_v", "cpu")
         target.bind_output("logits", self.place)
         self.session.run_with_iobinding(target)
-        (logits,) = target.get_outputs()
+        outputs = target.get_outputs()
+        logits = outputs[-1]
+        if store is not None:
+            self._append_host(outputs[0].numpy(), outputs[1].numpy(), self.block_size)
         if logits.data_type() != "tensor(float)":
             raise SpotError(f"{self.exported.graph_path('target')} returned logits of type {logits.data_type()}, "
                             "expected tensor(float) (the epilogue's input)", "re-export the folder with spot-export")
-        return [DeferredOutputs(partial(self._sample_state, logits, i, states[i], scalars))
+        skip = 0 if store is None else 1       # blocks of logits rows before the states' own
+        return [DeferredOutputs(partial(self._sample_state, logits, skip + i, states[i], scalars, i))
                 for i in range(states.shape[0])]
 
-    def _sample_state(self, logits, i: int, state: np.ndarray, scalars: dict):
-        """The epilogue over state i's rows of a pass's logits [N, B, V] (an OrtValue where the target ran), bound
-        in place at their offset (no copy), in runs of the export's positions per call. state [B]: that state, for
-        the error path."""
+    def _sample_state(self, logits, row: int, state: np.ndarray, scalars: dict, i: int):
+        """The epilogue over the rows of block `row` of a pass's logits [N, S, V] (an OrtValue where the target
+        ran; S = B, or 2B in a fused pass) — the pass's state i — bound in place at their offset (no copy), in runs
+        of the export's positions per call. state [B]: that state, for the error path."""
         from spot.folder.epilogue import OUTPUTS, POSITION_INPUT, EpilogueResult, join_runs
         from spot.runtime.outputs import sampled_outputs
         t0 = time.perf_counter()
@@ -215,7 +261,8 @@ class OrtEngine(Engine):
 
         def run(first: int) -> EpilogueResult:
             epi = self.epilogue.io_binding()
-            epi.bind_input("logits", self.place, 0, np.float32, [1, p, v], logits.data_ptr() + (i * b + first) * v * 4)
+            epi.bind_input("logits", self.place, 0, np.float32, [1, p, v],
+                           logits.data_ptr() + (row * b + first) * v * 4)
             for name, value in scalars.items():
                 epi.bind_cpu_input(name, steps if name == "node_steps" else value)
             epi.bind_cpu_input(POSITION_INPUT, np.array(first, np.int64))
@@ -236,7 +283,8 @@ class OrtEngine(Engine):
         except Exception as e:  # onnxruntime's own error types
             # NaN / inf logits can send the epilogue's candidate indices out of range: a pass over this state with
             # host logits tells (the _checked_logits error) whether that was it. The walk reads a pass's outputs
-            # before the next store, so the cache is still the one the pass ran against.
+            # before the next store, so the cache is the one the pass ran against (a fused pass's stored block
+            # included, which its state saw).
             self._checked_logits(state[None])
             raise SpotError(f"onnxruntime failed running {self.exported.graph_path('epilogue')}: "
                             f"{str(e).splitlines()[0][:300]}",

@@ -38,7 +38,8 @@ class StaticOrtEngine(PlannedCacheLimits, Engine):
                             f"{self.exported.max_nodes}")
         self.dtype = np.dtype(NP_DTYPES[self.exported.dtype])
         profile = None
-        if device == "trt":    # ORT's TensorRT EP: one profile over the plan, passes of one block (dynamic_trt_profile)
+        if device == "trt":    # ORT's TensorRT EP: one profile over the plan, passes of one or two blocks
+            # (dynamic_trt_profile)
             self.plan = replace(self.plan, prefill_chunk=self.block_size)
             caps, n = self.plan.capacities, self.plan.nodes[-1]
             profile = block_trt_profile("static", cfg.with_block_size(self.block_size), (n, n),
@@ -90,3 +91,10 @@ class StaticOrtEngine(PlannedCacheLimits, Engine):
     def _store(self, state: np.ndarray) -> None:
         new_k, new_v = self._run(["new_k", "new_v"], state[None])
         self.cache.append(new_k[:, 0], new_v[:, 0])
+
+    def _store_and_logits(self, store: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """The fused pass: 2B tokens, block-causal (StaticKVCache.bias), the first block's K/V cached."""
+        b = self.block_size
+        logits, new_k, new_v = self._run(["logits", "new_k", "new_v"], np.concatenate([store, state])[None])
+        self.cache.append(new_k[:, 0, :, :b], new_v[:, 0, :, :b])
+        return logits[:, b:]

@@ -2,7 +2,8 @@
 `--device trt` of the ORT engines: spot.engines.ort_sessions.providers_for).
 
 STATUS: written to the documented TensorRT 10.x / 11.x Python API (name-based tensors, execute_async_v3,
-optimisation profiles, timing cache) and NEVER RUN on this project's CI, which has no GPU and no TensorRT.
+optimisation profiles, timing cache) and NEVER RUN on this project's CI, which has no GPU and no TensorRT (the fused
+store pass too: 2B tokens on the capacity's prefill profile, BucketPlan.trt_profiles).
 Only the "TensorRT is missing" paths are tested (tests/test_trt_and_buckets.py). scripts/gpu_check.sh exercises the
 rest on a machine with an NVIDIA GPU; docs/gpu-path.md lists what ran where.
 
@@ -111,7 +112,7 @@ class BuildOptions:
 
 # the order of BucketPlan.trt_profiles, which TrtEngine's profile indices assume: an engine built with another
 # layout (one profile per capacity, before block and prefill profiles were split) is not reused
-PROFILE_LAYOUT = "block+prefill per capacity"
+PROFILE_LAYOUT = "block+prefill per capacity, prefill from 2B (the fused store pass)"
 
 
 def engine_cache_key(file_hashes: dict[str, str], version: str, gpu: str, options: BuildOptions,
@@ -465,10 +466,16 @@ class TrtEngine(PlannedCacheLimits, Engine):
             out = self._run(ids[start:start + self.plan.prefill_chunk][None], ["new_k", "new_v"])
             self.cache.append(out["new_k"][:, 0], out["new_v"][:, 0])
 
-    def _device_logits(self, states: np.ndarray):
-        """Logits [N,B,V] float32 as a CUDA tensor (padded rows dropped)."""
+    def _device_logits(self, states: np.ndarray, store: np.ndarray | None = None):
+        """Logits [N,B,V] float32 as a CUDA tensor (padded rows dropped); with `store`, the fused pass (N = 1):
+        [store, state] as 2B tokens (the plan's prefill profile), store's K/V cached, the state's rows returned."""
         n = states.shape[0]
-        return self._run(pad_nodes(states, self.plan.nodes_for(n)), ["logits"])["logits"][:n]
+        if store is None:
+            return self._run(pad_nodes(states, self.plan.nodes_for(n)), ["logits"])["logits"][:n]
+        b = self.block_size
+        out = self._run(np.concatenate([store, states[0]])[None], ["logits", "new_k", "new_v"])
+        self.cache.append(out["new_k"][:, 0, :, :b], out["new_v"][:, 0, :, :b])
+        return out["logits"][:, b:]
 
     def _block_logits(self, states: np.ndarray) -> np.ndarray:
         return self._device_logits(states).cpu().numpy()
@@ -483,8 +490,11 @@ class TrtEngine(PlannedCacheLimits, Engine):
         logits = self._finite_device_logits(self._check_states(states))
         return self._epilogue(logits, node_steps, sampling, block, future_steps)
 
-    def _finite_device_logits(self, states: np.ndarray):
-        logits = self._device_logits(states)
+    def _store_and_logits(self, store: np.ndarray, state: np.ndarray) -> np.ndarray:
+        return self._device_logits(state[None], store).cpu().numpy()
+
+    def _finite_device_logits(self, states: np.ndarray, store: np.ndarray | None = None):
+        logits = self._device_logits(states, store)
         # before the twin: NaN / inf logits can turn its table lookups' indices out of range (on CUDA a device-side
         # assert that ends the process); one reduction on the device
         if not bool(logits.isfinite().all()):
@@ -504,15 +514,16 @@ class TrtEngine(PlannedCacheLimits, Engine):
             return EpilogueResult(*(out[f].cpu().numpy() for f in OUTPUTS))
         return join_runs(b, p, run)
 
-    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
+    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise,
+                       store: np.ndarray | None = None) -> list:
         """As OrtEngine's: the logits stay on the device and each state's epilogue runs when the walk or the next
         round first reads it (DeferredOutputs), over that state's rows only."""
         if self._future_steps is None:
-            return super()._block_outputs(states, steps, sampling, block, noise)
+            return super()._block_outputs(states, steps, sampling, block, noise, store)
         from spot.folder.epilogue import check_sampling
         from spot.runtime.outputs import DeferredOutputs, sampled_outputs
         check_sampling(sampling)
-        logits = self._finite_device_logits(states)
+        logits = self._finite_device_logits(states, store)
 
         def sample(i: int):
             t0 = time.perf_counter()

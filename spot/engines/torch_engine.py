@@ -100,6 +100,15 @@ class TorchEngine(Engine):
         _, k, v = self._forward(state[None], self.cached_len, self._bias())
         self._append(k[:, 0], v[:, 0])
 
+    def _store_and_logits(self, store, state):
+        """The fused pass: [store, state] as one sequence of 2B tokens, block-causal; store's K/V cached."""
+        from spot.reference.model import block_causal_bias
+        b = self.block_size
+        bias = block_causal_bias(2 * b, b, prefix=self.cached_len).to(self.model.norm.dtype)
+        logits, k, v = self._forward(np.concatenate([store, state])[None], self.cached_len, bias)
+        self._append(k[:, 0, :, :b], v[:, 0, :, :b])
+        return logits[:, b:].float().cpu().numpy()
+
     def _append(self, k, v):
         self._k = k if self._k is None else torch.cat([self._k, k], dim=2)
         self._v = v if self._v is None else torch.cat([self._v, v], dim=2)

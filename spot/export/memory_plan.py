@@ -7,7 +7,8 @@ A plan adds, in bytes (docs/quantization.md has the derivations):
                engines of a process share one copy (spot.engines.ort_sessions),
 and per engine (each decodes one request, with its own cache and passes, at the same time as the others):
   KV cache     2 * layers * kv_heads * head_dim * dtype bytes per token (SDAR-8B fp16: 144 KiB) x --max-context,
-  verify pass  the transient tensors of one target pass over --max-nodes states of B tokens at that context:
+  verify pass  the transient tensors of one target pass over --max-nodes states of B tokens at that context
+               (at least 2: the fused store pass runs 2B tokens of one state, a block and the next one's first state):
                logits N*B*V*4 bytes (+ the fp16 lm_head output before its Cast), attention scores + fp32 softmax
                (N*Hq*B*T elements, T = context + B: the states' queries against the shared prefix and their own
                block, one softmax over both), MLP/residual activations, the new K/V outputs, one layer's longer
@@ -154,6 +155,9 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * _itemsize(dtype)
 
 
+FUSED_PASS_BLOCKS = 2        # the fused store pass: the finished block and the next block's first state
+
+
 def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, quantized: bool,
                       epilogue: EpilogueCall | None = None, cpu: bool = False) -> dict[str, int]:
     """Transient bytes of one pass over `nodes` states of B tokens against `context` cached tokens (see the module
@@ -161,7 +165,9 @@ def verify_pass_bytes(cfg: ModelConfig, dtype: str, nodes: int, context: int, qu
     samples on the host); cpu: on ONNX Runtime's CPU provider (`host`): F samples on the host (its float64 rows),
     and an fp16 export's attention reads float32 copies of the cache."""
     e = _itemsize(dtype)
-    n, s, t = nodes, cfg.block_size, context + cfg.block_size
+    # the fused store pass (docs/spec.md §1) runs one state's block after the block it stores: 2B tokens, the rows
+    # (and about the attention) of a 2-node pass, so no budget's widest pass is narrower than that
+    n, s, t = max(nodes, FUSED_PASS_BLOCKS), cfg.block_size, context + cfg.block_size
     hq, hkv, d, h, inter, v = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size,
                                cfg.intermediate_size, cfg.vocab_size)
     terms = {

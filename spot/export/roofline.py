@@ -11,10 +11,12 @@ A pass over N states of B tokens against C cached tokens takes max(bytes moved /
   FLOPs  2 per weight per token for the linear layers and lm_head, 4*Hq*D*(C+B) per token and layer for attention;
   peak   dense fp16 tensor-core FLOP/s for fp16 exports (int8/int4 weights are dequantized into fp16 GEMMs), FP32
          CUDA-core FLOP/s (2 per core per clock) for fp32 exports.
-SPOT's tokens/s follows from pass counts: one-state passes (each block's first pass, the store passes) cost t(1),
-a verify pass over n nodes t(n). From a `spot bench` bench.json the counts are the measured ones per row; from
+SPOT's tokens/s follows from pass counts: one-state passes (each block's first pass, standard steps, separate store
+passes) cost t(1), a verify pass over n nodes t(n), a fused store pass (2B tokens of one state: docs/spec.md §1)
+t(2). From a `spot bench` bench.json the counts are the measured ones per row; from
 `--passes-reduction NODES=R` SPOT is taken to need R times fewer passes than standard decoding (static rule: one
-commit per step plus a store pass per block), every pass priced at t(NODES) (an upper bound of its cost).
+commit per step, each block's first pass a fused store pass), every pass priced at t(NODES) (an upper bound of its
+cost).
 """
 from __future__ import annotations
 
@@ -99,6 +101,7 @@ class PassCounts:
     verify_per_token: float = 0.0
     mean_nodes: float = 1.0
     note: str = ""
+    fused_per_token: float = 0.0    # fused store passes: 2B tokens, priced as a pass over 2 states
 
     @property
     def verify_nodes(self) -> int:
@@ -108,7 +111,8 @@ class PassCounts:
     def ms_per_token(self, time_ms) -> float:
         """time_ms(nodes) -> ms of a pass over that many states."""
         verify = time_ms(self.verify_nodes) if self.verify_per_token else 0.0
-        return self.single_per_token * time_ms(1) + self.verify_per_token * verify
+        fused = time_ms(2) if self.fused_per_token else 0.0
+        return self.single_per_token * time_ms(1) + self.verify_per_token * verify + self.fused_per_token * fused
 
     def tokens_per_s(self, time_ms) -> float:
         """Projected tokens/s: the inverse of ms_per_token."""
@@ -117,11 +121,11 @@ class PassCounts:
 
 def row_pass_counts(row: dict) -> PassCounts:
     """A `spot bench` row's pass counts per generated token (one-state passes: each block's first and the store
-    passes; verify passes at their mean node count), labelled "VARIANT T=t"."""
+    passes; fused store passes, two blocks each; verify passes at their mean node count), labelled "VARIANT T=t"."""
     kinds, tokens = row["passes_by_kind"], row["tokens"]
     single = (kinds.get("block", 0) + kinds.get("store", 0)) / tokens
     return PassCounts(f"{row['variant']} T={row['temperature']:g}", single, kinds.get("verify", 0) / tokens,
-                      row.get("mean_nodes_per_verify", 1.0))
+                      row.get("mean_nodes_per_verify", 1.0), fused_per_token=kinds.get("fused", 0) / tokens)
 
 
 def counts_from_bench(path: str | Path) -> list[tuple[PassCounts, PassCounts]]:
@@ -158,7 +162,9 @@ def counts_from_bench(path: str | Path) -> list[tuple[PassCounts, PassCounts]]:
 
 def counts_from_reductions(text: str, block_size: int, max_nodes: int) -> list[tuple[PassCounts, PassCounts]]:
     """--passes-reduction "16=1.9,64=2.3": (standard decoding, SPOT at that node budget) per entry."""
-    standard = PassCounts("standard", 1 + 1 / block_size, note="static rule: a pass per token + a store per block")
+    standard = PassCounts("standard", 1 - 1 / block_size, fused_per_token=1 / block_size,
+                          note="static rule: a pass per token, each block's first one storing the block before it "
+                               "(the fused store pass, 2B tokens)")
     out = []
     for item in filter(None, (x.strip() for x in text.split(","))):
         m = re.fullmatch(r"(\d+)\s*=\s*(\d+(?:\.\d*)?|\.\d+)", item)
@@ -168,7 +174,7 @@ def counts_from_reductions(text: str, block_size: int, max_nodes: int) -> list[t
                             "for example --passes-reduction 16=1.9,64=2.3 (spot bench's passes reduction)")
         nodes, reduction = int(m.group(1)), float(m.group(2))
         out.append((standard, PassCounts(f"SPOT@{nodes} ({reduction:g}x fewer passes)", 0.0,
-                                         standard.single_per_token / reduction, nodes,
+                                         (standard.single_per_token + standard.fused_per_token) / reduction, nodes,
                                          note="every pass priced at the budget's node count")))
     if not out:
         raise SpotError("--passes-reduction is empty", "for example --passes-reduction 16=1.9,64=2.3")

@@ -52,14 +52,16 @@ class Profile:
 
 def dynamic_trt_profile(cfg, max_nodes: int, max_context: int) -> Profile:
     """The one profile ONNX Runtime's TensorRT execution provider serves the dynamic-shape engines with (OrtEngine,
-    the C++ host; spot-export records it in the manifest): N in 1..max_nodes states of one block (S = B) against
+    the C++ host; spot-export records it in the manifest): N in 1..max_nodes states of one block (S = B), or the
+    fused store pass (N = 1, S = 2B: a finished block and the next block's first state), against
     0..max_context - B cached tokens (cfg: a ModelConfig).
 
     ORT's TensorRT EP builds an engine for the shapes it has seen and builds again when a shape leaves that range
     (the cache grows by a block at every store): explicit ranges make it one build. It runs on its first profile
-    only, and TensorRT sizes a profile's memory for its max shapes in every dimension at once, so S stays one
-    block: a range over prefill chunks too would reserve N_max x chunk tokens of activations, not the widest verify
-    pass the memory plan counts. On this provider the hosts therefore prefill one block per pass."""
+    only, and TensorRT sizes a profile's memory for its max shapes in every dimension at once, so S reaches two
+    blocks and no further: a range over prefill chunks too would reserve N_max x chunk tokens of activations; S up to
+    2B reserves N_max x 2B (spot.export.memory_plan counts it). On this provider the hosts therefore prefill one
+    block per pass."""
     b = cfg.block_size
     top = max_context - b
     if top < 0 or max_nodes < 1:
@@ -69,8 +71,8 @@ def dynamic_trt_profile(cfg, max_nodes: int, max_context: int) -> Profile:
 
 
 def block_trt_profile(name: str, cfg, nodes: tuple[int, int], cached: tuple[int, int, int]) -> Profile:
-    """One profile for ORT's TensorRT EP over passes of one block (S = B): 1..nodes[1] states (opt nodes[0])
-    against `cached` = (min, opt, max) cached tokens — dynamic_trt_profile, and StaticOrtEngine over its plan's
-    capacity buckets."""
+    """One profile for ORT's TensorRT EP over passes of one block (S = B, opt) up to the fused store pass's two
+    (S = 2B): 1..nodes[1] states (opt nodes[0]) against `cached` = (min, opt, max) cached tokens —
+    dynamic_trt_profile, and StaticOrtEngine over its plan's capacity buckets."""
     b, dims = cfg.block_size, (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
-    return Profile.spanning(name, dims, (1, b, cached[0]), (nodes[0], b, cached[1]), (nodes[1], b, cached[2]))
+    return Profile.spanning(name, dims, (1, b, cached[0]), (nodes[0], b, cached[1]), (nodes[1], 2 * b, cached[2]))

@@ -22,6 +22,34 @@ from spot.runtime.stats import DecodeStats, EpilogueStats, timed
 from spot.runtime.step import CommitRule, Sampling
 
 
+# Where a finished block's K/V are cached (docs/spec.md §1): FUSED (the default) in the next block's first pass,
+# which runs the finished block and the new state as 2B tokens (the last block is never stored); SEPARATE in a store
+# pass of its own after each block, as SDAR's decoder counts passes (the comparison with its forward counts).
+FUSED, SEPARATE = "fused", "separate"
+STORE_MODES = (FUSED, SEPARATE)
+
+
+def check_store_mode(mode) -> str:
+    """SpotError unless `mode` is a store mode."""
+    if not isinstance(mode, str) or mode not in STORE_MODES:
+        raise SpotError(f"store mode must be one of {', '.join(STORE_MODES)}, got {mode!r}",
+                        "fused: the next block's first pass stores a finished block (the default); separate: a "
+                        "store pass per block, as SDAR counts (CLI: --store)")
+    return mode
+
+
+@dataclass
+class PendingStore:
+    """The finished block not yet cached (fused store mode): generate() leaves it here after each block, and the
+    next block's first pass (state_pass) takes it and stores it in the same pass."""
+
+    block: np.ndarray | None = None
+
+    def take(self) -> np.ndarray | None:
+        block, self.block = self.block, None
+        return block
+
+
 @dataclass(frozen=True)
 class DecodeContext:
     """What a block decoder needs besides the engine and the state."""
@@ -34,17 +62,27 @@ class DecodeContext:
     # observer(block, step, state [B], outputs, next_state [B]) sees every standard step (traces, oracle);
     # outputs is the pass's spot.runtime.outputs entry (outputs.host_logits() [B,V] where the logits are on the host)
     observer: Callable | None = None
+    pending: PendingStore = field(default_factory=PendingStore)    # the block the next state_pass stores (FUSED)
 
 
 BlockDecoder = Callable[[Engine, np.ndarray, int, DecodeContext], np.ndarray]
+
+
+def state_pass(engine: Engine, state: np.ndarray, step: int, block: int, ctx: DecodeContext):
+    """One target pass over one block state [B] at commit step `step`: its outputs (spot.runtime.outputs). A
+    block's first pass stores the finished block before it too where one is pending (fused store mode): counted as
+    a "fused" pass, any other as a "block" pass. Every decoder's single-state passes come here."""
+    store = ctx.pending.take()
+    (out,) = engine.block_outputs(state[None], [step], ctx.sampling, block, ctx.noise, store)
+    ctx.stats.passes["block" if store is None else "fused"] += 1
+    return out
 
 
 def standard_block(engine: Engine, state: np.ndarray, block: int, ctx: DecodeContext) -> np.ndarray:
     """Standard decoding of one block: one target pass per commit step."""
     step = 0
     while (state == ctx.mask_id).any():
-        (out,), target_ms = timed(engine.block_outputs, state[None], [step], ctx.sampling, block, ctx.noise)
-        ctx.stats.passes["block"] += 1
+        out, target_ms = timed(state_pass, engine, state, step, block, ctx)
         nxt, sample_ms = timed(out.next_state, state, ctx.mask_id, ctx.rule)
         ctx.stats.standard_record().add_step(target_ms, sample_ms)    # the tuner charges both
         if ctx.noise is not None:       # standard decoding never revisits a step
@@ -132,17 +170,19 @@ def check_request(engine: Engine, prompt_ids: np.ndarray, max_new_tokens: int) -
 def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRule = CommitRule(),
              sampling: Sampling = Sampling(), stop_ids=None, block_decoder: BlockDecoder = standard_block,
              stats: DecodeStats | None = None, observer: Callable | None = None,
-             on_block: Callable[[list[int]], bool | None] | None = None) -> Generation:
+             on_block: Callable[[list[int]], bool | None] | None = None, store_mode: str = FUSED) -> Generation:
     """Decode block by block up to the block boundary covering prompt + max_new_tokens (docs/spec.md §1), and return
     at most max_new_tokens of it: the rest of the last block is Generation.overflow_ids.
 
     Prefill stores the complete prompt blocks; the P mod B leftover prompt tokens open the first decoded block.
-    After each finished block: a store pass, then stop if the block's generated part holds a stop id.
+    After each finished block: its K/V are cached (store_mode FUSED: by the next block's first pass; SEPARATE: by a
+    store pass now), then generation stops if the block's generated part holds a stop id.
     on_block (streaming): called after each finished block with the ids it adds to the output (cut before a stop
     id and at max_new_tokens), so the calls' ids joined are token_ids; a true return ends generation after that
     block (cancelled).
     """
     check_engine(engine)
+    check_store_mode(store_mode)
     if not engine.request_lock.acquire(blocking=False):
         raise SpotError("this engine is already decoding a request (one request at a time per engine: it holds one "
                         "KV cache)", "open one engine per thread, and do not decode with the same engine inside "
@@ -150,7 +190,7 @@ def generate(engine: Engine, prompt_ids, *, max_new_tokens: int, rule: CommitRul
     engine.request_thread = threading.get_ident()
     try:
         return _generate(engine, prompt_ids, max_new_tokens, rule, sampling, stop_ids, block_decoder, stats,
-                         observer, on_block)
+                         observer, on_block, store_mode)
     finally:
         engine.request_thread = None
         engine.request_lock.release()
@@ -167,7 +207,7 @@ def _call_back(engine: Engine, on_block: Callable[[list[int]], bool | None], new
 
 def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule, sampling: Sampling, stop_ids,
               block_decoder: BlockDecoder, stats: DecodeStats | None, observer: Callable | None,
-              on_block: Callable[[list[int]], bool | None] | None) -> Generation:
+              on_block: Callable[[list[int]], bool | None] | None, store_mode: str) -> Generation:
     t0 = time.perf_counter()
     prompt = check_request(engine, prompt_ids, max_new_tokens)
     cfg, b = engine.config, engine.block_size
@@ -196,8 +236,14 @@ def _generate(engine: Engine, prompt_ids, max_new_tokens: int, rule: CommitRule,
         lead = prompt[block * b:]
         state[: lead.size] = lead
         state = block_decoder(engine, state, block, ctx)
-        engine.store(state)
-        stats.passes["store"] += 1
+        if ctx.pending.block is not None:      # a decoder that ran no pass stored nothing: the cache needs it now
+            engine.store(ctx.pending.take())
+            stats.passes["store"] += 1
+        if store_mode == SEPARATE:
+            engine.store(state)
+            stats.passes["store"] += 1
+        else:
+            ctx.pending.block = state
         stats.blocks += 1
         block_ids = state[lead.size:].tolist()
         room = max_new_tokens - len(generated)      # only the last block holds more than the room left

@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from spot.errors import SpotError, integer_arg
-from spot.runtime.decode import (Generation, check_engine, check_max_new_tokens, generate, standard_block,
-                                 stop_id_tuple)
+from spot.runtime.decode import (FUSED, Generation, check_engine, check_max_new_tokens, check_store_mode, generate,
+                                 standard_block, stop_id_tuple)
 from spot.runtime.engine import Engine
 from spot.runtime.registry import Decoder, ProposerInputs, decoder
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget
@@ -32,7 +32,9 @@ class DecodeRequest:
     """What to decode, for run_decoder. max_new_tokens: the most ids returned (generation runs to the block boundary
     covering prompt + max_new_tokens: Generation.overflow_ids is the rest of the last block); mode: the commit rule
     of standard / chain / tree / spot (threshold and spot-sets always use the threshold rule), tau its threshold;
-    budget: tree decoders only (a chain's nodes are its depth + 1); stop_ids: None = the model's stop ids, () = none.
+    budget: tree decoders only (a chain's nodes are its depth + 1); stop_ids: None = the model's stop ids, () = none;
+    store_mode: fused (a finished block is stored by the next block's first pass) or separate (a store pass per
+    block, SDAR's accounting): spot.runtime.decode.STORE_MODES.
     """
 
     max_new_tokens: int = 64
@@ -42,9 +44,11 @@ class DecodeRequest:
     budget: TreeBudget = TreeBudget()
     stop_ids: tuple[int, ...] | None = None
     independent_noise: bool = False   # ablation: proposals use noise unrelated to the target's (docs/spec.md §7)
+    store_mode: str = FUSED
 
     def __post_init__(self):
         check_max_new_tokens(integer_arg(self.max_new_tokens, "max_new_tokens"))      # now, not when decoding
+        check_store_mode(self.store_mode)
         if not isinstance(self.independent_noise, bool):      # a truthy string turned the ablation on
             raise SpotError(f"independent_noise must be True or False, got {self.independent_noise!r}")
         for name, kind in (("sampling", Sampling), ("budget", TreeBudget)):
@@ -111,7 +115,8 @@ def run_plan(plan: DecodePlan, engine: Engine, prompt_ids,
     if on_block is not None and not callable(on_block):
         raise SpotError(f"on_block must be a function or None, got {on_block!r}")
     req = plan.request
-    common = dict(max_new_tokens=req.max_new_tokens, rule=plan.rule, sampling=req.sampling, stop_ids=req.stop_ids)
+    common = dict(max_new_tokens=req.max_new_tokens, rule=plan.rule, sampling=req.sampling, stop_ids=req.stop_ids,
+                  store_mode=req.store_mode)
     if not plan.decoder.speculates:
         return generate(engine, prompt_ids, block_decoder=standard_block, on_block=on_block, **common)
 

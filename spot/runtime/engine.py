@@ -1,7 +1,9 @@
 """The engine interface the decoders run on: prefill, block forward over N candidate states, store.
 
 Inputs are checked once here (Polygraphy style: the base class validates, subclasses compute). An engine holds the
-KV cache of one sequence: `prefill` starts it, `store` appends one finished block, `block_logits` reads it.
+KV cache of one sequence: `prefill` starts it, `store` appends one finished block (SDAR's separate store pass), or a
+block's first pass appends the block before it (`block_outputs(..., store=block)`: the fused store, docs/spec.md §1);
+`block_logits` reads it.
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def id_array(ids, what: str) -> np.ndarray:
 
 
 class Engine(ABC):
-    """Subclasses implement `_prefill`, `_block_logits`, `_store`, `_reset`; callers use the public methods."""
+    """Subclasses implement `_prefill`, `_block_logits`, `_store`, `_store_and_logits`, `_reset`; callers use the
+    public methods."""
 
     name = "engine"
     # the device sampling epilogue's work so far: states sampled and seconds inside its calls (generate() reports
@@ -116,13 +119,23 @@ class Engine(ABC):
         finally:
             self.pass_seconds += time.perf_counter() - t0
 
-    def block_outputs(self, states: np.ndarray, steps, sampling, block: int, noise=None) -> list:
+    def block_outputs(self, states: np.ndarray, steps, sampling, block: int, noise=None, store=None) -> list:
         """One target pass over N states [N, B] whose commit steps are steps [N]: per state, what the host loop
         reads (spot.runtime.outputs). Host engines hand over the logits (sampled with the decode's NoiseCache
         `noise` when given); an engine that samples on the device overrides `_block_outputs` and returns the
-        epilogue's small outputs instead."""
+        epilogue's small outputs instead.
+
+        store: a finished block [B] not yet cached, right before the states' block (the fused store, docs/spec.md
+        §1): the pass runs it and the one state (N = 1) as 2B tokens with the block-causal mask, appends its K/V to
+        the cache and returns the state's outputs — the block's store and the next block's first pass in one."""
         self._check_caller()
         states = self._check_states(states)
+        if store is not None:
+            store = self._check_store(store, "block_outputs store")
+            if states.shape[0] != 1:
+                raise SpotError(f"block_outputs with store: got {states.shape[0]} states, expected 1 (a block's "
+                                "first pass)")
+            self._check_room(2 * self.block_size)
         steps = id_array(steps, "steps")
         if steps.dtype.kind not in "iu":
             raise SpotError(f"steps: got dtype {steps.dtype}, expected integer commit steps")
@@ -131,9 +144,12 @@ class Engine(ABC):
             raise SpotError(f"steps: got {steps.shape[0]} values, expected one per state ({states.shape[0]})")
         t0 = time.perf_counter()
         try:
-            return self._block_outputs(states, steps, sampling, block, noise)
+            outputs = self._block_outputs(states, steps, sampling, block, noise, store)
         finally:
             self.pass_seconds += time.perf_counter() - t0
+        if store is not None:
+            self.cached_len += self.block_size
+        return outputs
 
     @property
     def placement(self) -> dict[str, str]:
@@ -148,9 +164,7 @@ class Engine(ABC):
     def store(self, state: np.ndarray) -> None:
         """Append the K/V of a finished block state [B] to the cache."""
         self._check_caller()
-        state = self._check_ids(state, "store state")
-        if state.shape != (self.block_size,):
-            raise SpotError(f"store state: got shape {state.shape}, expected [{self.block_size}]")
+        state = self._check_store(state, "store state")
         self._check_room(self.block_size)
         t0 = time.perf_counter()
         self._store(state)
@@ -183,6 +197,13 @@ class Engine(ABC):
             raise SpotError(f"{what}: token id {bad} is outside the vocabulary [0, {self.config.vocab_size})",
                             "the ids do not belong to this model's tokenizer")
         return ids
+
+    def _check_store(self, state, what: str) -> np.ndarray:
+        """A finished block [B] to append to the cache (store, or block_outputs' fused store)."""
+        state = self._check_ids(state, what)
+        if state.shape != (self.block_size,):
+            raise SpotError(f"{what}: got shape {state.shape}, expected [{self.block_size}]")
+        return state
 
     def _check_states(self, states) -> np.ndarray:
         states = self._check_ids(states, "block states")
@@ -235,10 +256,24 @@ class Engine(ABC):
     @abstractmethod
     def _block_logits(self, states: np.ndarray) -> np.ndarray: ...
 
-    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise) -> list:
+    def _block_outputs(self, states: np.ndarray, steps: np.ndarray, sampling, block: int, noise,
+                       store: np.ndarray | None = None) -> list:
         # non-finite logits fail when a state's outputs are READ: a verify pass also runs candidates the walk never
         # reaches, and standard decoding (which never runs them) must not fail where SPOT does not
-        return host_outputs(self._shaped_logits(states), steps, sampling, block, noise, self._non_finite)
+        logits = self._shaped_logits(states) if store is None else self._shaped_fused_logits(store, states[0])
+        return host_outputs(logits, steps, sampling, block, noise, self._non_finite)
+
+    def _shaped_fused_logits(self, store: np.ndarray, state: np.ndarray) -> np.ndarray:
+        logits = self._store_and_logits(store, state)
+        expected = (1, self.block_size, self.config.vocab_size)
+        if logits.shape != expected:
+            raise RuntimeError(f"{self.name} returned fused-pass logits of shape {logits.shape}, expected {expected}")
+        return logits
 
     @abstractmethod
     def _store(self, state: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def _store_and_logits(self, store: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """The fused pass: [store, state] as 2B tokens at positions cached_len.. with the block-causal mask; append
+        the first B tokens' K/V to the cache, return the state's logits [1, B, V] (the last B rows)."""

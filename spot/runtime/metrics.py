@@ -5,6 +5,8 @@ from collections import Counter
 
 import numpy as np
 
+from spot.runtime.decode import FUSED, SEPARATE
+
 
 def acceptance_by_depth(accepted: list[int], depth: int) -> list[float]:
     """P(a verify pass accepts at least d steps beyond the root), d = 1..depth, from per-pass accepted depths."""
@@ -14,16 +16,17 @@ def acceptance_by_depth(accepted: list[int], depth: int) -> list[float]:
     return [float((a >= d).mean()) for d in range(1, depth + 1)]
 
 
-def static_passes(prompt_len: int, block_size: int, blocks: int) -> int:
+def static_passes(prompt_len: int, block_size: int, blocks: int, store_mode: str = FUSED) -> int:
     """The target passes standard decoding with the static rule (one token per pass) spends on `blocks` decoded blocks
     after a prompt of prompt_len tokens: a prefill pass when the prompt fills a block, one pass per masked position
-    (the first block's are those the prompt's P mod B leftover tokens leave), and a store pass per block. The baseline
-    a single decode's passes are compared with, without decoding twice (decode.generate counts passes the same way)."""
+    (the first block's are those the prompt's P mod B leftover tokens leave) and, in the separate store mode, a
+    store pass per block (fused: the next block's first pass stores a block). The baseline a single decode's passes
+    are compared with, without decoding twice (decode.generate counts passes the same way)."""
     if blocks < 1:
         return 0
     prefill = 1 if prompt_len >= block_size else 0
     masked = blocks * block_size - prompt_len % block_size
-    return prefill + masked + blocks
+    return prefill + masked + (blocks if store_mode == SEPARATE else 0)
 
 
 def summarize(runs: list, seconds_key: str = "seconds", depth: int | None = None) -> dict:
@@ -50,9 +53,10 @@ def summarize(runs: list, seconds_key: str = "seconds", depth: int | None = None
         "seconds": seconds,
     }
     if accepted:
-        # commit steps a verify pass took: every step but each block's first (its own one-state pass); not
-        # 1 + the mean accepted depth, which also counts a free root where a pass ended the block
-        out["steps_per_verify"] = ((sum(r.stats.steps for r in runs) - kinds["block"])
+        # commit steps a verify pass took: every step but each block's first (its own one-state pass, fused with
+        # the store of the block before it or not); not 1 + the mean accepted depth, which also counts a free root
+        # where a pass ended the block
+        out["steps_per_verify"] = ((sum(r.stats.steps for r in runs) - kinds["block"] - kinds["fused"])
                                    / max(kinds["verify"], 1))
         out["mean_nodes_per_verify"] = float(np.mean(nodes))
         out["acceptance_by_depth"] = acceptance_by_depth(accepted, depth or max(max(accepted), 1))

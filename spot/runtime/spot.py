@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spot.errors import SpotError, integer_arg
-from spot.runtime.decode import DecodeContext, standard_block
+from spot.runtime.decode import DecodeContext, standard_block, state_pass
 from spot.runtime.engine import Engine
 from spot.runtime.proposers import RoundInputs
 from spot.runtime.stats import timed
@@ -112,8 +112,7 @@ class SpotBlockDecoder:
             return standard_block(engine, state, block, ctx)
         record = ctx.stats.verify_record()
         step = 0
-        (current,) = engine.block_outputs(state[None], [step], ctx.sampling, block, ctx.noise)
-        ctx.stats.passes["block"] += 1
+        current = state_pass(engine, state, step, block, ctx)
         root = current.next_state(state, ctx.mask_id, ctx.rule)     # the free root: F of the known logits
         while (root == ctx.mask_id).any():
             # one round: draft a tree rooted at the free root, verify it in ONE pass, walk it (each step timed)

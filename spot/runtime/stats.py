@@ -10,7 +10,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
-PASS_KINDS = ("prefill", "block", "verify", "store")
+# fused: a block's first pass that also stores the finished block before it (the default store mode); store: a
+# separate store pass (store mode "separate", SDAR's accounting). Which of the two a decode counts shows its mode.
+PASS_KINDS = ("prefill", "block", "verify", "store", "fused")
 
 T = TypeVar("T")
 
@@ -24,7 +26,8 @@ def timed(fn: Callable[..., T], *args) -> tuple[T, float]:
 
 class PassCounts(Counter):
     """Target passes by kind (PASS_KINDS: prefill, block = a block's first pass or a standard step, verify,
-    store); an unknown kind raises KeyError instead of counting under a new key."""
+    store, fused = a block's first pass that stores the block before it); an unknown kind raises KeyError instead of
+    counting under a new key."""
 
     def __missing__(self, kind):
         _check_kind(kind)

@@ -83,13 +83,14 @@ def interpolate_latency(curve: dict[int, float], nodes: int) -> float:
 @dataclass(frozen=True)
 class PassProfile:
     """What one decoder did over the tuning prompts: commit steps, one-state passes (a block's first pass, store
-    passes; standard decoding: every step's pass too), the node count of each verify pass, and the ms spent inside
-    the target's passes (prefill included) and outside them (host)."""
+    passes; standard decoding: every step's pass too), the node count of each verify pass, fused store passes, and
+    the ms spent inside the target's passes (prefill included) and outside them (host)."""
     steps: int
     single_passes: int
     verify_nodes: tuple[int, ...] = ()
     host_ms: float = 0.0
     pass_ms: float = 0.0
+    fused_passes: int = 0      # fused store passes: 2B tokens of one state, priced as a pass over 2 states
 
     @classmethod
     def of(cls, generations, host_ms: float = 0.0, pass_ms: float = 0.0) -> "PassProfile":
@@ -98,7 +99,8 @@ class PassProfile:
         passes = [g.stats.passes for g in generations]
         return cls(sum(g.stats.steps for g in generations),
                    sum(p.get("block", 0) + p.get("store", 0) for p in passes),
-                   tuple(n for g in generations if g.stats.verify for n in g.stats.verify.nodes), host_ms, pass_ms)
+                   tuple(n for g in generations if g.stats.verify for n in g.stats.verify.nodes), host_ms, pass_ms,
+                   sum(p.get("fused", 0) for p in passes))
 
     def steps_per_ms(self) -> float:
         """Measured: steps / (host + pass ms)."""
@@ -107,6 +109,7 @@ class PassProfile:
     def curve_ms(self, curve: dict[int, float]) -> float:
         """What the latency curve predicts for these passes (prefill left out: the same for every decoder)."""
         return (self.single_passes * interpolate_latency(curve, 1) + self.host_ms
+                + self.fused_passes * interpolate_latency(curve, 2)
                 + sum(interpolate_latency(curve, n) for n in self.verify_nodes))
 
 

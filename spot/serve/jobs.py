@@ -140,7 +140,7 @@ def pass_figures(job: Job, gen: Generation, block_size: int) -> dict:
     same blocks (spot.runtime.metrics.static_passes: computed, not decoded a second time), their ratio, and
     target passes per decoded token (decoded: to the block boundary, max_tokens or not); the decoder, its tree
     budget (Job.tree) and the seed."""
-    static = static_passes(len(job.prompt_ids), block_size, gen.stats.blocks)
+    static = static_passes(len(job.prompt_ids), block_size, gen.stats.blocks, job.request.store_mode)
     passes = gen.stats.target_passes
     return {"target_passes": passes, "passes": gen.stats.to_dict()["passes"],
             "static_passes": static, "passes_reduction": static / passes if passes else None,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from spot.engines.torch_engine import TorchEngine
-from spot.runtime.decode import DecodeContext, generate
+from spot.runtime.decode import DecodeContext, generate, state_pass
 from spot.runtime.step import CommitRule, Sampling, sample_positions, step_fn
 from spot.training.objective import heldout_loss
 
@@ -33,8 +33,7 @@ class StepRecorder:
     def __call__(self, engine, state, block, ctx: DecodeContext):
         step = 0
         while (state == ctx.mask_id).any():
-            logits = engine.block_logits(state[None])[0]
-            ctx.stats.passes["block"] += 1
+            logits = state_pass(engine, state, step, block, ctx).host_logits()
             masked = np.flatnonzero(state == ctx.mask_id)
             _, conf = sample_positions(logits, masked, ctx.sampling, block, step)
             self.committed_conf.append(float(conf.max()))  # the static rule commits the most confident position

@@ -24,7 +24,7 @@ extern "C" {
  * change to them, together with the library's SONAME (libspot.so.<SPOT_ABI_VERSION>, cpp/CMakeLists.txt reads it
  * from here). An application checks spot_abi_version() == SPOT_ABI_VERSION before its first call: a library
  * built from another header would read and write structs of another size. */
-#define SPOT_ABI_VERSION 1
+#define SPOT_ABI_VERSION 2
 /* The most stop ids a request may name (spot_generate_options.n_stop_ids), as a manifest's stop_ids. */
 #define SPOT_MAX_STOP_IDS 1024
 
@@ -104,6 +104,12 @@ typedef enum spot_decoder {
 
 typedef enum spot_mode { SPOT_MODE_STATIC = 0, SPOT_MODE_THRESHOLD = 1 } spot_mode;
 
+/* Where a finished block's K/V are cached (docs/spec.md §1). FUSED: the next block's first pass runs the finished
+ * block and its own state as 2B tokens and caches the first B (the last block is never stored). SEPARATE: a store
+ * pass of its own after each block, as SDAR's decoder counts passes. The same decoder gives the same tokens as
+ * standard decoding in either mode; the modes may differ from each other in the K/V's last bits. */
+typedef enum spot_store_mode { SPOT_STORE_FUSED = 0, SPOT_STORE_SEPARATE = 1 } spot_store_mode;
+
 typedef struct spot_generate_options {
   spot_decoder decoder;
   double temperature;      /* 0 = argmax; >= 1e-6 = Gumbel-max sampling with the counter noise */
@@ -121,11 +127,14 @@ typedef struct spot_generate_options {
   const int64_t* stop_ids; /* NULL: the manifest's stop ids; otherwise n_stop_ids ids (0: none — a non-NULL
                               pointer: an empty std::vector's data() may be NULL) */
   size_t n_stop_ids;       /* at most SPOT_MAX_STOP_IDS (more: SPOT_ERR_INVALID_ARGUMENT) */
+  spot_store_mode store_mode; /* SPOT_STORE_FUSED unless set */
 } spot_generate_options;
 
 typedef struct spot_stats {
-  int64_t target_passes; /* prefill + block + verify + store */
+  int64_t target_passes; /* prefill + block + verify + store + fused */
   int64_t prefill_passes, block_passes, verify_passes, store_passes;
+  int64_t fused_passes;  /* a block's first pass that stored the block before it (SPOT_STORE_FUSED); store_passes:
+                            separate store passes (SPOT_STORE_SEPARATE) */
   int64_t steps;         /* commit steps */
   int64_t blocks;        /* finished blocks */
   int stopped;           /* 1: a stop id ended the output (before max_new_tokens); 2: the on_block callback ended
