@@ -16,7 +16,8 @@ from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
 from spot.reference.model import random_model
 from spot.runtime.decode import FUSED, SEPARATE, STORE_MODES, generate
-from spot.runtime.decoders import DECODERS, DecodeRequest, run_decoder
+from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.registry import decoder_names
 from spot.runtime.metrics import static_passes
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
@@ -76,7 +77,7 @@ def test_every_decoder_counts_its_passes_by_the_store_mode(store_mode):
     store pass per block and no fused pass; a block's first pass and its store are one pass when fused."""
     engine = engine_for(4)
     prompt = np.arange(1, 8)
-    for name in DECODERS:
+    for name in decoder_names():
         if name in ("spot", "spot-sets"):
             continue          # (the drafters' block size: tests/test_drafter.py runs them in both modes)
         req = DecodeRequest(18, sampling=Sampling(1.0, seed=3), budget=TreeBudget(6, 3), stop_ids=(),
