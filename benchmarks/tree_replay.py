@@ -32,12 +32,12 @@ def record(args) -> dict:
     return {"folder": str(folder), "decodes": decodes}
 
 
-def proposer_for(name: str, drafter, rec, branch: int | None):
+def proposer_for(name: str, drafter, rec, branch: int | None, nodes: int):
     if name == "tree":
         return ConfidenceOrderProposer(branch=TREE_BRANCH)
     if name == "order-oracle":
         return OrderOracleProposer(rec.trajectories())
-    return drafter.proposer() if branch is None else drafter.proposer(branch=branch)
+    return drafter.proposer(branch=branch, nodes=nodes)
 
 
 def main() -> None:
@@ -72,7 +72,8 @@ def main() -> None:
         standard = sum(r.standard_passes for r in decodes)
         for budget in parse_tree_budgets(args.budgets):
             for name in args.decoders.split(","):
-                passes = sum(replay_passes(r, proposer_for(name, drafter, r, args.branch), budget) for r in decodes)
+                passes = sum(replay_passes(r, proposer_for(name, drafter, r, args.branch, budget.nodes), budget)
+                             for r in decodes)
                 print(f"| {name} | {budget.nodes}x{budget.depth} | {t:g} | {passes} | {standard} | "
                       f"{standard / passes:.2f}x |", flush=True)
 

@@ -131,6 +131,6 @@ def run_decoder(name: str, engine: Engine, prompt_ids, req: DecodeRequest, draft
                             "pass drafter=load_drafter(PATH) (CLI: --drafter PATH), or use an exported folder "
                             "that ships drafter.onnx")
         drafter.check_compatible(engine)
-        proposer = drafter.proposer()
+        proposer = drafter.proposer(nodes=budget.nodes)      # the tree shape calibrated for this budget
     return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, budget, req.independent_noise),
                     on_block=on_block, **common)
