@@ -178,9 +178,10 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
 @click.option("--set-flip-weights", default="0,0.1,1", show_default=True,
               help="SPOT-Sets flip-variant weights tried (spot-sets, at the chosen settings); 0 = none.")
 @click.option("--budget", default="16x8", show_default=True, help="Tree budget (nodes x depth).")
-@click.option("--shape-budgets", default="2x2,4x4,8x8,16x8,64x16", show_default=True,
+@click.option("--shape-budgets", default=None,
               help="Budgets that get their own tree shape (branch, depth, order temperature, runner-up weight), "
-                   "priced by replaying standard decodes; 'none': no tree_shapes.")
+                   "priced by replaying standard decodes; 'none': no tree_shapes. Default: 2x2,4x4,8x8,16x8,64x16 "
+                   "(depths capped at the block size, budgets over the export's max nodes left out).")
 @click.option("--branches", default="1,2,4,8", show_default=True, help="Branches tried per tree shape.")
 @click.option("--shapes-only", is_flag=True,
               help="Calibrate the tree shapes alone, from the drafter's own settings (no --budget decoding).")
@@ -203,8 +204,9 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
 
     from spot.budgets import parse_tree_budgets
     from spot.models import find_drafter
-    from spot.training.calibration import (calibrate_drafter, calibrate_tree_shapes, check_calibration_writable,
-                                           check_settings, check_shape_settings, write_calibration)
+    from spot.training.calibration import (DEFAULT_SHAPE_BUDGETS, calibrate_drafter, calibrate_tree_shapes,
+                                           check_calibration_writable, check_settings, check_shape_settings,
+                                           fitted_shape_budgets, write_calibration)
     from spot.training.traces import fit_prompts, training_prompts
 
     budgets = parse_tree_budgets(budget)
@@ -214,7 +216,8 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     temps, cands = number_list_arg(temperatures, "--temperatures"), number_list_arg(candidates, "--candidates")
     weights = number_list_arg(runner_up_weights, "--runner-up-weights")
     flips = number_list_arg(set_flip_weights, "--set-flip-weights")
-    shape_list = () if shape_budgets.strip().lower() == "none" else parse_tree_budgets(shape_budgets)
+    shape_list = () if (shape_budgets or "").strip().lower() == "none" else \
+        parse_tree_budgets(shape_budgets or DEFAULT_SHAPE_BUDGETS)
     branch_list = [int(b) if float(b).is_integer() else b for b in number_list_arg(branches, "--branches")]
     if shapes_only and not shape_list:
         raise SpotError("--shapes-only with --shape-budgets none calibrates nothing",
@@ -224,6 +227,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     drafter = find_drafter(drafter_path, folder)
     check_settings(drafter, temps, cands, weights, flips)       # before the prompts are drawn and fitted
     if shape_list:
+        shape_list = fitted_shape_budgets(shape_list, engine, shape_budgets is not None)
         check_shape_settings(drafter, shape_list, cands, weights, branch_list)
     if not dry_run:             # drafter.json is rewritten at the end: a read-only one is refused now
         check_calibration_writable(drafter)

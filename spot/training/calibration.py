@@ -219,6 +219,20 @@ def calibrate_tree_shapes(engine, drafter: Drafter, prompts: list[list[int]], te
     return {TREE_SHAPES: shapes, "shape_calibration": summary}
 
 
+def fitted_shape_budgets(budgets, engine, given: bool) -> list[TreeBudget]:
+    """--shape-budgets for `engine`: a given list checked (SpotError naming the option); the default one fitted to
+    it (depths capped at the block size, budgets over the export's max nodes left out)."""
+    if not given:
+        capped = [TreeBudget(b.nodes, min(b.depth, engine.block_size)) for b in budgets]
+        return [b for b in capped if b.nodes <= engine.max_nodes]
+    for b in budgets:
+        try:
+            b.check(engine)
+        except SpotError as e:
+            raise SpotError(f"--shape-budgets {b.nodes}x{b.depth}: {e.message}", "fix --shape-budgets") from None
+    return list(budgets)
+
+
 def check_shape_settings(drafter: Drafter, budgets, order_temperatures, runner_up_weights, branches) -> None:
     """SpotError naming the option, before any decoding: two budgets of one node count, a branch outside
     1..MAX_BLOCK, or a weight / temperature the drafter refuses."""
