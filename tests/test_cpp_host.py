@@ -309,13 +309,16 @@ def test_tree_weights_are_read_from_drafter_json(spot_cli, tiny, tmp_path, field
 
 
 def test_tree_shapes_are_read_from_drafter_json(spot_cli, tiny, tmp_path):
-    """drafter.json's tree_shapes (branch, depth, order temperature, runner-up weight per budget) grow the same trees
-    in both hosts: budgets below, at and above the entries, spot and spot-sets (which keeps the drafter's own)."""
+    """drafter.json's tree_shapes (branch, depth, order temperature, runner-up weight, stale-top bonus per budget)
+    grow the same trees in both hosts: budgets below, at and above the entries, spot and spot-sets (which keeps the
+    drafter's own settings)."""
     from spot.runtime.drafter import Drafter
     folder, drafter_dir, engine, _ = tiny
     prompts = random_prompts(2, seed=15)
-    shapes = [{"nodes": 4, "branch": 1, "depth": 2, "order_temperature": 2.0, "runner_up_weight": 0.0},
-              {"nodes": 10, "branch": 2, "depth": 3, "order_temperature": 0.5, "runner_up_weight": 1.0}]
+    shapes = [{"nodes": 4, "branch": 1, "depth": 2, "order_temperature": 2.0, "runner_up_weight": 0.0,
+               "stale_top_bonus": 30.0},
+              {"nodes": 10, "branch": 2, "depth": 3, "order_temperature": 0.5, "runner_up_weight": 1.0,
+               "stale_top_bonus": 0.7}]
     passes = {}
     for name, table in (("own", None), ("shaped", shapes)):
         d = tmp_path / name

@@ -22,7 +22,7 @@ from spot.runtime.proposers import RoundInputs
 from spot.runtime.spot import TreeBudget
 from spot.runtime.stale import StaleView
 from spot.runtime.step import STATIC, CommitRule, Sampling
-from spot.runtime.tree import build_tree
+from spot.runtime.tree import Node, build_tree
 from spot.training.drafter import OrderModel, OrderModelConfig, random_inputs, write_drafter
 from spot.training.replay import record_standard, replay_passes
 
@@ -68,8 +68,9 @@ def with_shapes(drafter_dir, tmp_path, shapes) -> Drafter:
     return Drafter.load(tmp_path)
 
 
-def entry(nodes, branch=2, depth=3, t_o=1.5, w=0.0) -> dict:
-    return {"nodes": nodes, "branch": branch, "depth": depth, "order_temperature": t_o, "runner_up_weight": w}
+def entry(nodes, branch=2, depth=3, t_o=1.5, w=0.0, bonus=0.0) -> dict:
+    return {"nodes": nodes, "branch": branch, "depth": depth, "order_temperature": t_o, "runner_up_weight": w,
+            "stale_top_bonus": bonus}
 
 
 @settings(max_examples=200, deadline=None)
@@ -86,11 +87,11 @@ def test_a_budget_takes_the_shape_with_the_most_nodes_within_it(node_counts, nod
 
 
 def test_no_entry_is_the_drafters_own_settings(drafter_dir, tmp_path):
-    d = with_shapes(drafter_dir, tmp_path, [entry(8, branch=1, depth=2, t_o=3.0, w=0.5)])
-    own = TreeShape(DEFAULT_BRANCH, None, d.order_temperature, d.runner_up_weight)
+    d = with_shapes(drafter_dir, tmp_path, [entry(8, branch=1, depth=2, t_o=3.0, w=0.5, bonus=2.0)])
+    own = TreeShape(DEFAULT_BRANCH, None, d.order_temperature, d.runner_up_weight, 0.0)
     assert d.shape_for(None) == d.shape_for(7) == own
-    assert d.shape_for(8) == d.shape_for(64) == TreeShape(1, 2, 3.0, 0.5)
-    assert d.proposer(nodes=64).shape == TreeShape(1, 2, 3.0, 0.5)
+    assert d.shape_for(8) == d.shape_for(64) == TreeShape(1, 2, 3.0, 0.5, 2.0)
+    assert d.proposer(nodes=64).shape == TreeShape(1, 2, 3.0, 0.5, 2.0)
     assert d.proposer(branch=5, nodes=64).branch == 5           # an explicit branch overrides the shape's
 
 
@@ -100,6 +101,7 @@ def test_no_entry_is_the_drafters_own_settings(drafter_dir, tmp_path):
     ([entry(4, depth=65)], r"tree_shapes\[0\].depth is 65"),
     ([entry(4, t_o=0)], r"tree_shapes\[0\].order_temperature is 0, expected a number > 0"),
     ([entry(4, w=2)], r"tree_shapes\[0\].runner_up_weight is 2, expected a number in \[0, 1\]"),
+    ([entry(4, bonus=-1)], r"tree_shapes\[0\].stale_top_bonus is -1, expected a number in \[0, 100\]"),
     ([{**entry(4), "lookahead": 2}], r"tree_shapes\[0\].lookahead"),
     ([{k: v for k, v in entry(4).items() if k != "depth"}], r"tree_shapes\[0\].depth"),
     ({"16": entry(16)}, "tree_shapes is .*expected null or a list of at most 32 items"),
@@ -131,10 +133,34 @@ def test_a_shapes_depth_and_branch_shape_the_tree(drafter_dir):
         assert max(len(n.children) for n in trees["capped"]) <= 3
 
 
+def test_the_stale_top_bonus_raises_the_most_confident_stale_position(drafter_dir):
+    """Children's log-probabilities are log_softmax(order / T_o + bonus at the node's most confident stale masked
+    position); a large bonus makes that position the first child."""
+    d = Drafter.load(drafter_dir)
+    rng = np.random.default_rng(5)
+    logits = (rng.normal(size=(BLOCK, VOCAB)) * 2).astype(np.float32)
+    state = np.full(BLOCK, MASK)
+    state[[1, 4]] = 7
+    stale = StaleView(logits, state == MASK, Sampling(0.0), 0)
+    node = Node(state, -1, 0, 1)
+    conf = np.where(state == MASK, stale.coupled(1)[1], -np.inf)
+    top = int(np.argmax(conf))
+    got = {}
+    for bonus in (0.0, 0.7, 50.0):
+        p = DrafterProposer(d, None, 0, TreeShape(BLOCK, None, 2.0, 0.0, bonus))
+        p.begin_round(RoundInputs(stale, CommitRule(STATIC), MASK, 0), state, 0)
+        got[bonus] = {int(np.flatnonzero(c != state)[0]): lp for lp, c in p.propose([node], [0])[0]}
+    for pos in got[0.0]:
+        raised = got[0.7][pos] - got[0.0][pos]
+        others = got[0.7][next(q for q in got[0.0] if q != top)] - got[0.0][next(q for q in got[0.0] if q != top)]
+        assert raised == pytest.approx(others + (0.7 if pos == top else 0.0), abs=1e-9)
+    assert max(got[50.0], key=got[50.0].get) == top
+
+
 def test_decoders_grow_their_budgets_shape(drafter_dir, engine, tmp_path):
     """run_decoder's spot grows the shape of its budget (the replayed passes of that shape), exactly; spot-sets
     keeps the drafter's own settings."""
-    shapes = [entry(4, branch=1, depth=2, t_o=1.0), entry(12, branch=2, depth=3, t_o=0.5, w=0.3)]
+    shapes = [entry(4, branch=1, depth=2, t_o=1.0, bonus=30.0), entry(12, branch=2, depth=3, t_o=0.5, w=0.3)]
     d = with_shapes(drafter_dir, tmp_path, shapes)
     prompt = [1, 2, 3, 4, 5]
     differs = False
@@ -160,19 +186,21 @@ def test_tree_shape_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp
     d = with_shapes(drafter_dir, tmp_path, [entry(2)])      # an old table: replaced, never read by the calibration
     prompts = [[1, 2, 3, 4, 5], [9, 8, 7]]
     budgets = [TreeBudget(3, 2), TreeBudget(8, 4)]
-    result = calibrate_tree_shapes(engine, d, prompts, [0.0, 1.0], budgets, [0.5, 2.0], [0.0, 0.3], [1, 3], 16)
+    result = calibrate_tree_shapes(engine, d, prompts, [0.0, 1.0], budgets, [0.5, 2.0], [0.0, 0.3], [1, 3], 16,
+                                   bonuses=[0.0, 30.0])
     decodes = record_prompts(engine, prompts, [0.0, 1.0], 16)
     own = d.with_tree_shapes([])
     for budget, shape in zip(budgets, result["tree_shapes"]):
         tried = result["shape_calibration"]["passes_by_budget"][f"{budget.nodes}x{budget.depth}"]
         assert list(tried) == list(SHAPE_FIELDS)
-        chosen = TreeShape(shape["branch"], shape["depth"], shape["order_temperature"], shape["runner_up_weight"])
+        chosen = TreeShape(shape["branch"], shape["depth"], shape["order_temperature"], shape["runner_up_weight"],
+                           shape["stale_top_bonus"])
         assert shape["nodes"] == budget.nodes and 1 <= chosen.depth <= budget.depth
         final = replay_passes_of(decodes, own, chosen, budget)
         assert tried["depth"][f"{chosen.depth:g}"] == final == min(tried["depth"].values())
         for field in SHAPE_FIELDS:      # every field's pick is its fewest passes, and the search only improves
             assert min(tried[field].values()) >= final
-        assert (chosen, tried) == shape_for_budget(own, decodes, budget, [0.5, 2.0], [0.0, 0.3], [1, 3])
+        assert (chosen, tried) == shape_for_budget(own, decodes, budget, [0.5, 2.0], [0.0, 0.3], [1, 3], [0.0, 30.0])
     write_calibration(tmp_path, result)
     reloaded = Drafter.load(tmp_path)
     assert reloaded.tree_shapes == result["tree_shapes"]
@@ -182,6 +210,8 @@ def test_tree_shape_calibration_keeps_the_fewest_passes(drafter_dir, engine, tmp
         calibrate_tree_shapes(engine, d, prompts, [0.0], [TreeBudget(8, 2), TreeBudget(8, 4)], [1.0], [0.0])
     with pytest.raises(SpotError, match="--branches"):
         calibrate_tree_shapes(engine, d, prompts, [0.0], budgets, [1.0], [0.0], [0, 2])
+    with pytest.raises(SpotError, match="--stale-top-bonuses"):
+        calibrate_tree_shapes(engine, d, prompts, [0.0], budgets, [1.0], [0.0], [2], bonuses=[-1.0])
 
 
 def replay_passes_of(decodes, drafter, shape: TreeShape, budget: TreeBudget) -> int:

@@ -38,9 +38,10 @@ const schema::Field& drafter_fields() {
                                                             {"branch", integer(1, kMaxDrafterBlock)},
                                                             {"depth", integer(1, kMaxDrafterBlock)},
                                                             {"order_temperature", number(0, HUGE_VAL, true)},
-                                                            {"runner_up_weight", unit}},
+                                                            {"runner_up_weight", unit},
+                                                            {"stale_top_bonus", number(0, kMaxStaleTopBonus)}},
                                                            {"nodes", "branch", "depth", "order_temperature",
-                                                            "runner_up_weight"},
+                                                            "runner_up_weight", "stale_top_bonus"},
                                                            "a tree shape", true),
                                                     kMaxTreeShapes))}},
                   {"block_size", "target", "onnx_sha256"}, "an object");
@@ -61,13 +62,17 @@ const char* kIdentityFields[] = {"vocab_size", "hidden_size", "intermediate_size
 // so both hosts weigh tree candidates alike. The values only order tree candidates, never decide the output.
 double sigmoid(double x) { return 0.5 * (1.0 + std::tanh(0.5 * x)); }
 
-// drafter.masked_log_softmax over one row: log-softmax of logits / temperature at the masked positions, -inf elsewhere
-std::vector<double> masked_log_softmax(const float* logits, const std::vector<bool>& masked, double temperature) {
+// drafter.masked_log_softmax over one row: log-softmax of logits / temperature (+ bonus at position `at`, none when
+// at < 0) at the masked positions, -inf elsewhere
+std::vector<double> masked_log_softmax(const float* logits, const std::vector<bool>& masked, double temperature,
+                                       int64_t at = -1, double bonus = 0.0) {
   const size_t b = masked.size();
   std::vector<double> z(b), e(b), out(b);
   double zmax = kNegInf;
   for (size_t i = 0; i < b; ++i) {
-    z[i] = masked[i] ? static_cast<double>(logits[i]) / temperature : kNegInf;
+    double x = static_cast<double>(logits[i]) / temperature;
+    if (static_cast<int64_t>(i) == at) x = x + bonus;
+    z[i] = masked[i] ? x : kNegInf;
     if (z[i] > zmax) zmax = z[i];
   }
   if (!std::isfinite(zmax)) zmax = 0.0;
@@ -133,7 +138,8 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
     for (const Json& e : t->items())
       d->tree_shapes.push_back({e.at("nodes").integer(),
                                 {static_cast<int>(e.at("branch").integer()), e.at("depth").integer(),
-                                 e.at("order_temperature").number(), e.at("runner_up_weight").number()}});
+                                 e.at("order_temperature").number(), e.at("runner_up_weight").number(),
+                                 e.at("stale_top_bonus").number()}});
   const std::string digest = sha256_file(onnx_path);
   if (digest != m.at("onnx_sha256").str())
     fail(SPOT_ERR_CORRUPT, onnx_path + " does not match its manifest (sha256 " + digest.substr(0, 12) +
@@ -211,7 +217,7 @@ TreeShape Drafter::shape_for(int64_t nodes) const {
   for (const auto& e : tree_shapes)
     if (e.first <= nodes && (best == nullptr || e.first > best->first)) best = &e;
   if (best != nullptr) return best->second;
-  return {kDrafterBranch, 0, order_temperature, runner_up_weight};
+  return {kDrafterBranch, 0, order_temperature, runner_up_weight, 0.0};
 }
 
 std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<Node>& tree,
@@ -260,7 +266,14 @@ std::vector<std::vector<Candidate>> DrafterProposer::candidates(const std::vecto
     const StaleView::Coupled& c = r.stale->coupled(node.step);
     std::vector<bool> mrow(static_cast<size_t>(b));
     for (int64_t p = 0; p < b; ++p) mrow[p] = masked[j * b + p] > 0;
-    std::vector<double> logq = masked_log_softmax(order.data() + j * b, mrow, shape.order_temperature);
+    int64_t top = -1;   // drafter.stale_top_bonus: the most confident stale masked position (the first of equals)
+    if (shape.stale_top_bonus > 0) {
+      std::vector<double> masked_conf(static_cast<size_t>(b));
+      for (int64_t p = 0; p < b; ++p) masked_conf[p] = mrow[p] ? c.conf[p] : kNegInf;
+      top = first_argmax(masked_conf);
+    }
+    std::vector<double> logq =
+        masked_log_softmax(order.data() + j * b, mrow, shape.order_temperature, top, shape.stale_top_bonus);
     const StaleView::RunnerUp* up = shape.runner_up_weight > 0 ? &r.stale->runner_up(node.step) : nullptr;
     const std::vector<double> log_weight = up ? runner_up_log_weights(*up, shape.runner_up_weight, r.mask_id)
                                               : std::vector<double>();

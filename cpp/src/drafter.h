@@ -24,6 +24,7 @@ struct TreeShape {
   int64_t depth = 0;
   double order_temperature = 1.0;
   double runner_up_weight = 0.17;
+  double stale_top_bonus = 0.0;   // added to the order logit of the node's most confident stale position
 };
 
 class Drafter {

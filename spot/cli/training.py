@@ -183,6 +183,8 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
                    "priced by replaying standard decodes; 'none': no tree_shapes. Default: 2x2,4x4,8x8,16x8,64x16 "
                    "(depths capped at the block size, budgets over the export's max nodes left out).")
 @click.option("--branches", default="1,2,4,8", show_default=True, help="Branches tried per tree shape.")
+@click.option("--stale-top-bonuses", default="0,1,30", show_default=True,
+              help="Order-logit bonuses of the most confident stale position tried per tree shape (0 = none).")
 @click.option("--shapes-only", is_flag=True,
               help="Calibrate the tree shapes alone, from the drafter's own settings (no --budget decoding).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
@@ -191,7 +193,7 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
 @placement_options
 def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file, corpus_prompts, seed, temperatures,
                           candidates, runner_up_weights, set_flip_weights, budget, shape_budgets, branches,
-                          shapes_only, max_new_tokens, dry_run, quiet, sampler, kv_cache):
+                          stale_top_bonuses, shapes_only, max_new_tokens, dry_run, quiet, sampler, kv_cache):
     """Pick the drafter's order temperature, runner-up weight and SPOT-Sets flip weight by target passes on
     training prompts, then SPOT's tree shape per budget (writes drafter.json).
 
@@ -219,6 +221,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     shape_list = () if (shape_budgets or "").strip().lower() == "none" else \
         parse_tree_budgets(shape_budgets or DEFAULT_SHAPE_BUDGETS)
     branch_list = [int(b) if float(b).is_integer() else b for b in number_list_arg(branches, "--branches")]
+    bonus_list = number_list_arg(stale_top_bonuses, "--stale-top-bonuses")
     if shapes_only and not shape_list:
         raise SpotError("--shapes-only with --shape-budgets none calibrates nothing",
                         "give --shape-budgets, e.g. 2x2,4x4,8x8,16x8,64x16")
@@ -228,7 +231,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     check_settings(drafter, temps, cands, weights, flips)       # before the prompts are drawn and fitted
     if shape_list:
         shape_list = fitted_shape_budgets(shape_list, engine, shape_budgets is not None)
-        check_shape_settings(drafter, shape_list, cands, weights, branch_list)
+        check_shape_settings(drafter, shape_list, cands, weights, branch_list, bonus_list)
     if not dry_run:             # drafter.json is rewritten at the end: a read-only one is refused now
         check_calibration_writable(drafter)
     prompts = training_prompts(prompts_file, corpus_prompts, seed, tokenizer, folder)
@@ -242,7 +245,8 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
                                         result["set_flip_weight"])
     if shape_list:
         result.update(calibrate_tree_shapes(engine, drafter, prompts, temps, list(shape_list), cands, weights,
-                                            branch_list, max_new_tokens, progress=stderr_progress(quiet)))
+                                            branch_list, max_new_tokens, progress=stderr_progress(quiet),
+                                            bonuses=bonus_list))
     click.echo(json.dumps(result, indent=2))
     if not dry_run:
         path = write_calibration(drafter.path, result, drafter.manifest["onnx_sha256"])

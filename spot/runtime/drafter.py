@@ -65,8 +65,11 @@ DEFAULT_RUNNER_UP_WEIGHT = 0.17
 SET_FLIP_WEIGHT = "set_flip_weight"
 DEFAULT_SET_FLIP_WEIGHT = 1.0
 # SPOT's tree shape per verify budget (`spot calibrate-drafter`, by replayed target passes): a list of {nodes, branch,
-# depth, order_temperature, runner_up_weight}; a budget of N nodes uses the entry with the most nodes <= N, else the
-# drafter's own order_temperature and runner_up_weight with DEFAULT_BRANCH and the budget's depth.
+# depth, order_temperature, runner_up_weight, stale_top_bonus}; a budget of N nodes uses the entry with the most
+# nodes <= N, else the drafter's own order_temperature and runner_up_weight with DEFAULT_BRANCH, the budget's depth
+# and no bonus. stale_top_bonus is added to the (tempered) order logit of the node's most confident stale position:
+# on a target whose confident positions nearly tie, the exact stale-confidence ranking names the next commit more
+# often than an order model at small staleness, which is what a 2- or 4-node tree lives on (docs/drafter.md).
 TREE_SHAPES = "tree_shapes"
 MAX_TREE_SHAPES = 32
 MAX_SHAPE_NODES = 4096    # an export's most nodes per verify pass (manifest.MAX_NODES)
@@ -78,10 +81,12 @@ IDENTITY_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden
 # drafter.json's fields the hosts read (spot.schema; the C++ host checks the same, cpp/src/drafter.cpp): null is the
 # default of an optional one; the others (accuracy, architecture, ...) are a report, read by neither host
 UNIT = Number(0, 1)
+STALE_TOP_BONUS = "stale_top_bonus"
+MAX_STALE_TOP_BONUS = 100.0
 TREE_SHAPE = Record({"nodes": Integer(1, MAX_SHAPE_NODES), "branch": Integer(1, MAX_BLOCK),
                      "depth": Integer(1, MAX_BLOCK), ORDER_TEMPERATURE: Number(0, lo_open=True),
-                     RUNNER_UP_WEIGHT: UNIT},
-                    ("nodes", "branch", "depth", ORDER_TEMPERATURE, RUNNER_UP_WEIGHT), others=None,
+                     RUNNER_UP_WEIGHT: UNIT, STALE_TOP_BONUS: Number(0, MAX_STALE_TOP_BONUS)},
+                    ("nodes", "branch", "depth", ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, STALE_TOP_BONUS), others=None,
                     what="a tree shape")
 DRAFTER_FILE = Record({
     "block_size": Integer(1, MAX_BLOCK),
@@ -106,6 +111,7 @@ class TreeShape:
     depth: int | None
     order_temperature: float
     runner_up_weight: float
+    stale_top_bonus: float = 0.0
 
 
 def shape_entry(shapes: list[dict], nodes: int) -> dict | None:
@@ -149,10 +155,15 @@ def node_inputs(stale: StaleView, nodes: list[Node], mask_id: int, max_staleness
     return drafter_inputs(stale.topk_logprobs() if with_topk else None, masked, conf, staleness, max_staleness)
 
 
-def masked_log_softmax(logits: np.ndarray, masked: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """logits [..., B], masked [..., B] bool -> log-softmax of logits / temperature over the masked positions (-inf
-    elsewhere). float64 with the C library's exp/log (spot.runtime.libm), as the C++ host computes it."""
-    z = np.where(masked, logits.astype(np.float64) / temperature, -np.inf)
+def masked_log_softmax(logits: np.ndarray, masked: np.ndarray, temperature: float = 1.0,
+                       bonus: np.ndarray | None = None) -> np.ndarray:
+    """logits [..., B], masked [..., B] bool -> log-softmax of logits / temperature (+ bonus [..., B], float64) over
+    the masked positions (-inf elsewhere). float64 with the C library's exp/log (spot.runtime.libm), as the C++ host
+    computes it."""
+    z = logits.astype(np.float64) / temperature
+    if bonus is not None:
+        z = z + bonus
+    z = np.where(masked, z, -np.inf)
     zmax = z.max(axis=-1, keepdims=True)
     zmax = np.where(np.isfinite(zmax), zmax, 0.0)
     return z - zmax - libm.log(libm.exp(z - zmax).sum(axis=-1, keepdims=True))
@@ -328,7 +339,8 @@ class Drafter:
         e = None if nodes is None else shape_entry(self.tree_shapes, nodes)
         if e is None:
             return TreeShape(DEFAULT_BRANCH, None, self.order_temperature, self.runner_up_weight)
-        return TreeShape(int(e["branch"]), int(e["depth"]), float(e[ORDER_TEMPERATURE]), float(e[RUNNER_UP_WEIGHT]))
+        return TreeShape(int(e["branch"]), int(e["depth"]), float(e[ORDER_TEMPERATURE]), float(e[RUNNER_UP_WEIGHT]),
+                         float(e[STALE_TOP_BONUS]))
 
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """One ORT call: order_logits [K, B], member_logits [K, B] float32."""
@@ -394,7 +406,8 @@ class DrafterProposer:
         order, member = self.drafter.run(inputs)
         self.calls += 1
         masked = inputs["masked"] > 0
-        logq_all = masked_log_softmax(order, masked, shape.order_temperature)   # [K, B], every node
+        bonus = stale_top_bonus(r.stale, chosen, masked, shape.stale_top_bonus)
+        logq_all = masked_log_softmax(order, masked, shape.order_temperature, bonus)   # [K, B], every node
         out = []
         for j, node in enumerate(chosen):
             tokens = r.stale.coupled(node.step)[0]
@@ -411,6 +424,17 @@ class DrafterProposer:
                 out.append(set_candidates(node, member_p, best, tokens, r.mask_id, shape.branch, runner_up,
                                           self.drafter.set_flip_weight))
         return out
+
+
+def stale_top_bonus(stale, nodes: list[Node], masked: np.ndarray, bonus: float) -> np.ndarray | None:
+    """[K, B] float64: `bonus` at each node's most confident stale position among its masked ones (the first of
+    equals), 0 elsewhere; None at bonus 0."""
+    if bonus <= 0:
+        return None
+    out = np.zeros(masked.shape)
+    for j, node in enumerate(nodes):
+        out[j, int(np.argmax(np.where(masked[j], stale.coupled(node.step)[1], -np.inf)))] = bonus
+    return out
 
 
 def load_drafter(path: str | Path, threads: int | None = None) -> Drafter:

@@ -14,8 +14,8 @@ are identical at every setting (exactness never depends on the proposer); only t
 Tree shapes per budget (branch, depth, order temperature, runner-up weight) are priced by replay instead
 (spot.training.replay): the prompts are decoded once with standard decoding per temperature, and every candidate
 shape's exact `spot` passes are replayed from those decodes without the target. Each budget starts from the drafter's
-own settings (branch 4, the budget's depth) and takes each field in turn — order temperature, branch, runner-up
-weight, depth — keeping the value with the fewest passes (ties: the value it had). numpy + ONNX Runtime only.
+own settings (branch 4, the budget's depth, no stale-top bonus) and takes each field in turn — order temperature,
+branch, runner-up weight, stale-top bonus, depth — keeping the value with the fewest passes (ties: the value it had). numpy + ONNX Runtime only.
 """
 from __future__ import annotations
 
@@ -30,16 +30,19 @@ from spot.files import check_output_path, write_text_atomic
 from dataclasses import asdict, replace
 
 from spot.runtime.decoders import DecodeRequest, run_decoder
-from spot.runtime.drafter import (DEFAULT_LOOKAHEAD, MAX_BLOCK, ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT,
-                                  TREE_SHAPES, Drafter, DrafterProposer, TreeShape, resolve_paths)
+from spot.runtime.drafter import (DEFAULT_LOOKAHEAD, MAX_BLOCK, MAX_STALE_TOP_BONUS, ORDER_TEMPERATURE,
+                                  RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT, STALE_TOP_BONUS, TREE_SHAPES, Drafter,
+                                  DrafterProposer, TreeShape, resolve_paths)
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 from spot.training.replay import RecordedDecode, record_standard, replay_passes
 
 DEFAULT_SHAPE_BUDGETS = "2x2,4x4,8x8,16x8,64x16"
 DEFAULT_BRANCHES = (1, 2, 4, 8)
+DEFAULT_STALE_TOP_BONUSES = (0.0, 1.0, 30.0)
 DEPTHS = (2, 3, 4, 6, 8, 12, 16, 24, 32)      # depth candidates, those within the budget's depth
-SHAPE_FIELDS = (ORDER_TEMPERATURE, "branch", RUNNER_UP_WEIGHT, "depth")     # the order fields are calibrated in
+# the order the fields are calibrated in
+SHAPE_FIELDS = (ORDER_TEMPERATURE, "branch", RUNNER_UP_WEIGHT, STALE_TOP_BONUS, "depth")
 
 
 def passes_by_setting(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float], name: str,
@@ -165,16 +168,17 @@ def record_prompts(engine, prompts: list[list[int]], temperatures: list[float], 
             for t in temperatures for ids in prompts]
 
 
-def shape_candidates(field: str, budget: TreeBudget, order_temperatures, runner_up_weights, branches) -> list:
+def shape_candidates(field: str, budget: TreeBudget, order_temperatures, runner_up_weights, branches,
+                     bonuses) -> list:
     """The values tried for one field of a budget's shape."""
     if field == "depth":
         return sorted({d for d in DEPTHS if d < budget.depth} | {budget.depth})
     return list({ORDER_TEMPERATURE: order_temperatures, RUNNER_UP_WEIGHT: runner_up_weights,
-                 "branch": branches}[field])
+                 "branch": branches, STALE_TOP_BONUS: bonuses}[field])
 
 
 def shape_for_budget(drafter: Drafter, decodes: list[RecordedDecode], budget: TreeBudget, order_temperatures,
-                     runner_up_weights, branches) -> tuple[TreeShape, dict]:
+                     runner_up_weights, branches, bonuses=DEFAULT_STALE_TOP_BONUSES) -> tuple[TreeShape, dict]:
     """The shape with the fewest replayed `spot` passes for `budget` (module docstring), and the passes of every
     candidate tried ({field: {value: passes}})."""
     def passes(shape: TreeShape) -> int:
@@ -186,7 +190,7 @@ def shape_for_budget(drafter: Drafter, decodes: list[RecordedDecode], budget: Tr
     record = {}
     for field in SHAPE_FIELDS:
         tried = {}
-        for value in shape_candidates(field, budget, order_temperatures, runner_up_weights, branches):
+        for value in shape_candidates(field, budget, order_temperatures, runner_up_weights, branches, bonuses):
             tried[value] = passes(replace(shape, **{field: value}))
         current = getattr(shape, field)
         best = min(tried, key=lambda v: (tried[v], v != current))    # ties: keep the value it had
@@ -198,22 +202,25 @@ def shape_for_budget(drafter: Drafter, decodes: list[RecordedDecode], budget: Tr
 def calibrate_tree_shapes(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float],
                           budgets: list[TreeBudget], order_temperatures, runner_up_weights,
                           branches=DEFAULT_BRANCHES, max_new_tokens: int = 64,
-                          progress: Callable[[str], None] | None = None) -> dict:
+                          progress: Callable[[str], None] | None = None,
+                          bonuses=DEFAULT_STALE_TOP_BONUSES) -> dict:
     """SPOT's tree shape per budget, by replayed target passes on training prompts: {"tree_shapes": drafter.json's
     list, "shape_calibration": the record}. The drafter's own order_temperature and runner_up_weight are each
     budget's starting point (calibrate_drafter's, where it ran first)."""
     drafter.check_compatible(engine)
-    check_shape_settings(drafter, budgets, order_temperatures, runner_up_weights, branches)
+    check_shape_settings(drafter, budgets, order_temperatures, runner_up_weights, branches, bonuses)
     drafter = drafter.with_tree_shapes([])
     decodes = record_prompts(engine, prompts, temperatures, max_new_tokens)
     shapes, record = [], {}
     for budget in budgets:
-        shape, tried = shape_for_budget(drafter, decodes, budget, order_temperatures, runner_up_weights, branches)
+        shape, tried = shape_for_budget(drafter, decodes, budget, order_temperatures, runner_up_weights, branches,
+                                        bonuses)
         shapes.append({"nodes": budget.nodes, **asdict(shape)})
         record[f"{budget.nodes}x{budget.depth}"] = tried
         if progress:
             progress(f"tree shape {budget.nodes}x{budget.depth}: branch {shape.branch}, depth {shape.depth}, order "
-                     f"temperature {shape.order_temperature:g}, runner-up weight {shape.runner_up_weight:g}")
+                     f"temperature {shape.order_temperature:g}, runner-up weight {shape.runner_up_weight:g}, "
+                     f"stale-top bonus {shape.stale_top_bonus:g}")
     summary = {"prompts": len(prompts), "temperatures": list(temperatures), "max_new_tokens": max_new_tokens,
                "decoder": "spot", "passes_by_budget": record}
     return {TREE_SHAPES: shapes, "shape_calibration": summary}
@@ -233,9 +240,10 @@ def fitted_shape_budgets(budgets, engine, given: bool) -> list[TreeBudget]:
     return list(budgets)
 
 
-def check_shape_settings(drafter: Drafter, budgets, order_temperatures, runner_up_weights, branches) -> None:
+def check_shape_settings(drafter: Drafter, budgets, order_temperatures, runner_up_weights, branches,
+                         bonuses=DEFAULT_STALE_TOP_BONUSES) -> None:
     """SpotError naming the option, before any decoding: two budgets of one node count, a branch outside
-    1..MAX_BLOCK, or a weight / temperature the drafter refuses."""
+    1..MAX_BLOCK, a bonus outside 0..MAX_STALE_TOP_BONUS, or a weight / temperature the drafter refuses."""
     nodes = [b.nodes for b in budgets]
     if len(set(nodes)) != len(nodes):
         raise SpotError(f"--shape-budgets: one budget per node count, got {[f'{b.nodes}x{b.depth}' for b in budgets]}",
@@ -243,4 +251,7 @@ def check_shape_settings(drafter: Drafter, budgets, order_temperatures, runner_u
     if not branches or any(not isinstance(b, int) or not 1 <= b <= MAX_BLOCK for b in branches):
         raise SpotError(f"--branches: got {list(branches)}, expected integers in 1..{MAX_BLOCK}",
                         "e.g. --branches 1,2,4,8")
+    if not bonuses or any(not 0 <= b <= MAX_STALE_TOP_BONUS for b in bonuses):
+        raise SpotError(f"--stale-top-bonuses: got {list(bonuses)}, expected numbers in 0..{MAX_STALE_TOP_BONUS:g}",
+                        "e.g. --stale-top-bonuses 0,1,30")
     check_settings(drafter, [0.0], order_temperatures, runner_up_weights, [0.0])
