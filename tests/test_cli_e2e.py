@@ -460,6 +460,9 @@ ERRORS = [
     (["calibrate-drafter", "--candidates", "1,0"], "expected a number > 0"),
     (["calibrate-drafter", "--drafter", "/nonexistent/d"], "does not exist"),
     (["calibrate-drafter", "--runner-up-weights", "0,2"], "expected a number in [0, 1]"),
+    (["calibrate-drafter", "--shape-budgets", "4x2,4x4"], "--shape-budgets: one budget per node count"),
+    (["calibrate-drafter", "--shape-budgets", "4x9"], "--shape-budgets 4x9: depth must be in 1..4"),
+    (["calibrate-drafter", "--branches", "0,2"], "--branches: got [0, 2], expected integers in 1..64"),
     (["calibrate-drafter", "--temperatures", "0,1e-9"],
      "--temperatures: temperature must be 0 or a finite number >= 1e-06, got 1e-09"),
     (["tune", "--limit", "0"], "--limit must be >= 1"),
@@ -953,6 +956,9 @@ def test_corpus_prompts_fit_a_small_context_in_calibrate_drafter_and_traces(as_e
             "--dry-run", "--quiet")
     assert r.exit_code == 0, r.output
     assert r.stderr == "" and json.loads(r.stdout)["order_temperature"] in (1.0, 2.0)
+    # the default shape budgets fitted to the stand-in's block of 4: every depth within it
+    shapes = json.loads(r.stdout)["tree_shapes"]
+    assert [s["nodes"] for s in shapes][:4] == [2, 4, 8, 16] and all(s["depth"] <= 4 for s in shapes)
 
 
 def test_outputs_written_after_minutes_of_work_are_checked_first(as_embedded, tmp_path, monkeypatch):

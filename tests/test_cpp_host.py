@@ -314,6 +314,36 @@ def test_tree_weights_are_read_from_drafter_json(spot_cli, tiny, tmp_path, field
     assert passes[0.0] != passes[1.0]       # the weight reached the trees
 
 
+def test_tree_shapes_are_read_from_drafter_json(spot_cli, tiny, tmp_path):
+    """drafter.json's tree_shapes (branch, depth, order temperature, runner-up weight, stale-top bonus per budget)
+    grow the same trees in both hosts: budgets below, at and above the entries, spot and spot-sets (which keeps the
+    drafter's own settings)."""
+    from spot.runtime.drafter import Drafter
+    folder, drafter_dir, engine, _ = tiny
+    prompts = random_prompts(2, seed=15)
+    shapes = [{"nodes": 4, "branch": 1, "depth": 2, "order_temperature": 2.0, "runner_up_weight": 0.0,
+               "stale_top_bonus": 30.0},
+              {"nodes": 10, "branch": 2, "depth": 3, "order_temperature": 0.5, "runner_up_weight": 1.0,
+               "stale_top_bonus": 0.7}]
+    passes = {}
+    for name, table in (("own", None), ("shaped", shapes)):
+        d = tmp_path / name
+        shutil.copytree(drafter_dir, d)
+        manifest = json.loads((d / "drafter.json").read_text())
+        manifest["tree_shapes"] = table
+        (d / "drafter.json").write_text(json.dumps(manifest))
+        drafter = Drafter.load(d)
+        cases = [{"prompt": pi, "prompt_ids": prompt, **opts, "expected": run_case(engine, drafter, prompt, opts)}
+                 for pi, prompt in enumerate(prompts)
+                 for opts in (case_options("spot", 0.0, 0, 24, 3, 6), case_options("spot", 1.0, 3, 24, 6, 6),
+                              case_options("spot", 0.0, 1, 24, 12, 6), case_options("spot", 1.0, 2, 24, 16, 6),
+                              case_options("spot-sets", 1.0, 5, 24, 12, 6, tau=0.3))]
+        bad = mismatches(cases, run_batch(spot_cli, folder, d, cases))
+        assert not bad, f"{name}: " + "\n".join(bad)
+        passes[name] = [c["expected"]["passes"] for c in cases]
+    assert passes["own"] != passes["shaped"]       # the shapes reached the trees
+
+
 def test_baseline_graph_drafter_matches(spot_cli, tiny, tmp_path):
     """A drafter exported as its baseline skips (zero heads: inputs masked and stale_conf only) decodes spot and
     spot-sets identically in both hosts; the C++ host feeds the graph only the inputs it declares."""

@@ -23,6 +23,8 @@ constexpr int64_t kMaxFileBytes = INT64_MAX;              // manifest.MAX_FILE_B
 constexpr int64_t kMaxDims = 8;                           // manifest.MAX_DIMS (a TensorRT profile's shapes)
 constexpr int64_t kMaxDrafterBlock = 64;                  // drafter.MAX_BLOCK
 constexpr int64_t kMaxStaleness = 32;                     // drafter.MAX_STALENESS
+constexpr int64_t kMaxTreeShapes = 32;                    // drafter.MAX_TREE_SHAPES
+constexpr double kMaxStaleTopBonus = 100.0;               // drafter.MAX_STALE_TOP_BONUS
 constexpr size_t kMaxJsonDepth = 256;                     // descriptors.MAX_JSON_DEPTH
 
 }  // namespace spot

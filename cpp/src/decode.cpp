@@ -180,7 +180,7 @@ Generation run_decoder(TargetEngine& engine, const ModelFacts& cfg, Drafter* dra
                                                              "with a drafter folder, or use a folder that ships "
                                                              "drafter.onnx + drafter.json");
       drafter->check_compatible(b, cfg);
-      proposer = std::make_unique<DrafterProposer>(*drafter, kDrafterBranch, kDrafterLookahead);
+      proposer = std::make_unique<DrafterProposer>(*drafter, nodes, kDrafterLookahead);   // its budget's shape
     }
   }
   if (engine.samples_on_device()) {   // what the sampling epilogue serves (epilogue.check_sampling, spot.py)

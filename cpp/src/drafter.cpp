@@ -33,7 +33,17 @@ const schema::Field& drafter_fields() {
                    {"tau", nullable(number(0, 1, false, true))},
                    {"order_temperature", nullable(number(0, HUGE_VAL, true))},
                    {"runner_up_weight", nullable(unit)},
-                   {"set_flip_weight", nullable(unit)}},
+                   {"set_flip_weight", nullable(unit)},
+                   {"tree_shapes", nullable(list_of(record({{"nodes", integer(1, kMaxNodes)},
+                                                            {"branch", integer(1, kMaxDrafterBlock)},
+                                                            {"depth", integer(1, kMaxDrafterBlock)},
+                                                            {"order_temperature", number(0, HUGE_VAL, true)},
+                                                            {"runner_up_weight", unit},
+                                                            {"stale_top_bonus", number(0, kMaxStaleTopBonus)}},
+                                                           {"nodes", "branch", "depth", "order_temperature",
+                                                            "runner_up_weight", "stale_top_bonus"},
+                                                           "a tree shape", true),
+                                                    kMaxTreeShapes))}},
                   {"block_size", "target", "onnx_sha256"}, "an object");
   }();
   return kField;
@@ -52,13 +62,17 @@ const char* kIdentityFields[] = {"vocab_size", "hidden_size", "intermediate_size
 // so both hosts weigh tree candidates alike. The values only order tree candidates, never decide the output.
 double sigmoid(double x) { return 0.5 * (1.0 + std::tanh(0.5 * x)); }
 
-// drafter.masked_log_softmax over one row: log-softmax of logits / temperature at the masked positions, -inf elsewhere
-std::vector<double> masked_log_softmax(const float* logits, const std::vector<bool>& masked, double temperature) {
+// drafter.masked_log_softmax over one row: log-softmax of logits / temperature (+ bonus at position `at`, none when
+// at < 0) at the masked positions, -inf elsewhere
+std::vector<double> masked_log_softmax(const float* logits, const std::vector<bool>& masked, double temperature,
+                                       int64_t at = -1, double bonus = 0.0) {
   const size_t b = masked.size();
   std::vector<double> z(b), e(b), out(b);
   double zmax = kNegInf;
   for (size_t i = 0; i < b; ++i) {
-    z[i] = masked[i] ? static_cast<double>(logits[i]) / temperature : kNegInf;
+    double x = static_cast<double>(logits[i]) / temperature;
+    if (static_cast<int64_t>(i) == at) x = x + bonus;
+    z[i] = masked[i] ? x : kNegInf;
     if (z[i] > zmax) zmax = z[i];
   }
   if (!std::isfinite(zmax)) zmax = 0.0;
@@ -120,6 +134,12 @@ std::unique_ptr<Drafter> Drafter::load(const std::string& path_in) {
   d->order_temperature = setting("order_temperature", 1.0);
   d->runner_up_weight = setting("runner_up_weight", d->runner_up_weight);
   d->set_flip_weight = setting("set_flip_weight", d->set_flip_weight);
+  if (const Json* t = m.find("tree_shapes"); t && !t->is_null())
+    for (const Json& e : t->items())
+      d->tree_shapes.push_back({e.at("nodes").integer(),
+                                {static_cast<int>(e.at("branch").integer()), e.at("depth").integer(),
+                                 e.at("order_temperature").number(), e.at("runner_up_weight").number(),
+                                 e.at("stale_top_bonus").number()}});
   const std::string digest = sha256_file(onnx_path);
   if (digest != m.at("onnx_sha256").str())
     fail(SPOT_ERR_CORRUPT, onnx_path + " does not match its manifest (sha256 " + digest.substr(0, 12) +
@@ -192,9 +212,32 @@ void Drafter::run(const std::vector<float>& topk, const std::vector<float>& mask
   member.assign(pm, pm + k * b);
 }
 
+TreeShape Drafter::shape_for(int64_t nodes) const {
+  const std::pair<int64_t, TreeShape>* best = nullptr;
+  for (const auto& e : tree_shapes)
+    if (e.first <= nodes && (best == nullptr || e.first > best->first)) best = &e;
+  if (best != nullptr) return best->second;
+  return {kDrafterBranch, 0, order_temperature, runner_up_weight, 0.0};
+}
+
 std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<Node>& tree,
                                                              const std::vector<int64_t>& nodes) {
-  if (nodes.empty()) return {};
+  const TreeShape& s = shape();
+  auto grows = [&](int64_t i) { return s.depth == 0 || tree[static_cast<size_t>(i)].depth < s.depth; };
+  std::vector<int64_t> asked;   // the shape's depth: a node there gets no children
+  for (int64_t i : nodes)
+    if (grows(i)) asked.push_back(i);
+  std::vector<std::vector<Candidate>> answers = asked.empty() ? std::vector<std::vector<Candidate>>()
+                                                              : candidates(tree, asked, s);
+  std::vector<std::vector<Candidate>> out;
+  size_t next = 0;
+  for (int64_t i : nodes) out.push_back(grows(i) ? std::move(answers[next++]) : std::vector<Candidate>());
+  return out;
+}
+
+std::vector<std::vector<Candidate>> DrafterProposer::candidates(const std::vector<Node>& tree,
+                                                                const std::vector<int64_t>& nodes,
+                                                                const TreeShape& shape) {
   const RoundInputs& r = round_;
   const int64_t k = static_cast<int64_t>(nodes.size());
   const int64_t b = static_cast<int64_t>(tree[nodes[0]].state.size());
@@ -223,14 +266,21 @@ std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<N
     const StaleView::Coupled& c = r.stale->coupled(node.step);
     std::vector<bool> mrow(static_cast<size_t>(b));
     for (int64_t p = 0; p < b; ++p) mrow[p] = masked[j * b + p] > 0;
-    std::vector<double> logq = masked_log_softmax(order.data() + j * b, mrow, drafter_.order_temperature);
-    const StaleView::RunnerUp* up = drafter_.runner_up_weight > 0 ? &r.stale->runner_up(node.step) : nullptr;
-    const std::vector<double> log_weight = up ? runner_up_log_weights(*up, drafter_.runner_up_weight, r.mask_id)
+    int64_t top = -1;   // drafter.stale_top_bonus: the most confident stale masked position (the first of equals)
+    if (shape.stale_top_bonus > 0) {
+      std::vector<double> masked_conf(static_cast<size_t>(b));
+      for (int64_t p = 0; p < b; ++p) masked_conf[p] = mrow[p] ? c.conf[p] : kNegInf;
+      top = first_argmax(masked_conf);
+    }
+    std::vector<double> logq =
+        masked_log_softmax(order.data() + j * b, mrow, shape.order_temperature, top, shape.stale_top_bonus);
+    const StaleView::RunnerUp* up = shape.runner_up_weight > 0 ? &r.stale->runner_up(node.step) : nullptr;
+    const std::vector<double> log_weight = up ? runner_up_log_weights(*up, shape.runner_up_weight, r.mask_id)
                                               : std::vector<double>();
     const std::vector<int64_t>* up_tokens = up ? &up->tokens : nullptr;
     const std::vector<double>* up_weight = up ? &log_weight : nullptr;
     if (!r.rule.threshold) {
-      out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, branch_, up_tokens, up_weight));
+      out.push_back(position_candidates(node, logq, c.tokens, r.mask_id, shape.branch, up_tokens, up_weight));
       continue;
     }
     const int64_t best = first_argmax(logq);   // where the threshold rule falls back to one commit
@@ -244,7 +294,7 @@ std::vector<std::vector<Candidate>> DrafterProposer::propose(const std::vector<N
         member_p[p] = sigmoid(static_cast<double>(x));
       }
     }
-    out.push_back(set_candidates(node, member_p, best, c.tokens, r.mask_id, branch_, up_tokens, up_weight,
+    out.push_back(set_candidates(node, member_p, best, c.tokens, r.mask_id, shape.branch, up_tokens, up_weight,
                                  drafter_.set_flip_weight));
   }
   return out;

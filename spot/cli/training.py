@@ -178,26 +178,37 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
 @click.option("--set-flip-weights", default="0,0.1,1", show_default=True,
               help="SPOT-Sets flip-variant weights tried (spot-sets, at the chosen settings); 0 = none.")
 @click.option("--budget", default="16x8", show_default=True, help="Tree budget (nodes x depth).")
+@click.option("--shape-budgets", default=None,
+              help="Budgets that get their own tree shape (branch, depth, order temperature, runner-up weight), "
+                   "priced by replaying standard decodes; 'none': no tree_shapes. Default: 2x2,4x4,8x8,16x8,64x16 "
+                   "(depths capped at the block size, budgets over the export's max nodes left out).")
+@click.option("--branches", default="1,2,4,8", show_default=True, help="Branches tried per tree shape.")
+@click.option("--stale-top-bonuses", default="0,1,30", show_default=True,
+              help="Order-logit bonuses of the most confident stale position tried per tree shape (0 = none).")
+@click.option("--shapes-only", is_flag=True,
+              help="Calibrate the tree shapes alone, from the drafter's own settings (no --budget decoding).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Measure and print; do not write drafter.json.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 @placement_options
 def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file, corpus_prompts, seed, temperatures,
-                          candidates, runner_up_weights, set_flip_weights, budget, max_new_tokens, dry_run, quiet,
-                          sampler, kv_cache):
+                          candidates, runner_up_weights, set_flip_weights, budget, shape_budgets, branches,
+                          stale_top_bonuses, shapes_only, max_new_tokens, dry_run, quiet, sampler, kv_cache):
     """Pick the drafter's order temperature, runner-up weight and SPOT-Sets flip weight by target passes on
-    training prompts (writes drafter.json).
+    training prompts, then SPOT's tree shape per budget (writes drafter.json).
 
     \b
     Example (the drafter of the embedded model's export by spot demo):
       spot calibrate-drafter --model ~/.cache/spot/code-fp32-onnx --backend ort
+      spot calibrate-drafter --model arithmetic --backend ort --shapes-only
     """
     import json
 
     from spot.budgets import parse_tree_budgets
     from spot.models import find_drafter
-    from spot.training.calibration import (calibrate_drafter, check_calibration_writable, check_settings,
-                                           write_calibration)
+    from spot.training.calibration import (DEFAULT_SHAPE_BUDGETS, calibrate_drafter, calibrate_tree_shapes,
+                                           check_calibration_writable, check_settings, check_shape_settings,
+                                           fitted_shape_budgets, write_calibration)
     from spot.training.traces import fit_prompts, training_prompts
 
     budgets = parse_tree_budgets(budget)
@@ -207,19 +218,36 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
     temps, cands = number_list_arg(temperatures, "--temperatures"), number_list_arg(candidates, "--candidates")
     weights = number_list_arg(runner_up_weights, "--runner-up-weights")
     flips = number_list_arg(set_flip_weights, "--set-flip-weights")
+    shape_list = () if (shape_budgets or "").strip().lower() == "none" else \
+        parse_tree_budgets(shape_budgets or DEFAULT_SHAPE_BUDGETS)
+    branch_list = [int(b) if float(b).is_integer() else b for b in number_list_arg(branches, "--branches")]
+    bonus_list = number_list_arg(stale_top_bonuses, "--stale-top-bonuses")
+    if shapes_only and not shape_list:
+        raise SpotError("--shapes-only with --shape-budgets none calibrates nothing",
+                        "give --shape-budgets, e.g. 2x2,4x4,8x8,16x8,64x16")
     engine, tokenizer, folder = open_model(resolve_backend(backend, model_dir), model_dir, None, device, sampler,
                                            kv_cache)
     drafter = find_drafter(drafter_path, folder)
     check_settings(drafter, temps, cands, weights, flips)       # before the prompts are drawn and fitted
+    if shape_list:
+        shape_list = fitted_shape_budgets(shape_list, engine, shape_budgets is not None)
+        check_shape_settings(drafter, shape_list, cands, weights, branch_list, bonus_list)
     if not dry_run:             # drafter.json is rewritten at the end: a read-only one is refused now
         check_calibration_writable(drafter)
     prompts = training_prompts(prompts_file, corpus_prompts, seed, tokenizer, folder)
     if prompts_file is None:
         prompts = fit_prompts(prompts, engine, max_new_tokens)
-    result = calibrate_drafter(engine, drafter, prompts, temps, cands, weights, budgets[0], max_new_tokens,
-                               progress=stderr_progress(quiet), flip_candidates=flips)
+    result = {}
+    if not shapes_only:
+        result = calibrate_drafter(engine, drafter, prompts, temps, cands, weights, budgets[0], max_new_tokens,
+                                   progress=stderr_progress(quiet), flip_candidates=flips)
+        drafter = drafter.with_settings(result["order_temperature"], result["runner_up_weight"],
+                                        result["set_flip_weight"])
+    if shape_list:
+        result.update(calibrate_tree_shapes(engine, drafter, prompts, temps, list(shape_list), cands, weights,
+                                            branch_list, max_new_tokens, progress=stderr_progress(quiet),
+                                            bonuses=bonus_list))
     click.echo(json.dumps(result, indent=2))
     if not dry_run:
         path = write_calibration(drafter.path, result, drafter.manifest["onnx_sha256"])
-        click.echo(f"wrote order_temperature {result['order_temperature']:g}, runner_up_weight "
-                   f"{result['runner_up_weight']:g} and set_flip_weight {result['set_flip_weight']:g} into {path}")
+        click.echo(f"wrote {', '.join(k for k in result if not k.endswith('calibration'))} into {path}")

@@ -122,7 +122,8 @@ def run_plan(plan: DecodePlan, engine: Engine, prompt_ids,
 
     def standard_run(observer):
         return generate(engine, prompt_ids, block_decoder=standard_block, observer=observer, **common)
-    proposer = plan.decoder.proposer(ProposerInputs(engine, prompt_ids, plan.drafter, standard_run))
+    proposer = plan.decoder.proposer(ProposerInputs(engine, prompt_ids, plan.drafter, standard_run,
+                                                     req.budget))
     return generate(engine, prompt_ids, block_decoder=SpotBlockDecoder(proposer, req.budget, req.independent_noise),
                     on_block=on_block, **common)
 

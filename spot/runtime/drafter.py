@@ -19,6 +19,7 @@ import copy
 import hashlib
 import json
 import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from spot.config import MODEL_FIELDS, ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
 from spot.drafter_files import DRAFTER_JSON, DRAFTER_ONNX, FORMAT, FORMAT_VERSION
 from spot.errors import SpotError, path_arg
-from spot.schema import SHA256, Integer, Nullable, Number, Record, checked
+from spot.schema import SHA256, Integer, ListOf, Nullable, Number, Record, checked
 from spot.runtime import libm
 from spot.runtime.engine import check_threads
 from spot.runtime.proposers import RoundInputs, position_candidates, runner_up_alternatives, set_candidates
@@ -60,6 +61,15 @@ DEFAULT_RUNNER_UP_WEIGHT = 0.17
 # this setting existed), 0 = none; `spot calibrate-drafter` picks it by spot-sets target passes.
 SET_FLIP_WEIGHT = "set_flip_weight"
 DEFAULT_SET_FLIP_WEIGHT = 1.0
+# SPOT's tree shape per verify budget (`spot calibrate-drafter`, by replayed target passes): a list of {nodes, branch,
+# depth, order_temperature, runner_up_weight, stale_top_bonus}; a budget of N nodes uses the entry with the most
+# nodes <= N, else the drafter's own order_temperature and runner_up_weight with DEFAULT_BRANCH, the budget's depth
+# and no bonus. stale_top_bonus is added to the (tempered) order logit of the node's most confident stale position:
+# on a target whose confident positions nearly tie, the exact stale-confidence ranking names the next commit more
+# often than an order model at small staleness, which is what a 2- or 4-node tree lives on (docs/drafter.md).
+TREE_SHAPES = "tree_shapes"
+MAX_TREE_SHAPES = 32
+MAX_SHAPE_NODES = 4096    # an export's most nodes per verify pass (manifest.MAX_NODES)
 MEMBER_SHARPNESS = 32.0   # stale-confidence membership when the rule's tau is not the one the drafter learned
 # The target facts a drafter is tied to: its inputs are vocabulary-free, but its training distribution is one
 # target's (block size is checked separately, against the engine's block size).
@@ -68,6 +78,13 @@ IDENTITY_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden
 # drafter.json's fields the hosts read (spot.schema; the C++ host checks the same, cpp/src/drafter.cpp): null is the
 # default of an optional one; the others (accuracy, architecture, ...) are a report, read by neither host
 UNIT = Number(0, 1)
+STALE_TOP_BONUS = "stale_top_bonus"
+MAX_STALE_TOP_BONUS = 100.0
+TREE_SHAPE = Record({"nodes": Integer(1, MAX_SHAPE_NODES), "branch": Integer(1, MAX_BLOCK),
+                     "depth": Integer(1, MAX_BLOCK), ORDER_TEMPERATURE: Number(0, lo_open=True),
+                     RUNNER_UP_WEIGHT: UNIT, STALE_TOP_BONUS: Number(0, MAX_STALE_TOP_BONUS)},
+                    ("nodes", "branch", "depth", ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, STALE_TOP_BONUS), others=None,
+                    what="a tree shape")
 DRAFTER_FILE = Record({
     "block_size": Integer(1, MAX_BLOCK),
     "target": Record({f: MODEL_FIELDS[f] for f in IDENTITY_FIELDS}, what="an object of the target's facts"),
@@ -78,7 +95,27 @@ DRAFTER_FILE = Record({
     ORDER_TEMPERATURE: Nullable(Number(0, lo_open=True)),
     RUNNER_UP_WEIGHT: Nullable(UNIT),
     SET_FLIP_WEIGHT: Nullable(UNIT),
+    TREE_SHAPES: Nullable(ListOf(TREE_SHAPE, MAX_TREE_SHAPES)),
 }, ("block_size", "target", "onnx_sha256"))
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How SPOT's proposer grows a tree under the static rule: children per node, the deepest node it proposes
+    children for (None: the budget's depth alone), the order temperature and the runner-up children's weight."""
+
+    branch: int
+    depth: int | None
+    order_temperature: float
+    runner_up_weight: float
+    stale_top_bonus: float = 0.0
+
+
+def shape_entry(shapes: list[dict], nodes: int) -> dict | None:
+    """The entry of a tree_shapes list for a budget of `nodes` nodes: the one with the most nodes <= `nodes` (the first
+    of equals), or None."""
+    fitting = [e for e in shapes if e["nodes"] <= nodes]
+    return max(fitting, key=lambda e: e["nodes"], default=None)
 
 
 # -- features ------------------------------------------------------------------------------------------------------
@@ -115,10 +152,15 @@ def node_inputs(stale: StaleView, nodes: list[Node], mask_id: int, max_staleness
     return drafter_inputs(stale.topk_logprobs() if with_topk else None, masked, conf, staleness, max_staleness)
 
 
-def masked_log_softmax(logits: np.ndarray, masked: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """logits [..., B], masked [..., B] bool -> log-softmax of logits / temperature over the masked positions (-inf
-    elsewhere). float64 with the C library's exp/log (spot.runtime.libm), as the C++ host computes it."""
-    z = np.where(masked, logits.astype(np.float64) / temperature, -np.inf)
+def masked_log_softmax(logits: np.ndarray, masked: np.ndarray, temperature: float = 1.0,
+                       bonus: np.ndarray | None = None) -> np.ndarray:
+    """logits [..., B], masked [..., B] bool -> log-softmax of logits / temperature (+ bonus [..., B], float64) over
+    the masked positions (-inf elsewhere). float64 with the C library's exp/log (spot.runtime.libm), as the C++ host
+    computes it."""
+    z = logits.astype(np.float64) / temperature
+    if bonus is not None:
+        z = z + bonus
+    z = np.where(masked, z, -np.inf)
     zmax = z.max(axis=-1, keepdims=True)
     zmax = np.where(np.isfinite(zmax), zmax, 0.0)
     return z - zmax - libm.log(libm.exp(z - zmax).sum(axis=-1, keepdims=True))
@@ -234,6 +276,7 @@ class Drafter:
         self.order_temperature = float(setting(ORDER_TEMPERATURE, 1.0))
         self.runner_up_weight = float(setting(RUNNER_UP_WEIGHT, DEFAULT_RUNNER_UP_WEIGHT))
         self.set_flip_weight = float(setting(SET_FLIP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT))
+        self.tree_shapes: list[dict] = list(setting(TREE_SHAPES, []))
 
     @staticmethod
     def load(path: str | Path, threads: int | None = None) -> "Drafter":
@@ -282,65 +325,113 @@ class Drafter:
             other.set_flip_weight = check_set_flip_weight(set_flip_weight, self.path)
         return other
 
+    def with_tree_shapes(self, shapes: list[dict]) -> "Drafter":
+        """The same model with another tree_shapes table ([]: the drafter's own settings at every budget)."""
+        other = copy.copy(self)
+        other.tree_shapes = list(shapes)
+        return other
+
+    def shape_for(self, nodes: int | None) -> TreeShape:
+        """The tree shape for a budget of `nodes` nodes (None: no budget's entry, the drafter's own settings)."""
+        e = None if nodes is None else shape_entry(self.tree_shapes, nodes)
+        if e is None:
+            return TreeShape(DEFAULT_BRANCH, None, self.order_temperature, self.runner_up_weight)
+        return TreeShape(int(e["branch"]), int(e["depth"]), float(e[ORDER_TEMPERATURE]), float(e[RUNNER_UP_WEIGHT]),
+                         float(e[STALE_TOP_BONUS]))
+
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """One ORT call: order_logits [K, B], member_logits [K, B] float32."""
         order, member = self.session.run(list(OUTPUT_NAMES), {n: inputs[n] for n in self.input_names})
         return order, member
 
-    def proposer(self, branch: int = DEFAULT_BRANCH, lookahead: int = DEFAULT_LOOKAHEAD) -> "DrafterProposer":
-        return DrafterProposer(self, branch, lookahead)
+    def proposer(self, branch: int | None = None, lookahead: int = DEFAULT_LOOKAHEAD,
+                 nodes: int | None = None) -> "DrafterProposer":
+        """SPOT's proposer for a budget of `nodes` nodes (its tree shape); branch, when given, overrides the shape's."""
+        return DrafterProposer(self, branch, lookahead, self.shape_for(nodes))
 
 
 class DrafterProposer:
     """SPOT / SPOT-Sets proposer: all nodes requested at once go through ONE drafter call.
 
-    static rule: log-softmax of the order logits over masked positions, one child per top-`branch` position, plus
-    its runner-up token's child (drafter.json `runner_up_weight`; none at weight 0);
-    threshold rule: the predicted set {sigmoid(member) > calibrated threshold} (else the top order position) and
-    up to `branch - 1` alternatives: flips of the least certain positions (weighted by `set_flip_weight`) and swaps
-    of one member's token for its runner-up (weighted as above); for a tau other than the one the drafter learned,
-    membership comes from the stale confidence instead. Tokens: the coupled samples of the node's step."""
+    static rule (its TreeShape: the budget's tree_shapes entry, else the drafter's own settings): log-softmax of the
+    order logits / order temperature over masked positions, one child per top-`branch` position, plus its runner-up
+    token's child (runner-up weight; none at 0); no children below the shape's depth;
+    threshold rule (the drafter's own settings, DEFAULT_BRANCH): the predicted set {sigmoid(member) > calibrated
+    threshold} (else the top order position) and up to `branch - 1` alternatives: flips of the least certain
+    positions (weighted by `set_flip_weight`) and swaps of one member's token for its runner-up (weighted as above);
+    for a tau other than the one the drafter learned, membership comes from the stale confidence instead. Tokens: the
+    coupled samples of the node's step. `branch`, when given, overrides both rules' branch."""
 
-    def __init__(self, drafter: Drafter, branch: int = DEFAULT_BRANCH, lookahead: int = DEFAULT_LOOKAHEAD):
-        if branch < 1:
+    def __init__(self, drafter: Drafter, branch: int | None = None, lookahead: int = DEFAULT_LOOKAHEAD,
+                 shape: TreeShape | None = None):
+        if branch is not None and branch < 1:
             raise SpotError(f"drafter branch must be >= 1, got {branch}")
         if lookahead < 0:
             raise SpotError(f"drafter lookahead must be >= 0, got {lookahead}")
-        self.drafter, self.branch, self.lookahead = drafter, branch, lookahead
+        static, sets = shape or drafter.shape_for(None), drafter.shape_for(None)
+        if branch is not None:
+            static, sets = replace(static, branch=branch), replace(sets, branch=branch)
+        self.drafter, self.lookahead, self.shapes = drafter, lookahead, {True: static, False: sets}
         self.round: RoundInputs | None = None
         self.calls = 0
 
+    @property
+    def shape(self) -> TreeShape:
+        """The tree shape of the round's rule (the static rule's before the first round)."""
+        return self.shapes[self.round is None or self.round.rule.kind == STATIC]
+
+    @property
+    def branch(self) -> int:
+        return self.shape.branch
+
     def begin_round(self, round_inputs: RoundInputs, state: np.ndarray, step: int) -> None:
         self.round = round_inputs
-        if self.drafter.runner_up_weight > 0:
+        if self.shape.runner_up_weight > 0:
             round_inputs.stale.runner_ups_wanted = True     # sampled with the coupled samples, in one pass
 
     def propose(self, tree: list[Node], nodes: list[int]) -> list[list[tuple[float, np.ndarray]]]:
-        if not nodes:
-            return []
+        shape = self.shape
+        # the shape's depth: a node there gets no children (the tree as build_tree's max_depth would leave it)
+        asked = [tree[i] for i in nodes if shape.depth is None or tree[i].depth < shape.depth]
+        answers = iter(self.candidates(asked, shape) if asked else [])
+        return [next(answers) if shape.depth is None or tree[i].depth < shape.depth else [] for i in nodes]
+
+    def candidates(self, chosen: list[Node], shape: TreeShape) -> list[list[tuple[float, np.ndarray]]]:
+        """Each node's children, from ONE drafter call over all of them."""
         r = self.round
-        chosen = [tree[i] for i in nodes]
         inputs = node_inputs(r.stale, chosen, r.mask_id, self.drafter.max_staleness, self.drafter.reads_topk)
         order, member = self.drafter.run(inputs)
         self.calls += 1
         masked = inputs["masked"] > 0
-        logq_all = masked_log_softmax(order, masked, self.drafter.order_temperature)   # [K, B], every node
+        bonus = stale_top_bonus(r.stale, chosen, masked, shape.stale_top_bonus)
+        logq_all = masked_log_softmax(order, masked, shape.order_temperature, bonus)   # [K, B], every node
         out = []
         for j, node in enumerate(chosen):
             tokens = r.stale.coupled(node.step)[0]
             logq = logq_all[j]
-            runner_up = runner_up_alternatives(r.stale, node.step, self.drafter.runner_up_weight, r.mask_id)
+            runner_up = runner_up_alternatives(r.stale, node.step, shape.runner_up_weight, r.mask_id)
             if r.rule.kind == STATIC:
-                out.append(position_candidates(node, logq, tokens, r.mask_id, self.branch, runner_up))
+                out.append(position_candidates(node, logq, tokens, r.mask_id, shape.branch, runner_up))
             else:
                 best = int(np.argmax(logq))        # where the threshold rule falls back to one commit
                 if self.drafter.tau is None or abs(r.rule.tau - self.drafter.tau) < 1e-9:
                     member_p = sigmoid(member[j].astype(np.float64) - self.drafter.member_offset)
                 else:  # the head learned another tau: use the stale confidence against this one (still exact)
                     member_p = sigmoid(MEMBER_SHARPNESS * (inputs["stale_conf"][j] - r.rule.tau))
-                out.append(set_candidates(node, member_p, best, tokens, r.mask_id, self.branch, runner_up,
+                out.append(set_candidates(node, member_p, best, tokens, r.mask_id, shape.branch, runner_up,
                                           self.drafter.set_flip_weight))
         return out
+
+
+def stale_top_bonus(stale, nodes: list[Node], masked: np.ndarray, bonus: float) -> np.ndarray | None:
+    """[K, B] float64: `bonus` at each node's most confident stale position among its masked ones (the first of
+    equals), 0 elsewhere; None at bonus 0."""
+    if bonus <= 0:
+        return None
+    out = np.zeros(masked.shape)
+    for j, node in enumerate(nodes):
+        out[j, int(np.argmax(np.where(masked[j], stale.coupled(node.step)[1], -np.inf)))] = bonus
+    return out
 
 
 def load_drafter(path: str | Path, threads: int | None = None) -> Drafter:

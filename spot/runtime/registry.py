@@ -29,14 +29,15 @@ EXACT_BASELINES = {STATIC: "standard", THRESHOLD: "threshold"}
 
 @dataclass(frozen=True)
 class ProposerInputs:
-    """What a proposer factory may read: the engine, the prompt, the checked drafter (drafting decoders only) and
-    standard_run(observer): standard decoding of the same request with an observer of its steps (decode.generate's;
+    """What a proposer factory may read: the engine, the prompt, the checked drafter (drafting decoders only), the
+    verified tree budget (a drafter's calibrated tree shape is per budget) and standard_run(observer): standard decoding of the same request with an observer of its steps (decode.generate's;
     the ceilings read the true trajectory from it, at the cost of a standard run first)."""
 
     engine: Engine
     prompt_ids: object
     drafter: object | None
     standard_run: Callable[[Callable], object]
+    budget: TreeBudget
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def trajectory_proposer(kind) -> Callable[[ProposerInputs], object]:
 
 
 def drafter_proposer(inputs: ProposerInputs):
-    return inputs.drafter.proposer()
+    return inputs.drafter.proposer(nodes=inputs.budget.nodes)      # the tree shape calibrated for this budget
 
 
 REGISTRY: dict[str, Decoder] = {}

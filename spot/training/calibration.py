@@ -1,5 +1,5 @@
 """Light per-target calibration of a drafter's tree settings (drafter.json `order_temperature`, `runner_up_weight`,
-`set_flip_weight`).
+`set_flip_weight`, and `tree_shapes`: SPOT's shape per verify budget).
 
 The tree builder ranks and weighs children by softmax(order_logits / T_o) (spot.runtime.drafter), so T_o sets how
 deep versus how wide the best-first tree grows; the runner-up weight sets how often a position's second-best coupled
@@ -9,8 +9,13 @@ calibration is the wrong yardstick here: what counts is target passes, and a tre
 order model cannot see. So this decodes training prompts at each candidate value on the real engine and keeps the
 one with the fewest target passes: T_o with `spot` (at the drafter's runner-up weight), then the runner-up weight
 with `spot` at the chosen T_o, then the flip weight with `spot-sets` (threshold rule at the drafter's tau). Outputs
-are identical at every setting (exactness never depends on the proposer); only the passes differ. numpy + ONNX
-Runtime only.
+are identical at every setting (exactness never depends on the proposer); only the passes differ.
+
+Tree shapes per budget (branch, depth, order temperature, runner-up weight) are priced by replay instead
+(spot.training.replay): the prompts are decoded once with standard decoding per temperature, and every candidate
+shape's exact `spot` passes are replayed from those decodes without the target. Each budget starts from the drafter's
+own settings (branch 4, the budget's depth, no stale-top bonus) and takes each field in turn — order temperature,
+branch, runner-up weight, stale-top bonus, depth — keeping the value with the fewest passes (ties: the value it had). numpy + ONNX Runtime only.
 """
 from __future__ import annotations
 
@@ -22,10 +27,22 @@ from typing import Callable
 from spot.descriptors import read_json
 from spot.errors import SpotError
 from spot.files import check_output_path, write_text_atomic
+from dataclasses import asdict, replace
+
 from spot.runtime.decoders import DecodeRequest, run_decoder
-from spot.runtime.drafter import ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT, Drafter, resolve_paths
+from spot.runtime.drafter import (DEFAULT_LOOKAHEAD, MAX_BLOCK, MAX_STALE_TOP_BONUS, ORDER_TEMPERATURE,
+                                  RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT, STALE_TOP_BONUS, TREE_SHAPES, Drafter,
+                                  DrafterProposer, TreeShape, resolve_paths)
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
+from spot.training.replay import RecordedDecode, record_standard, replay_passes
+
+DEFAULT_SHAPE_BUDGETS = "2x2,4x4,8x8,16x8,64x16"
+DEFAULT_BRANCHES = (1, 2, 4, 8)
+DEFAULT_STALE_TOP_BONUSES = (0.0, 1.0, 30.0)
+DEPTHS = (2, 3, 4, 6, 8, 12, 16, 24, 32)      # depth candidates, those within the budget's depth
+# the order the fields are calibrated in
+SHAPE_FIELDS = (ORDER_TEMPERATURE, "branch", RUNNER_UP_WEIGHT, STALE_TOP_BONUS, "depth")
 
 
 def passes_by_setting(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float], name: str,
@@ -68,9 +85,10 @@ def check_calibration_writable(drafter: Drafter) -> None:
 
 
 def write_calibration(drafter_path: str | Path, result: dict, onnx_sha256: str | None = None) -> Path:
-    """Set order_temperature, runner_up_weight and set_flip_weight (and the calibration record) in drafter.json
-    from calibrate_drafter's result: written to a temporary file, renamed. onnx_sha256: the calibrated drafter's;
-    refused if drafter.json now describes another (replaced while the calibration ran)."""
+    """Set what calibrate_drafter's result holds (order_temperature, runner_up_weight and set_flip_weight with the
+    calibration record; tree_shapes with its record, from calibrate_tree_shapes) in drafter.json: written to a
+    temporary file, renamed. onnx_sha256: the calibrated drafter's; refused if drafter.json now describes another
+    (replaced while the calibration ran)."""
     _, json_path = resolve_paths(drafter_path)
     manifest = read_json(json_path, "train the drafter again with spot train-drafter")
     if onnx_sha256 is not None and manifest.get("onnx_sha256") != onnx_sha256:
@@ -78,9 +96,13 @@ def write_calibration(drafter_path: str | Path, result: dict, onnx_sha256: str |
                         f"{str(manifest.get('onnx_sha256'))[:12]}...) than the one calibrated "
                         f"({onnx_sha256[:12]}...): it was replaced during the calibration; nothing written",
                         "run spot calibrate-drafter again")
-    for name in (ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT):
-        manifest[name] = result[name]
-    manifest["order_calibration"] = result["calibration"]
+    for name in (ORDER_TEMPERATURE, RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT, TREE_SHAPES):
+        if name in result:
+            manifest[name] = result[name]
+    if "calibration" in result:
+        manifest["order_calibration"] = result["calibration"]
+    if "shape_calibration" in result:
+        manifest["tree_shape_calibration"] = result["shape_calibration"]
     write_text_atomic(json_path, json.dumps(manifest, indent=2) + "\n")
     return json_path
 
@@ -116,6 +138,7 @@ def calibrate_drafter(engine, drafter: Drafter, prompts: list[list[int]], temper
     "calibration": the record}."""
     drafter.check_compatible(engine)
     check_settings(drafter, temperatures, candidates, runner_up_candidates, flip_candidates)
+    drafter = drafter.with_tree_shapes([])      # the drafter's own settings at every budget: what this calibrates
     order = passes_by_setting(engine, drafter, prompts, temperatures, ORDER_TEMPERATURE, candidates, budget,
                               max_new_tokens, progress)
     best_t = best_order_temperature(order)
@@ -134,3 +157,101 @@ def calibrate_drafter(engine, drafter: Drafter, prompts: list[list[int]], temper
               "max_new_tokens": max_new_tokens, "decoder": "spot"}
     return {ORDER_TEMPERATURE: best_t, RUNNER_UP_WEIGHT: best_w, SET_FLIP_WEIGHT: best_weight(flips),
             "calibration": record}
+
+
+def record_prompts(engine, prompts: list[list[int]], temperatures: list[float], max_new_tokens: int
+                   ) -> list[RecordedDecode]:
+    """Standard decodes of every prompt at every temperature (seed 0), kept for replay."""
+    if not prompts:
+        raise SpotError("no calibration prompts", "pass --corpus-prompts N (N > 0) or --prompts FILE.jsonl")
+    return [record_standard(engine, ids, DecodeRequest(max_new_tokens, sampling=Sampling(t, seed=0)))
+            for t in temperatures for ids in prompts]
+
+
+def shape_candidates(field: str, budget: TreeBudget, order_temperatures, runner_up_weights, branches,
+                     bonuses) -> list:
+    """The values tried for one field of a budget's shape."""
+    if field == "depth":
+        return sorted({d for d in DEPTHS if d < budget.depth} | {budget.depth})
+    return list({ORDER_TEMPERATURE: order_temperatures, RUNNER_UP_WEIGHT: runner_up_weights,
+                 "branch": branches, STALE_TOP_BONUS: bonuses}[field])
+
+
+def shape_for_budget(drafter: Drafter, decodes: list[RecordedDecode], budget: TreeBudget, order_temperatures,
+                     runner_up_weights, branches, bonuses=DEFAULT_STALE_TOP_BONUSES) -> tuple[TreeShape, dict]:
+    """The shape with the fewest replayed `spot` passes for `budget` (module docstring), and the passes of every
+    candidate tried ({field: {value: passes}})."""
+    def passes(shape: TreeShape) -> int:
+        return sum(replay_passes(r, DrafterProposer(drafter, None, DEFAULT_LOOKAHEAD, shape), budget)
+                   for r in decodes)
+
+    base = drafter.shape_for(None)
+    shape = replace(base, depth=budget.depth)
+    record = {}
+    for field in SHAPE_FIELDS:
+        tried = {}
+        for value in shape_candidates(field, budget, order_temperatures, runner_up_weights, branches, bonuses):
+            tried[value] = passes(replace(shape, **{field: value}))
+        current = getattr(shape, field)
+        best = min(tried, key=lambda v: (tried[v], v != current))    # ties: keep the value it had
+        shape = replace(shape, **{field: best})
+        record[field] = {f"{v:g}": n for v, n in tried.items()}
+    return shape, record
+
+
+def calibrate_tree_shapes(engine, drafter: Drafter, prompts: list[list[int]], temperatures: list[float],
+                          budgets: list[TreeBudget], order_temperatures, runner_up_weights,
+                          branches=DEFAULT_BRANCHES, max_new_tokens: int = 64,
+                          progress: Callable[[str], None] | None = None,
+                          bonuses=DEFAULT_STALE_TOP_BONUSES) -> dict:
+    """SPOT's tree shape per budget, by replayed target passes on training prompts: {"tree_shapes": drafter.json's
+    list, "shape_calibration": the record}. The drafter's own order_temperature and runner_up_weight are each
+    budget's starting point (calibrate_drafter's, where it ran first)."""
+    drafter.check_compatible(engine)
+    check_shape_settings(drafter, budgets, order_temperatures, runner_up_weights, branches, bonuses)
+    drafter = drafter.with_tree_shapes([])
+    decodes = record_prompts(engine, prompts, temperatures, max_new_tokens)
+    shapes, record = [], {}
+    for budget in budgets:
+        shape, tried = shape_for_budget(drafter, decodes, budget, order_temperatures, runner_up_weights, branches,
+                                        bonuses)
+        shapes.append({"nodes": budget.nodes, **asdict(shape)})
+        record[f"{budget.nodes}x{budget.depth}"] = tried
+        if progress:
+            progress(f"tree shape {budget.nodes}x{budget.depth}: branch {shape.branch}, depth {shape.depth}, order "
+                     f"temperature {shape.order_temperature:g}, runner-up weight {shape.runner_up_weight:g}, "
+                     f"stale-top bonus {shape.stale_top_bonus:g}")
+    summary = {"prompts": len(prompts), "temperatures": list(temperatures), "max_new_tokens": max_new_tokens,
+               "decoder": "spot", "passes_by_budget": record}
+    return {TREE_SHAPES: shapes, "shape_calibration": summary}
+
+
+def fitted_shape_budgets(budgets, engine, given: bool) -> list[TreeBudget]:
+    """--shape-budgets for `engine`: a given list checked (SpotError naming the option); the default one fitted to
+    it (depths capped at the block size, budgets over the export's max nodes left out)."""
+    if not given:
+        capped = [TreeBudget(b.nodes, min(b.depth, engine.block_size)) for b in budgets]
+        return [b for b in capped if b.nodes <= engine.max_nodes]
+    for b in budgets:
+        try:
+            b.check(engine)
+        except SpotError as e:
+            raise SpotError(f"--shape-budgets {b.nodes}x{b.depth}: {e.message}", "fix --shape-budgets") from None
+    return list(budgets)
+
+
+def check_shape_settings(drafter: Drafter, budgets, order_temperatures, runner_up_weights, branches,
+                         bonuses=DEFAULT_STALE_TOP_BONUSES) -> None:
+    """SpotError naming the option, before any decoding: two budgets of one node count, a branch outside
+    1..MAX_BLOCK, a bonus outside 0..MAX_STALE_TOP_BONUS, or a weight / temperature the drafter refuses."""
+    nodes = [b.nodes for b in budgets]
+    if len(set(nodes)) != len(nodes):
+        raise SpotError(f"--shape-budgets: one budget per node count, got {[f'{b.nodes}x{b.depth}' for b in budgets]}",
+                        "e.g. --shape-budgets 2x2,4x4,8x8,16x8,64x16")
+    if not branches or any(not isinstance(b, int) or not 1 <= b <= MAX_BLOCK for b in branches):
+        raise SpotError(f"--branches: got {list(branches)}, expected integers in 1..{MAX_BLOCK}",
+                        "e.g. --branches 1,2,4,8")
+    if not bonuses or any(not 0 <= b <= MAX_STALE_TOP_BONUS for b in bonuses):
+        raise SpotError(f"--stale-top-bonuses: got {list(bonuses)}, expected numbers in 0..{MAX_STALE_TOP_BONUS:g}",
+                        "e.g. --stale-top-bonuses 0,1,30")
+    check_settings(drafter, [0.0], order_temperatures, runner_up_weights, [0.0])
