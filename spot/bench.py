@@ -332,7 +332,6 @@ def host_facts(engine, drafted: bool = False) -> dict:
     """Where the timings were taken: speed figures are this machine's, passes and exactness are not. The versions
     are of what ran: the engine's runtime (torch, ONNX Runtime, TensorRT), and ONNX Runtime for a drafter (a torch
     run's report named ONNX Runtime's version alone)."""
-
     runtimes = {}
     if engine.name == "torch":
         # torch: optional extra (spot[export])

@@ -163,7 +163,6 @@ class TooLong(Exception):
 
 def serve() -> None:
     """The child's loop: one JSON request a line on stdin, one JSON answer a line on stdout, until stdin closes."""
-
     memory = int(sys.argv[-1])
     try:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))

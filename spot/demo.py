@@ -79,7 +79,6 @@ def embedded_export_current(name: str = DEFAULT_MODEL) -> bool:
 def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL) -> Path:
     """The embedded model `name` exported to fp32 ONNX, reused while its manifest checks out (re-exported
     otherwise). An export says one line; its steps are a progress bar's updates (spot.export.options.Progress)."""
-
     out = embedded_export_dir(name)
     stamp = embedded_export_stamp(name)
 
@@ -153,7 +152,6 @@ def run_model_demo(name: str, prompt_index: int = 0, max_new_tokens: int | None 
                    progress: Callable[[str], None] = lambda s: None) -> dict:
     """Standard decoding and SPOT on one held-out prompt of the embedded model `name` (ONNX Runtime, its cached
     export): texts, passes, tokens/s, and for a GSM8K-format prompt whether the answer is right."""
-
     model = MODELS[_canonical(name)]
     temperature = model.demo_temperature if temperature is None else temperature
     max_new_tokens = model.demo_new_tokens if max_new_tokens is None else max_new_tokens

@@ -179,7 +179,6 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
       spot generate --model out/code-fp32-onnx --backend ort --decoder spot --budget auto --temperature 1 \\
           --prompt "import os"
     """
-
     # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.bench import TUNE_CANDIDATES, engine_facts, tune_budget, tuning_drafter, tuning_prompts, tuning_room
     from spot.request_options import RequestOptions

@@ -79,7 +79,6 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
       spot-export sdar-8b-b32 --weights int4 --plan orin-nx-16gb --passes-reduction 16=1.9,64=2.3
       spot-export arithmetic --out arithmetic-fp32-onnx
     """
-
     # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.export.export import ExportOptions, dry_run as run_dry_run, export_checkpoint
     from spot.export.presets import resolve_source

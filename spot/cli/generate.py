@@ -69,7 +69,6 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
       spot generate --model out/code-fp32-onnx --backend ort --decoder spot-sets --tau 0.9 --prompt "x = ["
       spot generate --prompt "class Stack:" --decoder spot --stream
     """
-
     # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.budgets import ModelArgs, tuned_note
     from spot.request_options import RequestOptions, resolve_request

@@ -75,7 +75,6 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
           -d '{"model": "code-fp32-onnx", "prompt": "def add(a, b):", "max_tokens": 32, "decoder": "spot"}'
       spot serve --model sdar-8b-fp16-onnx --device trt --host 0.0.0.0 --api-key "$KEY"
     """
-
     # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.request_options import RequestOptions
     from spot.serve.model import RequestDefaults, ServedModel, manifest_sha256, served_tokenizer

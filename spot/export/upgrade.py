@@ -23,6 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+import onnx
+from onnx import TensorProto, helper
+
 from spot.errors import SpotError
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
@@ -33,8 +36,6 @@ from spot.folder.epilogue import EpilogueCall
 from spot.folder.manifest_record import EpilogueGraph, GraphRecord, Manifest
 from spot.folder.trt_profile import dynamic_trt_profile
 from spot.replace import building, output_folder, swap_in_folder
-from onnx import TensorProto, helper
-import onnx
 from spot.export.graph import BROADCAST, SHARED_PREFIX, build_target_graph
 from spot.export.target_file import make_model
 from spot.export.validate import (CASE_NAMES, DEFAULT_PARTIAL_LAYERS, VALIDATE_FULL_PARAMS, max_differences, ort_cases,
@@ -133,7 +134,6 @@ def upgrade_target(folder: Path, exported, progress: Callable[[str], None]) -> d
     """Write `folder`'s target graph in this format over its own data file (a new file replacing the hard link, so
     the folder upgraded from is untouched), check it against the old graph, and return the manifest's target
     entry fields that change."""
-
     cfg, dtype = exported.config, exported.dtype
     path = folder / exported.graph_path("target").name
     old = onnx.load(str(path), load_external_data=False)
