@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+import platform
 from typing import Callable
 
 import numpy as np
@@ -20,10 +21,13 @@ import numpy as np
 from spot.errors import SpotError
 from spot.descriptors import sha256_file
 from spot.ceilings import CEILING_NOTE, row_label
+from spot.config import training_corpus
 from spot.files import check_output_path, present, write_text_atomic
 from spot.gsm8k import is_correct
+from spot.models import find_drafter
+from spot.ortlib import load_onnxruntime
 from spot.owned import recorded_file_matches
-from spot.prompts import Prompt
+from spot.plots import PLOT_FILES, plot_report
 from spot.request_options import RequestOptions, resolve_request
 from spot.runtime.decoders import DecodeRequest, run_decoder
 from spot.runtime.registry import decoder as decoder_entry, decoder_names, exact_baseline, is_decoder
@@ -31,10 +35,14 @@ from spot.runtime.metrics import summarize
 from spot.runtime.spot import DEFAULT_DEPTH, TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 from spot.progress import Progress
+from spot.prompts import Prompt, heldout_prompts_path, load_prompts
+from spot.runtime import libm, native
+from spot.runtime.decode import check_request
 from spot.sweep import ProjectionTarget, check_node_sweep, sweep_markdown, sweep_points, sweep_report
 from spot.runtime.tuning import (Noise, PassProfile, choose_budget, decode_timed, latency_curve, latency_spreads,
                                  measure_latency_samples, spread)
-from spot.tuned import number_name
+from spot.training.traces import corpus_prompts
+from spot.tuned import model_fingerprint, number_name
 
 @dataclass
 class BenchConfig:
@@ -106,7 +114,6 @@ def check_report_dir(report_dir) -> None:
 
 def check_report_files(report_dir, plots: bool) -> None:
     """Every file a run writes in --report (bench.json, bench.md, the plots), checked before the decoding."""
-    from spot.plots import PLOT_FILES
     for name in ("bench.json", "bench.md", *(PLOT_FILES if plots else ())):
         check_output_path(Path(report_dir) / name, "--report", folder=False)
 
@@ -116,8 +123,6 @@ def bench_prompts(path, folder, tokenizer, limit: int, prompt_tokens: int, engin
     """The first `limit` prompts of the JSONL file `path` — default: the model's own held-out prompts (a spot-export
     copies them), else the code model's — each cut to its last prompt_tokens tokens, and the file they came from.
     A prompt the engine cannot decode max_new_tokens after is named now, not when the loop reaches it."""
-    from spot.prompts import heldout_prompts_path, load_prompts
-    from spot.runtime.decode import check_request
     if path is None:
         path = heldout_prompts_path(folder)
     prompts = [replace(p, ids=p.ids[-prompt_tokens:]) for p in load_prompts(path, tokenizer, limit, None)]
@@ -137,7 +142,6 @@ def default_budgets(engine) -> tuple[TreeBudget, ...]:
 def record_bench_inputs(result: dict, folder, prompts_path, prompt_tokens: int) -> None:
     """Name what was measured in the result's config: the model (a manifest's hash names an export exactly) and the
     prompts."""
-    from spot.tuned import model_fingerprint
     result["config"].update(model=str(folder), model_sha256=model_fingerprint(folder),
                             prompts_file=str(prompts_path), prompt_tokens=prompt_tokens)
 
@@ -328,18 +332,16 @@ def host_facts(engine, drafted: bool = False) -> dict:
     """Where the timings were taken: speed figures are this machine's, passes and exactness are not. The versions
     are of what ran: the engine's runtime (torch, ONNX Runtime, TensorRT), and ONNX Runtime for a drafter (a torch
     run's report named ONNX Runtime's version alone)."""
-    import platform
-
-    from spot.runtime import libm, native
     runtimes = {}
     if engine.name == "torch":
+        # torch: optional extra (spot[export])
         import torch
         runtimes["torch"] = torch.__version__
     if engine.name == "tensorrt":
+        # tensorrt: optional extra (spot[trt])
         import tensorrt
         runtimes["tensorrt"] = tensorrt.__version__
     if engine.name.startswith("ort") or drafted:
-        from spot.ortlib import load_onnxruntime
         runtimes["onnxruntime"] = load_onnxruntime().__version__
     return {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "numpy": np.__version__, **runtimes, "libm": libm.backend(),
@@ -477,7 +479,6 @@ def tuning_drafter(decoder: str | None, drafter_path, folder, engine, say: Calla
     """The (drafter, decoder) `spot tune` measures: spot / spot-sets with the drafter given or beside the model,
     checked against the engine before the latency sweep; no decoder named: spot where such a drafter fits, else the
     training-free tree decoder (say: the line that says so)."""
-    from spot.models import find_drafter
     drafter = None
     if decoder is not None and decoder_entry(decoder).drafts:
         drafter = find_drafter(drafter_path, folder)
@@ -505,8 +506,6 @@ def tuning_prompts(tokenizer, fallback: list[Prompt], n: int = 2, max_tokens: in
     64-128 tokens, then their last max_tokens) — never the prompts a benchmark then judges the choice on — or, for a
     model without a tokenizer to encode them, the first n of `fallback`."""
     if tokenizer is not None and max_tokens > 0:
-        from spot.config import training_corpus
-        from spot.training.traces import corpus_prompts
         try:
             drawn = corpus_prompts(tokenizer, n, seed=0, min_tokens=64, max_tokens=128,
                                    corpus=training_corpus(folder) if folder is not None else "code")
@@ -618,7 +617,6 @@ def write_report(result: dict, out_dir: str | Path, plots: bool = True,
     if "tune" in result:
         md += "\n## Budget tuning\n\n```\n" + json.dumps(result["tune"], indent=2) + "\n```\n"
     write_text_atomic(written[1], md)
-    from spot.plots import PLOT_FILES, plot_report      # matplotlib is imported inside, only to plot
     for name in PLOT_FILES:            # a previous run's plots are not left beside this run's bench.json
         if recorded_file_matches(out / name, previous.get(name)):
             (out / name).unlink()

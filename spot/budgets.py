@@ -10,6 +10,7 @@ from pathlib import Path
 from spot.errors import SpotError
 from spot.runtime.registry import decoder as decoder_entry
 from spot.runtime.spot import TreeBudget
+from spot.runtime.tuning import MIN_TREE_GAIN
 from spot.tuned import check_tunable, number_name, tuned_budget, tuning_key
 
 CLI_NAMES = ("--budget", "--depth")      # how a message names the budget and the depth (a server: its fields)
@@ -76,7 +77,6 @@ def auto_budget(engine, model: ModelArgs, decoder: str, drafter, rule, temperatu
 def tuned_note(budget: TreeBudget, tuned: dict) -> str:
     """The line that says what an auto budget decodes with (tuned: auto_budget's record of it), and why when it is
     no tree at all."""
-    from spot.runtime.tuning import MIN_TREE_GAIN
     where = f"tuned at temperature {number_name(tuned['temperature'])} ({tuned['record']})"
     if budget.nodes == 1:
         return (f"budget auto: 1 node, so standard decoding (one target pass per commit step): `spot tune` measured no "

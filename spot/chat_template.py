@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+import resource
+import signal
 
 from spot.errors import SpotError
 
@@ -161,9 +163,6 @@ class TooLong(Exception):
 
 def serve() -> None:
     """The child's loop: one JSON request a line on stdin, one JSON answer a line on stdout, until stdin closes."""
-    import resource
-    import signal
-
     memory = int(sys.argv[-1])
     try:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -209,6 +208,7 @@ def render_bounded(template: str, messages: list, add_generation_prompt: bool, m
 
 @functools.lru_cache(maxsize=8)
 def compiled(template: str):
+    # jinja2: loaded when a chat template renders, not at start-up
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 

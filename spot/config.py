@@ -195,6 +195,7 @@ def load_config(model_dir: str | Path) -> ModelConfig:
     """Read `config.json` of an SDAR checkpoint folder; refuse other model types by name."""
     model_dir = Path(model_dir)
     if not model_dir.exists():
+        # start-up: spot.cli loads this module, not the embedded models' table
         from spot.assets import model_names
         raise SpotError(f"model folder {model_dir} does not exist",
                         "pass the folder that holds config.json, or an embedded model's name "

@@ -9,8 +9,19 @@ from typing import Callable
 
 import spot.assets
 from spot.assets import DEFAULT_MODEL, MODELS, embedded_name
+from spot.engines.ort_engine import OrtEngine
 from spot.errors import SpotError
+import spot.export
+from spot.export.presets import resolve_source
 from spot.files import exclusive_lock, remove_tree, spot_cache, write_text_atomic
+from spot.folder.manifest import load_manifest
+from spot.folder.replaceable import check_replaceable
+from spot.gsm8k import final_answer
+from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.drafter import load_drafter
+from spot.runtime.spot import TreeBudget
+from spot.runtime.step import Sampling
+from spot.tokenizer import load_tokenizer
 
 DEMO_MODELS = ("arithmetic", "code")      # the order spot demo shows them in: where SPOT pays most first
 CODE_PROMPT_TOKENS = 128                  # the code model's prompt: at most this many tokens, from a line start
@@ -42,7 +53,6 @@ def embedded_export_stamp(name: str = DEFAULT_MODEL) -> str:
     """What the demo's export was made from: the weights' mtime, the shipped drafter's manifest (it holds the ONNX
     hash) and the exporter's sources — a new drafter, or any change to how graphs are built (target, epilogue,
     kv_append), re-exports."""
-    import spot.export
     src = embedded_model_dir(name)
     exporter = hashlib.sha256()
     for source in sorted(Path(spot.export.__file__).parent.glob("*.py")):
@@ -69,8 +79,6 @@ def embedded_export_current(name: str = DEFAULT_MODEL) -> bool:
 def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL) -> Path:
     """The embedded model `name` exported to fp32 ONNX, reused while its manifest checks out (re-exported
     otherwise). An export says one line; its steps are a progress bar's updates (spot.export.options.Progress)."""
-    from spot.folder.manifest import load_manifest      # (the exporter, torch and onnx: only to export)
-
     out = embedded_export_dir(name)
     stamp = embedded_export_stamp(name)
 
@@ -87,10 +95,10 @@ def exported_embedded(progress: Callable[[str], None], name: str = DEFAULT_MODEL
                         lambda: progress(f"waiting for another process exporting the {name} model to {out}")):
         if usable():
             return out
+        # onnx: optional extra (spot.export.export imports it)
         from spot.export.export import export_checkpoint
+        # onnx: optional extra (spot.export.options imports it)
         from spot.export.options import ExportOptions
-        from spot.export.presets import resolve_source
-        from spot.folder.replaceable import check_replaceable
         if out.is_dir():
             progress(f"cached export at {out} is stale or damaged: exporting again")
             try:
@@ -144,14 +152,6 @@ def run_model_demo(name: str, prompt_index: int = 0, max_new_tokens: int | None 
                    progress: Callable[[str], None] = lambda s: None) -> dict:
     """Standard decoding and SPOT on one held-out prompt of the embedded model `name` (ONNX Runtime, its cached
     export): texts, passes, tokens/s, and for a GSM8K-format prompt whether the answer is right."""
-    from spot.engines.ort_engine import OrtEngine
-    from spot.gsm8k import final_answer
-    from spot.runtime.decoders import DecodeRequest, run_decoder
-    from spot.runtime.drafter import load_drafter
-    from spot.runtime.spot import TreeBudget
-    from spot.runtime.step import Sampling
-    from spot.tokenizer import load_tokenizer
-
     model = MODELS[_canonical(name)]
     temperature = model.demo_temperature if temperature is None else temperature
     max_new_tokens = model.demo_new_tokens if max_new_tokens is None else max_new_tokens

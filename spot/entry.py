@@ -23,6 +23,7 @@ def _load_cli():
     """spot.cli, imported with Ctrl-C / SIGTERM ending the process with one line (130 / 143)."""
     previous = signal.signal(signal.SIGTERM, _terminate_during_import)
     try:
+        # start-up: imported under the signal handler above
         import spot.cli as cli
     except KeyboardInterrupt:
         print("\n" + INTERRUPTED_LINE, file=sys.stderr)

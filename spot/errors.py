@@ -1,8 +1,13 @@
 """User-facing errors: a message saying what is wrong and a hint on how to fix it (the CLI prints them as two lines,
 `error: ...` and `  hint: ...`)."""
 
+import errno
+import numbers
 import operator
+import os
+from pathlib import Path
 import re
+import sys
 from typing import Callable
 
 # the one line a command interrupted by Ctrl-C or SIGTERM ends with (spot.entry while importing, spot.cli after)
@@ -41,7 +46,6 @@ class SpotError(Exception):
 
 def os_error_hint(e: OSError) -> str:
     """What to check for an OSError, by its errno (the message says which path)."""
-    import errno
     return {errno.EACCES: "check the permissions of that path (reading it, or writing in its folder)",
             errno.EPERM: "check the permissions of that path (reading it, or writing in its folder)",
             errno.ENOENT: "check the path: it, or the folder it should be written in, does not exist",
@@ -63,8 +67,6 @@ def exit_on_closed_pipe():
     """End the process quietly because the reader of its output went away (`spot generate --stream ... | head -1`):
     no `error:` line and no hint (nothing is wrong, and no reader is left to see one), and no "Exception ignored"
     when Python flushes the dead stdout at exit (it is pointed at /dev/null first). Exit status CLOSED_PIPE_STATUS."""
-    import os
-    import sys
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         for stream in (sys.stdout, sys.stderr):
@@ -78,7 +80,6 @@ def run_script(main) -> None:
     """Entry point of the scripts under benchmarks/ and scripts/: exit with main()'s status; a SpotError becomes one
     `error:` line (and its hint) with exit status 2, as in the CLI; a closed output pipe ends quietly
     (exit_on_closed_pipe)."""
-    import sys
     try:
         sys.exit(main())
     except SpotError as e:
@@ -91,6 +92,7 @@ def run_script(main) -> None:
 def integer_arg(value, what: str) -> int:
     """`value` as a Python int when it is an integer (numpy's and 0-d integer tensors included, bool and 2.0 not);
     SpotError naming `what` otherwise. For the library API's dataclasses: the CLI's options are typed already."""
+    # numpy: spot.entry imports this module before its Ctrl-C handler, and numpy loads under that handler
     import numpy as np
     if isinstance(value, (bool, np.bool_)):
         raise SpotError(f"{what} must be an integer, got {value!r} (bool)")
@@ -102,7 +104,6 @@ def integer_arg(value, what: str) -> int:
 
 def number_arg(value, what: str) -> float:
     """`value` as a float when it is a real number (bool not); SpotError naming `what` otherwise."""
-    import numbers
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SpotError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
     return float(value)
@@ -124,8 +125,6 @@ def path_arg(value, what: str):
     """`value` as a pathlib.Path when it is a str or os.PathLike naming a UTF-8 path; SpotError naming `what`
     otherwise (a path given as None, a number or bytes was a TypeError deep in pathlib; one of bytes that are not
     UTF-8, ONNX Runtime's or the tokenizer's error with an unrelated hint)."""
-    import os
-    from pathlib import Path
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
         path = Path(value)
         if "\0" not in str(path) and str(value):

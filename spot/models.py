@@ -6,11 +6,14 @@ embedded model's name (spot.assets) is its checkpoint, or for an exported backen
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Callable
 
-from spot.engines.factory import EXPORTED_BACKENDS
+import spot.config
+from spot.engines.factory import EXPORTED_BACKENDS, open_engine
 from spot.errors import SpotError
+from spot.folder.manifest import DRAFTER_FILES, load_manifest
 
 
 def _quiet(line: str) -> None:
@@ -21,23 +24,21 @@ def check_model_folder(backend: str, folder) -> None:
     """The model folder's errors before anything loads from it: an exported folder (ort) by its manifest — a
     missing or edited config.json there is a changed export, not a broken checkpoint — a checkpoint by config.json."""
     if backend in EXPORTED_BACKENDS:
-        from spot.folder.manifest import load_manifest
         load_manifest(folder)
     else:
-        from spot.config import load_config
-        load_config(folder)
+        spot.config.load_config(folder)   # by its module: the tests replace it there
 
 
 def resolve_backend(backend: str | None, model_dir) -> str:
     """--backend, else what --model is: an exported folder (manifest.json) runs on ort, a checkpoint on torch; an
     embedded model (no --model, or its name) runs on ONNX Runtime, the product runtime, wherever onnxruntime is
     installed (spot demo's export of it), else on torch."""
+    # start-up: spot.cli loads this module; the embedded models when one is named
     from spot.assets import embedded_name
     if backend is not None:
         return backend
     if model_dir is not None and embedded_name(model_dir) is None:
         return "ort" if (Path(model_dir) / "manifest.json").is_file() else "torch"
-    import importlib.util
     return "ort" if importlib.util.find_spec("onnxruntime") is not None else "torch"
 
 
@@ -46,12 +47,14 @@ def model_folder(backend: str, model_dir, progress: Callable[[str], None] = _qui
     """--model: a folder, or an embedded model's name (spot.assets: code, arithmetic) — its checkpoint (torch) or
     its export by `spot demo` (ort, tensorrt), made here on first use (progress: one line, seconds) and reused. No
     --model: the default embedded model. warn: the line saying an older export is used where none can be made."""
+    # start-up: spot.cli loads this module; the embedded models when one is named
     from spot.assets import DEFAULT_MODEL, embedded_model_dir, embedded_name
     name = DEFAULT_MODEL if model_dir is None else embedded_name(model_dir)
     if name is None:
         return model_dir
     if backend not in EXPORTED_BACKENDS:
         return embedded_model_dir(name)
+    # start-up: spot.cli loads this module; the demo's export when it is used
     from spot.demo import embedded_export_dir, exported_embedded
     folder = embedded_export_dir(name)
     try:
@@ -67,7 +70,7 @@ def model_folder(backend: str, model_dir, progress: Callable[[str], None] = _qui
 def open_model(backend: str, model_dir, block_size, device: str, sampler: str = "auto", kv_cache: str = "auto",
                progress: Callable[[str], None] = _quiet, warn: Callable[[str], None] = _quiet):
     """(engine, tokenizer or None, folder) of --model on the backend (model_folder resolves it)."""
-    from spot.engines.factory import open_engine
+    # start-up: spot.cli loads this module; the tokenizer when a model opens
     from spot.tokenizer import load_tokenizer
     folder = model_folder(backend, model_dir, progress, warn)
     return open_engine(backend, folder, block_size, device, sampler, kv_cache), load_tokenizer(folder), folder
@@ -75,6 +78,7 @@ def open_model(backend: str, model_dir, block_size, device: str, sampler: str = 
 
 def find_drafter(path, model_dir):
     """The drafter given by --drafter, else drafter.onnx beside the model; SpotError naming where it looked."""
+    # start-up: spot.cli loads this module; the drafter loads when one is used
     from spot.runtime.drafter import load_drafter
     if path is not None:
         return load_drafter(path)
@@ -98,7 +102,7 @@ def verify_export(folder, quick: bool = False) -> tuple[int, int, bool]:
     """Every file of an exported folder checked against its manifest (full sha256, or sizes and sampled hashes when
     quick), and its drafter pair, if any, against its drafter.json and the model. Returns (files, bytes, whether a
     drafter was checked); SpotError naming the first mismatch."""
-    from spot.folder.manifest import DRAFTER_FILES, load_manifest
+    # start-up: spot.cli loads this module; the drafter loads when one is used
     from spot.runtime.drafter import DRAFTER_ONNX, load_drafter
 
     exported = load_manifest(folder, "quick" if quick else "full")

@@ -9,6 +9,7 @@ from spot.errors import SpotError
 def load_onnxruntime():
     """The onnxruntime module; SpotError saying whether it is missing or installed but unimportable."""
     try:
+        # onnxruntime: loaded here once, with its own error
         import onnxruntime
     except ModuleNotFoundError as e:
         if e.name != "onnxruntime":

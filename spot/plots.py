@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spot.ceilings import CEILING_NOTE, row_label
 from spot.errors import SpotError
 from spot.files import atomic_output
+from spot.runtime.registry import is_decoder
 
 
 PLOT_FILES = ("passes_and_speed.png", "acceptance_by_depth.png", "latency_vs_nodes.png")
@@ -12,8 +14,10 @@ PLOT_FILES = ("passes_and_speed.png", "acceptance_by_depth.png", "latency_vs_nod
 
 def _pyplot():
     try:
+        # matplotlib: optional extra (spot[plots])
         import matplotlib
         matplotlib.use("Agg")
+        # matplotlib: optional extra (spot[plots])
         import matplotlib.pyplot as plt
     except ImportError as e:        # not installed, or installed and broken
         raise SpotError(f"plots need matplotlib, which cannot be imported here ({e})",
@@ -50,8 +54,6 @@ def plot_report(result: dict, out: Path) -> list[Path]:
     plt = _pyplot()
     rows = result["rows"]
     temps = sorted({r["temperature"] for r in rows})
-    from spot.ceilings import CEILING_NOTE, row_label
-    from spot.runtime.registry import is_decoder
     variants = sorted({r["variant"] for r in rows},
                       key=lambda v: (not is_decoder(v.split("@")[0], speculates=False), v))
     labels = {r["variant"]: row_label(r) for r in rows}

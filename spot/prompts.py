@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+import errno
 from pathlib import Path
+import sys
 
 from spot.assets import embedded_model_dir
 from spot.config import MAX_POSITIONS, TOKEN_ID
@@ -23,7 +25,6 @@ def heldout_prompts_path(folder) -> Path:
 
 def read_prompt_file(path: str) -> str:
     """The text of a prompt file ('-': standard input), UTF-8; SpotError naming the file otherwise."""
-    import sys
     try:
         if path == "-":
             data = sys.stdin.buffer.read(PROMPT_FILE_LIMIT + 1)
@@ -31,7 +32,6 @@ def read_prompt_file(path: str) -> str:
             with open(path, "rb") as f:
                 data = f.read(PROMPT_FILE_LIMIT + 1)
     except OSError as e:
-        import errno
         raise SpotError(f"cannot read the prompt file {path}: {e.strerror}",
                         "check the path, or pass - to read the prompt from standard input" if e.errno == errno.ENOENT
                         else os_error_hint(e)) from None

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spot.errors import SpotError
+from spot.export.presets import PRESETS
+from spot.export.roofline import pass_time, row_pass_counts
 from spot.runtime.registry import decoder as decoder_entry, decoder_names
 from spot.runtime.spot import TreeBudget
 
@@ -85,10 +87,10 @@ class ProjectionTarget:
 
     def pass_times(self, block_size: int, boards=BOARDS) -> dict:
         """board key -> (Device, nodes -> projected ms) at this target's context with `block_size` tokens per node."""
+        # onnx: optional extra (spot.export.memory_plan imports it)
         from spot.export.memory_plan import DEVICES, weight_bytes
-        from spot.export.presets import PRESETS
+        # onnx: optional extra (spot.export.quantize imports it)
         from spot.export.quantize import QuantScheme
-        from spot.export.roofline import pass_time
         self.check()
         cfg = PRESETS[self.model].config().with_block_size(block_size)
         quant = QuantScheme(self.weights) if self.weights != "fp" else QuantScheme()
@@ -97,7 +99,6 @@ class ProjectionTarget:
 
     def check(self) -> None:
         """SpotError for a model that is not a preset."""
-        from spot.export.presets import PRESETS
         if self.model not in PRESETS:
             raise SpotError(f"--project-model: unknown preset {self.model!r}, expected one of {', '.join(PRESETS)}",
                             "e.g. --project-model sdar-8b-b32")
@@ -122,7 +123,6 @@ def sweep_points(nodes: tuple[int, ...], decoders, engine) -> list[dict]:
 def sweep_report(rows: list[dict], points: list[dict], target: ProjectionTarget, block_size: int) -> dict:
     """bench.json's `node_sweep`: per temperature and sweep point the measured passes reduction against standard
     decoding (from the rows' pass counts) and the projected tokens/s on each board, standard decoding's beside."""
-    from spot.export.roofline import row_pass_counts
     boards = target.pass_times(block_size)
     by = {(r["variant"], r["temperature"]): r for r in rows}
     priced: set[int] = {1}

@@ -229,6 +229,7 @@ def _chat_template_from(model_dir: Path) -> str | None:
 
 def build_qwen2_bpe(vocab_path: Path, merges_path: Path, extra_tokens: dict[int, dict]):
     """A byte-level BPE tokenizer equal to transformers' Qwen2TokenizerFast for these files."""
+    # tokenizers: loaded when a tokenizer is built, not at start-up
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     vocab = _token_ids(vocab_path, _read_json(vocab_path))
@@ -275,10 +276,12 @@ def load_tokenizer(model_dir: str | Path) -> SpotTokenizer | None:
     tokenizer_json = model_dir / "tokenizer.json"
     vocab, merges = model_dir / "vocab.json", model_dir / "merges.txt"
     if tokenizer_json.is_file():
+        # tokenizers: loaded when a tokenizer is built, not at start-up
         from tokenizers import Tokenizer
         try:
             tok = Tokenizer.from_file(str(tokenizer_json))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            # tokenizers: loaded when a tokenizer is built, not at start-up
             import tokenizers
             raise SpotError(f"{tokenizer_json} could not be read by tokenizers {tokenizers.__version__} ({e})",
                             "spot needs tokenizers >= 0.20 (older ones cannot read merges stored as pairs): "

@@ -425,7 +425,7 @@ def test_an_onnx_runtime_only_export_gets_no_build_engine_advice(monkeypatch):
 
     class Folder:
         folder, manifest = "e4-nbits", SimpleNamespace(ort_only=True)
-    monkeypatch.setattr("spot.folder.manifest.load_manifest", lambda folder: Folder())
+    monkeypatch.setattr(te, "load_manifest", lambda folder: Folder())
     lines = []
     assert te.build_after_export("e4-nbits", "auto", progress=lines.append) is None
     assert lines and "none for this export" in lines[0] and "build-engine" not in lines[0]

@@ -6,9 +6,12 @@ import click
 
 from spot.cli.shared import backend_option, echo_err, open_model, placement_options, store_option
 from spot.errors import SpotError
+from spot.models import find_drafter, resolve_backend
 from spot.runtime.registry import decoder as decoder_entry, decoder_names
-from spot.runtime.step import THRESHOLD
-from spot.tuned import tunable_decoders
+from spot.runtime.step import THRESHOLD, Sampling
+from spot.tuned import check_tuning_dir, number_name, save_tuning, save_tunings, tunable_decoders, tuning_key
+import json
+import sys
 
 
 record_noisy_option = click.option(
@@ -20,6 +23,7 @@ record_noisy_option = click.option(
 def recordable(tune_results: list[dict], save: bool, record_noisy: bool, say) -> bool:
     """Whether tune results (spot.bench.tune_budget's) are to be recorded: each measured on a quiet machine, or
     --record-noisy. Says why not (or warns, with --record-noisy or nothing to save)."""
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.runtime.tuning import busy_machine_note
     noisy = [r["noise"] for r in tune_results if not r["noise"]["quiet"]]
     if not noisy:
@@ -87,13 +91,13 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
           --decoders standard,chain,tree,spot,order-oracle,oracle
       spot bench --model out/code-fp32-onnx --backend ort --tune --report runs/ort
     """
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.bench import (TUNE_CANDIDATES, BenchConfig, bench_prompts, bench_size, check_report_dir,
                             check_report_files, default_budgets, markdown_table, parse_compare_drafters,
                             parse_decoders, parse_sampling_grid, record_bench_inputs, report_title, run_bench,
                             tune_by_temperature, write_report)
     from spot.budgets import parse_tree_budgets
     from spot.sweep import ProjectionTarget, parse_node_sweep
-    from spot.models import find_drafter, resolve_backend
     from spot.plots import plot_choice
 
     names = parse_decoders(decoders)
@@ -105,7 +109,6 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
         projection.check()              # an unknown preset now, not after the decoding
     check_report_dir(report_dir)       # before the decoding, not after
     if tune:                        # where --tune records its choices
-        from spot.tuned import check_tuning_dir
         check_tuning_dir()
     compare = parse_compare_drafters(compare_drafters, names)
     plots, no_matplotlib = plot_choice(plots)
@@ -131,7 +134,6 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
     paths = write_report(result, report_dir, plots, echo_err)
     tuned = list(result["tune"]["by_temperature"].values()) if tune else []
     if tune and recordable(tuned, True, record_noisy, echo_err):   # after the report: what --budget auto decodes with
-        from spot.tuned import save_tunings, tuning_key
         record = save_tunings(tuning_key(engine, backend, folder, decoder, drafter), tuned, warn=echo_err)
         echo_err(f"recorded the tuned budgets in {record} (used by --budget auto)")
     echo_err("wrote " + ", ".join(str(p) for p in paths)
@@ -177,14 +179,9 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
       spot generate --model out/code-fp32-onnx --backend ort --decoder spot --budget auto --temperature 1 \\
           --prompt "import os"
     """
-    import json
-    import sys
-
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.bench import TUNE_CANDIDATES, engine_facts, tune_budget, tuning_drafter, tuning_prompts, tuning_room
-    from spot.models import resolve_backend
     from spot.request_options import RequestOptions
-    from spot.runtime.step import Sampling
-    from spot.tuned import check_tuning_dir, number_name, save_tuning, tuning_key
 
     temperature += 0.0           # -0 is 0: one tuning entry
     Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep

@@ -2,6 +2,8 @@
 upgrade an exported folder, and build its TensorRT engine."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 import sys
 
 import click
@@ -9,6 +11,7 @@ import click
 from spot.cli.shared import stderr_progress
 from spot.errors import SpotError
 from spot.files import check_output_path
+from spot.models import verify_export
 
 
 @click.command("export")
@@ -76,9 +79,7 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
       spot-export sdar-8b-b32 --weights int4 --plan orin-nx-16gb --passes-reduction 16=1.9,64=2.3
       spot-export arithmetic --out arithmetic-fp32-onnx
     """
-    import json
-    from pathlib import Path
-
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.export.export import ExportOptions, dry_run as run_dry_run, export_checkpoint
     from spot.export.presets import resolve_source
     from spot.export.quantize import DEFAULT_INT4_BLOCK
@@ -91,6 +92,7 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
         raise SpotError("--engines sizes a memory plan: it needs --plan DEVICE",
                         "e.g. --plan orin-nx-16gb --engines 2")
     resolved = resolve_source(source, checkpoint, dry_run or plan_only)
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.assets import EMBEDDED_MODELS
     dtype = dtype or ("fp32" if resolved.preset in EMBEDDED_MODELS else "fp16")
     if int4_block is not None and weights != "int4":
@@ -105,6 +107,7 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     options.quant.check()
     progress = stderr_progress(quiet)
     if plan_only:
+        # the command's modules load when it runs: `import spot.cli` stays fast
         from spot.export.memory_plan import plan_source, render
         from spot.export.roofline import counts_from_bench, counts_from_reductions
         plan, cfg = plan_source(resolved, options, progress)
@@ -118,6 +121,7 @@ def export(source, checkpoint, out, dtype, opset, max_nodes, max_context, block_
     if dry_run:
         click.echo(json.dumps(run_dry_run(resolved, options, progress)))
         return
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.engines.tensorrt_engine import build_after_export, check_before_export
     check_before_export(tensorrt_mode, ort_matmulnbits)
     tag = dtype if weights == "fp" else weights
@@ -136,7 +140,6 @@ def verify(folder, quick):
     Example:
       spot verify sdar-8b-fp16-onnx
     """
-    from spot.models import verify_export
     files, total, drafter = verify_export(folder, quick)
     drafter_note = "; the drafter matches its drafter.json and this model" if drafter else ""
     click.echo(f"ok: {folder}: {files} files, {total / 2**20:.1f} MiB match the manifest{drafter_note}")
@@ -160,6 +163,7 @@ def upgrade_export_cmd(folder, epilogue_steps, epilogue_positions, quiet):
     Example:
       spot upgrade-export sdar-8b-fp16-onnx --epilogue-positions 2
     """
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.export.upgrade import upgrade_export
     progress = stderr_progress(quiet)
     manifest, changed = upgrade_export(folder, epilogue_steps, epilogue_positions, progress)
@@ -187,6 +191,7 @@ def build_engine_cmd(folder, out, max_nodes, max_context, smallest_capacity, wor
     Example:
       spot build-engine sdar-8b-fp16-onnx --max-nodes 16 --max-context 8192
     """
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.engines.tensorrt_engine import BuildOptions, build_engine
     if out is not None:
         check_output_path(out, "--out", folder=True)      # before a build of minutes, not after it

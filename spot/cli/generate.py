@@ -2,13 +2,17 @@
 models."""
 from __future__ import annotations
 
+import json
+
 import click
 
 from spot.cli.shared import (backend_option, echo_err, model_folder, placement_options, stderr_progress,
                               store_option)
+from spot.engines.factory import open_engine
 from spot.errors import SpotError
+from spot.models import check_model_folder, find_drafter, resolve_backend
 from spot.runtime.registry import REGISTRY, decoder_names
-from spot.runtime.step import THRESHOLD
+from spot.runtime.step import THRESHOLD, Sampling
 
 
 @click.command()
@@ -65,13 +69,9 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
       spot generate --model out/code-fp32-onnx --backend ort --decoder spot-sets --tau 0.9 --prompt "x = ["
       spot generate --prompt "class Stack:" --decoder spot --stream
     """
-    import json
-
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.budgets import ModelArgs, tuned_note
-    from spot.engines.factory import open_engine
-    from spot.models import check_model_folder, find_drafter, resolve_backend
     from spot.request_options import RequestOptions, resolve_request
-    from spot.runtime.step import Sampling
     from spot.tokenizer import UNKNOWN_MARK, TrimmedStream, load_tokenizer, parse_prompt_ids, prompt_ids_for
 
     # every check that needs no model (the budget's form, sampling, the commit rule) before the weights load
@@ -81,6 +81,7 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
     if prompt_file is not None:     # before the model (the embedded model's export, on first use)
         if prompt is not None:
             raise SpotError("give one of --prompt TEXT or --prompt-file PATH, not both", "leave out one of them")
+        # the command's modules load when it runs: `import spot.cli` stays fast
         from spot.prompts import read_prompt_file
         prompt = read_prompt_file(prompt_file)
     backend = resolve_backend(backend, model_dir)
@@ -153,9 +154,9 @@ def demo(models, prompt_index, max_new_tokens, temperature, seed, budget, depth)
       spot demo --model arithmetic --prompt-index 5
       spot demo --temperature 1.0 --seed 3
     """
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.demo import DEMO_MODELS, demo_budget, demo_model_text, demo_summary, run_demo
     if temperature is not None:
-        from spot.runtime.step import Sampling
         Sampling(temperature, seed=seed)        # refused now, not after the exports
     results = run_demo(models or DEMO_MODELS, prompt_index, max_new_tokens, temperature, seed,
                        demo_budget(models, budget, depth), progress=stderr_progress())

@@ -2,13 +2,18 @@
 model repository that runs this runtime."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from spot.cli.shared import echo_err, model_folder, placement_options
-from spot.engines.factory import BACKENDS
+from spot.engines.factory import BACKENDS, EXPORTED_BACKENDS
 from spot.errors import SpotError
 from spot.files import check_output_path
+from spot.folder.manifest import load_manifest
+from spot.models import check_model_folder, drafter_file
 from spot.runtime.registry import decoder_names
+from spot.runtime.step import Sampling
 
 
 @click.command()
@@ -70,9 +75,7 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
           -d '{"model": "code-fp32-onnx", "prompt": "def add(a, b):", "max_tokens": 32, "decoder": "spot"}'
       spot serve --model sdar-8b-fp16-onnx --device trt --host 0.0.0.0 --api-key "$KEY"
     """
-    from pathlib import Path
-
-    from spot.models import check_model_folder, drafter_file
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.request_options import RequestOptions
     from spot.serve.model import RequestDefaults, ServedModel, manifest_sha256, served_tokenizer
     from spot.serve.run import ServeOptions, serve as run_server
@@ -95,9 +98,8 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
 def check_serving_plan(backend: str, folder, device: str, engines: int) -> None:
     """`spot serve --plan DEVICE`: the export's memory plan with `engines` engines, printed; SpotError (naming what
     fits) unless it fits."""
-    from spot.engines.factory import EXPORTED_BACKENDS
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.export.memory_plan import check_serving_fits
-    from spot.folder.manifest import load_manifest
     if backend not in EXPORTED_BACKENDS:
         raise SpotError(f"--plan sizes an exported folder, got --backend {backend}",
                         "use --backend ort (or tensorrt) with an export, or leave out --plan")
@@ -146,8 +148,8 @@ def triton_repo(export_dir, out, name, engines, instances, backend, device, samp
           nvcr.io/nvidia/tritonserver:24.10-py3 \\
           bash -c "pip install /wheels/spot_edge-*.whl && tritonserver --model-repository /models"
     """
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.request_options import RequestOptions
-    from spot.runtime.step import Sampling
     from spot.triton.repo import TritonRepoOptions, write_triton_repo
 
     # the defaults checked as a request's are

@@ -2,11 +2,14 @@
 stays the command's result)."""
 from __future__ import annotations
 
+import shutil
 import sys
+import time
 
 import click
 
 from spot.engines.factory import BACKENDS
+from spot.models import model_folder as resolve_folder, open_model as open_resolved
 
 
 def echo_err(line: str) -> None:
@@ -47,8 +50,6 @@ def stderr_progress(quiet: bool = False):
     elsewhere printed at most every 30 s."""
     if quiet:
         return lambda line: None
-    import shutil
-    import time
     terminal, bar, last = sys.stderr.isatty(), [False], [time.monotonic()]
 
     def say(line: str) -> None:
@@ -72,11 +73,9 @@ def stderr_progress(quiet: bool = False):
 
 def model_folder(backend: str, model_dir):
     """spot.models.model_folder with its progress and note on stderr (an embedded model's export, on first use)."""
-    from spot.models import model_folder as resolve_folder
     return resolve_folder(backend, model_dir, stderr_progress(), echo_err)
 
 
 def open_model(backend: str, model_dir, block_size, device: str, sampler: str = "auto", kv_cache: str = "auto"):
     """spot.models.open_model with its progress and note on stderr: (engine, tokenizer, folder)."""
-    from spot.models import open_model as open_resolved
     return open_resolved(backend, model_dir, block_size, device, sampler, kv_cache, stderr_progress(), echo_err)

@@ -42,6 +42,7 @@ def open_engines(backend: str, model_dir: str | Path, count: int, block_size: in
         raise SpotError(f"threads sets ONNX Runtime's sessions of the ort backend, got backend {backend!r}",
                         "torch: torch.set_num_threads (process-wide); tensorrt runs on the GPU")
     if backend == "ort":  # an exported folder (spot-export), opened and checked by its manifest
+        # start-up: spot.cli loads this module; the engine modules load when one opens
         from spot.engines.ort_engine import OrtEngine
         from spot.engines.ort_sessions import open_sessions, shared_threads
         if block_size is not None:
@@ -50,6 +51,7 @@ def open_engines(backend: str, model_dir: str | Path, count: int, block_size: in
                                  kv_cache=kv_cache)
         return [OrtEngine.over(sessions) for _ in range(count)]
     if backend == "tensorrt":  # an exported folder, its TensorRT engine built (or taken from the engine cache)
+        # start-up: spot.cli loads this module; the engine modules load when one opens
         from spot.engines.tensorrt_engine import open_trt_engines
         return open_trt_engines(model_dir, count, block_size, device, sampler, kv_cache)
     for option, value, graph in (("sampler", sampler, "epilogue.onnx"), ("kv_cache", kv_cache, "kv_append.onnx")):
@@ -62,6 +64,7 @@ def open_engines(backend: str, model_dir: str | Path, count: int, block_size: in
     cfg = load_config(model_dir)  # clear errors (missing folder, model_type) before any heavy import
     block_size = cfg.block_size if block_size is None else block_size
     check_block_size(block_size, cfg.max_position_embeddings)
+    # torch: optional extra (spot.engines.torch_engine imports it)
     from spot.engines.torch_engine import TorchEngine
     first = TorchEngine.from_dir(model_dir, block_size, device)
     return [first] + [TorchEngine(first.model, block_size, device) for _ in range(count - 1)]

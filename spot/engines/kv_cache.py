@@ -38,6 +38,7 @@ class StaticKVCache:
 
     def _alloc(self, shape):
         if self._like is not None and _is_torch(self._like):
+            # torch: optional extra (spot[export])
             import torch
             return (torch.zeros(shape, dtype=self._dtype, device=self._like.device),
                     torch.zeros(shape, dtype=self._dtype, device=self._like.device))
@@ -91,6 +92,7 @@ class StaticKVCache:
         out[:, self.length:self.capacity] = -np.inf                 # unused slots
         out[:, self.capacity:][blocks[None, :] > blocks[:, None]] = -np.inf
         if _is_torch(self.k):
+            # torch: optional extra (spot[export])
             import torch
             return torch.from_numpy(out).to(self.k.device)
         return out

@@ -15,10 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from spot.engines.device_kv import DeviceKVCache
 from spot.engines.ort_sessions import OrtSessions, open_sessions
 from spot.errors import SpotError
+from spot.folder.epilogue import OUTPUTS, POSITION_INPUT, EpilogueResult, epilogue_scalars, join_runs
 from spot.folder.manifest import past_input_names
 from spot.runtime.engine import Engine
+from spot.runtime.outputs import DeferredOutputs, sampled_outputs
 
 class OrtEngine(Engine):
     """Engine over an exported folder. device: cpu | cuda | trt; threads: intra-op threads (None: ORT default);
@@ -53,7 +56,6 @@ class OrtEngine(Engine):
         self._reset_host_cache()
         self.device_kv = None               # None: the numpy cache self._k / self._v
         if sessions.kv_append is not None:
-            from spot.engines.device_kv import DeviceKVCache
             self.device_kv = DeviceKVCache(sessions.kv_append, self.place, self._empty, cfg.num_hidden_layers)
         self.epilogue, self._future_steps = sessions.epilogue, sessions.future_steps
         self._epilogue_positions = sessions.epilogue_positions
@@ -225,8 +227,6 @@ class OrtEngine(Engine):
         (_append_host says why) and its state's rows are the logits' second block."""
         if self.epilogue is None:
             return super()._block_outputs(states, steps, sampling, block, noise, store)
-        from spot.folder.epilogue import epilogue_scalars
-        from spot.runtime.outputs import DeferredOutputs
         self._check_nodes(states.shape[0])
         scalars = epilogue_scalars(steps, sampling, block)     # checks top-p and the counters' ranges once
         if store is None:
@@ -253,8 +253,6 @@ class OrtEngine(Engine):
         """The epilogue over the rows of block `row` of a pass's logits [N, S, V] (an OrtValue where the target
         ran; S = B, or 2B in a fused pass) — the pass's state i — bound in place at their offset (no copy), in runs
         of the export's positions per call. state [B]: that state, for the error path."""
-        from spot.folder.epilogue import OUTPUTS, POSITION_INPUT, EpilogueResult, join_runs
-        from spot.runtime.outputs import sampled_outputs
         t0 = time.perf_counter()
         b, v, p = self.block_size, self.config.vocab_size, self._epilogue_positions
         steps = scalars["node_steps"][i:i + 1]

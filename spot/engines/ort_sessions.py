@@ -19,6 +19,7 @@ import numpy as np
 from spot.engines.buckets import trt_shape_option
 from spot.errors import SpotError
 from spot.files import opened_whole, spot_cache
+from spot.folder.epilogue import INPUTS, OUTPUTS, check_positions, graph_positions
 from spot.folder.manifest import NP_DTYPES, check_graph_io, load_manifest
 from spot.folder.trt_profile import Profile
 from spot.ortlib import load_onnxruntime
@@ -145,7 +146,6 @@ def check_epilogue_io(session, exported) -> None:
     (spot.folder.epilogue.INPUTS, OUTPUTS), checked once when it is opened: an epilogue exported before runner-ups
     (future_runner_up, future_gap) or position runs (first_position) lacks some, and `spot upgrade-export` writes
     the current one."""
-    from spot.folder.epilogue import INPUTS, OUTPUTS
     takes, gives = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
     missing = [n for n in INPUTS if n not in takes] + [n for n in OUTPUTS if n not in gives]
     if missing:
@@ -158,7 +158,6 @@ def check_epilogue_io(session, exported) -> None:
 def epilogue_positions(session, exported, block_size: int) -> int:
     """Positions of a state per epilogue call: the manifest's positions_per_call, a divisor of the block size and
     the graph's static logits dim."""
-    from spot.folder.epilogue import check_positions, graph_positions
     p = exported.manifest.graphs.epilogue.positions_per_call
     if not p:               # (absent, or null)
         raise SpotError(f"{exported.folder}/manifest.json records no positions_per_call for its epilogue (an epilogue "

@@ -10,7 +10,9 @@ import numpy as np
 from spot.engines.buckets import BucketPlan, pad_nodes
 from spot.folder.trt_profile import block_trt_profile
 from spot.engines.kv_cache import PlannedCacheLimits, StaticKVCache
+from spot.engines.ort_sessions import target_session
 from spot.errors import SpotError
+from spot.folder.manifest import NP_DTYPES, load_manifest
 from spot.runtime.engine import Engine
 
 
@@ -23,9 +25,6 @@ class StaticOrtEngine(PlannedCacheLimits, Engine):
 
     def __init__(self, model_dir: str | Path, plan: BucketPlan | None = None, device: str = "cpu",
                  threads: int | None = None):
-        from spot.engines.ort_sessions import target_session
-        from spot.folder.manifest import NP_DTYPES
-        from spot.folder.manifest import load_manifest
         self.exported = load_manifest(model_dir)
         cfg = self.exported.config
         super().__init__(cfg, self.exported.block_size)

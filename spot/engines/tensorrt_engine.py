@@ -35,12 +35,15 @@ from pathlib import Path
 
 import numpy as np
 
+from spot.descriptors import read_json
 from spot.engines.buckets import BucketPlan, pad_nodes
 from spot.engines.kv_cache import PlannedCacheLimits, StaticKVCache
-from spot.folder.epilogue import default_epilogue_positions
 from spot.errors import SpotError
 from spot.files import atomic_output, spot_cache, write_text_atomic
+from spot.folder.epilogue import OUTPUTS, EpilogueResult, check_sampling, default_epilogue_positions, join_runs
+from spot.folder.manifest import load_manifest
 from spot.runtime.engine import Engine
+from spot.runtime.outputs import DeferredOutputs, sampled_outputs
 
 INSTALL_HINT = ("Jetson (JetPack 6.x, TensorRT 10.3): `sudo apt install python3-libnvinfer` (part of JetPack; use the "
                 "system python3 or a venv made by `python3 -m venv --system-site-packages`); workstation/server: "
@@ -74,6 +77,7 @@ def _trt():
 
 def _torch_cuda():
     try:
+        # torch: optional extra (spot[export])
         import torch
     except ImportError:
         raise SpotError("the TensorRT engine needs torch for its device buffers", TORCH_CUDA_HINT) from None
@@ -157,7 +161,6 @@ def build_engine(model_dir: str | Path, options: BuildOptions = BuildOptions(), 
     """Build (or reuse from the cache) a TensorRT engine for the exported folder; returns the engine file.
     Writes next to it `<key>.json` (versions, buckets) and keeps a timing cache per TensorRT version and GPU in the
     cache folder (timing_cache_name)."""
-    from spot.folder.manifest import load_manifest
     exported = load_manifest(model_dir)      # a wrong folder is named before TensorRT is looked for
     check_parsable(exported)
     trt = _trt()
@@ -261,7 +264,6 @@ def build_after_export(folder: str | Path, mode: str, progress=print) -> Path | 
     """spot-export --tensorrt: "auto" builds the engine (build_engine's defaults, the engine cache) when TensorRT,
     a CUDA GPU and a graph TensorRT parses are all here, and otherwise says why not and how to build it later;
     "yes" requires them; "no" skips. The export itself is complete either way."""
-    from spot.folder.manifest import load_manifest
     if mode == "no":
         return None
 
@@ -293,7 +295,6 @@ def open_trt_engines(model_dir: str | Path, count: int, block_size: int | None =
                      sampler: str = "auto", kv_cache: str = "auto") -> list["TrtEngine"]:
     """`count` TrtEngines over one deserialized TensorRT engine (the weights once on the GPU), each with its own
     execution context, CUDA stream and KV cache (open_trt_engine's arguments)."""
-    from spot.folder.manifest import load_manifest
     exported = load_manifest(model_dir)
     if device != "cuda":
         raise SpotError(f"`backend=\"tensorrt\"` runs on a CUDA GPU, got `device=\"{device}\"`",
@@ -331,8 +332,6 @@ def load_trt_model(model_dir: str | Path, engine_file: str | Path | None = None,
                    options: BuildOptions = BuildOptions()) -> TrtModel:
     """The folder's TensorRT engine (`engine_file`, else built with `options` or taken from the engine cache),
     deserialized."""
-    from spot.descriptors import read_json
-    from spot.folder.manifest import load_manifest
     trt = _trt()
     _torch_cuda()
     exported = load_manifest(model_dir)
@@ -484,7 +483,6 @@ class TrtEngine(PlannedCacheLimits, Engine):
         """The sampling epilogue over every state of one pass (spot.reference.noise_torch.epilogue_torch): returns
         spot.folder.epilogue.EpilogueResult with O(N x B x (D + 32)) values copied to the host. The decoders use
         `block_outputs`, which runs it per state on demand."""
-        from spot.folder.epilogue import check_sampling
         self._check_caller()
         check_sampling(sampling)
         logits = self._finite_device_logits(self._check_states(states))
@@ -503,7 +501,7 @@ class TrtEngine(PlannedCacheLimits, Engine):
 
     def _epilogue(self, logits, node_steps, sampling, block: int, future_steps: int, positions: int | None = None):
         """The torch twin over logits [N, B, V], `positions` of B per call (default: all)."""
-        from spot.folder.epilogue import OUTPUTS, EpilogueResult, join_runs
+        # torch: optional extra (spot.reference.noise_torch imports it)
         from spot.reference.noise_torch import epilogue_torch
         b = logits.shape[1]
         p = positions or b
@@ -520,8 +518,6 @@ class TrtEngine(PlannedCacheLimits, Engine):
         round first reads it (DeferredOutputs), over that state's rows only."""
         if self._future_steps is None:
             return super()._block_outputs(states, steps, sampling, block, noise, store)
-        from spot.folder.epilogue import check_sampling
-        from spot.runtime.outputs import DeferredOutputs, sampled_outputs
         check_sampling(sampling)
         logits = self._finite_device_logits(states, store)
 

@@ -37,12 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from spot.errors import SpotError
 from spot import exact_math as xm
 from spot.folder.epilogue import (CANDIDATES, EPILOGUE_FILE, FALLBACK_OUTPUT, INPUTS, NATIVE_NOISE_MARGIN, OUTPUTS,
                                   EpilogueResult, check_positions, check_sampling, make_epilogue_session, run_epilogue)
 from spot.runtime.noise import LANE_A, LANE_B, MIX_MUL_1, MIX_MUL_2, gumbel
+from spot.runtime.stale import topk_logprobs
 from spot.runtime.step import Sampling, confidence, scale_rows, step_gumbel, top2_scaled
 
 OPSET = 18
@@ -539,7 +541,6 @@ def declared_output_shapes(model) -> dict[str, list]:
 
 
 def save_epilogue(spec: EpilogueSpec, path: str | Path) -> Path:
-    import onnx
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(build_epilogue(spec), str(path))
@@ -593,7 +594,6 @@ def top_logprobs(logits: np.ndarray, temperature: float, k: int = TOP_K_LOGPROBS
     """logits [..., V] float32 -> (log-probabilities [..., 32] float32, ids [..., 32] int64): the values are
     spot.runtime.stale.topk_logprobs (the drafter's features); ids in the same order (value descending, id
     ascending), -1 in the padding."""
-    from spot.runtime.stale import topk_logprobs
     z = np.asarray(logits).astype(np.float64)
     if temperature > 0:
         z = z / temperature

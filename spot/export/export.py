@@ -22,13 +22,16 @@ from spot.checkpoint import INDEX_NAME, Checkpoint, TensorInfo, bf16_bits_to_flo
 from spot.config import ModelConfig
 from spot.descriptors import read_json
 from spot.errors import SpotError
+from spot.export import quantize
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.graph import TargetGraph, build_target_graph, check_dtype
 from spot.export.kv_append import validate_kv_append, write_kv_append
+from spot.export.memory_plan import check_plan_fits, manifest_memory
 from spot.export.options import ExportOptions, Progress, check_options, effective_config, quiet
 from spot.export.presets import Source
-from spot.export.quantize import write_quantized
+from spot.export.quantize import ORT_SESSION_CONFIG, write_quantized
 from spot.export.target_file import DATA_FILE, TARGET_FILE, check_graph, make_model, plan_layout
+from spot.export.validate import validate_export
 from spot.export.weight_spec import WeightSpec
 from spot.files import folder_bytes, present
 from spot.folder.manifest import DRAFTER_FILES, FORMAT, FORMAT_VERSION, NP_DTYPES, file_entry, io_contract
@@ -105,7 +108,6 @@ def write_weights(ckpt: Checkpoint, weights: list[WeightSpec], layout: dict[str,
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     # a quantized export (made for memory-tight targets, possibly on the device itself) writes its fp tensors
     # (embedding, lm_head) in the quantizer's smaller chunks too, so its peak stays below the fp16 export's
-    from spot.export import quantize
     chunk = quantize.CHUNK_ELEMS if any(w.quant is not None for w in weights) else None
     try:
         t0 = time.perf_counter()
@@ -174,8 +176,6 @@ def build_manifest(cfg: ModelConfig, options: ExportOptions, max_context: int, s
     """The export's manifest: the model, the decoding defaults, the graphs (the target's, the drafter's when one was
     copied, then `graphs`: the epilogue, kv_append), the files and their hashes, the weights' precision and scheme
     (docs/quantization.md), the memory numbers (spot.export.memory_plan) and, quantized, the ORT session config."""
-    from spot.export.memory_plan import manifest_memory
-    from spot.export.quantize import ORT_SESSION_CONFIG
     quant = options.quant
     target = TargetGraph(file=TARGET_FILE, data=DATA_FILE, **io_contract(cfg, options.dtype),
                          weights_layout=quant.layout_note() if quant.quantized else
@@ -220,7 +220,6 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
     load_tokenizer(ckpt.dir)     # the tokenizer files the export copies must load: refused now, not at generate time
     graph = build_target_graph(cfg, options.dtype, options.opset, options.quant)
     if options.plan:   # refuse before writing anything when the export would not fit the device
-        from spot.export.memory_plan import check_plan_fits
         check_plan_fits(cfg, options, max_context, progress, source.preset or source.default_name)
     layout, total = plan_layout(graph.weights)
     note_other_partials(out, progress)
@@ -253,7 +252,6 @@ def export_checkpoint(source: Source, out: str | Path, options: ExportOptions = 
         extra_files = [*extra_files, name]
         validation = None
         if options.validate:
-            from spot.export.validate import validate_export  # needs torch: only when validating
             validation = validate_export(tmp, ckpt, graph, layout, options, progress)
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         progress("hashing files")

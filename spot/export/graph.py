@@ -112,6 +112,7 @@ class _Builder:
 def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
     """inv_freq [D/2] float32, computed as the torch reference does (same float32 pow) when torch is present."""
     try:
+        # torch: optional extra (spot[export])
         import torch
         exps = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         return (1.0 / (theta ** exps)).numpy().astype(np.float32)

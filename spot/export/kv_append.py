@@ -19,12 +19,14 @@ import numpy as np
 from spot.errors import SpotError
 from spot.folder.kv_append import INPUTS, KV_APPEND_FILE, OUTPUTS
 from spot.folder.manifest import NP_DTYPES
+from spot.ortlib import load_onnxruntime
 
 OPSET = 17
 
 
 def build_kv_append(kv_heads: int, head_dim: int, dtype: str):
     """The graph for one layer of a target with `kv_heads` x `head_dim` in `dtype` ("fp32" | "fp16")."""
+    # onnx: optional extra (spot[export])
     from onnx import TensorProto, helper
     elem = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}.get(dtype)
     if elem is None:
@@ -53,7 +55,6 @@ def write_kv_append(folder: str | Path, kv_heads: int, head_dim: int, dtype: str
 def validate_kv_append(folder: str | Path, kv_heads: int, head_dim: int, dtype: str) -> dict:
     """Run the saved graph on ORT's CPU provider for an empty and a filled cache and require numpy's concatenate
     exactly (SpotError otherwise): the export fails rather than ship a cache that drifts."""
-    from spot.ortlib import load_onnxruntime
     ort = load_onnxruntime()
     np_dtype = NP_DTYPES[dtype]
     session = ort.InferenceSession(str(Path(folder) / KV_APPEND_FILE), providers=["CPUExecutionProvider"])

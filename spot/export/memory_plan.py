@@ -47,6 +47,7 @@ from spot.export.graph import build_target_graph
 from spot.export.options import ExportOptions, check_options, effective_config
 from spot.export.presets import PRESETS
 from spot.export.quantize import QuantScheme
+from spot.export.roofline import render_projection
 from spot.folder.epilogue import EpilogueCall
 
 GIB = 2 ** 30
@@ -406,7 +407,6 @@ def render(plan: MemoryPlan, block_size: int, counts=None) -> str:
         f"{plan.max_engines}",
     ]
     if plan.config is not None:
-        from spot.export.roofline import render_projection
         lines.append(render_projection(plan.config.with_block_size(block_size), plan.dtype, plan.weight_bytes,
                                        plan.device, plan.nodes, plan.context, counts))
     if a.get("sampling_epilogue", 0) > a["logits"]:
@@ -454,8 +454,6 @@ def plan_for_export(exported, device: Device, engines: int = 1) -> MemoryPlan:
     """The plan of an exported folder (spot.folder.manifest.ExportedFolder) served by `engines` engines on `device`:
     its config, dtype, weights' precision and sampling epilogue as the manifest records them, at its max_context and
     max_nodes (what a request may reach)."""
-    from spot.folder.epilogue import EpilogueCall
-    from spot.export.quantize import QuantScheme
     m = exported.manifest
     cfg = exported.config.with_block_size(exported.block_size)
     entry = m.graphs.epilogue

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import spot.assets
+from spot.assets import embedded_name, model_names
 from spot.config import DEFAULT_MASK_TOKEN_ID, DEFAULT_STOP_IDS, ModelConfig, load_config
 from spot.errors import SpotError
 
@@ -51,7 +53,6 @@ EMBEDDED = "embedded"      # the code model's older name (spot.assets.ALIASES)
 
 
 def preset_names() -> list[str]:
-    from spot.assets import model_names
     return [*model_names(), *PRESETS]
 
 
@@ -111,10 +112,9 @@ class Source:
 def resolve_source(source: str, checkpoint: str | None = None, dry_run: bool = False) -> Source:
     """Turn `spot-export SOURCE [--checkpoint DIR]` into a checkpoint folder; SpotError saying where it looked."""
     key = source.lower()
-    from spot.assets import embedded_model_dir, embedded_name
     name = embedded_name(key)
     if name is not None:        # an embedded model (spot.assets): the package's folder, or --checkpoint's
-        return Source(Path(checkpoint) if checkpoint else embedded_model_dir(name), name, None, None, name)
+        return Source(Path(checkpoint) if checkpoint else spot.assets.embedded_model_dir(name), name, None, None, name)
     if key in PRESETS:
         preset = PRESETS[key]
         if checkpoint:

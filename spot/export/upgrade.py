@@ -23,6 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+import onnx
+from onnx import TensorProto, helper
+
 from spot.errors import SpotError
 from spot.export.epilogue import validate_epilogue, write_epilogue
 from spot.export.kv_append import validate_kv_append, write_kv_append
@@ -30,10 +33,15 @@ from spot.export.memory_plan import GIB, plan_for_options, plan_record, verify_p
 from spot.export.options import ExportOptions, check_options
 from spot.export.quantize import QuantScheme
 from spot.folder.epilogue import EpilogueCall
-from spot.folder.manifest import FORMAT_VERSION, add_files, load_manifest
 from spot.folder.manifest_record import EpilogueGraph, GraphRecord, Manifest
 from spot.folder.trt_profile import dynamic_trt_profile
 from spot.replace import building, output_folder, swap_in_folder
+from spot.export.graph import BROADCAST, SHARED_PREFIX, build_target_graph
+from spot.export.target_file import make_model
+from spot.export.validate import (CASE_NAMES, DEFAULT_PARTIAL_LAYERS, VALIDATE_FULL_PARAMS, max_differences, ort_cases,
+                                  truncated)
+from spot.folder.manifest import FORMAT_VERSION, add_files, io_contract, load_manifest
+from spot.ortlib import load_onnxruntime
 
 
 def upgrade_export(folder: str | Path, future_steps: int | None = None, positions: int | None = None,
@@ -126,10 +134,6 @@ def upgrade_target(folder: Path, exported, progress: Callable[[str], None]) -> d
     """Write `folder`'s target graph in this format over its own data file (a new file replacing the hard link, so
     the folder upgraded from is untouched), check it against the old graph, and return the manifest's target
     entry fields that change."""
-    import onnx
-
-    from spot.export.target_file import make_model
-    from spot.folder.manifest import io_contract
     cfg, dtype = exported.config, exported.dtype
     path = folder / exported.graph_path("target").name
     old = onnx.load(str(path), load_external_data=False)
@@ -148,8 +152,6 @@ def _check_structure(model) -> None:
     """onnx.checker with strict shape inference on the graph, its external weights declared as typed inputs:
     the checker refuses to open a data file with several hard links (a possible hard-link attack), and the
     upgrade's data file is one by design (the weights are linked, not copied)."""
-    import onnx
-    from onnx import helper
     structure = onnx.ModelProto()
     structure.CopyFrom(model)
     external = [t for t in structure.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
@@ -166,7 +168,6 @@ def _check_structure(model) -> None:
 def declared_target(manifest: Manifest, cfg, attention: str | None = None):
     """The target graph (spot.export.graph.TargetGraph) an exported folder's manifest describes — its config, dtype,
     weight scheme and opset — with the given attention form (default: this format's)."""
-    from spot.export.graph import SHARED_PREFIX, build_target_graph
     # the manifest records the graph's opset: 19 / 21 where the weights' quantization needs it, which rebuilds the
     # same graph from the --opset 17 default
     opset = manifest.graph_opset
@@ -181,7 +182,6 @@ def _quant(manifest: Manifest) -> QuantScheme:
 def _old_layout(old, graph, path: Path) -> tuple[dict[str, tuple[int, int]], str]:
     """Offsets of the new graph's weights in the old graph's data file, taken from the old graph's external-data
     records, each checked to be the same tensor (name, element type, dims)."""
-    from onnx import TensorProto
     records = {t.name: t for t in old.graph.initializer if t.data_location == TensorProto.EXTERNAL}
     layout, locations = {}, set()
     for spec in graph.weights:
@@ -205,11 +205,6 @@ def check_upgraded_target(folder: Path, exported, old, graph, layout: dict, loca
     logits and new K/V must agree within the export's tolerances (only the attention's summation order changed).
     Models above VALIDATE_FULL_PARAMS parameters: both graphs of their first DEFAULT_PARTIAL_LAYERS layers, built
     by the same code over the same data file; smaller ones: the folder's own old graph, whole."""
-    from spot.export.graph import BROADCAST
-    from spot.export.target_file import make_model
-    from spot.export.validate import (CASE_NAMES, DEFAULT_PARTIAL_LAYERS, VALIDATE_FULL_PARAMS, max_differences,
-                                      ort_cases, truncated)
-    from spot.ortlib import load_onnxruntime
     ort = load_onnxruntime()
     cfg, dtype = exported.config, exported.dtype
     layers = cfg.num_hidden_layers

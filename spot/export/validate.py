@@ -16,8 +16,10 @@ from spot.checkpoint import Checkpoint
 from spot.config import ModelConfig
 from spot.errors import SpotError
 from spot.export.graph import TargetGraph, build_target_graph
+from spot.export.quantize import ORT_SESSION_CONFIG, DequantizedCheckpoint
 from spot.export.target_file import TARGET_FILE, make_model
 from spot.folder.manifest import NP_DTYPES, past_feeds
+from spot.ortlib import load_onnxruntime
 
 VALIDATE_FULL_PARAMS = 300_000_000
 DEFAULT_PARTIAL_LAYERS = 2
@@ -51,6 +53,7 @@ def _ort_forward(session, ids, start, bias, past_k, past_v, stacked: bool = Fals
 
 
 def _torch_forward(model, ids, start, bias, past_k, past_v):
+    # torch: optional extra (spot[export])
     import torch
     with torch.inference_mode():
         logits, k, v = model(torch.from_numpy(ids), torch.arange(start, start + ids.shape[1]),
@@ -97,6 +100,7 @@ def max_differences(name: str, got, want, dtype: str, atol: float | None = None)
 
 def compare_with_reference(session, model, cfg, dtype: str, atol: float | None = None) -> list[dict]:
     """Run both sides on the validation cases; return per-case max |ORT - torch| and the tolerance applied."""
+    # torch: optional extra (spot[export])
     import torch
     tdt = torch.float32 if dtype == "fp32" else torch.float16
     b = cfg.block_size
@@ -114,10 +118,11 @@ def compare_with_reference(session, model, cfg, dtype: str, atol: float | None =
 
 def validate_export(folder, ckpt: Checkpoint, graph: TargetGraph, layout: dict, options, progress) -> dict:
     """Validate the exported folder (before publishing); SpotError with the numbers on a mismatch."""
-    from spot.ortlib import load_onnxruntime
     ort = load_onnxruntime()
+    # torch: optional extra (spot[export])
     import torch
 
+    # torch: optional extra (spot.reference.model imports it)
     from spot.reference.model import SDARModel
 
     cfg = ckpt.config
@@ -141,7 +146,6 @@ def validate_export(folder, ckpt: Checkpoint, graph: TargetGraph, layout: dict, 
         if quant is not None and quant.quantized:
             # the reference computes with the quantized-then-dequantized weights the export ships, and ORT with the
             # session settings the engine uses (float32 activations in its fused MatMulNBits)
-            from spot.export.quantize import ORT_SESSION_CONFIG, DequantizedCheckpoint
             reference = DequantizedCheckpoint(reference, quant, options.dtype)
             for key, value in ORT_SESSION_CONFIG.items():
                 so.add_session_config_entry(key, value)

@@ -28,6 +28,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from spot.errors import SpotError
+from spot.ortlib import load_onnxruntime
 
 EPILOGUE_FILE = "epilogue.onnx"
 DEFAULT_FUTURE_STEPS = 8          # = the default tree depth of `spot generate` / `spot bench`
@@ -157,7 +158,6 @@ def graph_positions(session) -> int | None:
 
 
 def make_epilogue_session(model_or_path, providers=None, threads: int | None = None):
-    from spot.ortlib import load_onnxruntime
     ort = load_onnxruntime()
     so = ort.SessionOptions()
     so.log_severity_level = 3

@@ -16,6 +16,7 @@ import math
 import torch
 
 from spot import exact_math as xm
+from spot.folder.epilogue import CANDIDATES, NATIVE_NOISE_MARGIN
 from spot.runtime.noise import LANE_A, LANE_B, MIX_MUL_1, MIX_MUL_2
 
 MASK32 = 0xFFFFFFFF
@@ -205,7 +206,6 @@ def certified_top2(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int,
     exactly, the way the ONNX epilogue does it (spot.export.epilogue._certified_top2): rank with torch.log's noise,
     re-score the best CANDIDATES with the exact noise, and fall back to the exact noise over V when a row is not
     certified."""
-    from spot.folder.epilogue import CANDIDATES, NATIVE_NOISE_MARGIN
     dev = zf.device
     n, b, v = zf.shape
     counters = (steps[:, :, None, None], first_position + torch.arange(b, device=dev)[None, None, :, None])

@@ -111,6 +111,7 @@ def backend() -> str:
 @lru_cache(maxsize=None)
 def _kernel(backend_name: str, name: str):
     if backend_name == "ext":
+        # the optional C extension (absent where it was not built)
         from spot.runtime import _libm
         return getattr(_libm, f"{name}_into")
     if backend_name == "numpy":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from spot.serve.jobs import pass_figures
+
 # seconds: a block of a small model on a CPU takes milliseconds, a long answer of an 8B model minutes
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -41,7 +43,6 @@ class ServeMetrics:
 
     def decoded(self, ticket, gen) -> None:
         """A decode ran (the pool's on_done, on the engine's thread)."""
-        from spot.serve.jobs import pass_figures
         job, decoder = ticket.job, ticket.job.decoder
         figures = pass_figures(job, gen, self.block_size)
         self.queue_wait.observe(ticket.started - ticket.submitted)

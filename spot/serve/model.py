@@ -6,7 +6,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from spot.descriptors import sha256_file
+from spot.engines.factory import open_engines
 from spot.errors import SpotError
+from spot.runtime.drafter import load_drafter
+from spot.tokenizer import SpotTokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -49,12 +53,10 @@ class ServedModel:
         """`count` (engine, drafter) pairs over one copy of the weights (spot.engines.factory.open_engines): each
         engine has its own KV cache, and the drafter (stateless: a session and its settings) is shared too.
         threads: each engine's ONNX Runtime threads (ort)."""
-        from spot.engines.factory import open_engines
         engines = open_engines(self.backend, self.folder, count, self.block_size, self.device, self.sampler,
                                self.kv_cache, threads=threads if self.backend == "ort" else None)
         drafter = None
         if self.drafter_path is not None:
-            from spot.runtime.drafter import load_drafter
             drafter = load_drafter(self.drafter_path, threads=1)
             drafter.check_compatible(engines[0])
         return [(engine, drafter) for engine in engines]
@@ -63,7 +65,6 @@ class ServedModel:
 def manifest_sha256(folder: Path) -> str | None:
     """sha256 of an exported folder's manifest.json (it records every file's hash: it names the export exactly), None
     for a checkpoint folder."""
-    from spot.descriptors import sha256_file
     path = Path(folder) / "manifest.json"
     return sha256_file(path) if path.is_file() else None
 
@@ -80,7 +81,6 @@ def threads_per_engine(threads: int | None, engines: int) -> int:
 def served_tokenizer(folder: Path, chat_template: str | Path | None = None):
     """The model's tokenizer (None: token ids only), with the Jinja chat template file `chat_template` in place of
     its own where one is given (`spot serve --chat-template`)."""
-    from spot.tokenizer import SpotTokenizer, load_tokenizer
     tokenizer = load_tokenizer(folder)
     if chat_template is None:
         return tokenizer

@@ -9,6 +9,7 @@ other unknown fields are ignored, as OpenAI's own clients send some (user, metad
 """
 from __future__ import annotations
 
+import json
 import reprlib
 import time
 import uuid
@@ -127,7 +128,6 @@ class ChatRequest(DecodingRequest):
 def parse_request(kind: type[DecodingRequest], body: bytes) -> DecodingRequest:
     """A request body -> the request; SpotError saying what is wrong (not UTF-8, not JSON, a missing or mistyped
     field, an unsupported one)."""
-    import json
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -11,6 +11,7 @@ from typing import Callable
 import uvicorn
 
 from spot.errors import SpotError
+from spot.serve.jobs import check_defaults
 from spot.serve.model import ServedModel, threads_per_engine
 from spot.serve.pool import EnginePool
 
@@ -33,7 +34,6 @@ def open_pool(model: ServedModel, engines: int, threads: int | None, queue_size:
     """`engines` engines over the model (its weights once), behind a queue of queue_size."""
     if engines < 1:
         raise SpotError(f"--engines must be >= 1, got {engines}")
-    from spot.serve.jobs import check_defaults
     progress(f"opening {engines} engine{'s' * (engines > 1)} over one copy of the weights")
     slots = model.open_engines(engines, threads_per_engine(threads, engines))
     check_defaults(model, *slots[0])
@@ -67,6 +67,7 @@ def url_of(sock: socket.socket) -> str:
 
 def serve(model: ServedModel, options: ServeOptions, say: Callable[[str], None]) -> None:
     """Serve `model` until a signal stops it; `say`: progress and the listening line (its URL: port 0 resolved)."""
+    # fastapi: optional extra (spot.serve.app imports it)
     from spot.serve.app import create_app
 
     if options.host not in ("127.0.0.1", "localhost", "::1") and options.api_key is None:

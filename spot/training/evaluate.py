@@ -14,7 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spot.checkpoint import Checkpoint
 from spot.engines.torch_engine import TorchEngine
+from spot.gsm8k import is_correct
+from spot.reference.model import SDARModel
 from spot.runtime.decode import DecodeContext, generate, state_pass
 from spot.runtime.step import CommitRule, Sampling, sample_positions, step_fn
 from spot.training.objective import heldout_loss
@@ -46,7 +49,6 @@ class StepRecorder:
 
 def answer_accuracy(model, tokenizer, problems, max_new_tokens: int = 160) -> dict:
     """Greedy standard decoding of each problem's prompt; right when its '#### N' is the true answer."""
-    from spot.gsm8k import is_correct
     engine = TorchEngine(model)
     right, first = 0, ""
     for p in problems:
@@ -91,8 +93,6 @@ def arithmetic_evaluation(folder: Path, data, log=print, n_decode: int = 20, n_a
     """The arithmetic model's figures from its saved folder (fp16 weights computed in fp32): greedy answers right on
     n_accuracy held-out problems; on n_decode of them the confidence profile of greedy standard decoding (as the
     code model's) and threshold decoding's passes (tau 0.9) against static decoding's."""
-    from spot.checkpoint import Checkpoint
-    from spot.reference.model import SDARModel
     model = SDARModel.from_checkpoint(Checkpoint(folder))
     accuracy = answer_accuracy(model, data.tokenizer, data.heldout[:n_accuracy])
     log(f"greedy answers right on {accuracy['problems']} held-out problems: {accuracy['right']} "
@@ -156,8 +156,6 @@ def completions(folder: Path, tokenizer, prompts: list[dict], max_new_tokens: in
 
 def evaluate_folder(folder: Path, data, settings, log=print, n_windows: int = 32, n_decode: int = 20) -> dict:
     """The report section; data is the run's training data (its tokenizer and held-out batches)."""
-    from spot.reference.model import SDARModel
-    from spot.checkpoint import Checkpoint
     folder = Path(folder)
     model = SDARModel.from_checkpoint(Checkpoint(folder))  # the shipped fp16 weights, computed in fp32
     batches = data.heldout_batches(n_windows)

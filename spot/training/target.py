@@ -16,8 +16,11 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from tokenizers import Tokenizer
 import torch
 
+from spot.assets import MODELS, model_folder_path
+from spot.checkpoint import Checkpoint
 from spot.config import TRAINING_CORPUS_KEY, ModelConfig
 from spot.descriptors import parse_json
 from spot.errors import SpotError
@@ -27,6 +30,8 @@ from spot.owned import recorded_file_matches, refuse_unproven
 from spot.replace import building, output_folder, publish_folder, swap_in_folder
 from spot.reference.model import SDARModel
 from spot.training import bpe, corpus
+from spot.training.arithmetic_corpus import ArithmeticData, train_tokenizer
+from spot.training.evaluate import answer_accuracy, evaluate_folder, operation_accuracy
 from spot.training.objective import diffusion_bias, diffusion_loss, heldout_loss
 
 
@@ -183,6 +188,7 @@ LEGACY_CHECKPOINT = "ckpt.pt"       # written by earlier versions (a pickle): ne
 def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
                     facts: dict) -> None:
     """The run's state at `path`, whole or not at all (a temporary file, then a rename)."""
+    # safetensors: optional extra (spot[export])
     from safetensors.torch import save_file
     tensors = {f"model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     state = opt.state_dict()
@@ -202,6 +208,7 @@ def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimiz
 
 def read_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """(the JSON facts, the tensors) of the checkpoint at `path`; SpotError naming the file when it is not one."""
+    # safetensors: optional extra (spot[export])
     from safetensors import SafetensorError
     from safetensors.torch import load_file, safe_open
     remedy = f"delete {path} to start the run over"
@@ -240,7 +247,6 @@ def build_data(s: TrainSettings, corpus_root: Path | None, max_files: int | None
         prep = corpus.prepare_corpus(s.vocab_size, corpus_root, max_files, tokenizer)
         return corpus.CodeData(prep, corpus_root, s.batch_size, s.seq_len, s.seed)
     if s.corpus == "arithmetic":
-        from spot.training.arithmetic_corpus import ArithmeticData, train_tokenizer
         tok = tokenizer or train_tokenizer(s.vocab_size, s.seed)
         return ArithmeticData(tok, s.block_size, s.tokens_per_batch, s.seed, with_prompt=s.train_prompt,
                               practice_share=s.practice_share, result_weight=s.result_weight)
@@ -299,7 +305,6 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
         ck = None
     # a resumed run keeps the tokenizer it started with (one trained again from changed code would renumber tokens)
     tokenizer_path = work / "tokenizer.json"
-    from tokenizers import Tokenizer
     started_with = Tokenizer.from_file(str(tokenizer_path)) if ck is not None and tokenizer_path.is_file() else None
     if started_with is None and start is not None:
         started_with = Tokenizer.from_file(str(start / "tokenizer.json"))
@@ -310,7 +315,6 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
 
     model = init_model(cfg, s.seed, s.qk_gain_init)
     if start is not None and ck is None:
-        from spot.checkpoint import Checkpoint
         model.load_state_dict(SDARModel.from_checkpoint(Checkpoint(start)).state_dict())
     model.train()
     opt = make_optimizer(model, s)
@@ -374,14 +378,12 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
             history["val"].append([done, val])
             _log(f"step {done}: held-out masked CE at ratio 0.5 = {val:.4f}", log_file, progress)
         if s.accuracy_every and (done % s.accuracy_every == 0 or done == s.steps):
-            from spot.training.evaluate import answer_accuracy
             acc = answer_accuracy(model, data.tokenizer, data.heldout[:s.accuracy_problems])
             model.train()
             history.setdefault("accuracy", []).append([done, acc["accuracy"]])
             _log(f"step {done}: greedy answers right on {acc['problems']} held-out problems: {acc['right']} "
                  f"({acc['accuracy']:.0%}); the first one:\n{acc['first']}", log_file, progress)
             if s.operation_problems:
-                from spot.training.evaluate import operation_accuracy
                 ops = operation_accuracy(model, data.tokenizer, data.heldout[:s.operation_problems])
                 model.train()
                 history.setdefault("operation_accuracy", []).append([done, ops])
@@ -417,7 +419,6 @@ def train_target(out_dir: str | Path, steps: int | None = None, *, seed: int = 0
             "history": history,
         }
         if final_eval:
-            from spot.training.evaluate import evaluate_folder
             report["evaluation"] = evaluate_folder(partial, data, s, log=lambda m: _log(m, log_file, progress))
         # what this run wrote, by hash: a later run replaces these files only while they are unchanged
         report["files"] = {p.name: sha256_file(p) for p in sorted(partial.iterdir()) if p.name != REPORT_NAME}
@@ -492,7 +493,6 @@ def check_target_replaceable(folder: Path, replaced: list[str] | tuple[str, ...]
     spot wrote: listed with its sha256 in the folder's training_report.json, or shipped in the package (an embedded
     model's folder, trained before reports listed their files). A checkpoint's config.json or a file the user edited
     is not replaced: --out an SDAR checkpoint by mistake lost its config.json and weights."""
-    from spot.assets import MODELS, model_folder_path
     if not folder.is_dir():
         raise SpotError(f"--out {folder} is a file, expected a folder", "choose another --out")
     if Path(os.path.realpath(folder)) in {Path(os.path.realpath(model_folder_path(m))) for m in MODELS}:

@@ -30,10 +30,11 @@ from typing import Callable
 
 import numpy as np
 
-from spot.config import MAX_BLOCK_SIZE, MODEL_FIELDS, TOKEN_ID
+from spot.config import MAX_BLOCK_SIZE, MODEL_FIELDS, TOKEN_ID, training_corpus
 from spot.descriptors import parse_json
 from spot.errors import SpotError
 from spot.files import atomic_output
+from spot.prompts import load_prompts
 from spot.runtime.decode import generate
 from spot.runtime.drafter import IDENTITY_FIELDS, target_identity
 from spot.runtime.engine import Engine
@@ -41,6 +42,7 @@ from spot.runtime.noise import NoiseCache
 from spot.runtime.stale import TOPK_FEATURES, topk_logprobs
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling, sample_positions, select_commits
 from spot.schema import Integer, ListOf, Mismatch, Number, Record, Text, rule
+from spot.training import corpus as corpus_module
 
 TRACE_FORMAT = "spot-traces"
 TRACE_VERSION = 1
@@ -329,7 +331,6 @@ def collect_traces(engine: Engine, prompts: list[list[int]], plan: TracePlan = T
 # -- prompts ----------------------------------------------------------------------------------------------------
 def prompts_from_jsonl(path: str | Path, tokenizer=None) -> list[list[int]]:
     """Prompt token ids of a JSONL file (spot.prompts.load_prompts: "ids" / "prompt_ids" / "token_ids" or "text")."""
-    from spot.prompts import load_prompts
     return [p.ids for p in load_prompts(path, tokenizer)]
 
 
@@ -341,7 +342,6 @@ def training_prompts(prompts_file: str | Path | None, n: int, seed: int, tokeniz
     if tokenizer is None:
         raise SpotError(f"--corpus-prompts needs the model's tokenizer, and {folder} has none",
                         "pass --prompts FILE.jsonl with token ids")
-    from spot.config import training_corpus
     return corpus_prompts(tokenizer, n, seed, corpus=training_corpus(folder))
 
 
@@ -362,9 +362,9 @@ def corpus_prompts(tokenizer, n: int, seed: int = 0, min_tokens: int = 64, max_t
     proportion to its size, a random line start, a random length of min..max tokens); arithmetic: the questions of
     train-split problems (at most max_tokens)."""
     if corpus == "arithmetic":
+        # tokenizers: spot.training.arithmetic_corpus imports it
         from spot.training.arithmetic_corpus import train_prompts
         return train_prompts(tokenizer, n, seed, max_tokens)
-    from spot.training import corpus as corpus_module
 
     train, _ = corpus_module.split_corpus(root)
     if not train:

@@ -19,6 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from spot.errors import SpotError
+from spot.folder.manifest import load_manifest
+from spot.serve.jobs import DecodeFields, build_job, check_defaults, check_prompt_fits, finish_reason, room_left, usage
+from spot.serve.model import RequestDefaults, ServedModel, manifest_sha256, threads_per_engine
+from spot.tokenizer import TextStream, load_tokenizer
 
 log = logging.getLogger("spot.triton")
 
@@ -46,7 +50,6 @@ def scalar(name: str, array) -> object:
 def request_fields(get, tokenizer, default_max_tokens: int = DEFAULT_MAX_TOKENS, context: int | None = None):
     """A request's prompt ids and DecodeFields from its input tensors; get(name): the input's array or None. A text
     that cannot fit in `context` tokens (the engine's) is refused before it is encoded."""
-    from spot.serve.jobs import DecodeFields, check_prompt_fits
     text, ids = get("text_input"), get("prompt_ids")
     if (text is None) == (ids is None):
         raise SpotError("send exactly one of the inputs text_input (text) and prompt_ids (token ids)")
@@ -71,9 +74,6 @@ def parameters(config: dict) -> dict[str, str]:
 
 def served_model(args: dict, config: dict):
     """The ServedModel config.pbtxt describes; its export folder relative to the model's version folder."""
-    from spot.folder.manifest import load_manifest
-    from spot.serve.model import RequestDefaults, ServedModel, manifest_sha256
-    from spot.tokenizer import load_tokenizer
     p = parameters(config)
     version_dir = Path(args["model_repository"]) / str(args["model_version"])
     folder = (version_dir / p.get("export", "export")).resolve()
@@ -104,8 +104,8 @@ class TritonPythonModel:
     """Triton's Python-backend interface: initialize, execute, finalize."""
 
     def initialize(self, args):
+        # triton_python_backend_utils: optional extra (Triton's Python backend)
         import triton_python_backend_utils as pb_utils
-        from spot.serve.model import threads_per_engine
         self.pb = pb_utils
         config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(config):
@@ -118,7 +118,6 @@ class TritonPythonModel:
         threads = int(p["threads"]) if p.get("threads") else None
         # the cores shared out among every engine of every instance
         self.slots = self.model.open_engines(engines, threads_per_engine(threads, engines * instance_count(config)))
-        from spot.serve.jobs import check_defaults
         check_defaults(self.model, *self.slots[0])      # config.pbtxt's defaults: now, not per request
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()     # (job, sender), None: stop
         # a job carries the drafter it was checked with (spot.serve.jobs.Job): a thread needs only its engine
@@ -161,7 +160,6 @@ class TritonPythonModel:
 
     def checked(self, request):
         """(job, response sender) of a request, or None after answering a bad one with its error."""
-        from spot.serve.jobs import build_job
         pb, sender = self.pb, request.get_response_sender()
 
         def get(name):
@@ -178,8 +176,6 @@ class TritonPythonModel:
 
     def answer(self, job, sender, engine) -> None:
         """Decode `job` on `engine` (this engine's thread), a response per finished block, then the last one."""
-        from spot.serve.jobs import finish_reason, room_left, usage
-        from spot.tokenizer import TextStream
         pb = self.pb
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         pieces = TextStream(self.model.tokenizer) if self.model.tokenizer is not None else None

@@ -22,11 +22,16 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from spot import __version__
 from spot.descriptors import read_json, sha256_file
+from spot.engines.factory import EXPORTED_BACKENDS
 from spot.errors import SpotError
 from spot.files import check_output_path, present
+from spot.folder.manifest import load_manifest
+from spot.folder.replaceable import check_replaceable, sort_export
 from spot.owned import recorded_file_matches, refuse_unproven, some
 from spot.replace import building, output_folder, publish_folder, replaceable
+from spot.serve.model import manifest_sha256
 
 MARKER = ".spot-triton-model"
 MODEL_PY = '''"""Triton Python-backend model written by `spot triton-repo`: the spot runtime on ./export
@@ -67,7 +72,6 @@ class TritonRepoOptions:
     engines: int = 1                # requests one instance decodes at once, over one copy of the weights
 
     def check(self) -> None:
-        from spot.engines.factory import EXPORTED_BACKENDS
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name) or self.name.startswith("."):
             raise SpotError(f"--name must be letters, digits, '-', '_' or '.', got {self.name!r}", "e.g. --name spot")
         if self.instances < 1:
@@ -130,10 +134,6 @@ def write_triton_repo(export: str | Path, out: str | Path, options: TritonRepoOp
                       progress=lambda line: None) -> Path:
     """Write the model folder `options.name` serving the exported folder `export` into the repository `out` (see
     the module's docstring). Returns the repository."""
-    from spot import __version__
-    from spot.folder.replaceable import sort_export
-    from spot.folder.manifest import load_manifest
-    from spot.serve.model import manifest_sha256
     options.check()
     repo = check_output_path(out, "--out", folder=True)
     export = Path(export).resolve()
@@ -171,7 +171,6 @@ def check_model_replaceable(model: Path) -> None:
     """SpotError unless `model` is empty or a model folder spot triton-repo wrote, every file in it vouched for by
     its marker's sha256 (the export in 1/export by its manifest: spot.export.export.check_replaceable): another
     model of the repository, or a config.pbtxt tuned by hand, is not replaced."""
-    from spot.folder.replaceable import check_replaceable
     hint = f"--overwrite replaces only a model folder spot triton-repo wrote: move those out of {model}, or " \
            "choose another --name"
     if not model.is_dir():
