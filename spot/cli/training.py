@@ -2,6 +2,8 @@
 `spot train-drafter` (the order model on them) and `spot calibrate-drafter` (its settings, by target passes)."""
 from __future__ import annotations
 
+import json
+
 import click
 
 from spot.cli.shared import backend_option, model_folder, open_model, placement_options, stderr_progress
@@ -39,6 +41,7 @@ def train_target_cmd(corpus, out, steps, seed, minutes, work_dir, init_from, no_
       spot train-target --corpus arithmetic --out /tmp/arithmetic
       spot train-target --corpus arithmetic --out /tmp/arithmetic --init-from ./words-stage
     """
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.assets import model_folder_path
     from spot.training.target import RECIPES, train_target
     if steps is not None and steps < 1:
@@ -85,6 +88,7 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
     Example:
       spot traces --corpus-prompts 400 --cycle --minutes 8 --depth 16 --out traces.npz
     """
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.engines.factory import open_engine
     from spot.models import check_model_folder
     from spot.tokenizer import load_tokenizer
@@ -138,6 +142,7 @@ def train_drafter_cmd(trace_files, heldout_traces, out, epochs, batch_size, lr, 
     Example:
       spot train-drafter --traces traces.npz --minutes 8 --out my-drafter
     """
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.training.drafter import DrafterTrainSettings, OrderModelConfig, drafter_out_folder, train_drafter
     from spot.training.traces import Traces, concat_traces
 
@@ -202,8 +207,7 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
       spot calibrate-drafter --model ~/.cache/spot/code-fp32-onnx --backend ort
       spot calibrate-drafter --model arithmetic --backend ort --shapes-only
     """
-    import json
-
+    # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.budgets import parse_tree_budgets
     from spot.models import find_drafter
     from spot.training.calibration import (DEFAULT_SHAPE_BUDGETS, calibrate_drafter, calibrate_tree_shapes,

@@ -28,6 +28,7 @@ from spot.config import MODEL_FIELDS, ModelConfig
 from spot.descriptors import load_descriptor, sha256_file
 from spot.drafter_files import DRAFTER_JSON, DRAFTER_ONNX, FORMAT, FORMAT_VERSION
 from spot.errors import SpotError, path_arg
+from spot.ortlib import load_onnxruntime
 from spot.schema import SHA256, Integer, ListOf, Nullable, Number, Record, checked
 from spot.runtime import libm
 from spot.runtime.engine import check_threads
@@ -239,7 +240,6 @@ class Drafter:
     """An order model exported by `spot train-drafter`: drafter.onnx run by ONNX Runtime, facts from drafter.json."""
 
     def __init__(self, onnx_path: Path, manifest: dict, threads: int | None = None):
-        from spot.ortlib import load_onnxruntime
         ort = load_onnxruntime()
 
         self.path = Path(onnx_path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,7 @@ from torch import nn
 from spot.descriptors import sha256_file
 from spot.errors import SpotError
 from spot.files import atomic_output, check_output_path, present
+from spot.ortlib import load_onnxruntime
 from spot.owned import DRAFTER_PAIR, drafter_pair_vouched
 from spot.runtime.drafter import (BASELINE_INPUTS, DRAFTER_JSON, DRAFTER_ONNX, FORMAT, FORMAT_VERSION, INPUT_NAMES,
                                   MAX_BLOCK, MAX_STALENESS, OUTPUT_NAMES, drafter_inputs)
@@ -489,7 +491,6 @@ def export_onnx(model: OrderModel, path: Path, sample: dict[str, np.ndarray], to
     other shapes; SpotError beyond tol. graph: GRAPH_ENCODER, GRAPH_BASELINE (only for zero heads) or None = the
     baseline graph exactly when the heads are zero. Returns {"graph", "inputs" (the graph's, in order),
     "max_abs_diff"}."""
-    from spot.ortlib import load_onnxruntime
     ort = load_onnxruntime()
 
     model.eval()
@@ -503,7 +504,6 @@ def export_onnx(model: OrderModel, path: Path, sample: dict[str, np.ndarray], to
     args = tuple(t for n, t in zip(INPUT_NAMES, to_torch(sample)) if n in names)
     dyn = {"topk": {0: "K", 1: "B"}, "masked": {0: "K", 1: "B"}, "stale_conf": {0: "K", 1: "B"},
            "staleness": {0: "K"}, "order_logits": {0: "K", 1: "B"}, "member_logits": {0: "K", 1: "B"}}
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(exported, args, str(path), input_names=list(names), output_names=list(OUTPUT_NAMES),
