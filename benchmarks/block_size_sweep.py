@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spot.bench import BenchConfig, run_bench, tune_by_temperature  # noqa: E402
+from spot.app.bench_run import BenchConfig, run_bench, tune_by_temperature  # noqa: E402
 from spot.prompts import load_prompts  # noqa: E402
 from spot.engines.ort_engine import OrtEngine  # noqa: E402
 from spot.export.export import export_checkpoint
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
             say(f"== block size {block}")
             results.append(sweep_one(folder, block, prompts, temps, "tree", None, args.max_new_tokens, say))
             if block == 32 and args.drafter_b32:
-                from spot.models import find_drafter
+                from spot.app.models import find_drafter
                 results.append(sweep_one(folder, block, prompts, temps, "spot", find_drafter(None, folder),
                                          args.max_new_tokens, say))
     out = {"engine": "ort-cpu fp32", "prompts": len(prompts), "temperatures": temps,

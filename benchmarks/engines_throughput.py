@@ -40,7 +40,7 @@ def layouts(folder: Path, engines: int) -> dict:
 
 def one_round(engines: list, drafter, prompts: list[list[int]], max_tokens: int) -> tuple[float, int, list]:
     """Every engine decodes every prompt, all engines at once; (seconds, tokens, the answers)."""
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
     answers: dict[tuple[int, int], list[int]] = {}
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     from spot.runtime.drafter import load_drafter
     folder = args.model
     if folder is None:
-        from spot.demo import exported_embedded
+        from spot.app.demo import exported_embedded
         folder = exported_embedded(lambda line: print(line, file=sys.stderr))
     drafter = load_drafter(folder) if (Path(folder) / "drafter.onnx").is_file() else None
     prompts = [list(range(40 + 11 * i, 80 + 11 * i)) for i in range(args.prompts)]

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spot.errors import SpotError, run_script  # noqa: E402
-from spot.export.epilogue import EpilogueSpec, build_epilogue
+from spot.export.epilogue_graph import EpilogueSpec, build_epilogue
 from spot.folder.epilogue import FALLBACK_OUTPUT, OUTPUTS, epilogue_feeds, make_epilogue_session
 from spot.runtime.step import Sampling  # noqa: E402
 

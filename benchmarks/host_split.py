@@ -25,7 +25,7 @@ from spot.prompts import heldout_prompts_path, load_prompts  # noqa: E402
 from spot.engines.factory import open_engine  # noqa: E402
 from spot.runtime import drafter as drafter_module  # noqa: E402
 from spot.runtime import stale as stale_module  # noqa: E402
-from spot.runtime.decoders import DecodeRequest, run_decoder  # noqa: E402
+from spot.runtime.decode_plan import DecodeRequest, run_decoder  # noqa: E402
 from spot.runtime.spot import TreeBudget  # noqa: E402
 from spot.runtime.step import Sampling  # noqa: E402
 from spot.tokenizer import load_tokenizer  # noqa: E402

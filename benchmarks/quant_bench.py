@@ -132,7 +132,7 @@ def latencies(engines: dict, block: int, vocab: int, context: int, nodes: tuple[
 
 # -- 3. SPOT == standard --------------------------------------------------------------------------------------------
 def exactness(engine, prompts: list[list[int]], max_new: int) -> dict:
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
     same = runs = 0

@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         ap.error("--clients, --requests, --distinct and --max-tokens must be >= 1")
     if args.url and urlparse(args.url).hostname not in LOOPBACK:
         ap.error(f"--url must be a loopback address ({', '.join(LOOPBACK)}): this load test stays on this machine")
-    from spot.demo import exported_embedded
+    from spot.app.demo import exported_embedded
     exported_embedded(lambda line: print(line, file=sys.stderr))
     work_cases = cases(args.distinct, args.prompt_tokens)
     work = [work_cases[i % len(work_cases)] for i in range(args.requests)]

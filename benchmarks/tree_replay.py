@@ -13,8 +13,8 @@ import argparse
 import pickle
 from pathlib import Path
 
-from spot.budgets import parse_tree_budgets
-from spot.runtime.decoders import DecodeRequest
+from spot.app.tuned_budgets import parse_tree_budgets
+from spot.runtime.decode_plan import DecodeRequest
 from spot.runtime.registry import TREE_BRANCH
 from spot.runtime.proposers import ConfidenceOrderProposer, OrderOracleProposer
 from spot.runtime.step import Sampling
@@ -22,8 +22,8 @@ from spot.training.replay import record_standard, replay_passes
 
 
 def record(args) -> dict:
-    from spot.bench import bench_prompts
-    from spot.models import open_model
+    from spot.app.bench_run import bench_prompts
+    from spot.app.models import open_model
     engine, tokenizer, folder = open_model(args.backend, args.model, None, "cpu", sampler="host")
     prompts, _ = bench_prompts(None, folder, tokenizer, args.limit, args.prompt_tokens, engine, args.max_new_tokens)
     decodes = {}
@@ -65,7 +65,7 @@ def main() -> None:
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(pickle.dumps(data))
             tmp.replace(path)
-    from spot.models import find_drafter
+    from spot.app.models import find_drafter
     drafter = find_drafter(args.drafter, data["folder"])
     print("| decoder | budget | T | passes | standard | reduction |\n|---|---|---|---|---|---|")
     for t in args.temperatures:

@@ -106,7 +106,7 @@ def environment() -> dict:
     except ImportError:
         env["tensorrt"] = None
     try:
-        import spot.runtime.decoders  # noqa: F401
+        import spot.runtime.decode_plan  # noqa: F401
         env["spot_decoders"] = True
     except ImportError:
         env["spot_decoders"] = False
@@ -162,14 +162,14 @@ def logits_diff(engine, reference, cfg: ModelConfig) -> dict:
 
 
 def decode(engine, prompt, temperature: float, decoder: str = "standard"):
-    """Standard decoding (spot.runtime.decode), or a SPOT decoder by name (spot.runtime.decoders, guarded)."""
+    """Standard decoding (spot.runtime.decode), or a SPOT decoder by name (spot.runtime.decode_plan, guarded)."""
     sampling = Sampling(temperature=temperature, seed=11)
     t = time.perf_counter()
     if decoder == "standard":
         from spot.runtime.decode import generate
         gen = generate(engine, prompt, max_new_tokens=NEW_BLOCKS * engine.block_size, sampling=sampling, stop_ids=())
     else:
-        from spot.runtime.decoders import DecodeRequest, run_decoder
+        from spot.runtime.decode_plan import DecodeRequest, run_decoder
         from spot.runtime.spot import TreeBudget
         req = DecodeRequest(max_new_tokens=NEW_BLOCKS * engine.block_size, sampling=sampling,
                             budget=TreeBudget(nodes=16, depth=min(8, engine.block_size)), stop_ids=())
@@ -269,7 +269,7 @@ def projected_vs_measured(rep: Report, name: str, engine, folder, cfg: ModelConf
 def speedup(rep: Report, name: str, engine, cfg: ModelConfig):
     """Standard vs SPOT (the training-free tree decoder) on the same engine: wall time and target passes."""
     if not rep.data["env"].get("spot_decoders"):
-        rep.data["skipped"].append(f"{name} speed-up: spot.runtime.decoders is not importable")
+        rep.data["skipped"].append(f"{name} speed-up: spot.runtime.decode_plan is not importable")
         return
     rows = {}
     for temp in (0.0, 1.0):
@@ -329,11 +329,11 @@ def device_sampler(rep: Report, name: str, folders: dict, cfg: ModelConfig, devi
 
 
 def tuner(rep: Report, name: str, engine, cfg: ModelConfig):
-    """The budget tuner on this engine (spot.bench.tune_budget, training-free tree decoder, T = 1): the latency
+    """The budget tuner on this engine (spot.app.bench_run.tune_budget, training-free tree decoder, T = 1): the latency
     curve as the decoders' passes run, the chosen budget, and that budget beside standard decoding in one run — the
     tokens/s ratio reported against the tuner's promise (>= 0.95; it picks 1 node where no tree pays), identical
     outputs checked."""
-    from spot.bench import BenchConfig, check_tuned_budget, tune_budget
+    from spot.app.bench_run import BenchConfig, check_tuned_budget, tune_budget
     from spot.prompts import Prompt
     from spot.runtime.spot import TreeBudget
     ps = [Prompt(f"p{i}", p.tolist()) for i, p in enumerate(prompts(cfg))]
@@ -350,7 +350,7 @@ def tuner(rep: Report, name: str, engine, cfg: ModelConfig):
 
 
 def epilogue_checks(rep: Report, cfg: ModelConfig, providers: list, tag: str, nodes: int = 8, future: int = 3):
-    from spot.export.epilogue import EpilogueSpec, build_epilogue, reference_epilogue
+    from spot.export.epilogue_graph import EpilogueSpec, build_epilogue, reference_epilogue
     from spot.folder.epilogue import OUTPUTS, make_epilogue_session, run_epilogue
     import onnxruntime as ort
     rng = np.random.default_rng(5)
@@ -390,7 +390,7 @@ def epilogue_cost(rep: Report):
 def torch_epilogue_checks(rep: Report, cfg: ModelConfig):
     import torch
 
-    from spot.export.epilogue import reference_epilogue
+    from spot.export.epilogue_graph import reference_epilogue
     from spot.folder.epilogue import OUTPUTS
     from spot.reference.noise_torch import epilogue_torch
     rng = np.random.default_rng(6)

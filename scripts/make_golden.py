@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 from spot import __version__  # noqa: E402
 from spot.files import write_text_atomic  # noqa: E402
 from spot.runtime.decode import FUSED, SEPARATE  # noqa: E402
-from spot.runtime.decoders import DecodeRequest, run_decoder  # noqa: E402
+from spot.runtime.decode_plan import DecodeRequest, run_decoder  # noqa: E402
 from spot.runtime.registry import decoder_names  # noqa: E402
 from spot.runtime.stats import PASS_KINDS  # noqa: E402
 from spot.runtime.spot import TreeBudget  # noqa: E402

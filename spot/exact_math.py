@@ -22,7 +22,7 @@ MIT / Apache-2.0), identical to glibc's __log_data/__exp_data. The exp table is 
 definition (2^(k/128) rounded, and the rounding's relative tail) and checked against published entries in tests.
 
 The backends implement a small `Ops` interface (NumpyOps here; TorchOps in spot/reference/noise_torch.py; the
-ONNX node emitter in spot/export/epilogue.py); values are whatever the backend uses (arrays, tensors, names).
+ONNX node emitter in spot/export/epilogue_graph.py); values are whatever the backend uses (arrays, tensors, names).
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def _one_torch_thread():
 def embedded_export(tmp_path_factory):
     """The embedded model exported as `spot demo` exports it, into this test session's own cache: (cache, folder).
     Shared by the serving tests (spot serve, the Triton repository)."""
-    from spot.demo import exported_embedded
+    from spot.app.demo import exported_embedded
     cache = tmp_path_factory.mktemp("embedded-export-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPOT_CACHE", str(cache))
@@ -62,7 +62,7 @@ def embedded_export(tmp_path_factory):
 @pytest.fixture(autouse=True, scope="session")
 def _session_spot_cache(tmp_path_factory):
     """The cache (the embedded model's export, tuned budgets, engine caches) in a temporary folder, not the user's
-    ~/.cache/spot: commands run without --model export the embedded model there once (spot.demo.exported_embedded)."""
+    ~/.cache/spot: commands run without --model export the embedded model there once (spot.app.demo.exported_embedded)."""
     before = os.environ.get("SPOT_CACHE")
     os.environ["SPOT_CACHE"] = str(tmp_path_factory.mktemp("spot-cache"))
     yield

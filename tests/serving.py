@@ -99,7 +99,7 @@ class Reference:
 
     def __call__(self, prompt, decoder: str, temperature: float, seed: int, max_tokens: int, chat: bool = False):
         """The first max_tokens ids run_decoder gives."""
-        from spot.runtime.decoders import DecodeRequest, run_decoder
+        from spot.runtime.decode_plan import DecodeRequest, run_decoder
         from spot.runtime.spot import TreeBudget
         from spot.runtime.step import Sampling
         req = DecodeRequest(max_tokens, sampling=Sampling(temperature, seed=seed), budget=TreeBudget(16))

@@ -1,11 +1,11 @@
 """The ceilings (oracle, order-oracle) read the answer: their rows topped bench.md's tokens/s and the PNG with no label.
-Every table and plot of a bench now marks them (spot.bench.row_label, CEILING_NOTE)."""
+Every table and plot of a bench now marks them (spot.app.bench_run.row_label, CEILING_NOTE)."""
 from __future__ import annotations
 
 import pytest
 
-from spot.bench import markdown_table
-from spot.ceilings import CEILING_NOTE, row_label
+from spot.app.bench_run import markdown_table
+from spot.app.ceilings import CEILING_NOTE, row_label
 from spot.runtime.registry import decoder_names
 
 
@@ -35,7 +35,7 @@ def test_the_table_labels_ceilings_and_says_what_they_are():
 
 def test_the_plots_label_and_hatch_the_ceilings(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    import spot.plots as plots
+    import spot.app.plots as plots
     figures = []
 
     def keep(fig, path):

@@ -61,7 +61,7 @@ def test_concurrent_first_runs_export_the_demo_cache_once(tmp_path, monkeypatch)
 
     import spot.export.export as export_mod
     import spot.folder.manifest as manifest_mod
-    from spot.demo import embedded_export_dir, exported_embedded
+    from spot.app.demo import embedded_export_dir, exported_embedded
     from spot.errors import SpotError
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))
     exports = []
@@ -152,7 +152,7 @@ def test_progress_bars_are_one_line(monkeypatch, capsys):
 
 
 def test_demo_reports_where_the_time_goes(as_embedded):
-    from spot.demo import run_demo
+    from spot.app.demo import run_demo
     r, = run_demo(["code"], max_new_tokens=8, budget=(6, 3))
     assert r["model"] == "code" and r["identical"] and r["spot"]["verify_passes"] >= 1
     assert r["verify_cost"] > 0 and r["host_cost"] > 0
@@ -315,7 +315,7 @@ def test_generate_json_names_the_prompt_ids_stop_ids_and_the_budget_it_verified_
 def test_bench_rows_always_have_their_baselines_and_a_mismatch_never_reads_100_percent():
     """--decoders spot-sets without threshold (or spot without standard) still gets the ratios and the identity
     check (the baseline runs anyway); a baseline row is not judged against itself; one mismatch in 300 is shown."""
-    from spot.bench import BenchConfig, Variant, identical_cell, variants
+    from spot.app.bench_run import BenchConfig, Variant, identical_cell, variants
     from spot.runtime.spot import TreeBudget
     cfg = BenchConfig(decoders=("spot-sets", "chain"), temperatures=(0.0,), seeds=(0,), budgets=(TreeBudget(4, 3),),
                       max_new_tokens=8, tau=0.9, independent_noise_ablation=False)
@@ -411,7 +411,7 @@ def test_bench_plots_follow_matplotlib(as_embedded, tmp_path, monkeypatch):
                                                                     "bench.md"]
     assert "acceptance_by_depth.png is not from this run" in r.stderr
     assert "no plots: pip install 'spot-edge[plots]'" in r.stderr
-    from spot.bench import write_report
+    from spot.app.bench_run import write_report
     from spot.errors import SpotError
     with pytest.raises(SpotError, match="plots need matplotlib"):      # plotting fails: the measurements stay
         write_report(json.loads((tmp_path / "r2" / "bench.json").read_text()), tmp_path / "r3", plots=True)
@@ -608,7 +608,7 @@ def test_mismatched_drafter_is_refused(as_embedded, tmp_path):
 
 def test_tuning_prompts_come_from_the_corpus_train_split():
     """The tuner measures acceptance on training text, never on the held-out prompts a benchmark judges it on."""
-    from spot.bench import tuning_prompts
+    from spot.app.bench_run import tuning_prompts
     from spot.prompts import Prompt
     from spot.tokenizer import load_tokenizer
     from spot.training import corpus
@@ -640,7 +640,7 @@ def test_tune_on_a_busy_machine_prints_and_records_nothing(as_embedded, tmp_path
     """A busy machine's curve (2 nodes at 22x 1 node's time) was recorded for --budget auto: now spot tune prints it
     with the noise, says why it records nothing and exits 1; --record-noisy records it with a warning. spot bench
     --tune writes its report and records nothing either."""
-    import spot.bench as bench
+    import spot.app.bench_run as bench
     monkeypatch.setattr(bench, "latency_spreads", lambda samples: {"latency from 1 to 2 nodes": 9.88})
     busy = run("tune", "--temperature", "1", "--limit", "1")
     assert busy.exit_code == 1, busy.output
@@ -758,7 +758,7 @@ def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embed
 def test_a_tuned_budget_is_keyed_by_the_machines_gpu_models(tmp_path, monkeypatch):
     """ORT's CUDA provider has no device query: the key names the driver's GPU models (or a Jetson board), so a
     record tuned on one GPU is not read on another; a machine without one keeps the CPU key."""
-    import spot.tuned as tuned
+    import spot.app.tuned_budgets as tuned
     monkeypatch.setattr(tuned, "NVIDIA_GPU_INFO", str(tmp_path / "none"))
     monkeypatch.setattr(tuned, "DEVICE_TREE_MODEL", str(tmp_path / "none"))
     cpu_only = tuned.machine_identity()
@@ -779,7 +779,7 @@ def test_a_tuned_budget_is_keyed_by_the_machines_gpu_models(tmp_path, monkeypatc
 def test_tuned_entries_and_suggested_commands_name_temperatures_and_tau_exactly(tmp_path, monkeypatch):
     """-0 is 0 (one entry); temperatures that agree to 6 digits keep two entries; the `spot tune` command that
     --budget auto suggests writes --tau 0.9999999 as given (rounded to "1", it was refused)."""
-    from spot.tuned import number_name, save_tuning
+    from spot.app.tuned_budgets import number_name, save_tuning
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
     assert [number_name(x) for x in (-0.0, 1.0, 0.7, 0.1234567, 0.9999999)] == ["0", "1", "0.7", "0.1234567",
                                                                                   "0.9999999"]
@@ -797,7 +797,7 @@ def test_concurrent_tunes_keep_every_entry(tmp_path, monkeypatch):
     import subprocess
     import sys
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
-    code = ("import sys; from spot.tuned import save_tuning\n"
+    code = ("import sys; from spot.app.tuned_budgets import save_tuning\n"
             "for i in range(60): save_tuning({'model': 'x'}, {'temperature': float(sys.argv[1]) + i / 1000, "
             "'choice': {'nodes': 4, 'depth': 3}})")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(k)]) for k in (1, 2)]
@@ -1004,9 +1004,9 @@ def test_a_signal_while_the_cli_is_imported_ends_with_one_line(monkeypatch, caps
 
 
 def test_bench_arguments_are_parsed_and_checked_by_the_bench_module():
-    """spot bench's option checks live in spot.bench (the CLI only parses and prints), each a SpotError naming the
+    """spot bench's option checks live in spot.app.bench_run (the CLI only parses and prints), each a SpotError naming the
     option."""
-    from spot.bench import parse_compare_drafters, parse_decoders, parse_sampling_grid
+    from spot.app.bench_run import parse_compare_drafters, parse_decoders, parse_sampling_grid
     from spot.errors import SpotError
     assert parse_decoders("spot, standard,spot") == ("spot", "standard")
     with pytest.raises(SpotError, match=r"unknown decoder\(s\) nope"):

@@ -19,7 +19,7 @@ def test_number_lists_and_tree_budgets_parse_or_name_the_option():
         with pytest.raises(SpotError, match=says) as e:
             number_list_arg(text, "--candidates")
         assert e.value.hint == "e.g. --candidates 0,1"
-    from spot.budgets import parse_tree_budgets
+    from spot.app.tuned_budgets import parse_tree_budgets
     assert parse_tree_budgets("16x8, 64X16") == (TreeBudget(16, 8), TreeBudget(64, 16))
     for text in (",", "16", "16x8x2", "sixteen"):
         with pytest.raises(SpotError, match="budgets must look like 16x8,64x16"):
@@ -27,7 +27,7 @@ def test_number_lists_and_tree_budgets_parse_or_name_the_option():
 
 
 def test_the_auto_budget_note_says_what_and_why():
-    from spot.budgets import tuned_note
+    from spot.app.tuned_budgets import tuned_note
     from spot.runtime.tuning import MIN_TREE_GAIN
     tuned = {"temperature": 1.0, "record": "/cache/tuning/x.json"}
     assert tuned_note(TreeBudget(16, 8), tuned) == ("budget auto: 16 nodes x depth 8, tuned at temperature 1 "
@@ -89,7 +89,7 @@ def demo_result(model="code", identical=True, speedup=0.8, **extra):
 
 
 def test_demo_text_shows_the_prompt_the_output_and_the_passes():
-    from spot.demo import demo_model_text, demo_summary
+    from spot.app.demo import demo_model_text, demo_summary
     text = demo_model_text(demo_result())
     assert text == ("\n=== code model (some text) ===\nheld-out prompt 3 (os.py), from a line start:\nimport os\n\n"
                     "--- decoded at temperature 0.7, seed 0 (standard decoding and SPOT, identical):\nx = 1\n"
@@ -112,15 +112,15 @@ def test_demo_text_shows_the_prompt_the_output_and_the_passes():
 
 def test_demo_budget_fills_in_the_first_models_default():
     from spot.assets import MODELS
-    from spot.demo import demo_budget
+    from spot.app.demo import demo_budget
     assert demo_budget((), None, None) is None          # each model its own
     assert demo_budget(("code",), None, 3) == (MODELS["code"].demo_budget[0], 3)
     assert demo_budget((), 6, None) == (6, MODELS["arithmetic"].demo_budget[1])     # arithmetic is shown first
 
 
 def test_bench_report_paths_and_plots_are_checked_first(tmp_path, monkeypatch):
-    from spot.bench import check_report_dir, check_report_files
-    from spot.plots import PLOT_FILES, plot_choice
+    from spot.app.bench_run import check_report_dir, check_report_files
+    from spot.app.plots import PLOT_FILES, plot_choice
     with pytest.raises(SpotError, match="--report is empty"):
         check_report_dir("")
     (tmp_path / "file").write_text("x")
@@ -131,16 +131,16 @@ def test_bench_report_paths_and_plots_are_checked_first(tmp_path, monkeypatch):
     check_report_files(tmp_path / "rep", plots=False)
     with pytest.raises(SpotError, match="is a folder, expected a file name"):
         check_report_files(tmp_path / "rep", plots=True)
-    monkeypatch.setattr("spot.plots.can_plot", lambda: False)
+    monkeypatch.setattr("spot.app.plots.can_plot", lambda: False)
     assert plot_choice(None) == (False, True) and plot_choice(False) == (False, False)
     with pytest.raises(SpotError, match="--plots needs matplotlib"):
         plot_choice(True)
-    monkeypatch.setattr("spot.plots.can_plot", lambda: True)
+    monkeypatch.setattr("spot.app.plots.can_plot", lambda: True)
     assert plot_choice(None) == (True, False) and plot_choice(True) == (True, False)
 
 
 def test_bench_prompts_are_cut_and_checked_against_the_engine(tmp_path):
-    from spot.bench import bench_prompts, default_budgets
+    from spot.app.bench_run import bench_prompts, default_budgets
     engine = SimpleNamespace(block_size=4, max_context=16, config=SimpleNamespace(vocab_size=32, mask_token_id=31))
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": "a", "ids": [1, 2, 3, 4, 5, 6]}\n{"id": "b", "ids": [7, 8]}\n{"ids": [9]}\n')
@@ -194,14 +194,14 @@ def test_train_drafter_output_is_refused_before_the_training(tmp_path):
 def test_save_tunings_records_every_temperature(tmp_path, monkeypatch):
     import json
 
-    from spot.tuned import save_tunings
+    from spot.app.tuned_budgets import save_tunings
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path))
     path = save_tunings({"model": "x"}, [{"temperature": t, "choice": {"nodes": 4, "depth": 3}} for t in (0.0, 1.0)])
     assert sorted(json.loads(path.read_text())["by_temperature"]) == ["0", "1"]
 
 
 def test_every_command_that_opens_a_model_picks_its_backend_from_the_model():
-    """--backend is left to spot.models.resolve_backend (ort for an exported folder, torch for a checkpoint) in every
+    """--backend is left to spot.app.models.resolve_backend (ort for an exported folder, torch for a checkpoint) in every
     command that opens a model: `spot calibrate-drafter` and `spot traces` defaulted to torch where the others ran
     the same folder on ONNX Runtime. (`spot serve` and `spot triton-repo` take exported folders only: ort.)"""
     from spot.cli import main

@@ -247,7 +247,7 @@ def test_chunked_prefill_matches_the_python_runtime(spot_cli, tiny, tmp_path):
         assert not bad, f"{len(bad)} of {len(cases)} cases differ ({flags}):\n" + "\n".join(bad[:20])
     # a chain verifies depth + 1 states whatever --budget says: the refusal names --depth (it named the budget and
     # told the user to lower it), and --depth 1 runs beside the default --budget 16, the same tokens in both hosts
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     proc = cli(spot_cli, "generate", "--model", narrow, "--decoder", "chain", "--prompt-ids", "1,2,3")
     _fails(proc, INVALID_ARGUMENT, "a chain of depth 8 verifies 9 states, more than the 2", "use --depth 1 or less")
@@ -545,7 +545,7 @@ def test_max_new_tokens_is_the_most_returned_in_both_hosts(spot_cli, tiny):
     max_new_tokens."""
     import ctypes
     folder, drafter_dir, engine, drafter = tiny
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
     folder, _, engine, _ = tiny
@@ -578,7 +578,7 @@ def test_streaming_matches_the_python_runtime(spot_cli, tiny, decoder, limit):
     """spot_generate_stream through `spot_cli generate --stream N`: the same pieces as the Python runtime's on_block,
     in order, joined into the output; with N > 0 the callback ends generation after N blocks in both hosts
     (stats->stopped = 2, "cancelled")."""
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
     folder, drafter_dir, engine, drafter = tiny
@@ -973,7 +973,7 @@ def test_a_broken_drafter_beside_the_model_stops_only_the_decoders_that_need_it(
     """The folder's own drafter.onnx, found rather than named: garbled or for another block size, spot_open failed
     and no decoder could run, while `spot generate` decodes standard / chain / tree without it. Now both hosts do,
     and spot / spot-sets fail with the drafter's error; a drafter the caller names is still refused at open."""
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     folder, drafter_dir = tiny[0], tiny[1]
     ids = "--prompt-ids", "1,2,3", "--max-new-tokens", "8"
     for name, breaks, code, says in (
@@ -1280,7 +1280,7 @@ def test_spot_without_a_drafter_and_usage_errors(spot_cli, tiny, tmp_path):
     # ids with spaces, as Python reads them; spot generate's default of 128 new tokens (the C API keeps 64); and
     # --stop-ids '' = none, on a copy whose manifest stops at a token the request generates (an empty vector's
     # data() is NULL: the C API read it as "the manifest's stop ids")
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     free = run_decoder("standard", tiny[2], [1, 2], DecodeRequest(128, stop_ids=())).token_ids
     stops = tmp_path / "stops"
     shutil.copytree(tiny[0], stops)

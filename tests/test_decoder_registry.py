@@ -1,6 +1,6 @@
 """The decoders live in one table (spot.runtime.registry): the C++ host's list is held to it, a decoder registered
 from outside the package runs through every entry point, no module spells decoder-name sets of its own, and a
-request's budget is resolved and checked once (spot.request_options.resolve_request), not again per block."""
+request's budget is resolved and checked once (spot.app.request_options.resolve_request), not again per block."""
 from __future__ import annotations
 
 import ast
@@ -15,16 +15,16 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spot.bench import BenchConfig, run_bench, variants
+from spot.app.bench_run import BenchConfig, run_bench, variants
 from spot.cli import main
 from spot.config import ModelConfig
 from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
 from spot.prompts import Prompt
 from spot.reference.model import random_model
-from spot.request_options import RequestOptions, resolve_request
+from spot.app.request_options import RequestOptions, resolve_request
 from spot.runtime import registry
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.proposers import RoundInputs, child_with
 from spot.runtime.registry import Decoder, decoder_names, register
 from spot.runtime.spot import TreeBudget
@@ -85,7 +85,7 @@ def test_the_table_keeps_the_traits_the_code_had():
 
 
 # modules that name decoders for a choice of their own (which rows an ablation doubles, what the demo compares)
-OWN_CHOICES = {"spot/bench.py": {"NOISE_ABLATION_DECODERS"}, "spot/demo.py": {None}}
+OWN_CHOICES = {"spot/app/bench_run.py": {"NOISE_ABLATION_DECODERS"}, "spot/app/demo.py": {None}}
 
 
 def decoder_name_sets(path: Path) -> list[tuple[int, str | None]]:

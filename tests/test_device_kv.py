@@ -17,10 +17,10 @@ from spot.engines.ort_sessions import on_device
 from spot.errors import SpotError
 from spot.export.export import export_checkpoint
 from spot.export.options import ExportOptions
-from spot.export.kv_append import validate_kv_append, write_kv_append
+from spot.export.kv_append_graph import validate_kv_append, write_kv_append
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 from tinymodels import without_kv_append

@@ -18,8 +18,8 @@ from spot.export.options import ExportOptions
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
 from spot.runtime.decode import generate
-from spot.runtime.decoders import DecodeRequest, run_decoder
-from spot.runtime.metrics import summarize
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
+from spot.runtime.summary import summarize
 from spot.runtime.outputs import SampledOutputs
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import CommitRule, Sampling
@@ -313,7 +313,7 @@ def test_bench_and_tuner_on_a_device_sampling_engine(folders):
     to what the epilogue serves, and the latency curve timing the passes the decoders run."""
     from dataclasses import replace
 
-    from spot.bench import BenchConfig, run_bench, tune_budget
+    from spot.app.bench_run import BenchConfig, run_bench, tune_budget
     from spot.prompts import Prompt
     engine = OrtEngine(folders[0], sampler="device", threads=1)
     prompts = [Prompt("p0", _prompt(0, 6).tolist())]
@@ -326,7 +326,7 @@ def test_bench_and_tuner_on_a_device_sampling_engine(folders):
     assert any("independent-noise" in n for n in notes)
     assert all(row["identical_share"] in (None, 1.0) for row in result["rows"])
     # the epilogue's time per commit step, for every row, and its column in the Markdown table
-    from spot.bench import markdown_table
+    from spot.app.bench_run import markdown_table
     assert all(row["epilogue_ms_per_step"] > 0 for row in result["rows"])
     assert markdown_table(result).splitlines()[0].endswith("| device epilogue ms/step |")
     before = len(notes)

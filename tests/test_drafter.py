@@ -17,7 +17,7 @@ from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
 from spot.reference.model import random_model
 from spot.runtime.decode import generate
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.drafter import (BASELINE_INPUTS, DEFAULT_RUNNER_UP_WEIGHT, DEFAULT_SET_FLIP_WEIGHT, DRAFTER_JSON,
                                   DRAFTER_ONNX, INPUT_NAMES, MAX_STALENESS, Drafter,
                                   DrafterProposer, drafter_inputs, node_inputs, target_identity)

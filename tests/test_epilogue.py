@@ -1,4 +1,4 @@
-"""The sampling epilogue graph (spot.export.epilogue) equals the numpy runtime bit for bit on ONNX Runtime CPU.
+"""The sampling epilogue graph (spot.export.epilogue_graph) equals the numpy runtime bit for bit on ONNX Runtime CPU.
 
 Bit identity rests on spot.exact_math reproducing the runtime's float64 exp/log (spot.runtime.libm: glibc's
 __exp_fma/__log_fma on x86-64 with FMA) and numpy's pairwise summation; the first tests check those building blocks
@@ -18,7 +18,7 @@ from spot.runtime.noise import gumbel
 from spot.runtime.step import Sampling
 
 onnx = pytest.importorskip("onnx")
-from spot.export.epilogue import (EpilogueSpec, build_epilogue, build_noise_graph, declared_output_shapes,
+from spot.export.epilogue_graph import (EpilogueSpec, build_epilogue, build_noise_graph, declared_output_shapes,
                                   reference_epilogue, reference_noise)
 from spot.folder.epilogue import (FALLBACK_OUTPUT, OUTPUTS, check_sampling, epilogue_feeds, graph_positions,
                                   make_epilogue_session, run_epilogue)
@@ -314,7 +314,7 @@ def test_torch_twin_is_bit_identical_to_numpy(temperature, forced_fallback, excl
     torch = pytest.importorskip("torch")
     from spot.reference.noise_torch import epilogue_torch
     if forced_fallback:               # every certificate fails: the exact noise over V decides
-        monkeypatch.setattr("spot.export.epilogue.NATIVE_NOISE_MARGIN", float("inf"))
+        monkeypatch.setattr("spot.export.epilogue_graph.NATIVE_NOISE_MARGIN", float("inf"))
     logits = _logits(3, n=2)[:, :, :200].copy()
     exclude = int(logits[0, 0].argmax()) if exclude_argmax else -1      # the mask id may be a row's argmax
     if exclude_argmax == "every row":
@@ -340,7 +340,7 @@ def test_torch_twin_is_bit_identical_to_numpy(temperature, forced_fallback, excl
 def test_onnx_exp_and_log_match_numpy_including_subnormal_results():
     from onnx import TensorProto, helper
 
-    from spot.export.epilogue import OnnxOps
+    from spot.export.epilogue_graph import OnnxOps
     o = OnnxOps("t")
     exp_out, log_out = xm.glibc_exp(o, "x"), xm.glibc_log(o, "y")
     o.nodes += [helper.make_node("Identity", [exp_out], ["ex"]), helper.make_node("Identity", [log_out], ["ly"])]

@@ -210,7 +210,7 @@ def test_interrupted_write_leaves_nothing(ckpt, tmp_path, monkeypatch):
 def test_the_same_model_exported_again_keeps_its_fingerprint(ckpt, tmp_path):
     """Tuned budgets are keyed by the model's fingerprint: it hashed the whole manifest, whose export time differs
     between two exports of the same checkpoint, so `--budget auto` lost its budgets after a re-export."""
-    from spot.tuned import model_fingerprint
+    from spot.app.tuned_budgets import model_fingerprint
     first = export(ckpt, tmp_path / "a", validate=False)
     again = export(ckpt, tmp_path / "b", validate=False)
     created = json.loads((first / "manifest.json").read_text())["created"]

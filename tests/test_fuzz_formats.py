@@ -355,7 +355,7 @@ def test_config_reader_returns_a_valid_config_or_refuses(tmp_path_factory, data)
 @fuzz(60)
 def test_tuning_record_reader_returns_a_budget_or_refuses(tmp_path_factory, data):
     from spot.runtime.spot import TreeBudget
-    from spot.tuned import FORMAT, FORMAT_VERSION, record_path, tuned_budget
+    from spot.app.tuned_budgets import FORMAT, FORMAT_VERSION, record_path, tuned_budget
     key = {"model": "0" * 64, "decoder": "spot", "machine": {"host": "fuzz"}}
     base = {"format": FORMAT, "format_version": FORMAT_VERSION, "key": key,
             "by_temperature": {"0": {"nodes": 16, "depth": 8, "temperature": 0.0, "measured": "now", "tok_s": 1.5},

@@ -23,10 +23,10 @@ HEAVY = {
 STARTUP = {
     ("spot/entry.py", "spot.cli"): "imported under a signal handler",
     ("spot/config.py", "spot.assets"): "the embedded models' table",
-    ("spot/models.py", "spot.assets"): "the embedded models' table",
-    ("spot/models.py", "spot.demo"): "the demo's export",
-    ("spot/models.py", "spot.tokenizer"): "the tokenizer",
-    ("spot/models.py", "spot.runtime.drafter"): "the drafter",
+    ("spot/app/models.py", "spot.assets"): "the embedded models' table",
+    ("spot/app/models.py", "spot.app.demo"): "the demo's export",
+    ("spot/app/models.py", "spot.tokenizer"): "the tokenizer",
+    ("spot/app/models.py", "spot.runtime.drafter"): "the drafter",
     ("spot/engines/factory.py", "spot.engines.ort_engine"): "the engines, when one opens",
     ("spot/engines/factory.py", "spot.engines.ort_sessions"): "the engines, when one opens",
     ("spot/engines/factory.py", "spot.engines.tensorrt_engine"): "the engines, when one opens",
@@ -89,8 +89,8 @@ def test_function_level_imports_of_spot_modules_are_the_allowed_ones():
 
 def test_the_rule_catches_a_late_import_outside_the_cli():
     files = {"spot/runtime/x.py": "def f():\n    from spot.runtime.step import Sampling\n",
-             "spot/cli/y.py": "def g():\n    from spot.bench import run_bench\n",
-             "spot/bench.py": "def h():\n    from spot.export.roofline import pass_time\n"}
+             "spot/cli/y.py": "def g():\n    from spot.app.bench_run import run_bench\n",
+             "spot/app/bench_run.py": "def h():\n    from spot.export.roofline import pass_time\n"}
     assert late_imports_breaking_the_rule(files) == ["spot/runtime/x.py:2: from spot.runtime.step import Sampling"]
 
 
@@ -132,7 +132,7 @@ def test_importing_the_cli_and_the_runtime_loads_no_heavy_package():
             "import spot.cli, spot.runtime.decode, spot.engines.factory\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnx', 'tensorrt', 'fastapi',\n"
             "             'matplotlib', 'jinja2', 'tokenizers') or m.startswith(('spot.export', 'spot.serve',\n"
-            "             'spot.demo', 'spot.training', 'spot.bench'))))\n")
+            "             'spot.app.demo', 'spot.training', 'spot.app.bench_run'))))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST_SIDE = ("spot.runtime", "spot.engines", "spot.folder")
-NOT_ON_HOST_SIDE = ("spot.export", "spot.training", "spot.cli", "spot.bench", "spot.demo")
+NOT_ON_HOST_SIDE = ("spot.export", "spot.training", "spot.cli", "spot.app")
 # the modules every layer may stand on (they import only each other)
 BASE = ("spot.assets", "spot.chat_template", "spot.checkpoint", "spot.config", "spot.descriptors", "spot.drafter_files",
         "spot.errors", "spot.exact_math", "spot.files", "spot.gsm8k", "spot.ortlib", "spot.owned", "spot.progress",
@@ -25,6 +25,8 @@ LAYER_RULES = [
     (("spot.runtime",), ("spot.export", "spot.reference", "spot.training", "spot.cli", "spot.serve")),
     (("spot.folder", *BASE), ("spot.runtime", "spot.engines", "spot.export")),
     (("spot.export",), ("spot.engines",)),
+    # the application layer (spot/app: bench, demo, --model, tuned budgets, requests, plots) sits on top
+    (("spot.runtime", "spot.engines", "spot.folder", "spot.export", "spot.reference", *BASE), ("spot.app",)),
 ]
 
 
@@ -168,7 +170,7 @@ def test_decoding_an_export_on_onnx_runtime_loads_neither_the_exporter_nor_onnx(
     cache, the decoders and the drafter load without spot.export, torch or the onnx package."""
     code = ("import sys\n"
             "import spot.engines.ort_engine, spot.engines.device_kv, spot.engines.static_ort, spot.engines.factory\n"
-            "import spot.runtime.decoders, spot.runtime.drafter, spot.folder.manifest, spot.folder.epilogue\n"
+            "import spot.runtime.decode_plan, spot.runtime.drafter, spot.folder.manifest, spot.folder.epilogue\n"
             "print(sorted(m for m in sys.modules if m.startswith(('spot.export', 'spot.training', 'torch', 'onnx'))\n"
             "             and not m.startswith('onnxruntime')))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

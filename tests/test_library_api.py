@@ -15,7 +15,7 @@ from spot.export.export import export_checkpoint
 from spot.export.options import ExportOptions
 from spot.export.presets import resolve_source
 from spot.runtime.decode import generate
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.drafter import load_drafter
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling

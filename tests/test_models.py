@@ -1,4 +1,4 @@
-"""spot.models: --model NAME|FOLDER and --backend resolved to a folder and a backend, the folder checked first, its
+"""spot.app.models: --model NAME|FOLDER and --backend resolved to a folder and a backend, the folder checked first, its
 drafter found, an export verified."""
 import json
 import shutil
@@ -8,7 +8,7 @@ import pytest
 
 import spot.assets
 from spot.errors import SpotError
-from spot.models import (check_model_folder, drafter_file, find_drafter, model_folder, open_model, resolve_backend,
+from spot.app.models import (check_model_folder, drafter_file, find_drafter, model_folder, open_model, resolve_backend,
                          verify_export)
 
 
@@ -39,13 +39,13 @@ def test_a_folder_is_itself_and_a_name_is_the_embedded_checkpoint_on_torch(tiny_
 def test_an_older_embedded_export_is_used_where_none_can_be_made(tmp_path, monkeypatch):
     """Without the export extra a cached export of another version still decodes, with one note saying so; with no
     export there at all the missing package is the error."""
-    import spot.demo
-    monkeypatch.setattr(spot.demo, "embedded_export_dir", lambda name: tmp_path / name)
+    import spot.app.demo
+    monkeypatch.setattr(spot.app.demo, "embedded_export_dir", lambda name: tmp_path / name)
 
     def no_torch(progress, name):
         progress("exporting")
         raise ModuleNotFoundError("No module named 'torch'", name="torch")
-    monkeypatch.setattr(spot.demo, "exported_embedded", no_torch)
+    monkeypatch.setattr(spot.app.demo, "exported_embedded", no_torch)
     with pytest.raises(ModuleNotFoundError):
         model_folder("ort", "code")
     (tmp_path / "code").mkdir()

@@ -1,5 +1,5 @@
 """`spot bench --node-sweep`: chain, tree, spot and the ceilings at each node count (small budgets), the passes
-reduction measured and the tokens/s it projects on the Orin boards (spot.sweep); what a bench row says it verifies
+reduction measured and the tokens/s it projects on the Orin boards (spot.app.node_sweep); what a bench row says it verifies
 (a chain's nodes are its depth + 1)."""
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st
 
-from spot.bench import BenchConfig, variants
+from spot.app.bench_run import BenchConfig, variants
 from spot.errors import SpotError
 from spot.export.memory_plan import DEVICES, Device, weight_bytes
 from spot.export.presets import PRESETS
 from spot.export.quantize import QuantScheme
 from spot.export.roofline import PassCounts, pass_cost, pass_ms
 from spot.runtime.spot import TreeBudget
-from spot.sweep import (BOARDS, ProjectionTarget, check_node_sweep, parse_node_sweep, sweep_budget, sweep_markdown,
+from spot.app.node_sweep import (BOARDS, ProjectionTarget, check_node_sweep, parse_node_sweep, sweep_budget, sweep_markdown,
                         sweep_points, sweep_report)
 
 

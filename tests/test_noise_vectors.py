@@ -93,7 +93,7 @@ def test_torch_int64_product_matches_uint32_wrapping():
 
 def test_onnx_noise_reproduces_the_vectors():
     pytest.importorskip("onnx")
-    from spot.export.epilogue import build_counter_noise_graph
+    from spot.export.epilogue_graph import build_counter_noise_graph
     from spot.folder.epilogue import make_epilogue_session
     session = make_epilogue_session(build_counter_noise_graph())
     a, b, g = session.run(["a", "b", "g"], {c: _column(c) for c in COUNTERS})

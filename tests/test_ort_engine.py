@@ -202,7 +202,7 @@ def test_close_releases_the_mapped_weights_at_once(tiny, tmp_path):
 
     import shutil
 
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     fp32 = Path(shutil.copytree(tiny[1], tmp_path / "own"))       # no other test's engine maps this copy
 
     def mapped() -> bool:
@@ -268,7 +268,7 @@ def test_limits_from_manifest_are_enforced(tmp_path):
 def test_a_budget_beyond_the_exports_max_nodes_is_refused_before_decoding(tmp_path):
     """Checked with the other budget checks, before any pass (it used to surface from the first verify pass, after
     building a tree of that many nodes: 100,000 nodes took minutes); torch engines cap it at 4096."""
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     ckpt, out = _export(TINY, tmp_path, "fp32", validate=False, max_nodes=8)
     engine = OrtEngine(out)
@@ -334,7 +334,7 @@ def test_every_pass_under_tensorrt_lies_inside_the_recorded_profile(tmp_path, de
     shape of a long prompt's prefill, block steps, verify passes of the tree decoder and fused store passes lies
     between the profile's min and max, and the tokens equal the CPU engine's."""
     from spot.engines.ort_sessions import recorded_trt_profile
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     _, folder = _export(TINY, tmp_path, "fp32", validate=False, max_nodes=8, max_context=128)
     cpu, as_trt = OrtEngine(folder), OrtEngine(folder)
@@ -382,7 +382,7 @@ def test_a_tensorrt_profile_of_one_block_refuses_the_fused_pass_with_the_fix(tmp
     """A folder exported before the fused store pass records a profile whose passes stop at one block: its fused pass
     (2B tokens) would leave it. Refused with the fix; --store separate still decodes (simulated as above)."""
     from spot.folder.trt_profile import Profile
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     _, folder = _export(TINY, tmp_path, "fp32", validate=False, max_nodes=8, max_context=128)
     engine = OrtEngine(folder)
     b, dims = TINY.block_size, (TINY.num_hidden_layers, TINY.num_key_value_heads, TINY.head_dim)

@@ -61,7 +61,7 @@ def test_bench_says_its_decodes_up_front_and_its_progress_with_the_time_left():
     not only after a whole (prompt, seed, temperature) group of every row."""
     from test_spot import engine_for
 
-    from spot.bench import BenchConfig, bench_size, run_bench
+    from spot.app.bench_run import BenchConfig, bench_size, run_bench
     from spot.prompts import Prompt
     from spot.runtime.spot import TreeBudget
     engine = engine_for(4, 3)

@@ -22,7 +22,7 @@ from spot.export.presets import resolve_source
 from spot.export.quantize import (QuantScheme, dequantize_rows, is_quantized_linear, pack_int4, pack_nbits_rows,
                                   quantize_rows, scales_for, unpack_int4)
 from spot.reference.model import random_model
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 

@@ -8,7 +8,7 @@ import torch
 from spot.config import ModelConfig
 from spot.engines.torch_engine import TorchEngine
 from spot.reference.model import random_model
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.registry import TREE_BRANCH, decoder as decoder_entry
 from spot.runtime.proposers import ConfidenceOrderProposer, OracleProposer, OrderOracleProposer
 from spot.runtime.spot import TreeBudget

@@ -243,7 +243,7 @@ def test_a_hostile_chat_template_is_a_400_in_bounded_time_and_health_answers(exp
 
 def test_budget_auto_decodes_with_the_budget_spot_tune_recorded(server, reference, exported, monkeypatch):
     from spot.runtime.step import CommitRule
-    from spot.tuned import save_tuning, tuning_key
+    from spot.app.tuned_budgets import save_tuning, tuning_key
     name, folder, env = model_name(server), exported[0], exported[1]
     body = {"model": name, "prompt": PROMPT, "max_tokens": 8, "decoder": "tree", "budget": "auto",
             "temperature": 1.0, "seed": 4}

@@ -66,7 +66,7 @@ def test_open_engines_checks_its_count(embedded_export):
 def test_engines_over_one_set_of_sessions_decode_at_once_with_run_decoders_tokens(embedded_export, placement):
     """Three engines over one set of sessions decode six requests on three threads at once (a barrier starts them
     together): each answer is the one a lone engine gives."""
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     from spot.runtime.drafter import load_drafter
     from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling

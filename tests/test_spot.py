@@ -20,7 +20,7 @@ from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
 from spot.reference.model import random_model
 from spot.runtime.decode import STORE_MODES, DecodeContext, DecodeStats
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.outputs import HostOutputs
 from spot.runtime.spot import SpotBlockDecoder, TreeBudget, walk
 from spot.runtime.step import THRESHOLD, CommitRule, Sampling
@@ -537,7 +537,7 @@ def test_the_tuners_pass_profile_counts_what_the_decoders_did():
     """Every pass of a run is in its profile (one-state passes, one latency term per verify pass) and a tree's steps
     are standard decoding's; steps per verify counts the steps verify passes committed (block 4: 1 + the mean
     accepted depth overrated it by ~25%, and the tuner with it)."""
-    from spot.runtime.metrics import summarize
+    from spot.runtime.summary import summarize
     from spot.runtime.tuning import PassProfile
     engine = engine_for(4, 3)
     prompt = np.arange(1, 7)
@@ -582,7 +582,7 @@ def test_decode_stats_are_typed_and_keep_their_json_keys():
 
 def test_acceptance_by_depth_lists_every_depth_of_the_budget():
     """A depth the tree never reached reads 0, not absent (chain@4x2 listed [0.185] only)."""
-    from spot.runtime.metrics import summarize
+    from spot.runtime.summary import summarize
     engine = engine_for(8, 1)
     gen = run_decoder("tree", engine, np.arange(1, 7), DecodeRequest(16, sampling=Sampling(1.0, seed=2),
                                                                      budget=TreeBudget(8, 6)))
@@ -596,7 +596,7 @@ def test_acceptance_by_depth_lists_every_depth_of_the_budget():
 def test_the_tuner_decodes_standard_only_beside_each_candidate(monkeypatch):
     """TUNE_REPEATS standard decodes per prompt beside each candidate, and none besides (a separate standard run
     only for the report cost one more decode of every prompt)."""
-    import spot.bench as bench
+    import spot.app.bench_run as bench
     from spot.prompts import Prompt
     engine = engine_for(4, 3)
     prompts = [Prompt("p", [1, 2, 3, 4, 5]), Prompt("q", [6, 7, 8])]

@@ -16,9 +16,9 @@ from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
 from spot.reference.model import random_model
 from spot.runtime.decode import FUSED, SEPARATE, STORE_MODES, generate
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.registry import decoder_names
-from spot.runtime.metrics import static_passes
+from spot.runtime.summary import static_passes
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 

@@ -13,7 +13,7 @@ from spot.cli import main as cli
 from spot.config import ModelConfig
 from spot.engines.torch_engine import TorchEngine
 from spot.reference.model import random_model
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 from spot.tokenizer import TextStream
@@ -115,7 +115,7 @@ def test_text_output_ends_without_the_trailing_blank_lines(monkeypatch):
     """The embedded model's blocks often end in newlines: `--stream` printed ~30 blank lines before the stats line.
     The text output (streamed or not) holds trailing whitespace back until more text follows and drops it at the
     end; --json keeps the exact text."""
-    import spot.request_options as request_options
+    import spot.app.request_options as request_options
     from spot.assets import embedded_model_dir
     from spot.runtime.decode import DecodeStats, Generation
     from spot.tokenizer import load_tokenizer

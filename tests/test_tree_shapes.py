@@ -15,7 +15,7 @@ from spot.config import ModelConfig
 from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
 from spot.reference.model import random_model
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.drafter import (DEFAULT_BRANCH, DRAFTER_JSON, FORMAT, FORMAT_VERSION, Drafter, DrafterProposer,
                                   TreeShape, shape_entry)
 from spot.runtime.proposers import RoundInputs

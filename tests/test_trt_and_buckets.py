@@ -253,7 +253,7 @@ def test_a_static_engines_sibling_shares_its_session_and_keeps_its_own_cache(exp
 def test_the_tuner_sweeps_only_the_node_counts_an_export_takes(exported):
     """An export with --max-nodes 8 (16 is the Jetson example) failed spot tune: the latency sweep always ran
     1..64 nodes. Now up to max_nodes; the candidates that fit are measured, each beside standard decoding."""
-    from spot.bench import TUNE_CANDIDATES, tune_budget
+    from spot.app.bench_run import TUNE_CANDIDATES, tune_budget
     from spot.prompts import Prompt
     from spot.engines.ort_engine import OrtEngine
     engine = OrtEngine(exported)
@@ -281,7 +281,7 @@ def test_padded_node_buckets_are_batch_invariant(exported):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_spot_equals_standard_decoding_on_the_static_engine(exported, temperature):
     from spot.engines.static_ort import StaticOrtEngine
-    from spot.runtime.decoders import DecodeRequest, run_decoder
+    from spot.runtime.decode_plan import DecodeRequest, run_decoder
     from spot.runtime.spot import TreeBudget
     from spot.runtime.step import Sampling
     static = StaticOrtEngine(exported, BucketPlan.default(256, 4, 8, smallest=16, prefill_blocks=2))
@@ -298,7 +298,7 @@ def test_spot_equals_standard_decoding_on_the_static_engine(exported, temperatur
 def test_epilogue_in_the_exported_folder_runs_on_the_engine_logits(exported):
     """epilogue.onnx registered in the manifest, fed by the static engine's logits, equals the numpy runtime."""
     from spot.engines.static_ort import StaticOrtEngine
-    from spot.export.epilogue import reference_epilogue
+    from spot.export.epilogue_graph import reference_epilogue
     from spot.folder.epilogue import OUTPUTS, make_epilogue_session, run_epilogue
     from spot.folder.manifest import load_manifest
     from spot.export.upgrade import upgrade_export

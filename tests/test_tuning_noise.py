@@ -62,7 +62,7 @@ def test_nothing_repeated_is_quiet():
 def test_the_tuner_reports_the_noise_of_its_curve_and_decodes(monkeypatch):
     """tune_budget measures the curve's samples and each candidate's repeated decodes, and says how noisy they
     were (here a curve like the busy machine's)."""
-    import spot.bench as bench
+    import spot.app.bench_run as bench
     from test_spot import engine_for
 
     from spot.prompts import Prompt

@@ -19,7 +19,7 @@ from spot.export.options import ExportOptions
 from spot.folder.manifest import load_manifest
 from spot.export.presets import resolve_source
 from spot.reference.model import random_model
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 from tinymodels import make_format1, manifest_json, write_manifest_json

@@ -6,10 +6,11 @@ import click
 
 from spot.cli.shared import backend_option, echo_err, open_model, placement_options, store_option
 from spot.errors import SpotError
-from spot.models import find_drafter, resolve_backend
+from spot.app.models import find_drafter, resolve_backend
 from spot.runtime.registry import decoder as decoder_entry, decoder_names
 from spot.runtime.step import THRESHOLD, Sampling
-from spot.tuned import check_tuning_dir, number_name, save_tuning, save_tunings, tunable_decoders, tuning_key
+from spot.app.tuned_budgets import (check_tuning_dir, number_name, save_tuning, save_tunings, tunable_decoders,
+                                    tuning_key)
 import json
 import sys
 
@@ -21,7 +22,7 @@ record_noisy_option = click.option(
 
 
 def recordable(tune_results: list[dict], save: bool, record_noisy: bool, say) -> bool:
-    """Whether tune results (spot.bench.tune_budget's) are to be recorded: each measured on a quiet machine, or
+    """Whether tune results (spot.app.bench_run.tune_budget's) are to be recorded: each measured on a quiet machine, or
     --record-noisy. Says why not (or warns, with --record-noisy or nothing to save)."""
     # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.runtime.tuning import busy_machine_note
@@ -92,13 +93,13 @@ def bench(model_dir, backend, device, block_size, prompts_path, limit, prompt_to
       spot bench --model out/code-fp32-onnx --backend ort --tune --report runs/ort
     """
     # the command's modules load when it runs: `import spot.cli` stays fast
-    from spot.bench import (TUNE_CANDIDATES, BenchConfig, bench_prompts, bench_size, check_report_dir,
+    from spot.app.bench_run import (TUNE_CANDIDATES, BenchConfig, bench_prompts, bench_size, check_report_dir,
                             check_report_files, default_budgets, markdown_table, parse_compare_drafters,
                             parse_decoders, parse_sampling_grid, record_bench_inputs, report_title, run_bench,
                             tune_by_temperature, write_report)
-    from spot.budgets import parse_tree_budgets
-    from spot.sweep import ProjectionTarget, parse_node_sweep
-    from spot.plots import plot_choice
+    from spot.app.tuned_budgets import parse_tree_budgets
+    from spot.app.node_sweep import ProjectionTarget, parse_node_sweep
+    from spot.app.plots import plot_choice
 
     names = parse_decoders(decoders)
     temps, seed_list = parse_sampling_grid(temperatures, seeds)
@@ -180,8 +181,8 @@ def tune(model_dir, backend, device, block_size, temperature, limit, drafter_pat
           --prompt "import os"
     """
     # the command's modules load when it runs: `import spot.cli` stays fast
-    from spot.bench import TUNE_CANDIDATES, engine_facts, tune_budget, tuning_drafter, tuning_prompts, tuning_room
-    from spot.request_options import RequestOptions
+    from spot.app.bench_run import TUNE_CANDIDATES, engine_facts, tune_budget, tuning_drafter, tuning_prompts, tuning_room
+    from spot.app.request_options import RequestOptions
 
     temperature += 0.0           # -0 is 0: one tuning entry
     Sampling(temperature)        # a bad temperature is refused now, not after the latency sweep

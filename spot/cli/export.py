@@ -11,7 +11,7 @@ import click
 from spot.cli.shared import stderr_progress
 from spot.errors import SpotError
 from spot.files import check_output_path
-from spot.models import verify_export
+from spot.app.models import verify_export
 
 
 @click.command("export")

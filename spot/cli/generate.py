@@ -10,7 +10,7 @@ from spot.cli.shared import (backend_option, echo_err, model_folder, placement_o
                               store_option)
 from spot.engines.factory import open_engine
 from spot.errors import SpotError
-from spot.models import check_model_folder, find_drafter, resolve_backend
+from spot.app.models import check_model_folder, find_drafter, resolve_backend
 from spot.runtime.registry import REGISTRY, decoder_names
 from spot.runtime.step import THRESHOLD, Sampling
 
@@ -70,8 +70,8 @@ def generate(model_dir, prompt, prompt_ids, prompt_file, chat, block_size, mode,
       spot generate --prompt "class Stack:" --decoder spot --stream
     """
     # the command's modules load when it runs: `import spot.cli` stays fast
-    from spot.budgets import ModelArgs, tuned_note
-    from spot.request_options import RequestOptions, resolve_request
+    from spot.app.tuned_budgets import ModelArgs, tuned_note
+    from spot.app.request_options import RequestOptions, resolve_request
     from spot.tokenizer import UNKNOWN_MARK, TrimmedStream, load_tokenizer, parse_prompt_ids, prompt_ids_for
 
     # every check that needs no model (the budget's form, sampling, the commit rule) before the weights load
@@ -155,7 +155,7 @@ def demo(models, prompt_index, max_new_tokens, temperature, seed, budget, depth)
       spot demo --temperature 1.0 --seed 3
     """
     # the command's modules load when it runs: `import spot.cli` stays fast
-    from spot.demo import DEMO_MODELS, demo_budget, demo_model_text, demo_summary, run_demo
+    from spot.app.demo import DEMO_MODELS, demo_budget, demo_model_text, demo_summary, run_demo
     if temperature is not None:
         Sampling(temperature, seed=seed)        # refused now, not after the exports
     results = run_demo(models or DEMO_MODELS, prompt_index, max_new_tokens, temperature, seed,

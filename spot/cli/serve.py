@@ -11,7 +11,7 @@ from spot.engines.factory import BACKENDS, EXPORTED_BACKENDS
 from spot.errors import SpotError
 from spot.files import check_output_path
 from spot.folder.manifest import load_manifest
-from spot.models import check_model_folder, drafter_file
+from spot.app.models import check_model_folder, drafter_file
 from spot.runtime.registry import decoder_names
 from spot.runtime.step import Sampling
 
@@ -76,7 +76,7 @@ def serve(model_dir, backend, device, block_size, sampler, kv_cache, drafter_pat
       spot serve --model sdar-8b-fp16-onnx --device trt --host 0.0.0.0 --api-key "$KEY"
     """
     # the command's modules load when it runs: `import spot.cli` stays fast
-    from spot.request_options import RequestOptions
+    from spot.app.request_options import RequestOptions
     from spot.serve.model import RequestDefaults, ServedModel, manifest_sha256, served_tokenizer
     from spot.serve.run import ServeOptions, serve as run_server
 
@@ -149,7 +149,7 @@ def triton_repo(export_dir, out, name, engines, instances, backend, device, samp
           bash -c "pip install /wheels/spot_edge-*.whl && tritonserver --model-repository /models"
     """
     # the command's modules load when it runs: `import spot.cli` stays fast
-    from spot.request_options import RequestOptions
+    from spot.app.request_options import RequestOptions
     from spot.triton.repo import TritonRepoOptions, write_triton_repo
 
     # the defaults checked as a request's are

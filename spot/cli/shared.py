@@ -9,7 +9,7 @@ import time
 import click
 
 from spot.engines.factory import BACKENDS
-from spot.models import model_folder as resolve_folder, open_model as open_resolved
+from spot.app.models import model_folder as resolve_folder, open_model as open_resolved
 
 
 def echo_err(line: str) -> None:
@@ -17,7 +17,7 @@ def echo_err(line: str) -> None:
     click.echo(line, err=True)
 
 
-# --backend of the commands that pick it from --model (spot.models.resolve_backend)
+# --backend of the commands that pick it from --model (spot.app.models.resolve_backend)
 backend_option = click.option(
     "--backend", type=click.Choice(BACKENDS), default=None,
     help="Default: ort for an exported folder, torch for a checkpoint; without --model, the embedded model on ort "
@@ -72,10 +72,10 @@ def stderr_progress(quiet: bool = False):
 
 
 def model_folder(backend: str, model_dir):
-    """spot.models.model_folder with its progress and note on stderr (an embedded model's export, on first use)."""
+    """spot.app.models.model_folder with its progress and note on stderr (an embedded model's export, on first use)."""
     return resolve_folder(backend, model_dir, stderr_progress(), echo_err)
 
 
 def open_model(backend: str, model_dir, block_size, device: str, sampler: str = "auto", kv_cache: str = "auto"):
-    """spot.models.open_model with its progress and note on stderr: (engine, tokenizer, folder)."""
+    """spot.app.models.open_model with its progress and note on stderr: (engine, tokenizer, folder)."""
     return open_resolved(backend, model_dir, block_size, device, sampler, kv_cache, stderr_progress(), echo_err)

@@ -9,7 +9,7 @@ import click
 from spot.cli.shared import backend_option, model_folder, open_model, placement_options, stderr_progress
 from spot.errors import SpotError, number_list_arg
 from spot.files import check_output_path
-from spot.models import resolve_backend
+from spot.app.models import resolve_backend
 
 
 @click.command("train-target")
@@ -90,7 +90,7 @@ def traces_cmd(model_dir, out, prompts_file, corpus_prompts, temperatures, rules
     """
     # the command's modules load when it runs: `import spot.cli` stays fast
     from spot.engines.factory import open_engine
-    from spot.models import check_model_folder
+    from spot.app.models import check_model_folder
     from spot.tokenizer import load_tokenizer
     from spot.training.traces import TracePlan, collect_traces, fit_prompts, training_prompts
 
@@ -208,8 +208,8 @@ def calibrate_drafter_cmd(model_dir, drafter_path, backend, device, prompts_file
       spot calibrate-drafter --model arithmetic --backend ort --shapes-only
     """
     # the command's modules load when it runs: `import spot.cli` stays fast
-    from spot.budgets import parse_tree_budgets
-    from spot.models import find_drafter
+    from spot.app.tuned_budgets import parse_tree_budgets
+    from spot.app.models import find_drafter
     from spot.training.calibration import (DEFAULT_SHAPE_BUDGETS, calibrate_drafter, calibrate_tree_shapes,
                                            check_calibration_writable, check_settings, check_shape_settings,
                                            fitted_shape_budgets, write_calibration)

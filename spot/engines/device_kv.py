@@ -1,5 +1,5 @@
 """The target's KV cache kept where the target runs: per layer two OrtValues in the device's memory, appended by the
-export's kv_append graph (spot.export.kv_append) on the same provider.
+export's kv_append graph (spot.export.kv_append_graph) on the same provider.
 
 With the host cache (OrtEngine's numpy arrays) every pass on a GPU provider sends the whole cache to the device:
 L x Hkv x C x D x 2 values, ~300 MB for SDAR-8B (36 x 8 x 128, fp16) at 2k tokens of context, on every verify pass.

@@ -440,7 +440,7 @@ class TrtEngine(PlannedCacheLimits, Engine):
 
     @property
     def placement(self) -> dict[str, str]:
-        """The GPU by name (a tuned budget holds for one device: spot.tuned), where F samples, the KV cache."""
+        """The GPU by name (a tuned budget holds for one device: spot.app.tuned_budgets), where F samples, the KV cache."""
         return {"device": f"tensorrt ({gpu_name()})", "sampler": "host" if self._future_steps is None else "device",
                 "kv_cache": "device"}
 

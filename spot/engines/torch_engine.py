@@ -49,7 +49,7 @@ class TorchEngine(Engine):
 
     @property
     def placement(self) -> dict[str, str]:
-        """The torch device, with the GPU's name on cuda (a tuned budget holds for one device: spot.tuned)."""
+        """The torch device, with the GPU's name on cuda (a tuned budget holds for one device: spot.app.tuned_budgets)."""
         if self.device.type == "cuda":
             return {"device": f"cuda ({torch.cuda.get_device_name(self.device)})"}
         return {"device": str(self.device)}

@@ -23,9 +23,9 @@ from spot.config import ModelConfig
 from spot.descriptors import read_json
 from spot.errors import SpotError
 from spot.export import quantize
-from spot.export.epilogue import validate_epilogue, write_epilogue
+from spot.export.epilogue_graph import validate_epilogue, write_epilogue
 from spot.export.graph import TargetGraph, build_target_graph, check_dtype
-from spot.export.kv_append import validate_kv_append, write_kv_append
+from spot.export.kv_append_graph import validate_kv_append, write_kv_append
 from spot.export.memory_plan import check_plan_fits, manifest_memory
 from spot.export.options import ExportOptions, Progress, check_options, effective_config, quiet
 from spot.export.presets import Source

@@ -27,8 +27,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from spot.errors import SpotError
-from spot.export.epilogue import validate_epilogue, write_epilogue
-from spot.export.kv_append import validate_kv_append, write_kv_append
+from spot.export.epilogue_graph import validate_epilogue, write_epilogue
+from spot.export.kv_append_graph import validate_kv_append, write_kv_append
 from spot.export.memory_plan import GIB, plan_for_options, plan_record, verify_pass_bytes
 from spot.export.options import ExportOptions, check_options
 from spot.export.quantize import QuantScheme

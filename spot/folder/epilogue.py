@@ -1,4 +1,4 @@
-"""The sampling epilogue's contract (spot.export.epilogue builds the graph): its file, inputs and outputs, the
+"""The sampling epilogue's contract (spot.export.epilogue_graph builds the graph): its file, inputs and outputs, the
 shape of one call, and how a host runs it on host arrays.
 
 One call takes one state's rows, P of the block's B positions (B, or runs of P fixed at export: `first_position`

@@ -1,4 +1,4 @@
-"""The KV-append graph's contract (spot.export.kv_append builds it): a stored block's K/V appended to one layer's
+"""The KV-append graph's contract (spot.export.kv_append_graph builds it): a stored block's K/V appended to one layer's
 cache on the device the target runs on.
 
   inputs   past_k, past_v [Hkv,C,D]     one layer's cache (model dtype; C may be 0)

@@ -7,7 +7,7 @@ CUDA's libdevice, which differ by an ulp now and then). On CUDA the same IEEE fl
 kernels (eager mode, no fusion), so results are expected to be identical there too; scripts/gpu_check.sh checks it.
 
 `epilogue_torch` is what a TensorRT deployment uses after the target engine: it reads the engine's logits buffer
-(a CUDA tensor) in place and returns the O(N x B x (D + 32)) outputs of spot.export.epilogue.
+(a CUDA tensor) in place and returns the O(N x B x (D + 32)) outputs of spot.export.epilogue_graph.
 """
 from __future__ import annotations
 
@@ -203,7 +203,7 @@ def _runner_up_or_none(best, second, best2) -> tuple[torch.Tensor, torch.Tensor]
 def certified_top2(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int,
                    first_position: int = 0) -> tuple[torch.Tensor, ...]:
     """Winner, runner-up and gap [N,S,P] of zf[n,p,v] + gumbel(seed, block, steps[n,s], first_position + p, v),
-    exactly, the way the ONNX epilogue does it (spot.export.epilogue._certified_top2): rank with torch.log's noise,
+    exactly, the way the ONNX epilogue does it (spot.export.epilogue_graph._certified_top2): rank with torch.log's noise,
     re-score the best CANDIDATES with the exact noise, and fall back to the exact noise over V when a row is not
     certified."""
     dev = zf.device
@@ -237,7 +237,7 @@ def certified_top2(zf: torch.Tensor, steps: torch.Tensor, seed: int, block: int,
 def epilogue_torch(logits: torch.Tensor, node_steps, seed: int, block: int, temperature: float, top_k: int,
                    future_steps: int, exclude_token: int = -1, k: int = 32,
                    first_position: int = 0) -> dict[str, torch.Tensor]:
-    """spot.export.epilogue's outputs from logits [N,P,V] float32 (any device; the rows of positions first_position
+    """spot.export.epilogue_graph's outputs from logits [N,P,V] float32 (any device; the rows of positions first_position
     .. first_position + P - 1): token [N,P], confidence [N,P], future_tokens/future_conf/future_runner_up/future_gap
     [N,D,P], top_logprobs [N,P,32] float32, top_ids [N,P,32]. exclude_token (the mask id; -1 = none) never wins an
     argmax but stays in the softmax. Top-p is host-only."""

@@ -3,7 +3,7 @@ drafts from. Two sources behind one interface, so every decoder runs on either:
 
 HostOutputs    the logits [B, V] reached the host (CPU engines): samples are computed lazily with numpy
                (spot.runtime.step / spot.runtime.stale), only where the walk or the drafter needs them.
-SampledOutputs the sampling epilogue ran next to the target (spot.export.epilogue, GPU paths): the host received
+SampledOutputs the sampling epilogue ran next to the target (spot.export.epilogue_graph, GPU paths): the host received
                O(B x (D + 32)) values per state — F's samples at the state's step, the coupled samples of the
                next D steps and their runner-ups, the top-32 log-probabilities — equal to the numpy ones bit for
                bit, never the logits.

@@ -96,7 +96,7 @@ def walk(tree, node_outputs: dict, ctx: DecodeContext) -> tuple[int, np.ndarray]
 class SpotBlockDecoder:
     """Callable BlockDecoder; `proposer` has begin_round(RoundInputs, state, step), propose(tree, nodes) and
     lookahead (spot.runtime.tree.build_tree). budget: with its depth, checked against the engine once before the
-    decode (TreeBudget.check; spot.runtime.decoders.plan_decode), not per block."""
+    decode (TreeBudget.check; spot.runtime.decode_plan.plan_decode), not per block."""
 
     def __init__(self, proposer, budget: TreeBudget, independent_noise: bool = False):
         if not isinstance(budget, TreeBudget) or budget.depth is None:

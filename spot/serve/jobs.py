@@ -1,7 +1,7 @@
 """A request's decoding fields -> a checked decode job, before it waits for an engine; a finished decode -> what the
 request gets back (at most max_tokens ids, why it ended, spot's pass figures).
 
-A request is resolved as `spot generate` resolves one (spot.request_options: its checks, its messages, its budget
+A request is resolved as `spot generate` resolves one (spot.app.request_options: its checks, its messages, its budget
 resolved once) and checked against the model's context (check_request): a bad request is refused with the same
 message the CLI gives, and never takes a place in the queue.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from spot.budgets import ModelArgs
+from spot.app.tuned_budgets import ModelArgs
 from spot.errors import SpotError
-from spot.request_options import RequestOptions, ResolvedRequest, resolve_request
+from spot.app.request_options import RequestOptions, ResolvedRequest, resolve_request
 from spot.runtime.decode import Generation, check_request
-from spot.runtime.decoders import DecodeRequest
-from spot.runtime.metrics import static_passes
+from spot.runtime.decode_plan import DecodeRequest
+from spot.runtime.summary import static_passes
 from spot.runtime.registry import decoder as decoder_entry
 from spot.runtime.step import Sampling
 from spot.serve.model import ServedModel
@@ -41,7 +41,7 @@ class DecodeFields:
 
 @dataclass(frozen=True)
 class Job:
-    """A checked decode, resolved once (spot.request_options.ResolvedRequest): run(engine, on_block) decodes it on
+    """A checked decode, resolved once (spot.app.request_options.ResolvedRequest): run(engine, on_block) decodes it on
     any engine of the model, of which the request gets the first max_tokens ids."""
 
     prompt_ids: list[int]
@@ -137,7 +137,7 @@ def usage(job: Job, gen: Generation, returned: int, block_size: int) -> dict:
 
 def pass_figures(job: Job, gen: Generation, block_size: int) -> dict:
     """spot's figures of one decode: its target passes (by kind), the passes static standard decoding spends on the
-    same blocks (spot.runtime.metrics.static_passes: computed, not decoded a second time), their ratio, and
+    same blocks (spot.runtime.summary.static_passes: computed, not decoded a second time), their ratio, and
     target passes per decoded token (decoded: to the block boundary, max_tokens or not); the decoder, its tree
     budget (Job.tree) and the seed."""
     static = static_passes(len(job.prompt_ids), block_size, gen.stats.blocks, job.request.store_mode)

@@ -28,7 +28,7 @@ class RequestDefaults:
 
 @dataclass(frozen=True)
 class ServedModel:
-    """An opened model: `folder` as resolved by the CLI (spot.models.model_folder), `model_arg` / `drafter_arg` as the
+    """An opened model: `folder` as resolved by the CLI (spot.app.models.model_folder), `model_arg` / `drafter_arg` as the
     user gave them (None: the defaults), for the `spot tune` command a missing tuned budget names."""
 
     name: str

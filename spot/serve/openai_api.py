@@ -61,7 +61,7 @@ class DecodingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     # spot's own
     decoder: str | None = None
-    budget: int | str | None = None     # nodes or "auto": checked by spot.budgets.budget_nodes
+    budget: int | str | None = None     # nodes or "auto": checked by spot.app.tuned_budgets.budget_nodes
     depth: int | None = None
     mode: str | None = None
     tau: float | None = None

@@ -29,7 +29,7 @@ from spot.errors import SpotError
 from spot.files import check_output_path, write_text_atomic
 from dataclasses import asdict, replace
 
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.drafter import (DEFAULT_LOOKAHEAD, MAX_BLOCK, MAX_STALE_TOP_BONUS, ORDER_TEMPERATURE,
                                   RUNNER_UP_WEIGHT, SET_FLIP_WEIGHT, STALE_TOP_BONUS, TREE_SHAPES, Drafter,
                                   DrafterProposer, TreeShape, resolve_paths)

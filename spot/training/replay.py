@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from spot.runtime.decode import generate, standard_block
-from spot.runtime.decoders import DecodeRequest
+from spot.runtime.decode_plan import DecodeRequest
 from spot.runtime.registry import decoder as decoder_entry
 from spot.runtime.proposers import RoundInputs
 from spot.runtime.spot import TreeBudget

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spot.ceilings import CEILING_NOTE, row_label
+from spot.app.ceilings import CEILING_NOTE, row_label
 from spot.errors import SpotError
 from spot.files import atomic_output
 from spot.runtime.registry import is_decoder

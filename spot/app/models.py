@@ -55,7 +55,7 @@ def model_folder(backend: str, model_dir, progress: Callable[[str], None] = _qui
     if backend not in EXPORTED_BACKENDS:
         return embedded_model_dir(name)
     # start-up: spot.cli loads this module; the demo's export when it is used
-    from spot.demo import embedded_export_dir, exported_embedded
+    from spot.app.demo import embedded_export_dir, exported_embedded
     folder = embedded_export_dir(name)
     try:
         return exported_embedded(progress, name)

@@ -20,29 +20,29 @@ import numpy as np
 
 from spot.errors import SpotError
 from spot.descriptors import sha256_file
-from spot.ceilings import CEILING_NOTE, row_label
+from spot.app.ceilings import CEILING_NOTE, row_label
 from spot.config import training_corpus
 from spot.files import check_output_path, present, write_text_atomic
 from spot.gsm8k import is_correct
-from spot.models import find_drafter
+from spot.app.models import find_drafter
 from spot.ortlib import load_onnxruntime
 from spot.owned import recorded_file_matches
-from spot.plots import PLOT_FILES, plot_report
-from spot.request_options import RequestOptions, resolve_request
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.app.plots import PLOT_FILES, plot_report
+from spot.app.request_options import RequestOptions, resolve_request
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.registry import decoder as decoder_entry, decoder_names, exact_baseline, is_decoder
-from spot.runtime.metrics import summarize
+from spot.runtime.summary import summarize
 from spot.runtime.spot import DEFAULT_DEPTH, TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, CommitRule, Sampling
 from spot.progress import Progress
 from spot.prompts import Prompt, heldout_prompts_path, load_prompts
 from spot.runtime import libm, native
 from spot.runtime.decode import check_request
-from spot.sweep import ProjectionTarget, check_node_sweep, sweep_markdown, sweep_points, sweep_report
+from spot.app.node_sweep import ProjectionTarget, check_node_sweep, sweep_markdown, sweep_points, sweep_report
 from spot.runtime.tuning import (Noise, PassProfile, choose_budget, decode_timed, latency_curve, latency_spreads,
                                  measure_latency_samples, spread)
 from spot.training.traces import corpus_prompts
-from spot.tuned import model_fingerprint, number_name
+from spot.app.tuned_budgets import model_fingerprint, number_name
 
 @dataclass
 class BenchConfig:
@@ -185,7 +185,7 @@ def variants(cfg: BenchConfig, other_drafters=(), engine=None) -> list[Variant]:
     other_drafters (label "spot[name]@NxD"). With spot-sets in the bench, chain and tree also run under the
     threshold rule ("chain-sets@NxD", "tree-sets@NxD"): SPOT-Sets' training-free baselines. A row's NxD is the
     budget it verifies: a chain's nodes are its depth + 1 (chain@9x8 at --budgets 16x8). Then the --node-sweep rows
-    (spot.sweep.sweep_points; `engine` sizes them)."""
+    (spot.app.node_sweep.sweep_points; `engine` sizes them)."""
     out = []
     for given in cfg.budgets:
         for d in cfg.decoders:

@@ -17,7 +17,7 @@ from spot.files import exclusive_lock, remove_tree, spot_cache, write_text_atomi
 from spot.folder.manifest import load_manifest
 from spot.folder.replaceable import check_replaceable
 from spot.gsm8k import final_answer
-from spot.runtime.decoders import DecodeRequest, run_decoder
+from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.drafter import load_drafter
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling

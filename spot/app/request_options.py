@@ -3,7 +3,7 @@ request's inputs), a `spot bench` row — resolved once into what the runtime de
 
 RequestOptions checks what can be checked before a model loads (the decoder, the budget's form, sampling, the commit
 rule, max_new_tokens, stop ids); resolve_request then, on the opened engine, loads the drafter where the decoder
-drafts, looks up an `auto` budget (spot.budgets.auto_budget) and plans the decode (spot.runtime.decoders.plan_decode:
+drafts, looks up an `auto` budget (spot.app.tuned_budgets.auto_budget) and plans the decode (spot.runtime.decode_plan.plan_decode:
 the budget's depth resolved for the engine and checked, once). ResolvedRequest.run decodes the plan: nothing after
 resolve_request resolves or checks the budget again.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from spot.budgets import CLI_NAMES, ModelArgs, auto_budget, budget_nodes
+from spot.app.tuned_budgets import CLI_NAMES, ModelArgs, auto_budget, budget_nodes
 from spot.errors import SpotError
 from spot.runtime.decode import FUSED, Generation
-from spot.runtime.decoders import DecodePlan, DecodeRequest, plan_decode, run_plan
+from spot.runtime.decode_plan import DecodePlan, DecodeRequest, plan_decode, run_plan
 from spot.runtime.registry import Decoder, decoder
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import STATIC, CommitRule, Sampling
