@@ -59,8 +59,8 @@ def test_concurrent_first_runs_export_the_demo_cache_once(tmp_path, monkeypatch)
     and its stamp exported again and swapped the folder from under it (which then failed writing its stamp)."""
     import threading
 
+    import spot.app.demo as demo_mod
     import spot.export.export as export_mod
-    import spot.folder.manifest as manifest_mod
     from spot.app.demo import embedded_export_dir, exported_embedded
     from spot.errors import SpotError
     monkeypatch.setenv("SPOT_CACHE", str(tmp_path / "cache"))
@@ -76,7 +76,7 @@ def test_concurrent_first_runs_export_the_demo_cache_once(tmp_path, monkeypatch)
         if not (Path(folder) / "manifest.json").is_file():
             raise SpotError(f"{folder} has no manifest")
     monkeypatch.setattr(export_mod, "export_checkpoint", slow_export)
-    monkeypatch.setattr(manifest_mod, "load_manifest", load)
+    monkeypatch.setattr(demo_mod, "load_manifest", load)       # the name the demo checks its cache with
     got, errors = [], []
 
     said, start = [], threading.Barrier(3)

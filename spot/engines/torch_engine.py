@@ -5,7 +5,6 @@ import numpy as np
 
 from spot.checkpoint import Checkpoint
 from spot.errors import SpotError
-from spot.reference.model import SDARModel, block_causal_bias
 from spot.runtime.engine import Engine
 
 try:
@@ -62,6 +61,7 @@ class TorchEngine(Engine):
         dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
         if dtype not in dtypes:
             raise SpotError(f"torch dtype {dtype!r} is not supported, expected one of {', '.join(dtypes)}")
+        from spot.reference.model import SDARModel    # torch at its top: after the check above names the extra
         return TorchEngine(SDARModel.from_checkpoint(Checkpoint(model_dir), dtypes[dtype]), block_size, device)
 
     def _reset(self):
@@ -77,6 +77,7 @@ class TorchEngine(Engine):
         """In passes of PREFILL_BLOCKS blocks: one pass over a whole prompt holds its attention scores (P^2 per
         head) and the logits of every prompt token (P x V) at once — 911 MB for a 4064-token prompt of a tiny model,
         tens of GB for SDAR-8B's 32k context."""
+        from spot.reference.model import block_causal_bias    # torch at its top: loaded with the engine's model
         chunk = PREFILL_BLOCKS * self.block_size
         for start in range(0, ids.shape[0], chunk):
             part = ids[start:start + chunk]
@@ -101,6 +102,7 @@ class TorchEngine(Engine):
 
     def _store_and_logits(self, store, state):
         """The fused pass: [store, state] as one sequence of 2B tokens, block-causal; store's K/V cached."""
+        from spot.reference.model import block_causal_bias    # torch at its top: loaded with the engine's model
         b = self.block_size
         bias = block_causal_bias(2 * b, b, prefix=self.cached_len).to(self.model.norm.dtype)
         logits, k, v = self._forward(np.concatenate([store, state])[None], self.cached_len, bias)
