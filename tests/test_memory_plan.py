@@ -134,7 +134,7 @@ def test_impossible_plans_name_what_to_change(cfg):
     assert "--weights int8" in e.value.hint and "--weights int4" in e.value.hint
     with pytest.raises(SpotError) as e:
         make_plan(cfg, "fp16", QuantScheme("int4"), 4096, 16, resolve_device("6GB"), "sdar-8b")
-    assert ("smaller model: sdar-4b (int4: up to 4492 tokens at 1 node), sdar-1.7b (int4: up to 18168 tokens at 1 "
+    assert ("smaller model: sdar-4b (int4: up to 4428 tokens at 1 node), sdar-1.7b (int4: up to 18036 tokens at 1 "
             "node)") in e.value.hint           # with spot-export's default sampling epilogue, as exported
 
 

@@ -148,7 +148,7 @@ def test_bench_reports_the_node_sweep(tiny_onnx, tmp_path):
     def tokens_per_s(row: dict, board: str) -> float:
         t = lambda n: pass_ms(pass_cost(cfg, "fp16", w, n, 2048), DEVICES[board], "fp16")[0]  # noqa: E731
         kinds = row["passes_by_kind"]
-        ms = ((kinds.get("block", 0) + kinds.get("store", 0)) * t(1)
+        ms = ((kinds.get("block", 0) + kinds.get("store", 0)) * t(1) + kinds.get("fused", 0) * t(2)  # 2B tokens
               + kinds.get("verify", 0) * t(max(1, round(row.get("mean_nodes_per_verify", 1)))))
         return 1e3 * row["tokens"] / ms
     md = (report / "bench.md").read_text()

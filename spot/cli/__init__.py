@@ -29,7 +29,7 @@ OPTIONAL_EXTRAS = {"torch": "export", "onnx": "export", "safetensors": "export",
 PARAMETER_FLAGS = {
     "backend": "--backend", "device": "--device", "sampler": "--sampler", "kv_cache": "--kv-cache",
     "block_size": "--block-size", "drafter": "--drafter", "max_new_tokens": "--max-new-tokens", "mode": "--mode",
-    "top_k": "--top-k", "top_p": "--top-p", "nodes": "--budget", "depth": "--depth",
+    "top_k": "--top-k", "top_p": "--top-p", "nodes": "--budget", "depth": "--depth", "store_mode": "--store",
     "out": "--out", "overwrite": "--overwrite",                                             # spot-export, demo
     "max_context": "--max-context", "max_nodes": "--max-nodes", "workspace_gib": "--workspace-gib",
     "fp16_flag": "--fp16-flag",                                                             # spot build-engine

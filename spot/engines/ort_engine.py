@@ -196,7 +196,7 @@ class OrtEngine(Engine):
             raise SpotError(f"{self.exported.folder}'s TensorRT shape profile takes passes of one block, the fused "
                             f"store pass runs two ({2 * self.block_size} tokens)",
                             f"run `spot upgrade-export {self.exported.folder}` (seconds: it records the profile "
-                            "again), or decode with --store separate")
+                            "again), or decode with `store_mode=\"separate\"`")
 
     def _store_and_logits(self, store: np.ndarray, state: np.ndarray) -> np.ndarray:
         self._check_nodes(1)

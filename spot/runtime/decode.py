@@ -34,7 +34,7 @@ def check_store_mode(mode) -> str:
     if not isinstance(mode, str) or mode not in STORE_MODES:
         raise SpotError(f"store mode must be one of {', '.join(STORE_MODES)}, got {mode!r}",
                         "fused: the next block's first pass stores a finished block (the default); separate: a "
-                        "store pass per block, as SDAR counts (CLI: --store)")
+                        "store pass per block, as SDAR counts (`store_mode`)")
     return mode
 
 
