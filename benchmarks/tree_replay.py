@@ -2,16 +2,14 @@
 target passes, so tree and proposer settings can be compared side by side on the bench's own prompts.
 
     python benchmarks/tree_replay.py --model arithmetic --limit 10 --temperatures 0,0.7 --budgets 16x8,64x16 \
-        --max-new-tokens 160 --prompt-tokens 512 --record /tmp/arith.pkl
+        --max-new-tokens 160 --prompt-tokens 512
 
---record FILE keeps the recorded decodes (made on first use, reused after). Prints passes and the reduction vs
+Records the standard decodes first (each run: no cache file, which would have to be a pickle). Prints passes and the reduction vs
 standard decoding per decoder, budget and temperature, as `spot bench` reports them.
 """
 from __future__ import annotations
 
 import argparse
-import pickle
-from pathlib import Path
 
 from spot.app.tuned_budgets import parse_tree_budgets
 from spot.runtime.decode_plan import DecodeRequest
@@ -53,18 +51,9 @@ def main() -> None:
     ap.add_argument("--branch", type=int, default=None, help="spot's branch (default: the proposer's)")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--prompt-tokens", type=int, default=512)
-    ap.add_argument("--record", default=None, help="pickle of the recorded decodes: made if missing, else reused")
     args = ap.parse_args()
     args.temperatures = [float(x) for x in args.temperatures.split(",")]
-    path = Path(args.record) if args.record else None
-    if path is not None and path.is_file():
-        data = pickle.loads(path.read_bytes())
-    else:
-        data = record(args)
-        if path is not None:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(pickle.dumps(data))
-            tmp.replace(path)
+    data = record(args)     # recorded afresh each run: a pickled cache would run code planted in its file
     from spot.app.models import find_drafter
     drafter = find_drafter(args.drafter, data["folder"])
     print("| decoder | budget | T | passes | standard | reduction |\n|---|---|---|---|---|---|")
