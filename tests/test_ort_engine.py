@@ -390,6 +390,6 @@ def test_a_tensorrt_profile_of_one_block_refuses_the_fused_pass_with_the_fix(tmp
     prompt = np.arange(1, 10)
     with pytest.raises(SpotError, match="profile takes passes of one block, the fused store pass runs two") as e:
         run_decoder("standard", engine, prompt, DecodeRequest(max_new_tokens=12))
-    assert f"spot upgrade-export {folder}" in e.value.hint and "--store separate" in e.value.hint
+    assert f"spot upgrade-export {folder}" in e.value.hint and "`store_mode=\"separate\"`" in e.value.hint
     separate = run_decoder("standard", engine, prompt, DecodeRequest(max_new_tokens=12, store_mode="separate"))
     assert separate.stats.passes["store"] == separate.stats.blocks
