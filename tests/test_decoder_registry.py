@@ -17,11 +17,8 @@ from hypothesis import strategies as st
 
 from spot.app.bench_run import BenchConfig, run_bench, variants
 from spot.cli import main
-from spot.config import ModelConfig
-from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
 from spot.prompts import Prompt
-from spot.reference.model import random_model
 from spot.app.request_options import RequestOptions, resolve_request
 from spot.runtime import registry
 from spot.runtime.decode_plan import DecodeRequest, run_decoder
@@ -29,10 +26,11 @@ from spot.runtime.proposers import RoundInputs, child_with
 from spot.runtime.registry import Decoder, decoder_names, register
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import STATIC, THRESHOLD, Sampling
+from tinymodels import PEAKED_MASK, peaked_engine as engine_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CPP = ROOT / "cpp"
-MASK = 63
+MASK = PEAKED_MASK
 
 
 def cpp_literals(text: str) -> list[str]:
@@ -148,15 +146,6 @@ def with_reverse_chain(monkeypatch):
     monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
     register(REVERSE_CHAIN)
 
-
-def engine_for(block_size: int = 4, seed: int = 0) -> TorchEngine:
-    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-                      block_size=block_size, mask_token_id=MASK, stop_ids=(62,))
-    model = random_model(cfg, seed, scale=1.0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(3.0)     # peaked distributions: several confident positions per step
-    return TorchEngine(model)
 
 
 def test_a_decoder_registered_from_a_test_runs_exactly(with_reverse_chain):

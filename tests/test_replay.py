@@ -3,29 +3,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from spot.config import ModelConfig
-from spot.engines.torch_engine import TorchEngine
-from spot.reference.model import random_model
 from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.registry import TREE_BRANCH, decoder as decoder_entry
 from spot.runtime.proposers import ConfidenceOrderProposer, OracleProposer, OrderOracleProposer
 from spot.runtime.spot import TreeBudget
 from spot.runtime.step import Sampling
 from spot.training.replay import record_standard, replay_passes
+from tinymodels import PEAKED_MASK, peaked_engine as engine_for
 
-MASK = 63
+MASK = PEAKED_MASK
 
-
-def engine_for(block_size: int, seed: int) -> TorchEngine:
-    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-                      block_size=block_size, mask_token_id=MASK, stop_ids=(62,))
-    model = random_model(cfg, seed, scale=1.0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(3.0)     # peaked distributions: real acceptance at depth
-    return TorchEngine(model)
 
 
 def proposer_for(name: str, rec):

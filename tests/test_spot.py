@@ -15,10 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from spot.config import ModelConfig
-from spot.engines.torch_engine import TorchEngine
 from spot.errors import SpotError
-from spot.reference.model import random_model
 from spot.runtime.decode import STORE_MODES, DecodeContext, DecodeStats
 from spot.runtime.decode_plan import DecodeRequest, run_decoder
 from spot.runtime.outputs import HostOutputs
@@ -27,18 +24,10 @@ from spot.runtime.step import THRESHOLD, CommitRule, Sampling
 from spot.runtime.tree import Node, build_tree
 from tree_cases import TREE_CASES
 from tree_cases import python_answer as python_tree_answer
+from tinymodels import PEAKED_MASK, peaked_engine as engine_for
 
-MASK = 63
+MASK = PEAKED_MASK
 
-
-def engine_for(block_size: int, seed: int) -> TorchEngine:
-    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-                      block_size=block_size, mask_token_id=MASK, stop_ids=(62,))
-    model = random_model(cfg, seed, scale=1.0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(3.0)     # peaked distributions: several confident positions per step
-    return TorchEngine(model)
 
 
 CASES = [(b, s) for b in (4, 8, 16) for s in (0, 1)]

@@ -9,6 +9,7 @@ import torch
 
 from spot.config import ModelConfig
 from spot.descriptors import sha256_file
+from spot.engines.torch_engine import TorchEngine
 from spot.reference.model import random_model
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -188,3 +189,18 @@ def contradicting_copy(folder, out, field: str, value):
         manifest["model"][field] = value
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
+
+
+PEAKED_MASK = 63
+
+
+def peaked_engine(block_size: int = 4, seed: int = 0) -> TorchEngine:
+    """A tiny random target whose distributions are peaked (head x3): several confident positions per step, so trees
+    are accepted at depth (the exactness, registry and replay tests)."""
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                      block_size=block_size, mask_token_id=PEAKED_MASK, stop_ids=(62,))
+    model = random_model(cfg, seed, scale=1.0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)
+    return TorchEngine(model)
