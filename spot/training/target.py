@@ -105,7 +105,7 @@ ARITHMETIC_WORDS = TrainSettings(
     tokens_per_batch=2048, steps=6400, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=100,
     accuracy_every=500, accuracy_problems=24, bf16=True, qk_gain_init=1.8, elbo_weighting=False)
 ARITHMETIC = replace(
-    ARITHMETIC_WORDS, practice_share=0.5, result_weight=3.0, steps=10000, lr=1e-3, warmup_steps=50,
+    ARITHMETIC_WORDS, practice_share=0.5, result_weight=3.0, steps=12000, lr=1e-3, warmup_steps=50,
     schedule="wsd", decay_steps=1000, accuracy_every=500, accuracy_problems=24, operation_problems=100, threads=1,
     warm_start=ARITHMETIC_WORDS)
 RECIPES = {"code": CODE, "arithmetic": ARITHMETIC}
