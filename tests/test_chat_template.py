@@ -26,8 +26,9 @@ HOSTILE = {
     "{{ 'x' * 4000000000 }}": "needed more than 512 MiB of memory",
     "{{ 'x'|center(4000000000) }}": "needed more than 512 MiB of memory",
     "{{ [0] * 2000000000 }}": "needed more than 512 MiB of memory",
+    # doubling copies about 1 GiB before the memory limit trips: on a busy machine the time limit may trip first
     "{% set ns = namespace(s='xy') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s[:1] }}":
-        "needed more than 512 MiB of memory",
+        ("needed more than 512 MiB of memory", "took longer than 1.5 s"),
     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}": "took longer than 1.5 s",
     "{% for i in range(100000) %}{% for c in 'abcdefgh' * 100000 %}{% endfor %}{% endfor %}": "took longer than 1.5 s",
     "{% for i in range(100000) %}{{ messages }}{% endfor %}": "rendered more than 10000 characters",
@@ -46,7 +47,8 @@ HOSTILE = {
 @pytest.mark.parametrize("template", HOSTILE)
 def test_a_hostile_template_is_one_spot_error_within_its_limits(template):
     start = time.monotonic()
-    with pytest.raises(SpotError, match=re.escape(HOSTILE[template])) as e:
+    says = HOSTILE[template]
+    with pytest.raises(SpotError, match="|".join(map(re.escape, says if isinstance(says, tuple) else (says,)))) as e:
         render_chat_template(template, HELLO, limits=FAST)
     assert time.monotonic() - start < FAST.seconds + 10       # the child's restart included, on a busy machine
     assert e.value.hint

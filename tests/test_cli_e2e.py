@@ -661,9 +661,12 @@ def test_tune_on_a_busy_machine_prints_and_records_nothing(as_embedded, tmp_path
     assert not list((tmp_path / "cache" / "tuning").glob("*.json"))
 
 
-def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embedded, tmp_path):
+def test_tune_records_the_budget_that_generate_budget_auto_decodes_with(as_embedded, tmp_path, monkeypatch):
     """`spot tune` records its choice per model, engine, decoder and machine; `spot generate --budget auto` decodes
     with the one tuned at the nearest temperature (same tokens as standard decoding), and says how to make one."""
+    import spot.app.bench_run as bench
+    # a quiet machine's spreads, whatever else this machine runs: a busy one is the test below
+    monkeypatch.setattr(bench, "latency_spreads", lambda samples: {"latency from 1 to 2 nodes": 0.05})
     gen = ("generate", "--prompt-ids", "5,6,7,8", "--max-new-tokens", "8", "--json")
     missing = run(*gen, "--decoder", "spot", "--budget", "auto", "--temperature", "0.9")
     assert missing.exit_code == 2 and "no tuned budget" in missing.stderr, missing.output
