@@ -125,7 +125,7 @@ def drafter_identity(drafter) -> dict | None:
         return None
     return {"onnx_sha256": drafter.manifest["onnx_sha256"], "block_size": drafter.block_size,
             "order_temperature": drafter.order_temperature, "runner_up_weight": drafter.runner_up_weight,
-            "set_flip_weight": drafter.set_flip_weight}
+            "set_flip_weight": drafter.set_flip_weight, "tree_shapes": drafter.tree_shapes}
 
 
 def embedded_prompts(tokenizer, n: int, lengths=(45, 70, 100, 37, 64, 90)) -> list[list[int]]:

@@ -1339,6 +1339,9 @@ def test_embedded_golden(spot_cli, tmp_path_factory):
     assert manifest.get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT) == \
         golden["drafter"].get("set_flip_weight", DEFAULT_SET_FLIP_WEIGHT), \
         f"the golden file was made with another drafter flip weight: {regenerate}"
+    # per-budget tree shapes (spot calibrate-drafter) grow other trees too: a file made before them lists none
+    assert manifest.get("tree_shapes", []) == golden["drafter"].get("tree_shapes", []), \
+        f"the golden file was made with other drafter tree shapes: {regenerate}"
     cases = golden["cases"]
     results = run_batch(spot_cli, out, drafter_dir, cases)
     bad = mismatches(cases, results)
